@@ -1,0 +1,121 @@
+"""Pure N-d box math: hyper-rectangles of a tensor, their overlaps, and their C-order bytes.
+
+A :class:`Box` is half-open per axis, ``start[a] <= i < stop[a]``, always in a named frame:
+*global* (indices of the whole tensor), *chunk-local* or *destination-local*. Functions here
+never touch files; the planner and the converter use them to decide which bytes go where.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Box:
+    """A half-open hyper-rectangle ``[start, stop)`` of a tensor's index space."""
+
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.start) != len(self.stop):
+            raise ValueError(f"box start {self.start} and stop {self.stop} differ in rank")
+        if any(lo < 0 or hi < lo for lo, hi in zip(self.start, self.stop)):
+            raise ValueError(f"box [{self.start}, {self.stop}) is not a valid box")
+
+    @classmethod
+    def full(cls, shape: Sequence[int]) -> "Box":
+        """The box covering a whole tensor of ``shape``."""
+        return cls((0,) * len(shape), tuple(int(s) for s in shape))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.start)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(hi - lo for lo, hi in zip(self.start, self.stop))
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    def intersect(self, other: "Box") -> "Box | None":
+        """The overlap of two boxes in the same frame, or ``None`` when they do not overlap."""
+        start = tuple(max(a, b) for a, b in zip(self.start, other.start))
+        stop = tuple(min(a, b) for a, b in zip(self.stop, other.stop))
+        if any(lo >= hi for lo, hi in zip(start, stop)) and self.ndim:
+            return None
+        return Box(start, stop)
+
+    def contains(self, other: "Box") -> bool:
+        """True when ``other`` lies inside this box."""
+        return all(a <= b and d <= c for a, b, c, d in zip(self.start, other.start, self.stop, other.stop))
+
+    def relative_to(self, origin: "Box") -> "Box":
+        """This box expressed in the frame whose origin is ``origin.start``."""
+        start = tuple(a - o for a, o in zip(self.start, origin.start))
+        stop = tuple(a - o for a, o in zip(self.stop, origin.start))
+        return Box(start, stop)
+
+    def slices(self) -> tuple[slice, ...]:
+        """numpy index selecting this box."""
+        return tuple(slice(lo, hi) for lo, hi in zip(self.start, self.stop))
+
+
+def even_part(lo: int, hi: int, parts: int, index: int) -> tuple[int, int]:
+    """Part ``index`` of ``[lo, hi)`` cut into ``parts`` equal pieces (MindSpore splits evenly)."""
+    length = hi - lo
+    if parts <= 0 or length % parts:
+        raise ValueError(f"cannot split extent {length} evenly into {parts} parts")
+    step = length // parts
+    return lo + index * step, lo + (index + 1) * step
+
+
+def c_order_runs(box: Box, shape: Sequence[int]) -> tuple[np.ndarray, int]:
+    """Element runs that make up ``box`` inside a C-order array of ``shape``.
+
+    Returns ``(starts, run_length)``: ``starts`` are element offsets (int64, ascending) into the
+    flattened array, each beginning a contiguous run of ``run_length`` elements; concatenated in
+    order they give the box's elements in C order. Runs are as long as possible (trailing axes
+    the box covers whole merge into one run). Multiply by the itemsize for byte runs.
+    """
+    shape = tuple(int(s) for s in shape)
+    if box.ndim != len(shape) or not Box.full(shape).contains(box):
+        raise ValueError(f"box [{box.start}, {box.stop}) is not inside shape {shape}")
+    if box.size == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    if not shape:
+        return np.zeros(1, dtype=np.int64), 1
+    # k: the axis before which the box stops covering whole trailing axes; one run spans
+    # box.shape[k] * prod(shape[k+1:]) elements.
+    k = len(shape) - 1
+    while k > 0 and box.start[k] == 0 and box.stop[k] == shape[k]:
+        k -= 1
+    inner = prod(shape[k + 1:])
+    run = box.shape[k] * inner
+    strides = [prod(shape[a + 1:]) for a in range(len(shape))]
+    starts = np.array([box.start[k] * strides[k]], dtype=np.int64)
+    for a in range(k - 1, -1, -1):
+        offsets = np.arange(box.start[a], box.stop[a], dtype=np.int64) * strides[a]
+        starts = (offsets[:, None] + starts[None, :]).ravel()
+    return starts, run
+
+
+def tiles_exactly(boxes: Iterable[Box], shape: Sequence[int]) -> bool:
+    """True when the distinct ``boxes`` cover ``shape`` with no gap and no overlap."""
+    unique = list(dict.fromkeys(boxes))
+    whole = Box.full(shape)
+    if any(not whole.contains(b) for b in unique):
+        return False
+    if sum(b.size for b in unique) != whole.size:
+        return False
+    for i, a in enumerate(unique):
+        for b in unique[i + 1:]:
+            overlap = a.intersect(b)
+            if overlap is not None and overlap.size:
+                return False
+    return True

@@ -1,0 +1,471 @@
+"""Stream the MindSpore ``.ckpt`` wire format: parameter names, dtypes, shapes and byte pieces.
+
+A ``.ckpt`` file is a sequence of ``Checkpoint.value`` records (field 1, length-delimited), each
+``Value{tag=1, tensor=2, maptensor=3}`` with ``TensorProto{dims=1, tensor_type=2,
+tensor_content=3}``. A tensor larger than MindSpore's ``SLICE_SIZE`` is written as several
+consecutive records with the same tag and the full dims in each; its C-order bytes are the
+concatenation of their contents. ``save_checkpoint(crc_check=True)`` appends ``b"crc_num"`` and a
+10-byte big-endian CRC-32 of everything before it.
+
+:func:`scan_checkpoint` walks the records reading only their small headers and seeks past every
+payload, so scanning costs a few KiB per record whatever the tensor sizes. Reads then go
+straight from the recorded offsets into the caller's buffer.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass, field
+from math import prod
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from . import protowire
+from .dtypes import MINDSPORE_TO_NUMPY, STR_TYPE, UNSUPPORTED_TYPES
+from .errors import (
+    ChecksumMismatchError,
+    CorruptCheckpointError,
+    EncryptedCheckpointError,
+    TruncatedCheckpointError,
+    UnsupportedCheckpointError,
+)
+
+CRC_MAGIC = b"crc_num"
+CRC_TRAILER_BYTES = len(CRC_MAGIC) + 10
+_VALUE_KEY = 0x0A  # Checkpoint.value: field 1, length-delimited
+_WINDOW = 64 * 1024  # read-ahead for record headers; payload bytes beyond it are never read
+_CRC_BLOCK = 8 * 1024 * 1024
+#: First 4 bytes of files MindSpore encrypts with enc_key (AES-GCM, AES-CBC).
+_CIPHER_MAGICS = {bytes.fromhex("d85e3a7f"): "AES-GCM", bytes.fromhex("d95e3a7f"): "AES-CBC"}
+
+
+@dataclass(frozen=True)
+class CkptEntry:
+    """One parameter of a ``.ckpt`` file: its type, local shape and where its bytes lie.
+
+    ``pieces`` are ``(offset, length)`` byte ranges in the file, in order; their concatenation is
+    the tensor's C-order little-endian bytes (for ``str`` values, UTF-32-LE text).
+    """
+
+    name: str
+    tensor_type: str
+    shape: tuple[int, ...]
+    pieces: tuple[tuple[int, int], ...]
+    record_offset: int
+
+    @property
+    def is_str(self) -> bool:
+        return self.tensor_type == STR_TYPE
+
+    @property
+    def dtype(self) -> np.dtype:
+        if self.is_str:
+            return np.dtype(f"<U{max(self.nbytes // 4, 1)}")
+        return MINDSPORE_TO_NUMPY[self.tensor_type]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(length for _, length in self.pieces)
+
+
+@dataclass(frozen=True)
+class CkptIndex:
+    """What :func:`scan_checkpoint` found in one file: its entries in file order, and its CRC."""
+
+    path: str
+    size: int
+    entries: Mapping[str, CkptEntry]
+    stored_crc: int | None = None
+    data_end: int = field(default=0)
+
+    def __getitem__(self, name: str) -> CkptEntry:
+        return self.entries[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+
+class _Window:
+    """A forward cursor over a file that reads small headers through a read-ahead window."""
+
+    def __init__(self, fd: int, path: str, end: int) -> None:
+        self.fd, self.path, self.end = fd, path, end
+        self.pos = 0
+        self._buf = b""
+        self._buf_at = 0
+        self.param: str | None = None
+
+    def _need(self, n: int) -> memoryview:
+        if self.pos + n > self.end:
+            raise TruncatedCheckpointError(
+                f"the file ends {self.pos + n - self.end} bytes too early inside a record",
+                path=self.path, param=self.param, offset=self.pos)
+        lo = self.pos - self._buf_at
+        if lo < 0 or lo + n > len(self._buf):
+            self._buf = os.pread(self.fd, max(n, _WINDOW), self.pos)
+            self._buf_at, lo = self.pos, 0
+            if len(self._buf) < n:
+                raise TruncatedCheckpointError(
+                    "the file is shorter than its size says (it changed while being read?)",
+                    path=self.path, param=self.param, offset=self.pos)
+        return memoryview(self._buf)[lo:lo + n]
+
+    def varint(self, limit: int) -> int:
+        avail = min(protowire.MAX_VARINT_BYTES, limit - self.pos)
+        if avail <= 0:
+            raise self._truncated("a varint")
+        buf = self._need(avail)
+        try:
+            value, used = protowire.decode_varint(buf, 0)
+        except protowire.WireError as e:
+            if e.problem.startswith("truncated"):
+                raise self._truncated("a varint") from None
+            raise CorruptCheckpointError(e.problem, path=self.path, param=self.param, offset=self.pos) from None
+        self.pos += used
+        return value
+
+    def take(self, n: int, limit: int) -> bytes:
+        if self.pos + n > limit:
+            raise self._truncated(f"a {n}-byte field")
+        data = bytes(self._need(n))
+        self.pos += n
+        return data
+
+    def _truncated(self, what: str) -> Exception:
+        if self.pos >= self.end:
+            return TruncatedCheckpointError(f"the file ends inside {what}", path=self.path,
+                                            param=self.param, offset=self.pos)
+        return CorruptCheckpointError(f"{what} runs past the end of its record", path=self.path,
+                                      param=self.param, offset=self.pos)
+
+
+@dataclass
+class _Record:
+    tag: str | None = None
+    dims: list[int] = field(default_factory=list)
+    tensor_type: str | None = None
+    content: tuple[int, int] | None = None
+    offset: int = 0
+    end: int = 0
+
+
+def _parse_tensor(w: _Window, end: int, rec: _Record) -> None:
+    while w.pos < end:
+        key_at = w.pos
+        key = w.varint(end)
+        num, wire = key >> 3, key & 7
+        if num == 1 and wire == protowire.VARINT:
+            rec.dims.append(protowire.as_signed64(w.varint(end)))
+        elif num == 1 and wire == protowire.LEN:
+            payload = w.take(w.varint(end), end)
+            rec.dims.extend(protowire.as_signed64(v) for v in protowire.packed_varints(memoryview(payload)))
+        elif num == 2 and wire == protowire.LEN:
+            rec.tensor_type = _text(w, w.take(w.varint(end), end), key_at)
+        elif num == 3 and wire == protowire.LEN:
+            length = w.varint(end)
+            if w.pos + length > end:
+                raise w._truncated(f"tensor content of {length} bytes")
+            rec.content = (w.pos, length)
+            w.pos += length
+        else:
+            _skip(w, wire, end, key_at)
+
+
+def _skip(w: _Window, wire: int, end: int, key_at: int) -> None:
+    if wire == protowire.VARINT:
+        w.varint(end)
+    elif wire == protowire.LEN:
+        length = w.varint(end)
+        if w.pos + length > end:
+            raise w._truncated(f"a field of {length} bytes")
+        w.pos += length
+    elif wire in (protowire.FIXED64, protowire.FIXED32):
+        w.take(8 if wire == protowire.FIXED64 else 4, end)
+    else:
+        raise CorruptCheckpointError(f"invalid protobuf wire type {wire}", path=w.path, param=w.param,
+                                     offset=key_at)
+
+
+def _text(w: _Window, raw: bytes, at: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CorruptCheckpointError("a name or type string is not valid UTF-8", path=w.path,
+                                     param=w.param, offset=at) from None
+
+
+def _parse_value(w: _Window, end: int) -> _Record:
+    rec = _Record(offset=w.pos)
+    while w.pos < end:
+        key_at = w.pos
+        key = w.varint(end)
+        num, wire = key >> 3, key & 7
+        if num == 1 and wire == protowire.LEN:
+            rec.tag = _text(w, w.take(w.varint(end), end), key_at)
+            w.param = rec.tag
+        elif num == 2 and wire == protowire.LEN:
+            tensor_end = w.varint(end)
+            tensor_end += w.pos
+            if tensor_end > end:
+                raise w._truncated("a tensor")
+            _parse_tensor(w, tensor_end, rec)
+        elif num == 3 and wire == protowire.LEN:
+            raise UnsupportedCheckpointError(
+                "this is a MapParameter (map tensor); ckptstore does not support map tensors",
+                path=w.path, param=rec.tag, offset=key_at)
+        else:
+            _skip(w, wire, end, key_at)
+    return rec
+
+
+def _crc_trailer(fd: int, size: int) -> int | None:
+    if size < CRC_TRAILER_BYTES:
+        return None
+    tail = os.pread(fd, CRC_TRAILER_BYTES, size - CRC_TRAILER_BYTES)
+    if tail[:len(CRC_MAGIC)] != CRC_MAGIC:
+        return None
+    return int.from_bytes(tail[len(CRC_MAGIC):], "big")
+
+
+def _iter_records(fd: int, path: str, size: int) -> Iterator[_Record]:
+    w = _Window(fd, path, size)
+    while w.pos < size:
+        w.param = None
+        start = w.pos
+        first = w._need(1)[0]
+        if first != _VALUE_KEY:
+            _explain_non_record(fd, path, size, start, first)
+            return
+        w.pos += 1
+        length = w.varint(size)
+        end = w.pos + length
+        if end > size:
+            w.param = _peek_tag(w, size)
+            raise TruncatedCheckpointError(
+                f"a record of {length} bytes runs {end - size} bytes past the end of the file",
+                path=path, param=w.param, offset=start)
+        rec = _parse_value(w, end)
+        rec.offset, rec.end = start, end
+        _check_record(rec, path, start)
+        yield rec
+        w.pos = end
+
+
+def _explain_non_record(fd: int, path: str, size: int, at: int, first: int) -> None:
+    """Return quietly at a CRC trailer; raise the error that explains any other non-record bytes."""
+    tail = os.pread(fd, CRC_TRAILER_BYTES, at)
+    if size - at == CRC_TRAILER_BYTES and tail.startswith(CRC_MAGIC):
+        return
+    if CRC_MAGIC.startswith(tail[:len(CRC_MAGIC)]) or tail.startswith(CRC_MAGIC):
+        raise TruncatedCheckpointError("the CRC trailer (crc_num) is cut short or damaged", path=path,
+                                       offset=at)
+    if at == 0:
+        _refuse_encrypted(fd, path)
+        raise CorruptCheckpointError(
+            f"this is not a MindSpore checkpoint: it starts with byte 0x{first:02x}, not a checkpoint record",
+            path=path, offset=0)
+    raise CorruptCheckpointError(f"unexpected byte 0x{first:02x} where a record should start", path=path,
+                                 offset=at)
+
+
+def _refuse_encrypted(fd: int, path: str) -> None:
+    mode = _CIPHER_MAGICS.get(os.pread(fd, 4, 0))
+    if mode is not None:
+        raise EncryptedCheckpointError(
+            f"the file is encrypted ({mode}, saved with enc_key). Decrypt it with "
+            f"mindspore.load_checkpoint(path, dec_key=..., dec_mode={mode!r}) and save it again without "
+            "enc_key before using ckptstore", path=path, offset=0)
+
+
+def _peek_tag(w: _Window, size: int) -> str | None:
+    try:
+        key = w.varint(size)
+        if key == _VALUE_KEY:
+            return w.take(w.varint(size), size).decode("utf-8", "replace")
+    except (TruncatedCheckpointError, CorruptCheckpointError):
+        pass
+    return None
+
+
+def _check_record(rec: _Record, path: str, at: int) -> None:
+    if rec.tag is None:
+        raise CorruptCheckpointError("a record has no parameter name", path=path, offset=at)
+    if rec.tensor_type is None or rec.content is None:
+        raise CorruptCheckpointError("a record has no tensor type or no content", path=path,
+                                     param=rec.tag, offset=at)
+    if rec.tensor_type in UNSUPPORTED_TYPES:
+        raise UnsupportedCheckpointError(UNSUPPORTED_TYPES[rec.tensor_type], path=path, param=rec.tag,
+                                         offset=at)
+    if rec.tensor_type != STR_TYPE and rec.tensor_type not in MINDSPORE_TO_NUMPY:
+        raise CorruptCheckpointError(f"unknown tensor type {rec.tensor_type!r}", path=path,
+                                     param=rec.tag, offset=at)
+    if any(d < 0 for d in rec.dims):
+        raise CorruptCheckpointError(f"negative dimension in {rec.dims}", path=path, param=rec.tag,
+                                     offset=at)
+
+
+def _entry(records: Sequence[_Record], path: str) -> CkptEntry:
+    last = records[-1]
+    dims = tuple(last.dims)
+    if last.tensor_type != STR_TYPE and dims == (0,):
+        dims = ()  # MindSpore's loader reads dims [0] of a non-string value as a scalar
+    if any(r.tensor_type != last.tensor_type for r in records):
+        raise CorruptCheckpointError("the records of one parameter disagree on its type", path=path,
+                                     param=last.tag, offset=records[0].offset)
+    pieces = tuple(r.content for r in records if r.content and r.content[1])
+    entry = CkptEntry(last.tag, last.tensor_type, () if last.tensor_type == STR_TYPE else dims,
+                      pieces, records[0].offset)
+    if not entry.is_str:
+        expected = prod(dims) * entry.dtype.itemsize
+        if entry.nbytes != expected:
+            raise CorruptCheckpointError(
+                f"its content has {entry.nbytes} bytes but shape {list(dims)} of {last.tensor_type} "
+                f"needs {expected}", path=path, param=last.tag, offset=records[0].offset)
+    elif entry.nbytes % 4:
+        raise CorruptCheckpointError("a string value's length is not a multiple of 4 (UTF-32)",
+                                     path=path, param=last.tag, offset=records[0].offset)
+    return entry
+
+
+def scan_checkpoint(path: str | os.PathLike[str], *, verify_crc: bool = False) -> CkptIndex:
+    """Index a MindSpore ``.ckpt`` file without reading its payloads.
+
+    Returns a :class:`CkptIndex` mapping each parameter name to its :class:`CkptEntry` (dtype,
+    local shape, byte pieces), in file order. Consecutive records with one name are one
+    parameter; a name that appears again later replaces the earlier one, as in
+    ``mindspore.load_checkpoint``. The CRC trailer is recognised and skipped; with
+    ``verify_crc=True`` the whole file is read once (in 8 MiB blocks) to check it. Raises a
+    :class:`~ckptstore.errors.CheckpointFileError` subclass naming the file, parameter and byte
+    offset for truncated, corrupt, encrypted or unsupported files.
+    """
+    path = os.fspath(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            raise TruncatedCheckpointError("the file is empty", path=path, offset=0)
+        _refuse_encrypted(fd, path)
+        stored = _crc_trailer(fd, size)
+        entries: dict[str, CkptEntry] = {}
+        group: list[_Record] = []
+        data_end = 0
+        for rec in _iter_records(fd, path, size):
+            if group and rec.tag != group[-1].tag:
+                entries.pop(group[-1].tag, None)
+                entries[group[-1].tag] = _entry(group, path)
+                group = []
+            group.append(rec)
+            data_end = rec.end
+        if group:
+            entries.pop(group[-1].tag, None)
+            entries[group[-1].tag] = _entry(group, path)
+        # The records are length-delimited, so the trailer is exactly what follows the last one.
+        trailer = stored is not None and data_end == size - CRC_TRAILER_BYTES
+        index = CkptIndex(path, size, entries, stored if trailer else None, data_end)
+        if verify_crc:
+            verify_checkpoint_crc(index, fd=fd)
+        return index
+    finally:
+        os.close(fd)
+
+
+def verify_checkpoint_crc(index: CkptIndex, *, fd: int | None = None) -> None:
+    """Check the file's ``crc_num`` trailer against a CRC-32 of its records.
+
+    Raises :class:`~ckptstore.errors.ChecksumMismatchError` on a mismatch and when the file has
+    no trailer (it was saved without ``crc_check=True``, so there is nothing to verify).
+    """
+    if index.stored_crc is None:
+        raise ChecksumMismatchError("the file has no CRC trailer (it was saved without crc_check=True)",
+                                    path=index.path)
+    own = fd is None
+    if own:
+        fd = os.open(index.path, os.O_RDONLY)
+    try:
+        crc, pos = 0, 0
+        while pos < index.data_end:
+            block = os.pread(fd, min(_CRC_BLOCK, index.data_end - pos), pos)
+            if not block:
+                raise TruncatedCheckpointError("the file shrank while being read", path=index.path, offset=pos)
+            crc = zlib.crc32(block, crc)
+            pos += len(block)
+    finally:
+        if own:
+            os.close(fd)
+    if crc != index.stored_crc:
+        raise ChecksumMismatchError(
+            f"CRC-32 of the records is {crc} but the trailer says {index.stored_crc}: the file is damaged",
+            path=index.path, offset=index.data_end)
+
+
+def read_into(fd: int, pieces: Sequence[tuple[int, int]], start: int, out: memoryview, *,
+              path: str = "", param: str | None = None) -> None:
+    """Fill ``out`` with the logical bytes ``[start, start + len(out))`` of a parameter.
+
+    ``pieces`` are the parameter's ``(offset, length)`` ranges in the file (its logical bytes
+    are their concatenation). Bytes go straight from the file into ``out`` with ``preadv``.
+    """
+    want_end = start + len(out)
+    logical = 0
+    written = 0
+    for offset, length in pieces:
+        lo, hi = max(start, logical), min(want_end, logical + length)
+        if lo < hi:
+            _pread_exact(fd, out[written:written + hi - lo], offset + lo - logical, path, param)
+            written += hi - lo
+        logical += length
+        if logical >= want_end:
+            break
+    if written != len(out):
+        raise CorruptCheckpointError(f"asked for bytes [{start}, {want_end}) but the parameter has {logical}",
+                                     path=path, param=param)
+
+
+def _pread_exact(fd: int, view: memoryview, offset: int, path: str, param: str | None) -> None:
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise TruncatedCheckpointError("the file ends before this parameter's bytes", path=path,
+                                           param=param, offset=offset + done)
+        done += n
+
+
+def read_entry(path: str | os.PathLike[str], entry: CkptEntry, *, rows: tuple[int, int] | None = None,
+               out: np.ndarray | None = None) -> np.ndarray | str:
+    """Read one parameter (or rows ``[lo, hi)`` of its first axis) as a numpy array.
+
+    The result equals what ``mindspore.load_checkpoint`` gives for that parameter (for ``str``
+    values, the Python string). Only the needed byte ranges are read, directly into ``out``
+    when given (it must be C-contiguous with the right dtype and shape).
+    """
+    path = os.fspath(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if entry.is_str:
+            raw = bytearray(entry.nbytes)
+            read_into(fd, entry.pieces, 0, memoryview(raw), path=path, param=entry.name)
+            return str(np.frombuffer(bytes(raw), entry.dtype)[0]) if raw else ""
+        shape = entry.shape
+        start = 0
+        if rows is not None:
+            if not shape:
+                raise ValueError(f"parameter {entry.name!r} is a scalar; it has no rows")
+            lo, hi = rows
+            if not 0 <= lo <= hi <= shape[0]:
+                raise ValueError(f"rows [{lo}, {hi}) are outside {entry.name!r} of shape {list(shape)}")
+            row_bytes = prod(shape[1:]) * entry.dtype.itemsize
+            shape, start = (hi - lo, *shape[1:]), lo * row_bytes
+        if out is None:
+            out = np.empty(shape, dtype=entry.dtype)
+        elif out.shape != shape or out.dtype != entry.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous {entry.dtype} array of shape {list(shape)}")
+        read_into(fd, entry.pieces, start, memoryview(out.reshape(-1).view(np.uint8)), path=path,
+                  param=entry.name)
+        return out
+    finally:
+        os.close(fd)

@@ -1,0 +1,95 @@
+"""One exception hierarchy for ckptstore.
+
+Every error a user can trigger with bad input is a :class:`CkptStoreError`; each also
+subclasses the builtin that fits (a missing file is a ``FileNotFoundError``, malformed input a
+``ValueError``) so callers that already catch those keep working. Messages name the file, the
+parameter and the byte offset where they are known, and say what to do.
+"""
+from __future__ import annotations
+
+import os
+
+
+class CkptStoreError(Exception):
+    """Base class of every error ckptstore raises on purpose."""
+
+
+def _where(path: str | os.PathLike[str] | None, param: str | None, offset: int | None) -> str:
+    parts = []
+    if path is not None:
+        parts.append(f"file {os.fspath(path)!s}")
+    if param is not None:
+        parts.append(f"parameter {param!r}")
+    if offset is not None:
+        parts.append(f"byte offset {offset}")
+    return ", ".join(parts)
+
+
+class CheckpointFileError(CkptStoreError, ValueError):
+    """A MindSpore ``.ckpt`` file that cannot be read as a checkpoint.
+
+    Attributes ``path``, ``param`` and ``offset`` locate the problem (``None`` when unknown).
+    """
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        param: str | None = None,
+        offset: int | None = None,
+    ) -> None:
+        self.path = None if path is None else os.fspath(path)
+        self.param = param
+        self.offset = offset
+        self.problem = problem
+        where = _where(path, param, offset)
+        super().__init__(f"{problem} ({where})" if where else problem)
+
+
+class TruncatedCheckpointError(CheckpointFileError):
+    """The file ends in the middle of a record, or before parameters it must hold."""
+
+
+class CorruptCheckpointError(CheckpointFileError):
+    """The bytes are not a valid MindSpore checkpoint record."""
+
+
+class EncryptedCheckpointError(CheckpointFileError):
+    """The file was saved with ``enc_key`` and is not readable without ``dec_key``."""
+
+
+class UnsupportedCheckpointError(CheckpointFileError):
+    """A valid checkpoint feature ckptstore does not handle (map tensors, Int4)."""
+
+
+class ChecksumMismatchError(CheckpointFileError):
+    """Stored and computed checksums differ: the bytes were damaged after saving."""
+
+
+class StrategyError(CkptStoreError, ValueError):
+    """A strategy file that cannot be read, or a layout that cannot be applied."""
+
+
+class LayoutMismatchError(CkptStoreError, ValueError):
+    """Checkpoint files disagree with the strategy or with each other (shape, dtype, names)."""
+
+
+class MissingRankError(CkptStoreError, FileNotFoundError):
+    """A rank's checkpoint file that the layout needs is not there."""
+
+
+class StoreNotFoundError(CkptStoreError, FileNotFoundError):
+    """No ckptstore store at the given path."""
+
+
+class IncompleteStoreError(CkptStoreError, ValueError):
+    """The store was not finished (an interrupted ``convert``); rerun the same command."""
+
+
+class StoreCorruptError(CkptStoreError, ValueError):
+    """A store whose metadata or chunk bytes fail validation or their checksum."""
+
+
+class StoreExistsError(CkptStoreError, FileExistsError):
+    """The output path already holds a complete store (pass ``overwrite=True``)."""
