@@ -119,3 +119,35 @@ def tiles_exactly(boxes: Iterable[Box], shape: Sequence[int]) -> bool:
             if overlap is not None and overlap.size:
                 return False
     return True
+
+
+def paired_runs(box: Box, src: Box, dst: Box) -> tuple[np.ndarray, np.ndarray, int]:
+    """Element runs copying ``box`` from C-order container ``src`` into C-order container ``dst``.
+
+    All three boxes are in the same (global) frame and ``box`` lies inside both containers.
+    Returns ``(src_starts, dst_starts, run_length)``: element offsets into each flattened
+    container of runs that are contiguous in *both*, as long as possible.
+    """
+    if not (src.contains(box) and dst.contains(box)):
+        raise ValueError(f"box [{box.start}, {box.stop}) is not inside both containers")
+    if box.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, 0
+    if box.ndim == 0:
+        zero = np.zeros(1, dtype=np.int64)
+        return zero, zero.copy(), 1
+    sshape, dshape = src.shape, dst.shape
+    k = box.ndim - 1
+    while k > 0 and box.shape[k] == sshape[k] == dshape[k]:
+        k -= 1
+    run = prod(box.shape[k:])
+    s_strides = [prod(sshape[a + 1:]) for a in range(box.ndim)]
+    d_strides = [prod(dshape[a + 1:]) for a in range(box.ndim)]
+    s_starts = np.array([(box.start[k] - src.start[k]) * s_strides[k]], dtype=np.int64)
+    d_starts = np.array([(box.start[k] - dst.start[k]) * d_strides[k]], dtype=np.int64)
+    for a in range(k - 1, -1, -1):
+        idx = np.arange(box.shape[a], dtype=np.int64)
+        s_starts = ((idx + box.start[a] - src.start[a]) * s_strides[a])[:, None] + s_starts[None, :]
+        d_starts = ((idx + box.start[a] - dst.start[a]) * d_strides[a])[:, None] + d_starts[None, :]
+        s_starts, d_starts = s_starts.ravel(), d_starts.ravel()
+    return s_starts, d_starts, run

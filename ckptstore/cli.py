@@ -13,9 +13,13 @@ from typing import Any, Callable, TypeVar
 import click
 
 from . import describe
+from .chunk_plan import OPTIMIZER_PATTERNS
+from .convert import CODECS, convert as convert_store
 from .errors import CkptStoreError
 from .source import find_rank_files, open_source
+from .store import open as open_store
 from .strategy import load_strategy
+from .verify import verify_store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,9 +42,16 @@ def _friendly_errors(fn: F) -> F:
 def main() -> None:
     """Reshard MindSpore distributed checkpoints without running out of memory.
 
-    ckptstore reads the per-rank .ckpt files MindSpore saves (rank_<i>/*.ckpt) and the
-    strategy file the parallel compiler writes, and tells you what they hold. Every command
-    reads file headers, never whole checkpoints.
+    ckptstore reads the per-rank .ckpt files MindSpore saves (rank_<i>/*.ckpt) with the
+    strategy file the parallel compiler writes, and converts them once into a store of
+    global tensors (Zarr v3) in which every replicated slice is stored once. Loading a rank
+    of any new layout then reads only the bytes that rank needs.
+
+    
+    Typical use:
+      ckptstore info rank_0/net-1_100.ckpt          what a rank file holds
+      ckptstore convert ckpt_dir --strategy strategy.ckpt --out model.zarr
+      ckptstore verify model.zarr                   re-check every chunk's checksum
     """
 
 
@@ -89,6 +100,24 @@ def _print_strategy(info: dict[str, Any]) -> None:
         click.echo(line)
 
 
+def _print_store(info: dict[str, Any]) -> None:
+    params, totals = info["params"], info["totals"]
+    src = info["source"]
+    click.echo(f"{info['path']}: ckptstore store (Zarr v3), {len(params)} parameters from {src['world_size']} "
+               f"rank file(s)")
+    width = max([len(n) for n in params] + [9])
+    click.echo(f"  {'parameter':<{width}}  {'dtype':<8}  {'shape':<16}  {'chunk':<16}  {'chunks':>6}  {'bytes':>12}")
+    for name, p in params.items():
+        if p["dtype"] == "str":
+            click.echo(f"  {name:<{width}}  {'str':<8}  {p['value']!r}")
+            continue
+        click.echo(f"  {name:<{width}}  {p['dtype']:<8}  {str(p['shape']):<16}  {str(p['chunk_shape']):<16}  "
+                   f"{p['chunks']:>6}  {p['nbytes']:>12,}")
+    click.echo(f"  tensors: {_fmt_bytes(totals['nbytes'])}, stored: {_fmt_bytes(totals['stored_bytes'])}; "
+               f"the rank files held {_fmt_bytes(totals['source_bytes'])} (replicas stored once saved "
+               f"{_fmt_bytes(totals['dedup_saved_bytes'])})")
+
+
 @main.command()
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of a table.")
@@ -101,9 +130,10 @@ def _print_strategy(info: dict[str, Any]) -> None:
               help="Strategy only: more strategy files (one per pipeline stage), read together with PATH.")
 @_friendly_errors
 def info(path: str, as_json: bool, rank: int | None, ckpt_dir: str | None, extra_strategies: tuple[str, ...]) -> None:
-    """Describe a .ckpt file or a strategy file.
+    """Describe a .ckpt file, a strategy file, or a converted store.
 
-    For a checkpoint: its parameters, dtypes, local shapes and byte sizes, read from the record
+    For a store (a folder made by 'ckptstore convert'): each parameter's global shape, dtype,
+    bytes and chunk grid, and how much deduplicating replicas saved. For a checkpoint: its parameters, dtypes, local shapes and byte sizes, read from the record
     headers only. For a strategy file (protobuf as MindSpore saves it, or .json): each
     parameter's device matrix, tensor map and optimizer sharding; with --rank, the split that
     rank holds; with --ckpt-dir too, the global box of each parameter on that rank.
@@ -123,11 +153,96 @@ def info(path: str, as_json: bool, rank: int | None, ckpt_dir: str | None, extra
         result = describe.describe_strategy(strategy, rank=rank, source=source)
         printer = _print_strategy
     else:
-        raise click.UsageError(f"{path} is a directory; pass a .ckpt file or a strategy file")
+        with open_store(path) as store:
+            result = describe.describe_store(store)
+        printer = _print_store
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
         printer(result)
+
+
+_STRATEGY_HELP = ("MindSpore strategy file of the source (protobuf as saved, or .json); repeat it for one file "
+                  "per pipeline stage. Not needed for a single .ckpt file.")
+
+
+@main.command()
+@click.argument("src", type=click.Path(exists=True))
+@click.option("--out", "-o", required=True, type=click.Path(), help="The store folder to create.")
+@click.option("--strategy", "-s", "strategies", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help=_STRATEGY_HELP)
+@click.option("--format", "fmt", type=click.Choice(["zarr"]), default="zarr", show_default=True,
+              help="Store format.")
+@click.option("--step", type=int, default=None,
+              help="Use each rank's checkpoint of this step (-<epoch>_<step>.ckpt) instead of the newest.")
+@click.option("--prefix", default=None, help="Use only checkpoint files whose name starts with this.")
+@click.option("--include", multiple=True, metavar="GLOB", help="Keep only parameters matching (repeatable).")
+@click.option("--exclude", multiple=True, metavar="GLOB", help="Drop parameters matching (repeatable).")
+@click.option("--drop-optimizer", is_flag=True,
+              help="Drop optimizer state and training counters, for inference or a fresh optimizer. Patterns: "
+                   + ", ".join(OPTIMIZER_PATTERNS))
+@click.option("--compress", type=click.Choice(["none", *CODECS]), default="none", show_default=True,
+              help="Compress chunks (smaller store; chunks are then decoded whole on read, not memory-mapped).")
+@click.option("--chunk-mb", type=click.IntRange(1), default=None,
+              help="Largest chunk in MiB (default 256, or 16 when compressed). Chunks follow the source slices "
+                   "and are cut further only above this size.")
+@click.option("--workers", "-j", type=click.IntRange(1), default=4, show_default=True,
+              help="Parameters written in parallel.")
+@click.option("--verify-replicas", is_flag=True,
+              help="Also read every replica of each slice and fail if ranks disagree (reads all rank files).")
+@click.option("--verify-crc", is_flag=True, help="Check each rank file's crc_num trailer first (reads them whole).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing complete store at --out.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@_friendly_errors
+def convert(src: str, out: str, strategies: tuple[str, ...], fmt: str, step: int | None, prefix: str | None,
+            include: tuple[str, ...], exclude: tuple[str, ...], drop_optimizer: bool, compress: str,
+            chunk_mb: int | None, workers: int, verify_replicas: bool, verify_crc: bool, overwrite: bool,
+            quiet: bool, as_json: bool) -> None:
+    """Convert a MindSpore distributed checkpoint into a store of global tensors.
+
+    SRC is the folder holding rank_0/, rank_1/, ... (each rank's newest .ckpt is used) or a
+    single .ckpt file. Each parameter becomes one global array; a slice held by several ranks
+    (data-parallel replicas) is read and stored once. Memory use stays small whatever the
+    checkpoint size. If the run is interrupted, run the same command again: it resumes.
+    """
+    summary = convert_store(src, out, strategy=strategies, step=step, prefix=prefix, include=include,
+                            exclude=exclude, drop_optimizer=drop_optimizer, compress=compress,
+                            max_chunk_mb=chunk_mb, workers=workers, verify_replicas=verify_replicas,
+                            verify_crc=verify_crc, overwrite=overwrite, quiet=quiet)
+    if as_json:
+        click.echo(json.dumps(summary.to_json(), indent=2))
+        return
+    click.echo(f"wrote {summary.store}: {summary.params} parameters in {summary.chunks} chunks, "
+               f"{_fmt_bytes(summary.stored_bytes)} stored from {_fmt_bytes(summary.source_bytes)} in the rank "
+               f"files (replicas stored once saved {_fmt_bytes(summary.dedup_saved_bytes)}), "
+               f"{summary.seconds:.1f} s" + (f"; resumed {summary.chunks_resumed} chunks already written"
+                                            if summary.chunks_resumed else ""))
+
+
+@main.command()
+@click.argument("store", type=click.Path(exists=True, file_okay=False))
+@click.option("--against", type=click.Path(exists=True), default=None,
+              help="Also compare with the source checkpoint (folder of rank_<i>/ or one .ckpt), every replica.")
+@click.option("--strategy", "-s", "strategies", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="With --against: the source strategy file(s).")
+@click.option("--step", type=int, default=None, help="With --against: which step's files.")
+@click.option("--prefix", default=None, help="With --against: which files, by name prefix.")
+@_friendly_errors
+def verify(store: str, against: str | None, strategies: tuple[str, ...], step: int | None,
+           prefix: str | None) -> None:
+    """Re-read every chunk of STORE and check its checksum (and, with --against, its bytes).
+
+    Exits 0 when everything matches, 1 when a problem is found (each is listed).
+    """
+    with open_store(store) as st:
+        report = verify_store(st, against=against, strategy=strategies, step=step, prefix=prefix)
+    for problem in report.problems:
+        click.echo(f"ckptstore: {problem}", err=True)
+    extra = f", {report.compared_with_source} chunks compared with the source" if against else ""
+    click.echo(f"{'OK' if report.ok else 'FAILED'}: {report.params} parameters, {report.chunks} chunks, "
+               f"{_fmt_bytes(report.bytes_checked)} checked{extra}; {len(report.problems)} problem(s)")
+    sys.exit(0 if report.ok else 1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .ckpt_reader import CkptIndex, scan_checkpoint
 from .dtypes import dtype_name
 from .source import DistributedSource
 from .strategy import Strategy, layout_to_json
+
+if TYPE_CHECKING:
+    from .store import Store
 
 #: First byte of a checkpoint (Checkpoint.value, field 1 length-delimited) and of a strategy
 #: file (ParallelStrategyMap.current_stage, field 1 varint). Both are often named ``*.ckpt``.
@@ -71,3 +75,34 @@ def describe_strategy(strategy: Strategy, *, rank: int | None = None,
     return {"kind": "strategy", "paths": list(strategy.sources), "world_size": strategy.world_size,
             "stage_devices": strategy.stage_devices, "num_stages": strategy.num_stages,
             **({"rank": rank} if rank is not None else {}), "params": params}
+
+
+def describe_store(store: "Store") -> dict[str, object]:
+    """Parameters of a converted store: shape, dtype, bytes, chunk grid, and dedup savings.
+
+    ``{"kind": "store", "path", "source": {...}, "params": {name: {"dtype", "shape", "nbytes",
+    "stored_bytes", "chunk_shape", "chunks", "codec"}}, "totals": {"nbytes", "stored_bytes",
+    "source_bytes", "dedup_saved_bytes"}}``; ``source_bytes`` counts every replica the source
+    rank files held.
+    """
+    params: dict[str, dict[str, object]] = {}
+    nbytes = stored = source = 0
+    for name in store.names():
+        p = store.info(name)
+        if p.is_str:
+            params[name] = {"dtype": "str", "shape": [], "nbytes": 0, "stored_bytes": 0, "value": p.value}
+            continue
+        item = p.np_dtype.itemsize
+        replicated = sum(p.chunk_box(i).size * item * r for i, r in enumerate(p.chunks.replicas))
+        params[name] = {"dtype": p.dtype, "shape": list(p.shape), "nbytes": p.nbytes,
+                        "stored_bytes": p.stored_bytes, "chunk_shape": list(p.chunk_shape),
+                        "chunks": len(p.chunks), "codec": p.codec}
+        nbytes += p.nbytes
+        stored += p.stored_bytes
+        source += replicated
+    src = store.source
+    return {"kind": "store", "path": str(store.root),
+            "source": {k: src.get(k) for k in ("world_size", "step", "created_by")},
+            "params": params,
+            "totals": {"nbytes": nbytes, "stored_bytes": stored, "source_bytes": source,
+                       "dedup_saved_bytes": source - nbytes}}

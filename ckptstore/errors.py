@@ -93,3 +93,11 @@ class StoreCorruptError(CkptStoreError, ValueError):
 
 class StoreExistsError(CkptStoreError, FileExistsError):
     """The output path already holds a complete store (pass ``overwrite=True``)."""
+
+
+class StoreWriteError(CkptStoreError, OSError):
+    """Writing the store failed (no space left, permissions); rerun the same command to resume."""
+
+
+class ReplicaMismatchError(CkptStoreError, ValueError):
+    """Ranks that should hold identical replicas of a slice hold different bytes."""

@@ -33,6 +33,7 @@ class SourceSlice:
     box: Box
     ranks: tuple[int, ...]
     entries: tuple[CkptEntry, ...]
+    paths: tuple[str, ...]
 
     @property
     def rank(self) -> int:
@@ -42,6 +43,11 @@ class SourceSlice:
     @property
     def entry(self) -> CkptEntry:
         return self.entries[0]
+
+    @property
+    def path(self) -> str:
+        """The file of the rank that supplies this box."""
+        return self.paths[0]
 
 
 @dataclass(frozen=True)
@@ -181,7 +187,8 @@ def _resolve_whole(name: str, holders: Mapping[int, CkptEntry], indexes: Mapping
                 f"shape {list(first.shape)} in {indexes[first_rank].path} (rank {first_rank}) and "
                 f"{list(e.shape)} in {indexes[r].path} (rank {r}); pass the strategy file that describes it")
     ranks = tuple(holders)
-    sl = SourceSlice(Box.full(first.shape), ranks, tuple(holders[r] for r in ranks))
+    sl = SourceSlice(Box.full(first.shape), ranks, tuple(holders[r] for r in ranks),
+                     tuple(indexes[r].path for r in ranks))
     return SourceParam(name, first.tensor_type, first.dtype, first.shape, (sl,), False)
 
 
@@ -231,7 +238,7 @@ def _resolve_laid_out(name: str, holders: Mapping[int, CkptEntry], indexes: Mapp
                 f"parameter {name!r} in {indexes[r].path} (rank {r}) has shape {list(holders[r].shape)} but the "
                 f"strategy gives rank {r} a slice of shape {list(box.shape)}")
         groups.setdefault(box, []).append(r)
-    slices = tuple(SourceSlice(b, tuple(rs), tuple(holders[r] for r in rs))
+    slices = tuple(SourceSlice(b, tuple(rs), tuple(holders[r] for r in rs), tuple(indexes[r].path for r in rs))
                    for b, rs in sorted(groups.items(), key=lambda kv: kv[0].start))
     return SourceParam(name, first.tensor_type, first.dtype, shape, slices, True)
 

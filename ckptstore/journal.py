@@ -1,0 +1,91 @@
+"""Resume state of an unfinished conversion, kept beside the data it describes.
+
+While a parameter's file is being written (``<file>.partial``), each chunk that has reached it
+is recorded as one JSON line in ``<file>.journal`` *after* its bytes were written. A rerun
+trusts a journalled chunk only if its bytes on disk still match the recorded CRC-32C, drops
+anything after the last good chunk, and carries on from there; finished parameters (whose
+final file exists, with a done record in the work directory) are skipped whole.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import crc32c
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """A chunk already in the partial file: where, how long, its checksum and source rank."""
+
+    index: int
+    offset: int
+    nbytes: int
+    crc: int
+    rank: int
+
+
+def read_journal(path: Path) -> list[JournalEntry]:
+    """The entries of a journal, stopping at the first torn or unreadable line."""
+    entries: list[JournalEntry] = []
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return entries
+    for line in text.splitlines():
+        try:
+            d = json.loads(line)
+            entries.append(JournalEntry(int(d["i"]), int(d["o"]), int(d["n"]), int(d["c"]), int(d["r"])))
+        except (ValueError, KeyError, TypeError):
+            break
+    return entries
+
+
+def good_prefix(data: Path, entries: list[JournalEntry], *, block: int = 16 << 20) -> list[JournalEntry]:
+    """The leading journal entries whose bytes in ``data`` match their CRC, in chunk order."""
+    good: list[JournalEntry] = []
+    try:
+        fd = os.open(data, os.O_RDONLY)
+    except FileNotFoundError:
+        return good
+    try:
+        for i, e in enumerate(entries):
+            if e.index != i or _crc_of(fd, e.offset, e.nbytes, block) != e.crc:
+                break
+            good.append(e)
+    finally:
+        os.close(fd)
+    return good
+
+
+def _crc_of(fd: int, offset: int, nbytes: int, block: int) -> int | None:
+    crc, done = 0, 0
+    while done < nbytes:
+        data = os.pread(fd, min(block, nbytes - done), offset + done)
+        if not data:
+            return None
+        crc = crc32c.crc32c(data, crc)
+        done += len(data)
+    return crc
+
+
+class JournalWriter:
+    """Appends one line per finished chunk."""
+
+    def __init__(self, path: Path, entries: list[JournalEntry]) -> None:
+        # Rewrite the trusted prefix so a torn tail never precedes new lines.
+        path.write_text("".join(_line(e) for e in entries))
+        self._f = open(path, "a", encoding="utf-8")
+
+    def append(self, entry: JournalEntry) -> None:
+        self._f.write(_line(entry))
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _line(e: JournalEntry) -> str:
+    return json.dumps({"i": e.index, "o": e.offset, "n": e.nbytes, "c": e.crc, "r": e.rank}) + "\n"
