@@ -1,0 +1,1 @@
+"""Store formats: Zarr v3 (default)."""
