@@ -34,7 +34,7 @@ from .errors import (
 CRC_MAGIC = b"crc_num"
 CRC_TRAILER_BYTES = len(CRC_MAGIC) + 10
 _VALUE_KEY = 0x0A  # Checkpoint.value: field 1, length-delimited
-_WINDOW = 64 * 1024  # read-ahead for record headers; payload bytes beyond it are never read
+_WINDOW = 4 * 1024  # read-ahead for record headers: small, so neighbouring small payloads are not read
 _CRC_BLOCK = 8 * 1024 * 1024
 #: First 4 bytes of files MindSpore encrypts with enc_key (AES-GCM, AES-CBC).
 _CIPHER_MAGICS = {bytes.fromhex("d85e3a7f"): "AES-GCM", bytes.fromhex("d95e3a7f"): "AES-CBC"}
@@ -123,7 +123,8 @@ class _Window:
             value, used = protowire.decode_varint(buf, 0)
         except protowire.WireError as e:
             if e.problem.startswith("truncated"):
-                raise self._truncated("a varint") from None
+                # bytes ran out at the end of the file (not of an enclosing record): a cut file
+                raise self._truncated("a varint", at_eof=limit >= self.end) from None
             raise CorruptCheckpointError(e.problem, path=self.path, param=self.param, offset=self.pos) from None
         self.pos += used
         return value
@@ -135,8 +136,8 @@ class _Window:
         self.pos += n
         return data
 
-    def _truncated(self, what: str) -> Exception:
-        if self.pos >= self.end:
+    def _truncated(self, what: str, *, at_eof: bool = False) -> Exception:
+        if at_eof or self.pos >= self.end:
             return TruncatedCheckpointError(f"the file ends inside {what}", path=self.path,
                                             param=self.param, offset=self.pos)
         return CorruptCheckpointError(f"{what} runs past the end of its record", path=self.path,
@@ -308,7 +309,7 @@ def _check_record(rec: _Record, path: str, at: int) -> None:
                                      offset=at)
 
 
-def _entry(records: Sequence[_Record], path: str) -> CkptEntry:
+def _entry(records: Sequence[_Record], path: str, *, at_eof: bool = False) -> CkptEntry:
     last = records[-1]
     dims = tuple(last.dims)
     if last.tensor_type != STR_TYPE and dims == (0,):
@@ -321,6 +322,11 @@ def _entry(records: Sequence[_Record], path: str) -> CkptEntry:
                       pieces, records[0].offset)
     if not entry.is_str:
         expected = prod(dims) * entry.dtype.itemsize
+        if entry.nbytes < expected and at_eof:
+            # the file stops between two records of this parameter: it was cut there
+            raise TruncatedCheckpointError(
+                f"the file ends after {entry.nbytes} of the {expected} bytes of shape {list(dims)} of "
+                f"{last.tensor_type}", path=path, param=last.tag, offset=last.end)
         if entry.nbytes != expected:
             raise CorruptCheckpointError(
                 f"its content has {entry.nbytes} bytes but shape {list(dims)} of {last.tensor_type} "
@@ -362,7 +368,7 @@ def scan_checkpoint(path: str | os.PathLike[str], *, verify_crc: bool = False) -
             data_end = rec.end
         if group:
             entries.pop(group[-1].tag, None)
-            entries[group[-1].tag] = _entry(group, path)
+            entries[group[-1].tag] = _entry(group, path, at_eof=data_end == size)
         # The records are length-delimited, so the trailer is exactly what follows the last one.
         trailer = stored is not None and data_end == size - CRC_TRAILER_BYTES
         index = CkptIndex(path, size, entries, stored if trailer else None, data_end)
@@ -449,6 +455,9 @@ def read_entry(path: str | os.PathLike[str], entry: CkptEntry, *, rows: tuple[in
         if entry.is_str:
             raw = bytearray(entry.nbytes)
             read_into(fd, entry.pieces, 0, memoryview(raw), path=path, param=entry.name)
+            if raw and int(np.frombuffer(raw, "<u4").max()) > 0x10FFFF:  # numpy raises SystemError
+                raise CorruptCheckpointError("a string value holds a code point beyond U+10FFFF (not UTF-32)",
+                                             path=path, param=entry.name, offset=entry.record_offset)
             return str(np.frombuffer(bytes(raw), entry.dtype)[0]) if raw else ""
         shape = entry.shape
         start = 0

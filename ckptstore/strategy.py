@@ -403,6 +403,9 @@ def load_strategy(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     seen_stages: dict[int, str] = {}
     for f in files:
         sf = read_strategy_file(f)
+        if not sf.layouts:  # MindSpore refuses these too ("The strategy file ... is empty")
+            raise StrategyError(f"strategy file {sf.path} holds no parameter layouts (parallel_layout_item); "
+                                "is it a strategy file? (checkpoints are often named *.ckpt too)")
         for name, layout in sf.layouts.items():
             merged_stage, plain = _split_merged_name(name)
             stage = merged_stage if merged_stage is not None else sf.stage
@@ -423,12 +426,13 @@ def _assemble(staged: dict[str, dict[int, Layout]], sources: tuple[str, ...]) ->
     if not staged:
         return Strategy({}, 1, 1, sources)
     stages = sorted({s for st in staged.values() for s in st})
+    where = f" ({', '.join(sources)})" if sources else ""
     if stages != list(range(len(stages))):
-        raise StrategyError(f"the strategy has pipeline stages {stages}; every stage from 0 to {stages[-1]} "
-                            "is needed (pass each stage's strategy file)")
+        raise StrategyError(f"the strategy{where} has pipeline stages {stages}; every stage from 0 to "
+                            f"{stages[-1]} is needed (pass each stage's strategy file)")
     counts = {l.device_count for st in staged.values() for l in st.values()}
     if len(counts) != 1:
-        raise StrategyError(f"parameters are laid out over different device counts {sorted(counts)}; "
+        raise StrategyError(f"parameters are laid out over different device counts {sorted(counts)}{where}; "
                             "every pipeline stage must span the same number of ranks")
     return Strategy(staged, counts.pop(), len(stages), sources)
 
@@ -439,3 +443,18 @@ def strategy_from_layouts(layouts: Mapping[str, Layout], *, num_stages: int = 1,
     staged = {n: {s: l for s in (stages or {}).get(n, [0])} for n, l in layouts.items()}
     st = _assemble(staged, ())
     return Strategy(st.layouts, st.stage_devices, max(num_stages, st.num_stages), ())
+
+
+def strategy_from_summary(summary: Mapping[str, object]) -> Strategy:
+    """Rebuild a :class:`Strategy` from :meth:`Strategy.summary` (as kept in a store's manifest)."""
+    params = summary["params"]
+    assert isinstance(params, Mapping)
+    staged = {
+        name: {int(s): Layout(tuple(d["dev_matrix"]),
+                              tuple(() if m == -1 else tuple(m) if isinstance(m, list) else (m,)
+                                    for m in d["tensor_map"]),
+                              int(d["opt_shard_step"]), int(d["opt_shard_size"]))
+               for s, d in stages.items()}
+        for name, stages in params.items()
+    }
+    return Strategy(staged, int(summary["stage_devices"]), int(summary["num_stages"]), ())  # type: ignore[arg-type]
