@@ -5,6 +5,7 @@ stderr and exit status 2 here, in one place; nothing else in the package prints.
 """
 from __future__ import annotations
 
+import fnmatch
 import functools
 import json
 import sys
@@ -65,20 +66,19 @@ def _fmt_bytes(n: int) -> str:
 
 def _print_checkpoint(info: dict[str, Any]) -> None:
     params = info["params"]
-    click.echo(f"{info['path']}: MindSpore checkpoint, {len(params)} parameters, "
+    click.echo(f"{info['path']}: MindSpore checkpoint, "
                f"{_fmt_bytes(info['size'])}, CRC trailer: {'yes' if info['crc'] is not None else 'no'}")
     width = max([len(n) for n in params] + [9])
     click.echo(f"  {'parameter':<{width}}  {'dtype':<8}  {'shape':<18}  {'bytes':>12}")
     for name, p in params.items():
         click.echo(f"  {name:<{width}}  {p['dtype']:<8}  {str(p['shape']):<18}  {p['nbytes']:>12,}")
-    total = sum(p["nbytes"] for p in params.values())
-    click.echo(f"  {'total':<{width}}  {'':<8}  {'':<18}  {total:>12,}")
+    shown = sum(p["nbytes"] for p in params.values())
+    click.echo(f"  {'total':<{width}}  {'':<8}  {'':<18}  {shown:>12,}")
 
 
 def _print_strategy(info: dict[str, Any]) -> None:
     click.echo(f"{', '.join(info['paths'])}: MindSpore strategy, {info['world_size']} ranks "
-               f"({info['num_stages']} pipeline stage(s) x {info['stage_devices']} devices), "
-               f"{len(info['params'])} parameters")
+               f"({info['num_stages']} pipeline stage(s) x {info['stage_devices']} devices)")
     rank = info.get("rank")
     if rank is not None:
         click.echo(f"rank {rank} (stage {rank // info['stage_devices']}):")
@@ -103,8 +103,7 @@ def _print_strategy(info: dict[str, Any]) -> None:
 def _print_store(info: dict[str, Any]) -> None:
     params, totals = info["params"], info["totals"]
     src = info["source"]
-    click.echo(f"{info['path']}: ckptstore store (Zarr v3), {len(params)} parameters from {src['world_size']} "
-               f"rank file(s)")
+    click.echo(f"{info['path']}: ckptstore store (Zarr v3) converted from {src['world_size']} rank file(s)")
     width = max([len(n) for n in params] + [9])
     click.echo(f"  {'parameter':<{width}}  {'dtype':<8}  {'shape':<16}  {'chunk':<16}  {'chunks':>6}  {'bytes':>12}")
     for name, p in params.items():
@@ -128,8 +127,11 @@ def _print_store(info: dict[str, Any]) -> None:
                    "rank's box.")
 @click.option("--strategy", "extra_strategies", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Strategy only: more strategy files (one per pipeline stage), read together with PATH.")
+@click.option("--include", multiple=True, metavar="GLOB",
+              help="List only parameters matching (repeatable); totals still cover everything.")
 @_friendly_errors
-def info(path: str, as_json: bool, rank: int | None, ckpt_dir: str | None, extra_strategies: tuple[str, ...]) -> None:
+def info(path: str, as_json: bool, rank: int | None, ckpt_dir: str | None, extra_strategies: tuple[str, ...],
+         include: tuple[str, ...]) -> None:
     """Describe a .ckpt file, a strategy file, or a converted store.
 
     For a store (a folder made by 'ckptstore convert'): each parameter's global shape, dtype,
@@ -156,10 +158,16 @@ def info(path: str, as_json: bool, rank: int | None, ckpt_dir: str | None, extra
         with open_store(path) as store:
             result = describe.describe_store(store)
         printer = _print_store
+    total = len(result["params"])
+    if include:
+        result["params"] = {n: p for n, p in result["params"].items()
+                            if any(fnmatch.fnmatchcase(n, g) for g in include)}
     if as_json:
         click.echo(json.dumps(result, indent=2))
-    else:
-        printer(result)
+        return
+    printer(result)
+    if include:
+        click.echo(f"  ({len(result['params'])} of {total} parameters shown)")
 
 
 _STRATEGY_HELP = ("MindSpore strategy file of the source (protobuf as saved, or .json); repeat it for one file "
@@ -243,6 +251,52 @@ def verify(store: str, against: str | None, strategies: tuple[str, ...], step: i
     click.echo(f"{'OK' if report.ok else 'FAILED'}: {report.params} parameters, {report.chunks} chunks, "
                f"{_fmt_bytes(report.bytes_checked)} checked{extra}; {len(report.problems)} problem(s)")
     sys.exit(0 if report.ok else 1)
+
+
+def _parse_ranks(value: str | None) -> list[int] | None:
+    if not value:
+        return None
+    ranks: list[int] = []
+    for part in value.split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            ranks.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+        except ValueError:
+            raise click.BadParameter(f"{value!r} is not a list like 0,1,4-7", param_hint="--ranks") from None
+    return ranks
+
+
+@main.command()
+@click.argument("store", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--strategy", "-s", "strategies", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Strategy file(s) of the target layout (the new card count); repeat per pipeline stage. "
+                   "Without it, the source layout is written back.")
+@click.option("--ranks", default=None, help="Target ranks to write, e.g. 0,1,4-7 (default: all).")
+@click.option("--format", "fmt", type=click.Choice(["ckpt", "safetensors"]), default="ckpt", show_default=True,
+              help="File format of the per-rank files.")
+@click.option("--include", multiple=True, metavar="GLOB", help="Export only parameters matching (repeatable).")
+@click.option("--dtype", default=None,
+              help="Convert values while reading, e.g. float16 or bfloat16 (default: as stored).")
+@click.option("--crc", is_flag=True, help="Append MindSpore's crc_num trailer (ckpt only), as save_checkpoint(crc_check=True).")
+@_friendly_errors
+def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None, fmt: str,
+           include: tuple[str, ...], dtype: str | None, crc: bool) -> None:
+    """Write per-rank checkpoints of STORE for a target layout into OUT.
+
+    Produces OUT/rank_<j>/checkpoint_<j>.ckpt for each target rank, readable by
+    mindspore.load_checkpoint: the same result as mindspore.transform_checkpoints, but each
+    rank reads only its own slices and memory stays at one parameter slice.
+    """
+    from .dtypes import numpy_dtype
+    from .export import export as export_store
+
+    with open_store(store) as st:
+        summary = export_store(st, out, strategy=list(strategies) or None, ranks=_parse_ranks(ranks),
+                               names=list(include) or None, dtype=numpy_dtype(dtype) if dtype else None,
+                               fmt=fmt, crc=crc)
+    click.echo(f"wrote {len(summary.files)} file(s) under {out}, reading {_fmt_bytes(summary.bytes_read)} "
+               "from the store")
 
 
 if __name__ == "__main__":  # pragma: no cover

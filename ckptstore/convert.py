@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import crc32c
 import numcodecs
+import numpy as np
 
 from .version import __version__
 from .backends import zarr_backend as zb
@@ -136,7 +137,8 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
         chunks_written=writer.chunks_written, chunks_resumed=writer.chunks_resumed,
         params_resumed=writer.params_resumed,
         source_bytes=sum(sum(s.entry.nbytes * len(s.ranks) for s in p.param.slices) for p in plans),
-        unique_bytes=sum(p.nbytes for p in plans),
+        # a string value has no chunks (its text is in the manifest) but is still counted once
+        unique_bytes=sum(p.param.slices[0].entry.nbytes if p.param.is_str else p.nbytes for p in plans),
         stored_bytes=sum(m.stored_bytes for m in manifest.params.values()),
         seconds=round(time.monotonic() - started, 3))
 
@@ -173,7 +175,7 @@ def _prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
     work = out / WORK_DIR
     if out.is_dir() and any(out.iterdir()):
         complete = (out / zb.ROOT_METADATA).exists()
-        ours = complete and zb.read_root_attributes(out).get("ckptstore") is not None or work.is_dir()
+        ours = complete and _has_manifest(out) or work.is_dir()
         if not ours:
             raise StoreExistsError(f"output folder {out} is not empty and is not a ckptstore store; "
                                    "choose an empty or new folder")
@@ -191,6 +193,15 @@ def _prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
     except OSError as e:
         raise _write_error(e, out, None) from e
     return work
+
+
+def _has_manifest(out: Path) -> bool:
+    """Whether ``out/zarr.json`` is a ckptstore root (an unreadable one is someone else's file)."""
+    try:
+        attrs = zb.read_root_attributes(out)
+    except (ValueError, AttributeError):  # not JSON, not UTF-8, not an object
+        return False
+    return isinstance(attrs, dict) and attrs.get("ckptstore") is not None
 
 
 def _clear(out: Path) -> None:
@@ -215,7 +226,7 @@ class _Writer:
                  progress: Progress) -> None:
         self.out, self.work, self.codec = out, work, codec
         self.verify_replicas, self.progress = verify_replicas, progress
-        self._compressor = numcodecs.get_codec(dict(codec)) if codec else None
+        self._compressor = _encoder(codec)
         self.chunks_written = self.chunks_resumed = self.params_resumed = 0
         kill = os.environ.get(_KILL_AFTER_ENV)
         self._kill_after = int(kill) if kill else None
@@ -290,7 +301,8 @@ class _Writer:
             raw = bytearray(chunk.nbytes)
             self._read(chunk.path, chunk.entry, chunk.byte_start, memoryview(raw))
             self._check_replicas(chunk, crc32c.crc32c(raw))
-            data = self._compressor.encode(raw)
+            # typed view: Blosc shuffles by the element size, as the array's zarr.json declares
+            data = self._compressor.encode(np.frombuffer(raw, dtype=f"u{chunk.entry.dtype.itemsize}"))
             os.pwrite(out_fd, data, offset)
             self.progress.add(chunk.nbytes)
             return crc32c.crc32c(data), len(data)
@@ -335,6 +347,19 @@ class _Writer:
                     f"parameter {entry.name!r}: rank {rank} ({path}) holds different bytes "
                     f"from rank {chunk.rank} ({chunk.path}) for the replicated slice "
                     f"{list(chunk.slice.box.start)}..{list(chunk.slice.box.stop)}, chunk {chunk.index}")
+
+
+_BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+def _encoder(codec: Mapping[str, Any] | None) -> Any:
+    """The numcodecs codec writing ``codec`` (numcodecs' Blosc takes ``shuffle`` as an int, Zarr as a name)."""
+    if codec is None:
+        return None
+    cfg = dict(codec)
+    if cfg["id"] == "blosc":
+        cfg["shuffle"] = _BLOSC_SHUFFLE[cfg["shuffle"]]
+    return numcodecs.get_codec(cfg)
 
 
 def _read_str(p: SourceParam) -> str:

@@ -150,8 +150,12 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
     """
     files = {r: os.fspath(p) for r, p in sorted(rank_files.items())}
     if strategy is not None and strategy.world_size != len(files):
-        raise MissingRankError(f"the strategy describes {strategy.world_size} ranks but {len(files)} rank files "
-                               f"were found ({', '.join(files.values())})")
+        told = f"the strategy describes {strategy.world_size} ranks but {len(files)} rank files were found"
+        missing = [r for r in range(strategy.world_size) if r not in files]
+        extra = [r for r in files if r >= strategy.world_size]
+        culprit = (f"no checkpoint file for rank(s) {_ranges(missing)} (rank_{missing[0]}/ is missing)" if missing
+                   else f"rank(s) {_ranges(extra)} are not in it ({files[extra[0]]}{', ...' if len(extra) > 1 else ''})")
+        raise MissingRankError(f"{told}: {culprit}; strategy file(s): {', '.join(strategy.sources)}")
     indexes = {r: scan_checkpoint(p, verify_crc=verify_crc) for r, p in files.items()}
     names = list(dict.fromkeys(n for idx in indexes.values() for n in idx.entries))
     if strategy is not None:
