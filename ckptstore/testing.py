@@ -1,0 +1,715 @@
+"""Real MindSpore distributed-checkpoint fixtures, for tests, the demo and benchmarks.
+
+Everything here writes what MindSpore itself would write, on a CPU-only machine where the
+parallel compiler cannot run:
+
+* strategy files (``ParallelStrategyMap`` protobuf, or MindSpore's JSON form) laid out the way
+  the compiler's ``StrategyCheckpoint::Save`` / ``StrategyCheckpointInfo::to_protobuf`` /
+  ``to_json`` writes them;
+* one ``.ckpt`` per rank, written with ``mindspore.save_checkpoint``, whose local tensors are cut
+  from the global ones by **MindSpore's own slicing code**
+  (``mindspore.parallel._tensor._extract_layout_item``,
+  ``_construct_tensor_layout_for_opt_shard`` and ``_load_tensor``: the functions
+  ``transform_checkpoints`` uses to describe optimizer sharding and to cut tensors), never by
+  ckptstore's formula, so that ckptstore's slicing math is checked against an independent
+  implementation;
+* oracles: ``mindspore.transform_checkpoints`` and ``mindspore.load_checkpoint``.
+
+MindSpore is imported lazily, inside functions only: ``import ckptstore.testing`` does not import
+it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "ParamSpec",
+    "LAYOUT_KINDS",
+    "make_global_tensors",
+    "normalize_spec",
+    "mindspore_rank_slice",
+    "write_strategy",
+    "write_strategy_json",
+    "save_distributed",
+    "transform_oracle",
+    "load_oracle",
+    "layout_specs",
+]
+
+#: numpy-style dtype names accepted in :class:`ParamSpec`.
+DTYPES: dict[str, np.dtype] = {
+    "float16": np.dtype(np.float16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "int8": np.dtype(np.int8),
+    "int16": np.dtype(np.int16),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+    "uint8": np.dtype(np.uint8),
+    "uint16": np.dtype(np.uint16),
+    "uint32": np.dtype(np.uint32),
+    "uint64": np.dtype(np.uint64),
+    "bool": np.dtype(np.bool_),
+}
+
+#: Layout kinds known to :func:`layout_specs`.
+LAYOUT_KINDS: tuple[str, ...] = (
+    "mp_rows",
+    "mp_cols",
+    "dp2_mp4",
+    "dp2_mp2",
+    "opt_shard",
+    "pipeline2",
+    "mixed_dtypes",
+)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter of a fixture and its parallel layout.
+
+    ``dev_matrix``/``tensor_map`` use MindSpore's conventions: ``tensor_map[a] = m`` splits tensor
+    axis ``a`` along device axis ``len(dev_matrix) - 1 - m`` (counted from the right); ``-1``
+    keeps the axis whole. ``dev_matrix == ()`` means the parameter is absent from the strategy
+    file and saved whole on every rank of its stage (like ``global_step``).
+
+    ``opt_shard_step``/``opt_shard_size`` are what the compiler writes as
+    ``opt_weight_shard_step``/``opt_weight_shard_size`` (size ``-1`` = all replicas, ``0`` = no
+    optimizer sharding).
+
+    ``stage`` is the pipeline stage owning the parameter; ``-1`` (an extension of this module)
+    means every stage holds it (e.g. ``global_step``, which each stage's optimizer has).
+    """
+
+    name: str
+    shape: tuple[int, ...]  # GLOBAL shape
+    dtype: str = "float32"
+    dev_matrix: tuple[int, ...] = ()
+    tensor_map: tuple[int, ...] = ()
+    opt_shard_step: int = 0
+    opt_shard_size: int = 0
+    stage: int = 0
+
+    @property
+    def in_strategy(self) -> bool:
+        """Whether the parameter is written to the strategy file."""
+        return len(self.dev_matrix) > 0
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        """The numpy dtype (``ml_dtypes.bfloat16`` for bfloat16)."""
+        return DTYPES[self.dtype]
+
+
+# --------------------------------------------------------------------------------------------
+# MindSpore, lazily
+
+
+def _ms():
+    """Import mindspore (quietly) and return the module."""
+    os.environ.setdefault("GLOG_v", "3")
+    import mindspore
+
+    return mindspore
+
+
+def _pb2():
+    _ms()
+    from mindspore.train import node_strategy_pb2
+
+    return node_strategy_pb2
+
+
+# --------------------------------------------------------------------------------------------
+# validation and normalization
+
+
+def _check_name(name: str) -> None:
+    if not name or "-" in name:
+        raise ValueError(
+            f"parameter name {name!r}: must be non-empty and contain no '-' "
+            "(MindSpore's strategy reader splits pipeline-merged names on '-')"
+        )
+
+
+def normalize_spec(spec: ParamSpec) -> ParamSpec:
+    """Return ``spec`` with the entries equal to 1 removed from its ``dev_matrix``.
+
+    Mirrors the compiler's ``TensorLayout::RemoveElementEqualToOneInDeviceArrangement`` (which
+    runs before ``StrategyCheckpoint::Save``): a tensor axis mapped to a removed device axis
+    becomes ``-1``, and map values pointing left of a removed axis are decremented. The
+    layout (which rank holds which slice) is unchanged.
+    """
+    _check_name(spec.name)
+    if not spec.in_strategy:
+        if spec.tensor_map or spec.opt_shard_step or spec.opt_shard_size:
+            raise ValueError(f"{spec.name}: tensor_map/opt shard given without a dev_matrix")
+        return spec
+    dev = list(spec.dev_matrix)
+    tmap = list(spec.tensor_map)
+    if len(tmap) != len(spec.shape):
+        raise ValueError(f"{spec.name}: tensor_map {tmap} does not match shape {spec.shape}")
+    if not spec.shape:
+        raise ValueError(f"{spec.name}: a 0-d parameter cannot be in the strategy")
+    n = len(dev)
+    for m in tmap:
+        if m < -1 or m >= n:
+            raise ValueError(f"{spec.name}: tensor_map {tmap} out of range for dev_matrix {dev}")
+    if any(d < 1 for d in dev):
+        raise ValueError(f"{spec.name}: dev_matrix {dev} must be positive")
+    new_dev = []
+    new_map = list(tmap)
+    for i, d in enumerate(dev):
+        if d == 1:
+            q = n - 1 - i
+            # tensor axes mapped to this device axis become whole (looked up in the original map)
+            for a, m in enumerate(tmap):
+                if m == q:
+                    new_map[a] = -1
+            new_map = [v - 1 if v >= q else v for v in new_map]
+            continue
+        new_dev.append(d)
+    if not new_dev:
+        raise ValueError(f"{spec.name}: dev_matrix {dev} has no entry > 1")
+    return replace(spec, dev_matrix=tuple(new_dev), tensor_map=tuple(new_map))
+
+
+def _stage_ranks(specs: Sequence[ParamSpec]) -> int | None:
+    prods = {int(np.prod(s.dev_matrix)) for s in specs if s.in_strategy}
+    if len(prods) > 1:
+        raise ValueError(f"all strategy parameters must span the same device count, got {prods}")
+    return prods.pop() if prods else None
+
+
+def _on_stage(spec: ParamSpec, stage: int | None) -> bool:
+    return stage is None or spec.stage == -1 or spec.stage == stage
+
+
+# --------------------------------------------------------------------------------------------
+# global values
+
+
+def _float_bit_patterns(dtype: np.dtype, rng: np.random.Generator, n: int) -> np.ndarray:
+    """n (distinct when possible) finite normal values of a 16-bit float type, |x| in [2^-8, 2^8)."""
+    if dtype == np.dtype(np.float16):
+        mant_bits, bias = 10, 15
+    else:  # bfloat16
+        mant_bits, bias = 7, 127
+    exps = np.arange(bias - 8, bias + 8, dtype=np.uint32)
+    mants = np.arange(1 << mant_bits, dtype=np.uint32)
+    pos = (exps[:, None] << mant_bits | mants[None, :]).ravel()
+    pats = np.concatenate([pos, pos | 0x8000]).astype(np.uint16)
+    out = np.empty(n, dtype=np.uint16)
+    done = 0
+    while done < n:
+        perm = rng.permutation(pats)[: n - done]
+        out[done : done + len(perm)] = perm
+        done += len(perm)
+    return out.view(dtype)
+
+
+def _make_values(spec: ParamSpec, rng: np.random.Generator) -> np.ndarray:
+    n = int(np.prod(spec.shape, dtype=np.int64)) if spec.shape else 1
+    dt = spec.np_dtype
+    if spec.dtype in ("float32", "float64"):
+        base = np.arange(n, dtype=np.float64) - n // 2
+        vals = (base + rng.uniform(0.05, 0.95, n)) * 0.125
+        arr = vals.astype(dt)
+    elif spec.dtype in ("float16", "bfloat16"):
+        arr = _float_bit_patterns(dt, rng, n)
+    elif spec.dtype == "bool":
+        arr = rng.random(n) < 0.5
+    else:
+        info = np.iinfo(dt)
+        span = int(info.max) - int(info.min) + 1
+        if span >= 2 * n:
+            lo = max(int(info.min), -(1 << 40))
+            start = int(rng.integers(0, min(span - n, 1 << 40))) + lo
+            arr = (rng.permutation(n) + start).astype(dt)
+        else:
+            arr = rng.integers(int(info.min), int(info.max), n, endpoint=True, dtype=dt)
+    return arr.reshape(spec.shape).copy(order="C")
+
+
+def make_global_tensors(specs: Sequence[ParamSpec], seed: int = 0) -> dict[str, np.ndarray]:
+    """Deterministic global values; bfloat16 as ml_dtypes.bfloat16 arrays; bool as np.bool_.
+
+    Floats: float32/float64 are an ``arange`` plus noise (all distinct); float16/bfloat16 are a
+    random permutation of finite normal bit patterns with ``|x|`` in ``[2^-8, 2^8)`` (distinct up to
+    32768 resp. 4096 elements). Integers are a shuffled range when the type is wide enough, else
+    random. Each parameter has its own stream (seeded by ``seed`` and the CRC-32 of its name), so a
+    mis-sliced box is detected. No NaN, infinity or subnormal values.
+    """
+    out: dict[str, np.ndarray] = {}
+    for spec in specs:
+        _check_name(spec.name)
+        if spec.name in out:
+            raise ValueError(f"duplicate parameter name {spec.name!r}")
+        if spec.dtype not in DTYPES:
+            raise ValueError(f"{spec.name}: unknown dtype {spec.dtype!r}")
+        rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
+        out[spec.name] = _make_values(spec, rng)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# slicing, by MindSpore's own code
+
+
+class _NumpyHolder:
+    """What ``mindspore.parallel._tensor._load_tensor`` needs from a Tensor: ``asnumpy()``.
+
+    Lets MindSpore's slicing run on any numpy dtype (including ml_dtypes.bfloat16, which
+    MindSpore's own ``asnumpy`` cannot produce under numpy 2) without copies through Tensors.
+    """
+
+    def __init__(self, array: np.ndarray):
+        self._array = array
+
+    def asnumpy(self) -> np.ndarray:
+        return self._array
+
+
+def mindspore_rank_slice(spec: ParamSpec, global_array: np.ndarray, rank: int) -> np.ndarray:
+    """The local tensor of ``rank`` (rank *within its pipeline stage*), cut by MindSpore's code.
+
+    Uses the functions ``transform_checkpoints`` relies on:
+    ``mindspore.parallel._tensor._extract_layout_item`` (resolves ``opt_shard_size == -1``),
+    ``_construct_tensor_layout_for_opt_shard`` (turns the optimizer shard into an extra
+    device/tensor axis) and ``_load_tensor`` (rank -> slice index -> ``np.split`` chunk). The
+    result is reshaped to the local shape the same way ``_insert_opt_shard_reshape`` does.
+    Specs without a dev_matrix return the whole tensor. Always a contiguous copy.
+    """
+    global_array = np.asarray(global_array)
+    if tuple(global_array.shape) != tuple(spec.shape):
+        raise ValueError(f"{spec.name}: array shape {global_array.shape} != spec shape {spec.shape}")
+    spec = normalize_spec(spec)
+    if not spec.in_strategy:
+        return np.array(global_array, copy=True)
+    _ms()
+    from mindspore.parallel._tensor import (
+        _construct_tensor_layout_for_opt_shard,
+        _extract_layout_item,
+        _get_tensor_strategy,
+        _load_tensor,
+    )
+
+    # the list _convert_to_list builds from a strategy layout
+    layout_item = [
+        list(spec.dev_matrix),
+        list(spec.tensor_map),
+        [],
+        0,
+        spec.opt_shard_step,
+        spec.opt_shard_size,
+        [max(spec.stage, 0)],
+    ]
+    dev, tmap, step, size = _extract_layout_item(layout_item)
+    dev_num = int(np.prod(dev))
+    if not 0 <= rank < dev_num:
+        raise ValueError(f"{spec.name}: rank {rank} outside the stage's {dev_num} devices")
+    exp_dev, exp_map, exp_shape = _construct_tensor_layout_for_opt_shard(
+        dev, tmap, step, size, list(spec.shape)
+    )
+    chunk = _load_tensor(
+        _NumpyHolder(global_array), list(exp_dev), list(exp_map), list(exp_shape), rank_id=rank
+    )
+    strategy = _get_tensor_strategy(dev, tmap)
+    local = [int(g) // int(k) for g, k in zip(spec.shape, strategy)]
+    if step != 0 and size != 0:
+        local[0] //= int(size)
+    return np.array(chunk, copy=True, order="C").reshape(local)
+
+
+# --------------------------------------------------------------------------------------------
+# strategy files
+
+
+def _split_counts(spec: ParamSpec) -> list[int]:
+    n = len(spec.dev_matrix)
+    return [1 if m == -1 else int(spec.dev_matrix[n - 1 - m]) for m in spec.tensor_map]
+
+
+def _strategy_entries(specs: Sequence[ParamSpec], stage: int | None) -> list[tuple[str, ParamSpec, int]]:
+    """(operator node name, normalized spec, stage) for every spec written to the file."""
+    chosen = [normalize_spec(s) for s in specs if _on_stage(s, stage) and s.in_strategy]
+    names = [s.name for s in chosen]
+    if len(set(names)) != len(names):
+        raise ValueError("duplicate parameter names in strategy")
+    if not chosen:
+        raise ValueError(
+            "no parameter with a dev_matrix for this strategy file (MindSpore rejects empty ones)"
+        )
+    _stage_ranks(chosen)
+    out = []
+    for i, s in enumerate(chosen):
+        st = stage if stage is not None else max(s.stage, 0)
+        node = f"Default/network-WithLossCell/_backbone-Net/MatMul-op{i}"
+        out.append((node, s, st))
+    return out
+
+
+def write_strategy(path, specs: Sequence[ParamSpec], *, stage: int | None = None) -> Path:
+    """Write a ``ParallelStrategyMap`` protobuf the way the compiler's ``StrategyCheckpoint::Save`` does.
+
+    ``current_stage = 1``; one ``parallel_strategy_item`` per parameter (a stand-in operator node
+    ``.../MatMul-op<i>`` carrying the pipeline ``stage`` and the parameter's split counts: MindSpore
+    reads the stage of a file from its first strategy item, e.g. in ``merge_pipeline_strategys``);
+    one ``parallel_layout_item`` per parameter with exactly one ``dev_matrix`` (entries equal to 1
+    removed, ``tensor_map`` renumbered, see :func:`normalize_spec`), one ``tensor_map``, one empty
+    ``param_split_shape`` and one empty ``indices_offset``, ``field = 0``,
+    ``opt_weight_shard_step``/``opt_weight_shard_size``.
+
+    With ``stage=s`` only the specs whose stage is ``s`` (or ``-1``) are written, and every
+    strategy item carries stage ``s``. Specs with ``dev_matrix == ()`` are not written.
+    """
+    pb2 = _pb2()
+    path = Path(path)
+    entries = _strategy_entries(specs, stage)
+    smap = pb2.ParallelStrategyMap()
+    smap.current_stage = 1
+    for node, s, st in entries:
+        item = smap.parallel_strategy_item.add()
+        item.node_name = node
+        item.parallel_strategys.stage = st
+        item.parallel_strategys.parallel_strategy.add().dim.extend(_split_counts(s))
+    for _node, s, _st in entries:
+        item = smap.parallel_layout_item.add()
+        item.param_name = s.name
+        lay = item.parallel_layouts
+        lay.dev_matrix.add().dim.extend(int(d) for d in s.dev_matrix)
+        lay.tensor_map.add().dim.extend(int(m) for m in s.tensor_map)
+        lay.param_split_shape.add()
+        lay.indices_offset.add()
+        lay.field = 0
+        lay.opt_weight_shard_step = int(s.opt_shard_step)
+        lay.opt_weight_shard_size = int(s.opt_shard_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(smap.SerializeToString())
+    return path
+
+
+def write_strategy_json(path, specs: Sequence[ParamSpec], *, stage: int | None = None) -> Path:
+    """Same as :func:`write_strategy`, in the JSON form (``StrategyCheckpointInfo::to_json``).
+
+    Schema, as the compiler writes it (``strategy_ckpt_save_file`` ending in ``.json``) and as
+    MindSpore's readers (``_build_json_strategy``, ``_merge_json_strategy``,
+    ``_extract_src_dst_layout_map_by_src``, C++ ``from_json``) parse it::
+
+        {"current_stage": 1,
+         "parallel_layout_item": {NAME: {"dev_matrix": [...], "field": 0,
+                                         "opt_weight_shard_size": Z, "opt_weight_shard_step": S,
+                                         "tensor_map": [...], "tensor_shape": [GLOBAL SHAPE]}},
+         "parallel_strategy_item": {NODE: {"parallel_strategy": [[...]], "stage": s}}}
+
+    ``param_split_shape``/``indices_offset`` are only written for field-split (manual) layouts,
+    which this module does not produce. Keys sorted, compact separators (nlohmann's std::map dump).
+    MindSpore treats a strategy file as JSON only when its name ends in ``.json``.
+    """
+    path = Path(path)
+    entries = _strategy_entries(specs, stage)
+    doc = {
+        "current_stage": 1,
+        "parallel_strategy_item": {
+            node: {"stage": st, "parallel_strategy": [_split_counts(s)]} for node, s, st in entries
+        },
+        "parallel_layout_item": {
+            s.name: {
+                "dev_matrix": [int(d) for d in s.dev_matrix],
+                "tensor_map": [int(m) for m in s.tensor_map],
+                "tensor_shape": [int(g) for g in s.shape],
+                "field": 0,
+                "opt_weight_shard_step": int(s.opt_shard_step),
+                "opt_weight_shard_size": int(s.opt_shard_size),
+            }
+            for _node, s, _st in entries
+        },
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, sort_keys=True, separators=(",", ":")), encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def _to_ms_tensor(array: np.ndarray):
+    ms = _ms()
+    array = np.asarray(array).copy(order="C")  # ascontiguousarray would make 0-d arrays 1-d
+    if array.dtype == np.dtype(ml_dtypes.bfloat16):
+        # exact: every bfloat16 value is a float32 value, and MindSpore's cast back is exact
+        return ms.Tensor(array.astype(np.float32), dtype=ms.bfloat16)
+    return ms.Tensor(array)
+
+
+def save_distributed(
+    root,
+    specs: Sequence[ParamSpec],
+    tensors: Mapping[str, np.ndarray],
+    *,
+    world_size: int,
+    stages: int = 1,
+    prefix: str = "net",
+    step_suffix: str = "-1_1",
+    crc_check: bool = False,
+    extra_scalars: bool = False,
+    strategy_format: str = "protobuf",
+) -> list[Path]:
+    """Write ``root/rank_<i>/<prefix><step_suffix>.ckpt`` for every rank with ``mindspore.save_checkpoint``.
+
+    Each file is a list of ``{"name": ..., "data": mindspore.Tensor}`` in spec order. With
+    pipeline stages, global ranks ``[s*W/stages, (s+1)*W/stages)`` hold only the parameters of stage
+    ``s`` (and those of stage ``-1``); the rank within the stage is ``global_rank % (W/stages)``.
+    The local tensors are cut by :func:`mindspore_rank_slice` (MindSpore's own slicing). Specs
+    without a dev_matrix are saved whole on every rank of their stage.
+
+    Also writes the strategy: ``root/strategy.ckpt`` when ``stages == 1``, else one
+    ``root/strategy_stage<s>.ckpt`` per stage (the compiler writes one file per stage;
+    ``.json`` instead of ``.ckpt`` with ``strategy_format="json"``). ``extra_scalars`` adds
+    ``append_dict={"epoch_num": 1, "step_num": 1}`` to every rank, as ``Model.train``'s callback
+    does. Returns the rank file paths, in rank order.
+    """
+    ms = _ms()
+    root = Path(root)
+    if strategy_format not in ("protobuf", "json"):
+        raise ValueError(f"strategy_format must be 'protobuf' or 'json', not {strategy_format!r}")
+    if stages < 1 or world_size < 1 or world_size % stages:
+        raise ValueError(f"world_size {world_size} is not a multiple of stages {stages}")
+    per_stage = world_size // stages
+    norm = [normalize_spec(s) for s in specs]
+    for s in norm:
+        if s.name not in tensors:
+            raise ValueError(f"no tensor for {s.name!r}")
+        if tuple(np.shape(tensors[s.name])) != tuple(s.shape):
+            raise ValueError(f"{s.name}: tensor shape {np.shape(tensors[s.name])} != spec {s.shape}")
+        if not (-1 <= s.stage < stages):
+            raise ValueError(f"{s.name}: stage {s.stage} outside [0, {stages})")
+    dev_num = _stage_ranks(norm)
+    if dev_num is not None and dev_num != per_stage:
+        raise ValueError(f"dev_matrix spans {dev_num} devices but a stage has {per_stage} ranks")
+
+    root.mkdir(parents=True, exist_ok=True)
+    ext = ".json" if strategy_format == "json" else ".ckpt"
+    writer = write_strategy_json if strategy_format == "json" else write_strategy
+    if stages == 1:
+        writer(root / f"strategy{ext}", norm, stage=0)
+    else:
+        for st in range(stages):
+            writer(root / f"strategy_stage{st}{ext}", norm, stage=st)
+
+    paths: list[Path] = []
+    for g in range(world_size):
+        st, r = divmod(g, per_stage)
+        items = []
+        for s in norm:
+            if not _on_stage(s, st):
+                continue
+            local = mindspore_rank_slice(s, tensors[s.name], r)
+            items.append({"name": s.name, "data": _to_ms_tensor(local)})
+        rank_dir = root / f"rank_{g}"
+        rank_dir.mkdir(parents=True, exist_ok=True)
+        path = rank_dir / f"{prefix}{step_suffix}.ckpt"
+        kwargs = {}
+        if extra_scalars:
+            kwargs["append_dict"] = {"epoch_num": 1, "step_num": 1}
+        ms.save_checkpoint(items, str(path), crc_check=crc_check, **kwargs)
+        paths.append(path)
+    return paths
+
+
+def _merge_stage_files(files: Sequence, workdir: Path) -> str:
+    ms = _ms()
+    files = [Path(f) for f in files]
+    exts = {f.suffix for f in files}
+    if len(exts) != 1:
+        raise ValueError(f"stage strategy files must share one extension, got {exts}")
+    ext = exts.pop()
+    src_dir = workdir / "stages"
+    src_dir.mkdir()
+    for i, f in enumerate(files):
+        # merge_pipeline_strategys globs "*.ckpt" / "*.json" in a directory
+        shutil.copyfile(f, src_dir / f"stage_file{i}{ext if ext == '.json' else '.ckpt'}")
+    merged = workdir / f"merged{'.json' if ext == '.json' else '.ckpt'}"
+    ms.parallel.merge_pipeline_strategys(str(src_dir), str(merged))
+    return str(merged)
+
+
+def transform_oracle(src_root, src_strategy, dst_strategy, dst_root, *, prefix: str = "oracle_") -> Path:
+    """Run ``mindspore.transform_checkpoints(src_root, dst_root, prefix, src, dst)``.
+
+    ``src_strategy``/``dst_strategy`` are a file, or a list of per-stage files which are first
+    merged with ``mindspore.parallel.merge_pipeline_strategys`` (into a temporary directory).
+    ``dst_strategy=None`` merges to a single rank. MindSpore writes
+    ``dst_root/rank_<j>/<prefix><j>.ckpt`` (mode 0400). Returns ``dst_root``.
+    """
+    ms = _ms()
+    dst_root = Path(dst_root)
+    with tempfile.TemporaryDirectory(prefix="ckptstore_oracle_") as tmp:
+        tmp_path = Path(tmp)
+
+        def resolve(strategy, tag):
+            if strategy is None:
+                return None
+            if isinstance(strategy, (list, tuple)):
+                sub = tmp_path / tag
+                sub.mkdir()
+                return _merge_stage_files(strategy, sub)
+            return str(strategy)
+
+        src = resolve(src_strategy, "src")
+        dst = resolve(dst_strategy, "dst")
+        ms.transform_checkpoints(str(src_root), str(dst_root), prefix, src, dst)
+    return dst_root
+
+
+def load_oracle(path) -> dict[str, np.ndarray]:
+    """``mindspore.load_checkpoint(path)`` as numpy arrays of the original dtype.
+
+    bfloat16 parameters come back as ``ml_dtypes.bfloat16`` arrays, bit-exact: MindSpore's
+    ``asnumpy`` cannot return bfloat16 under numpy 2, so the tensor is cast to float32 inside
+    MindSpore (exact) and then to ``ml_dtypes.bfloat16`` (exact for values that came from bf16).
+    """
+    ms = _ms()
+    loaded = ms.load_checkpoint(str(path))
+    out: dict[str, np.ndarray] = {}
+    for name, param in loaded.items():
+        if param.dtype == ms.bfloat16:
+            f32 = param.astype(ms.float32).asnumpy()
+            out[name] = f32.astype(ml_dtypes.bfloat16)
+        else:
+            out[name] = np.array(param.asnumpy(), copy=True)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# standard layouts
+
+_SCALARS = [
+    ParamSpec("global_step", (1,), "int32", stage=-1),
+    ParamSpec("learning_rate", (), "float32", stage=-1),
+]
+
+
+def _with_adam(specs: list[ParamSpec], names: Sequence[str]) -> list[ParamSpec]:
+    """Append Adam moments (same layout as their parameter, as MindSpore's optimizer shards them)."""
+    by_name = {s.name: s for s in specs}
+    extra = []
+    for prefix in ("adam_m", "adam_v"):
+        for n in names:
+            extra.append(replace(by_name[n], name=f"{prefix}.{n}"))
+    return specs + extra
+
+
+def layout_specs(kind: str) -> tuple[list[ParamSpec], int, int]:
+    """Standard fixture layouts: ``(specs, world_size, stages)``. Every fixture is < 2 MB.
+
+    * ``mp_rows``: 8 ranks, ``dev_matrix=(8,)``, weights and biases split on axis 0.
+    * ``mp_cols``: 8 ranks, ``dev_matrix=(8,)``, weights split on axis 1 (one 3-d weight too),
+      a replicated bias.
+    * ``dp2_mp4``: 8 ranks, ``dev_matrix=(2, 4)``: replicated embedding and layernorm
+      (``tensor_map`` all ``-1``), row- and column-split weights, one weight split on both device
+      axes, Adam moments, ``global_step``/``learning_rate`` (absent from the strategy).
+    * ``dp2_mp2``: the same parameters as ``dp2_mp4`` on 4 ranks (``dev_matrix=(2, 2)``), a target
+      layout for resharding 8 -> 4.
+    * ``opt_shard``: 8 ranks, dp2 x mp4 with optimizer sharding: size ``-1`` on split and replicated
+      weights (Adam moments too), an explicit size 2 on a replicated embedding (step 1) and on a
+      dp4 x mp2 weight (step 2), and an unsharded small bias.
+    * ``pipeline2``: 2 stages x 4 ranks, ``dev_matrix=(2, 2)`` per stage, with an optimizer-sharded
+      weight in stage 1, Adam moments, and ``global_step``/``learning_rate`` on every stage.
+    * ``mixed_dtypes``: 8 ranks, dp2 x mp4, bfloat16 (split and optimizer-sharded), float16,
+      float64, int8/16/32/64, uint8/16/32/64 and bool parameters.
+    """
+    if kind == "mp_rows":
+        d = (8,)
+        specs = [
+            ParamSpec("layer0.w", (64, 32), dev_matrix=d, tensor_map=(0, -1)),
+            ParamSpec("layer0.b", (64,), dev_matrix=d, tensor_map=(0,)),
+            ParamSpec("layer1.w", (32, 16), dev_matrix=d, tensor_map=(0, -1)),
+            ParamSpec("layer1.b", (32,), dev_matrix=d, tensor_map=(0,)),
+        ]
+        return specs + list(_SCALARS), 8, 1
+    if kind == "mp_cols":
+        d = (8,)
+        specs = [
+            ParamSpec("layer0.w", (16, 64), dev_matrix=d, tensor_map=(-1, 0)),
+            ParamSpec("layer0.b", (16,), dev_matrix=d, tensor_map=(-1,)),
+            ParamSpec("conv.w", (4, 16, 3), dev_matrix=d, tensor_map=(-1, 0, -1)),
+            ParamSpec("layer1.w", (8, 32), dev_matrix=d, tensor_map=(-1, 0)),
+        ]
+        return specs + list(_SCALARS), 8, 1
+    if kind in ("dp2_mp4", "dp2_mp2"):
+        d = (2, 4) if kind == "dp2_mp4" else (2, 2)
+        specs = [
+            ParamSpec("embedding.table", (40, 16), dev_matrix=d, tensor_map=(-1, -1)),
+            ParamSpec("layer0.w", (32, 16), dev_matrix=d, tensor_map=(0, -1)),
+            ParamSpec("layer0.b", (32,), dev_matrix=d, tensor_map=(0,)),
+            ParamSpec("layer1.w", (16, 32), dev_matrix=d, tensor_map=(-1, 0)),
+            ParamSpec("moe.w", (4, 8, 8), dev_matrix=d, tensor_map=(1, -1, 0)),
+            ParamSpec("layernorm.gamma", (16,), dev_matrix=d, tensor_map=(-1,)),
+            ParamSpec("layernorm.beta", (16,), dev_matrix=d, tensor_map=(-1,)),
+        ]
+        specs = _with_adam(specs, ["layer0.w", "layer1.w"])
+        return specs + list(_SCALARS), (8 if kind == "dp2_mp4" else 4), 1
+    if kind == "opt_shard":
+        d = (2, 4)
+        specs = [
+            # rows split by mp4; replicas {r, r+4}: step 4, size -1 (= 2)
+            ParamSpec("layer0.w", (32, 16), dev_matrix=d, tensor_map=(0, -1), opt_shard_step=4, opt_shard_size=-1),
+            # cols split by mp4; the opt shard cuts axis 0
+            ParamSpec("layer1.w", (16, 32), dev_matrix=d, tensor_map=(-1, 0), opt_shard_step=4, opt_shard_size=-1),
+            # replicated on all 8 ranks: step 1, size -1 (= 8)
+            ParamSpec("layernorm.gamma", (64,), dev_matrix=d, tensor_map=(-1,), opt_shard_step=1, opt_shard_size=-1),
+            # replicated on all 8 ranks, explicit size 2: groups {0,1},{2,3},...: step 1
+            ParamSpec("embedding.table", (64, 16), dev_matrix=d, tensor_map=(-1, -1), opt_shard_step=1, opt_shard_size=2),
+            # dp4 x mp2, cols split by 2; 4 replicas {r, r+2, r+4, r+6}, explicit size 2: step 2
+            ParamSpec("layer2.w", (16, 8), dev_matrix=(4, 2), tensor_map=(-1, 0), opt_shard_step=2, opt_shard_size=2),
+            # below the parallel optimizer threshold: not sharded
+            ParamSpec("small.bias", (16,), dev_matrix=d, tensor_map=(-1,)),
+        ]
+        specs = _with_adam(specs, ["layer0.w", "layernorm.gamma"])
+        return specs + list(_SCALARS), 8, 1
+    if kind == "pipeline2":
+        d = (2, 2)
+        specs = [
+            ParamSpec("embedding.table", (40, 16), dev_matrix=d, tensor_map=(-1, -1), stage=0),
+            ParamSpec("layer0.w", (16, 16), dev_matrix=d, tensor_map=(0, -1), stage=0),
+            ParamSpec("layer0.b", (16,), dev_matrix=d, tensor_map=(0,), stage=0),
+            ParamSpec("layer1.w", (16, 16), dev_matrix=d, tensor_map=(-1, 0), opt_shard_step=2, opt_shard_size=-1, stage=1),
+            ParamSpec("head.w", (8, 16), dev_matrix=d, tensor_map=(-1, -1), stage=1),
+        ]
+        specs = _with_adam(specs, ["layer0.w", "layer1.w"])
+        return specs + list(_SCALARS), 8, 2
+    if kind == "mixed_dtypes":
+        d = (2, 4)
+        specs = [
+            ParamSpec("bf16.w", (32, 16), "bfloat16", dev_matrix=d, tensor_map=(0, -1)),
+            ParamSpec("bf16.opt", (16, 8), "bfloat16", dev_matrix=d, tensor_map=(-1, 0), opt_shard_step=4, opt_shard_size=-1),
+            ParamSpec("bf16.norm", (16,), "bfloat16", dev_matrix=d, tensor_map=(-1,)),
+            ParamSpec("fp16.w", (16, 32), "float16", dev_matrix=d, tensor_map=(-1, 0)),
+            ParamSpec("fp64.w", (8, 8), "float64", dev_matrix=d, tensor_map=(1, 0)),
+            ParamSpec("i8.table", (8, 12), "int8", dev_matrix=d, tensor_map=(0, -1)),
+            ParamSpec("i16.table", (8, 4), "int16", dev_matrix=d, tensor_map=(-1, 0)),
+            ParamSpec("i32.index", (16, 8), "int32", dev_matrix=d, tensor_map=(0, -1)),
+            ParamSpec("i64.count", (8, 4), "int64", dev_matrix=d, tensor_map=(1, -1)),
+            ParamSpec("u8.quant", (64,), "uint8", dev_matrix=d, tensor_map=(0,)),
+            ParamSpec("u16.quant", (8, 8), "uint16", dev_matrix=d, tensor_map=(-1, -1)),
+            ParamSpec("u32.ids", (8,), "uint32", dev_matrix=d, tensor_map=(0,)),
+            ParamSpec("u64.ids", (4, 4), "uint64", dev_matrix=d, tensor_map=(0, -1)),
+            ParamSpec("mask", (32, 8), "bool", dev_matrix=d, tensor_map=(0, -1)),
+            ParamSpec("bf16.scale", (4,), "bfloat16"),
+        ]
+        return specs + list(_SCALARS), 8, 1
+    raise ValueError(f"unknown layout kind {kind!r}; known: {', '.join(LAYOUT_KINDS)}")
