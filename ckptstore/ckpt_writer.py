@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import os
 import zlib
-from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
+from .atomic_file import AtomicFile
 from .dtypes import NUMPY_TO_MINDSPORE, STR_TYPE
 from .protowire import encode_varint
 
@@ -29,14 +28,12 @@ def _tensor_header(dims: tuple[int, ...], tensor_type: str) -> bytes:
     return b"".join(encode_varint(1 << 3) + encode_varint(d) for d in dims) + _field(2, tensor_type.encode())
 
 
-class CheckpointWriter:
+class CheckpointWriter(AtomicFile):
     """Appends parameters to a new ``.ckpt`` file; use as a context manager."""
 
     def __init__(self, path: str | os.PathLike[str], *, crc: bool = False,
                  slice_bytes: int = DEFAULT_SLICE_BYTES) -> None:
-        self.path = Path(path)
-        self._tmp = self.path.with_name(self.path.name + ".partial")
-        self._f: BinaryIO = open(self._tmp, "wb")
+        super().__init__(path)
         self._crc = 0 if crc else None
         self._slice = slice_bytes
 
@@ -65,24 +62,6 @@ class CheckpointWriter:
         for start in range(0, max(len(raw), 1), self._slice):
             self._record(name, tuple(arr.shape), tensor_type, raw[start:start + self._slice])
 
-    def close(self) -> None:
-        """Finish the file (trailer, fsync) and move it into place."""
+    def _finish(self) -> None:
         if self._crc is not None:
             self._f.write(b"crc_num" + self._crc.to_bytes(10, "big"))
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
-        os.replace(self._tmp, self.path)
-
-    def abort(self) -> None:
-        self._f.close()
-        self._tmp.unlink(missing_ok=True)
-
-    def __enter__(self) -> "CheckpointWriter":
-        return self
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

@@ -118,13 +118,14 @@ class RankView:
         if info.is_str or info.codec is not None or (self.dtype is not None and self.dtype != info.np_dtype):
             return None
         plan = self.plan_for(name)
-        if len(plan.chunks) != 1 or plan.chunks[0].overlap != plan.chunks[0].chunk_box:
+        if not plan.chunks or plan.box.size == 0:
             return None
         c = plan.chunks[0]
-        if c.chunk_box.size == 0:
+        # One contiguous block holds exactly the slice: a whole chunk, or a whole dense tensor.
+        if plan.box != c.container or any(x.container != c.container or x.offset != c.offset for x in plan.chunks):
             return None
         return np.memmap(self.store.root / c.file, dtype=info.np_dtype, mode="r", offset=c.offset,
-                         shape=c.chunk_box.shape)
+                         shape=c.container.shape)
 
 
 def rank_view(store: Store, strategy: StrategyLike = None, rank: int = 0, *, names: Sequence[str] | None = None,

@@ -61,6 +61,11 @@ class ParamManifest:
     ``codec`` is ``None`` for raw little-endian C-order chunks (readable by byte offset) or a
     numcodecs config dict (``{"id": "zstd", ...}``) for compressed ones, which must be decoded
     whole. ``value`` holds the text of string parameters, which have no chunks.
+
+    ``layout`` is ``"chunks"`` (each chunk's bytes are contiguous at its offset: Zarr) or
+    ``"dense"`` (the whole tensor is contiguous in C order at ``data_offset`` of the one file,
+    as in safetensors; chunks are then logical boxes with their own checksums and provenance,
+    and ``offsets`` give where each chunk's first element lies).
     """
 
     name: str
@@ -71,6 +76,12 @@ class ParamManifest:
     chunks: ChunkTable
     codec: dict[str, Any] | None = None
     value: str | None = None
+    layout: str = "chunks"
+    data_offset: int = 0
+
+    @property
+    def dense(self) -> bool:
+        return self.layout == "dense"
 
     @property
     def is_str(self) -> bool:
@@ -92,6 +103,13 @@ class ParamManifest:
     @property
     def stored_bytes(self) -> int:
         return sum(self.chunks.nbytes)
+
+    def container(self, index: int) -> tuple[Box, int]:
+        """The C-order block holding chunk ``index`` and its byte offset in the file: the chunk
+        itself for the chunked layout, the whole tensor for the dense one."""
+        if self.dense:
+            return Box.full(self.shape), self.data_offset
+        return self.chunk_box(index), self.chunks.offsets[index]
 
     def chunk_box(self, index: int) -> Box:
         """The global box of chunk ``index`` (C order over the grid)."""
@@ -115,6 +133,8 @@ class ParamManifest:
             d["value"] = self.value
             return d
         d.update({"chunk_shape": list(self.chunk_shape), "codec": self.codec, "chunks": self.chunks.to_json()})
+        if self.dense:
+            d.update({"layout": "dense", "data_offset": self.data_offset})
         return d
 
     @classmethod
@@ -122,7 +142,8 @@ class ParamManifest:
         if d["dtype"] == "str":
             return cls(name, d["path"], "str", (), (), ChunkTable((), (), (), (), (), ()), None, d["value"])
         return cls(name, d["path"], d["dtype"], tuple(d["shape"]), tuple(d["chunk_shape"]),
-                   ChunkTable.from_json(d["chunks"]), d.get("codec"))
+                   ChunkTable.from_json(d["chunks"]), d.get("codec"), None, d.get("layout", "chunks"),
+                   int(d.get("data_offset", 0)))
 
     def validate(self) -> None:
         """Raise :class:`StoreCorruptError` unless the chunk table covers the tensor consistently."""
@@ -143,11 +164,15 @@ class ParamManifest:
                                     f"has {expected}")
         if any(o < 0 or n < 0 for o, n in zip(t.offsets, t.nbytes)):
             raise StoreCorruptError(f"{where}: a chunk has a negative offset or size")
+        if self.layout not in ("chunks", "dense") or (self.dense and (self.codec is not None or len(set(t.files)) > 1)):
+            raise StoreCorruptError(f"{where}: unknown or inconsistent layout {self.layout!r}")
         if self.codec is None:
             for i in range(expected):
                 want = self.chunk_box(i).size * itemsize
                 if t.nbytes[i] != want:
                     raise StoreCorruptError(f"{where}: chunk {i} has {t.nbytes[i]} bytes, its box needs {want}")
+        if self.dense:
+            return
         spans: dict[str, list[tuple[int, int]]] = {}
         for f, o, n in zip(t.files, t.offsets, t.nbytes):
             spans.setdefault(f, []).append((o, o + n))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -87,9 +88,19 @@ class RankParameters(Mapping[str, Any]):
         if name not in self.view.boxes:
             raise KeyError(name)
         with self._lock:
-            if name not in self._built:
-                self._built[name] = self._build(name)
-            return self._built[name]
+            if name in self._built:
+                return self._built[name]
+        value = self._build(name)  # outside the lock: materialize() builds several at once
+        with self._lock:
+            return self._built.setdefault(name, value)
+
+    def materialize(self, workers: int = 4) -> dict[str, Any]:
+        """Build every Parameter now, ``workers`` parameters at a time; return them as a dict."""
+        names = list(self.view.boxes)
+        if workers > 1 and len(names) > 1:
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(self.__getitem__, names))
+        return {n: self[n] for n in names}
 
     def _build(self, name: str) -> Any:
         array = None if self.copy else self.view.mapped(name)

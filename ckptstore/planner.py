@@ -19,7 +19,12 @@ from .manifest import ParamManifest
 
 @dataclass(frozen=True)
 class ChunkRead:
-    """One chunk's contribution to a destination: the chunk, where it is, and the overlap."""
+    """One chunk's contribution to a destination: the chunk, where its bytes are, and the overlap.
+
+    ``container`` is the C-order block that holds the chunk in the file, starting at byte
+    ``offset``: the chunk itself in a chunked store, the whole tensor in a dense one. All boxes
+    are in the global frame.
+    """
 
     index: int
     file: str
@@ -28,6 +33,7 @@ class ChunkRead:
     crc32c: int
     chunk_box: Box
     overlap: Box
+    container: Box
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,7 @@ class ParamReadPlan:
 
     def runs(self, chunk: ChunkRead) -> tuple[np.ndarray, np.ndarray, int]:
         """Byte runs of one raw chunk's overlap: (file offsets, destination offsets, run length)."""
-        src, dst, run = paired_runs(chunk.overlap, chunk.chunk_box, self.box)
+        src, dst, run = paired_runs(chunk.overlap, chunk.container, self.box)
         item = self.dtype.itemsize
         return src * item + chunk.offset, dst * item, run * item
 
@@ -105,7 +111,8 @@ def plan_param(manifest: ParamManifest, box: Box | None = None) -> ParamReadPlan
         overlap = cbox.intersect(box)
         if overlap is None or (overlap.size == 0 and overlap.ndim):
             continue
-        reads.append(ChunkRead(i, t.files[i], t.offsets[i], t.nbytes[i], t.crc32c[i], cbox, overlap))
+        container, offset = manifest.container(i)
+        reads.append(ChunkRead(i, t.files[i], offset, t.nbytes[i], t.crc32c[i], cbox, overlap, container))
     return ParamReadPlan(manifest.name, manifest.np_dtype, box, tuple(reads), manifest.codec)
 
 

@@ -117,7 +117,7 @@ class _Job:
 
     def _raw(self, c: ChunkRead, dest: np.ndarray, dest_box: Box) -> None:
         item = self.plan.dtype.itemsize
-        src, dst, run = paired_runs(c.overlap, c.chunk_box, dest_box)
+        src, dst, run = paired_runs(c.overlap, c.container, dest_box)
         fd = self.files.fd(c.file)
         if len(src) <= _FEW_RUNS or run * item >= _LONG_RUN:
             view = memoryview(dest.reshape(-1).view(np.uint8))
@@ -127,17 +127,23 @@ class _Job:
             IO_STATS.add(len(src) * nbytes, len(src))
             return
         base = c.offset - c.offset % _PAGE
-        with mmap.mmap(fd, c.offset - base + c.stored_nbytes, prot=mmap.PROT_READ, offset=base) as mm:
-            chunk = np.frombuffer(mm, dtype=self.plan.dtype, count=c.chunk_box.size,
-                                  offset=c.offset - base).reshape(c.chunk_box.shape)
-            dest[c.overlap.relative_to(dest_box).slices()] = chunk[c.overlap.relative_to(c.chunk_box).slices()]
-            del chunk
+        with mmap.mmap(fd, c.offset - base + c.container.size * item, prot=mmap.PROT_READ, offset=base) as mm:
+            block = np.frombuffer(mm, dtype=self.plan.dtype, count=c.container.size,
+                                  offset=c.offset - base).reshape(c.container.shape)
+            dest[c.overlap.relative_to(dest_box).slices()] = block[c.overlap.relative_to(c.container).slices()]
+            del block
         IO_STATS.add(c.overlap.size * item)
 
     def _whole(self, c: ChunkRead) -> None:
-        raw = bytearray(c.stored_nbytes)
-        self._pread(self.files.fd(c.file), memoryview(raw), c.offset, c)
-        IO_STATS.add(len(raw))
+        if c.container != c.chunk_box:  # dense layout: gather the chunk's elements first
+            gathered = np.empty(c.chunk_box.shape, dtype=self.plan.dtype)
+            self._raw(ChunkRead(c.index, c.file, c.offset, c.stored_nbytes, c.crc32c, c.chunk_box, c.chunk_box,
+                                c.container), gathered, c.chunk_box)
+            raw: bytes | bytearray = gathered.tobytes()
+        else:
+            raw = bytearray(c.stored_nbytes)
+            self._pread(self.files.fd(c.file), memoryview(raw), c.offset, c)
+            IO_STATS.add(len(raw))
         if self.verify and crc32c.crc32c(raw) != c.crc32c:
             raise StoreCorruptError(
                 f"checksum mismatch in chunk {c.index} of parameter {self.plan.name!r} "

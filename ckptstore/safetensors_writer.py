@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import os
 from math import prod
-from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from .atomic_file import AtomicFile
 from .dtypes import BFLOAT16
 
 SAFETENSORS_DTYPES: dict[np.dtype, str] = {
@@ -26,13 +26,12 @@ SAFETENSORS_DTYPES: dict[np.dtype, str] = {
 }
 
 
-class SafetensorsWriter:
+class SafetensorsWriter(AtomicFile):
     """Declare all tensors up front, then :meth:`add` them in the declared order."""
 
     def __init__(self, path: str | os.PathLike[str], tensors: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
                  metadata: Mapping[str, str] | None = None) -> None:
-        self.path = Path(path)
-        self._tmp = self.path.with_name(self.path.name + ".partial")
+        super().__init__(path)
         header: dict[str, object] = {}
         offset = 0
         self._order = []
@@ -46,7 +45,6 @@ class SafetensorsWriter:
             header["__metadata__"] = dict(metadata)
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned
-        self._f = open(self._tmp, "wb")
         self._f.write(len(raw).to_bytes(8, "little") + raw)
         self._next = 0
 
@@ -59,23 +57,6 @@ class SafetensorsWriter:
         self._f.write(memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b"")
         self._next += 1
 
-    def close(self) -> None:
+    def _finish(self) -> None:
         if self._next != len(self._order):
             raise ValueError(f"{len(self._order) - self._next} declared tensors were not written")
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
-        os.replace(self._tmp, self.path)
-
-    def abort(self) -> None:
-        self._f.close()
-        self._tmp.unlink(missing_ok=True)
-
-    def __enter__(self) -> "SafetensorsWriter":
-        return self
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

@@ -1,0 +1,111 @@
+"""The safetensors layout of a store: global tensors, whole and contiguous, in a few files.
+
+``STORE/model-00001-of-00003.safetensors`` ... hold every parameter as one tensor with its
+global shape (files are filled in source order up to a size limit), so ``safetensors.safe_open``
+and any safetensors reader see ordinary named tensors. ``STORE/ckptstore.json`` is the same
+manifest as in a Zarr store (``layout: "dense"`` per parameter: each chunk is a logical box of
+the tensor with its checksum and source rank) and is written last: a folder without it is an
+unfinished conversion.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..safetensors_writer import SAFETENSORS_DTYPES
+
+MANIFEST = "ckptstore.json"
+DEFAULT_FILE_BYTES = 4 << 30
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where one parameter's global tensor lives: file, and byte offset of its data."""
+
+    name: str
+    file: str
+    data_offset: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class FileLayout:
+    """One safetensors file: its header bytes and the tensors it holds."""
+
+    name: str
+    header: bytes
+    slots: tuple[TensorSlot, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + sum(s.nbytes for s in self.slots)
+
+
+def plan_files(tensors: Sequence[tuple[str, np.dtype, tuple[int, ...]]], *,
+               max_file_bytes: int = DEFAULT_FILE_BYTES) -> list[FileLayout]:
+    """Assign tensors, in order, to files of at most ``max_file_bytes`` (one tensor may exceed it)."""
+    groups: list[list[tuple[str, np.dtype, tuple[int, ...]]]] = [[]]
+    used = 0
+    for name, dtype, shape in tensors:
+        n = prod(shape) * np.dtype(dtype).itemsize
+        if groups[-1] and used + n > max_file_bytes:
+            groups.append([])
+            used = 0
+        groups[-1].append((name, np.dtype(dtype), tuple(shape)))
+        used += n
+    total = len(groups)
+    return [_layout(f"model-{i + 1:05d}-of-{total:05d}.safetensors", g) for i, g in enumerate(groups)]
+
+
+def _layout(file: str, group: Sequence[tuple[str, np.dtype, tuple[int, ...]]]) -> FileLayout:
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", "written_by": "ckptstore"}}
+    offset = 0
+    spans = []
+    for name, dtype, shape in group:
+        n = prod(shape) * dtype.itemsize
+        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
+        spans.append((name, dtype, shape, offset))
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    head = len(raw).to_bytes(8, "little") + raw
+    slots = tuple(TensorSlot(name, file, len(head) + off, dtype, shape) for name, dtype, shape, off in spans)
+    return FileLayout(file, head, slots)
+
+
+def create_file(path: Path, layout: FileLayout) -> None:
+    """Create (or keep, when it already has this exact header) a file of the final size."""
+    if path.exists() and path.stat().st_size == layout.size:
+        with open(path, "rb") as f:
+            if f.read(len(layout.header)) == layout.header:
+                return
+    with open(path, "wb") as f:
+        f.write(layout.header)
+        f.truncate(layout.size)
+
+
+def read_manifest(store: Path) -> dict[str, Any] | None:
+    """The manifest of a safetensors store, or ``None`` when there is none."""
+    try:
+        return json.loads((store / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        return None
+
+
+def sync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
