@@ -1,0 +1,230 @@
+"""Rank files + strategy -> global parameters: every disagreement is a named error.
+
+Each test damages a private copy of a real fixture the way it happens in practice (a rank folder
+not copied, one rank re-saved by ``mindspore.save_checkpoint`` with a parameter missing or of the
+wrong shape, the strategy of another job) and checks the error names the file, rank and parameter.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+
+import mindspore as ms  # noqa: E402
+
+from ckptstore import testing as T  # noqa: E402
+from ckptstore.ckpt_reader import read_entry  # noqa: E402
+from ckptstore.errors import LayoutMismatchError, MissingRankError  # noqa: E402
+from ckptstore.source import find_rank_files, open_source, pick_rank_file  # noqa: E402
+from ckptstore.strategy import load_strategy  # noqa: E402
+
+
+
+@pytest.fixture
+def dp2_mp4(private_layout):
+    """A private copy of the dp2_mp4 fixture (8 ranks, dev matrix [2, 4])."""
+    return private_layout("dp2_mp4")
+
+
+def _resave(layout, rank: int, *, drop: str | None = None,
+            override: dict[str, np.ndarray] | None = None, add: dict[str, np.ndarray] | None = None) -> Path:
+    """Write ``rank``'s file again with ``mindspore.save_checkpoint``, changed as asked."""
+    override = override or {}
+    per_stage = layout.world // layout.stages
+    stage, local = divmod(rank, per_stage)
+    items = []
+    for spec in layout.specs:
+        if spec.name == drop or spec.stage not in (-1, stage):
+            continue
+        data = override.get(spec.name)
+        if data is None:
+            data = T.mindspore_rank_slice(spec, layout.tensors[spec.name], local)
+        items.append({"name": spec.name, "data": ms.Tensor(data)})
+    items += [{"name": n, "data": ms.Tensor(a)} for n, a in (add or {}).items()]
+    path = layout.rank_file(rank)
+    ms.save_checkpoint(items, str(path), append_dict={"epoch_num": 1, "step_num": 1})
+    return path
+
+
+def _open(layout, strategy_files=None):
+    return open_source(find_rank_files(layout.root), load_strategy(strategy_files or layout.strategy_files))
+
+
+def test_the_intact_fixture_opens(dp2_mp4):
+    source = _open(dp2_mp4)
+    assert source.world_size == 8
+    assert source.params["layer0.w"].shape == (32, 16) and source.params["layer0.w"].in_strategy
+    assert not source.params["global_step"].in_strategy
+
+
+# ---- missing ranks -----------------------------------------------------------------------------
+
+def test_a_missing_rank_folder_is_named(dp2_mp4):
+    shutil.rmtree(dp2_mp4.root / "rank_3")
+    with pytest.raises(MissingRankError) as info:
+        find_rank_files(dp2_mp4.root)
+    assert str(info.value) == f"{dp2_mp4.root} has rank folders up to rank_7 but rank_3 missing"
+
+
+def test_several_missing_rank_folders_are_all_named(dp2_mp4):
+    shutil.rmtree(dp2_mp4.root / "rank_3")
+    shutil.rmtree(dp2_mp4.root / "rank_5")
+    with pytest.raises(MissingRankError, match="but rank_3, rank_5 missing$"):
+        find_rank_files(dp2_mp4.root)
+
+
+def test_a_missing_last_rank_is_caught_by_the_strategy(dp2_mp4):
+    shutil.rmtree(dp2_mp4.root / "rank_7")
+    files = find_rank_files(dp2_mp4.root)
+    assert sorted(files) == list(range(7))
+    with pytest.raises(MissingRankError, match="^the strategy describes 8 ranks but 7 rank files were found"):
+        open_source(files, load_strategy(dp2_mp4.strategy_files))
+
+
+def test_a_strategy_of_another_world_size_is_refused(dp2_mp4, saved_layout):
+    with pytest.raises(MissingRankError, match="^the strategy describes 4 ranks but 8 rank files were found"):
+        _open(dp2_mp4, saved_layout("dp2_mp2").strategy_files)
+
+
+def test_a_folder_without_rank_folders_is_refused(tmp_path):
+    with pytest.raises(MissingRankError, match="has no rank_<i>/ folders"):
+        find_rank_files(tmp_path)
+
+
+def test_a_rank_folder_without_checkpoint_is_named(dp2_mp4):
+    for f in (dp2_mp4.root / "rank_2").iterdir():
+        f.unlink()
+    with pytest.raises(MissingRankError) as info:
+        find_rank_files(dp2_mp4.root)
+    assert str(info.value) == f"no .ckpt file with any name in {dp2_mp4.root / 'rank_2'}"
+
+
+# ---- rank files that disagree with the strategy or each other ----------------------------------
+
+def test_a_rank_file_missing_a_parameter_names_parameter_file_and_rank(dp2_mp4):
+    path = _resave(dp2_mp4, 2, drop="layer0.w")
+    with pytest.raises(LayoutMismatchError) as info:
+        _open(dp2_mp4)
+    assert str(info.value) == (f"parameter 'layer0.w' is missing from {path} (rank 2); the strategy places it "
+                               "on ranks 0..7. The file may be truncated or from another job")
+
+
+@pytest.mark.parametrize(
+    "name,local,words",
+    [
+        ("layer0.w", np.zeros((4, 16), np.float32), "has local shape [8, 16]"),
+        ("embedding.table", np.zeros((40, 8), np.float32), "has local shape [40, 16]"),
+        ("layer0.w", np.zeros((8, 16, 1), np.float32), "tensor map [0, -1] has 2 axes"),
+        ("moe.w", np.zeros((2, 8, 3), np.float32), "has local shape [2, 8, 2]"),
+    ],
+    ids=["fewer-rows", "replica-narrower", "extra-axis", "split-axis-wrong"],
+)
+def test_a_rank_file_with_a_wrong_shape_is_named(dp2_mp4, name, local, words):
+    path = _resave(dp2_mp4, 2, override={name: local})
+    with pytest.raises(LayoutMismatchError) as info:
+        _open(dp2_mp4)
+    message = str(info.value)
+    assert f"parameter {name!r}" in message and words in message
+    assert f"{path} (rank 2)" in message
+
+
+def test_a_rank_file_with_another_dtype_is_named(dp2_mp4):
+    spec = dp2_mp4.spec("layer0.w")
+    local = T.mindspore_rank_slice(spec, dp2_mp4.tensors["layer0.w"], 2).astype(np.float16)
+    path = _resave(dp2_mp4, 2, override={"layer0.w": local})
+    with pytest.raises(LayoutMismatchError) as info:
+        _open(dp2_mp4)
+    assert str(info.value) == (f"parameter 'layer0.w' is Float32 in {dp2_mp4.rank_file(0)} (rank 0) but "
+                               f"Float16 in {path} (rank 2)")
+
+
+def test_a_parameter_outside_the_strategy_with_different_shapes_is_refused(dp2_mp4):
+    path = _resave(dp2_mp4, 1, override={"global_step": np.zeros(2, np.int32)})
+    with pytest.raises(LayoutMismatchError) as info:
+        _open(dp2_mp4)
+    assert str(info.value) == (
+        f"parameter 'global_step' is not in the strategy, so it must be whole on every rank, but it has shape "
+        f"[1] in {dp2_mp4.rank_file(0)} (rank 0) and [2] in {path} (rank 1); pass the strategy file that "
+        "describes it")
+
+
+def test_a_parameter_on_a_rank_outside_its_stage_is_refused(private_layout):
+    layout = private_layout("pipeline2")
+    path = _resave(layout, 0, add={"head.w": np.zeros((8, 16), np.float32)})
+    with pytest.raises(LayoutMismatchError) as info:
+        _open(layout)
+    assert str(info.value) == (f"parameter 'head.w' is in {path} (rank 0) but the strategy places it only on "
+                               "ranks 4..7; is the strategy file from this job?")
+
+
+def test_without_a_strategy_whole_parameters_are_one_slice_held_by_every_rank(saved_layout):
+    layout = saved_layout("dp2_mp4")
+    files = {r: layout.rank_file(r) for r in (0, 4)}  # ranks 0 and 4 hold the same slices
+    source = open_source(files, None)
+    param = source.params["layer0.w"]
+    assert (param.shape, param.in_strategy, [sl.ranks for sl in param.slices]) == ((8, 16), False, [(0, 4)])
+
+
+# ---- choosing each rank's file -----------------------------------------------------------------
+
+def _ckpt(path: Path, marker: float) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ms.save_checkpoint([{"name": "marker", "data": ms.Tensor(np.array([marker], np.float32))}], str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    "names,kwargs,chosen",
+    [
+        (["net-1_10.ckpt", "net-2_5.ckpt"], {}, "net-2_5.ckpt"),
+        (["net-1_9.ckpt", "net-1_10.ckpt"], {}, "net-1_10.ckpt"),
+        (["my-net-2_1.ckpt", "my-net-1_10.ckpt"], {}, "my-net-2_1.ckpt"),
+        (["net-1_1.ckpt", "net-3_1_breakpoint.ckpt"], {}, "net-3_1_breakpoint.ckpt"),
+        (["anything.ckpt"], {}, "anything.ckpt"),
+        (["net-1_5.ckpt", "net-2_10.ckpt"], {"step": 5}, "net-1_5.ckpt"),
+        (["a-1_1.ckpt", "b-1_1.ckpt"], {"prefix": "b"}, "b-1_1.ckpt"),
+        (["a-1_1.ckpt", "a-1_2.ckpt", "b-1_3.ckpt"], {"prefix": "a"}, "a-1_2.ckpt"),
+        (["a-1_1.ckpt", "b-1_2.ckpt", "a-2_2.ckpt"], {"prefix": "a", "step": 1}, "a-1_1.ckpt"),
+    ],
+    ids=["newer-epoch", "numeric-not-lexicographic", "dash-in-prefix", "breakpoint", "single-file",
+         "step", "prefix", "newest-of-prefix", "prefix-and-step"],
+)
+def test_pick_rank_file_chooses(tmp_path, names, kwargs, chosen):
+    for i, n in enumerate(names):
+        _ckpt(tmp_path / n, float(i))
+    assert pick_rank_file(tmp_path, **kwargs) == tmp_path / chosen
+
+
+@pytest.mark.parametrize(
+    "names,kwargs,error,message",
+    [
+        (["a-1_1.ckpt", "b-1_1.ckpt"], {}, LayoutMismatchError, "holds b-1_1.ckpt and a-1_1.ckpt for the same step"),
+        (["net-1_5.ckpt", "net-1_5_breakpoint.ckpt"], {}, LayoutMismatchError, "for the same step"),
+        (["best.ckpt", "net-1_1.ckpt"], {}, LayoutMismatchError, "not all are named <prefix>-<epoch>_<step>.ckpt"),
+        (["net-1_5.ckpt"], {"step": 7}, MissingRankError, "no .ckpt file with step 7 in"),
+        (["net-1_5.ckpt"], {"prefix": "other"}, MissingRankError, "no .ckpt file with prefix 'other' in"),
+    ],
+    ids=["two-prefixes", "breakpoint-twin", "unnamed-file", "no-such-step", "no-such-prefix"],
+)
+def test_pick_rank_file_refuses(tmp_path, names, kwargs, error, message):
+    for i, n in enumerate(names):
+        _ckpt(tmp_path / n, float(i))
+    with pytest.raises(error) as info:
+        pick_rank_file(tmp_path, **kwargs)
+    assert message in str(info.value) and str(tmp_path) in str(info.value)
+
+
+def test_find_rank_files_applies_the_choice_to_every_rank(tmp_path):
+    for r in range(2):
+        _ckpt(tmp_path / f"rank_{r}" / "net-1_10.ckpt", 10.0 + r)
+        _ckpt(tmp_path / f"rank_{r}" / "net-2_5.ckpt", 25.0 + r)
+    files = find_rank_files(tmp_path)
+    assert files == {r: tmp_path / f"rank_{r}" / "net-2_5.ckpt" for r in range(2)}
+    older = find_rank_files(tmp_path, step=10)
+    source = open_source(older, None)
+    entries = source.params["marker"].slices[0]
+    assert [float(read_entry(older[r], e)[0]) for r, e in zip(entries.ranks, entries.entries)] == [10.0, 11.0]

@@ -1,0 +1,323 @@
+"""Strategy files -> layouts -> boxes, checked against MindSpore's own slicing and merging.
+
+The oracles are ``mindspore.parallel._tensor`` (the functions ``transform_checkpoints`` slices
+with) for the layout math, and ``mindspore.transform_checkpoints`` merging to one rank for the
+end-to-end assembly.
+"""
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from math import prod
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("mindspore")
+
+import mindspore as ms  # noqa: E402
+from mindspore.parallel._tensor import (  # noqa: E402
+    _chunk_tensor_by_strategy,
+    _construct_tensor_layout_for_opt_shard,
+    _extract_layout_item,
+    _get_tensor_slice_index,
+    _get_tensor_strategy,
+)
+
+from ckptstore import testing as T  # noqa: E402
+from ckptstore.boxes import Box, tiles_exactly  # noqa: E402
+from ckptstore.ckpt_reader import read_entry  # noqa: E402
+from ckptstore.errors import StrategyError  # noqa: E402
+from ckptstore.source import find_rank_files, open_source  # noqa: E402
+from ckptstore.strategy import Layout, Strategy, load_strategy  # noqa: E402
+
+
+def _layout(dev, tmap, step=0, size=0) -> Layout:
+    return Layout(tuple(dev), tuple(() if m == -1 else (m,) for m in tmap), step, size)
+
+
+def _compiler_step(dev: list[int], tmap: list[int]) -> int:
+    """``opt_weight_shard_step`` as the compiler writes it: (g[-1]-g[0])/(len(g)-1) over rank 0's replicas."""
+    n = len(dev)
+    split_axes = {n - 1 - m for m in tmap if m != -1}
+    replicas = [r for r in range(prod(dev)) if all(_layout(dev, tmap).coordinates(r)[i] == 0 for i in split_axes)]
+    return (replicas[-1] - replicas[0]) // (len(replicas) - 1)
+
+
+def _mindspore_slice(dev, tmap, step, size, g: np.ndarray, rank: int) -> np.ndarray:
+    """Rank ``rank``'s slice of ``g`` by MindSpore's functions (may be of an expanded shape)."""
+    _, _, step, size = _extract_layout_item((list(dev), list(tmap), None, None, step, size))
+    nd, nm, nshape = _construct_tensor_layout_for_opt_shard(list(dev), list(tmap), step, int(size), list(g.shape))
+    strat = _get_tensor_strategy(nd, nm)
+    idx = _get_tensor_slice_index(nd, strat, nm, rank)
+    return _chunk_tensor_by_strategy(g.reshape(nshape), strat)[int(idx)]
+
+
+@st.composite
+def layouts(draw):
+    """A device matrix (no 1s, as the compiler writes it), a tensor map, optimizer shard settings, a shape."""
+    n = draw(st.integers(min_value=1, max_value=3))
+    dev = [draw(st.sampled_from([2, 3, 4])) for _ in range(n)]
+    ndim = draw(st.integers(min_value=1, max_value=3))
+    free = list(range(n))
+    tmap = []
+    for _ in range(ndim):
+        m = draw(st.sampled_from([-1] + free))
+        if m != -1:
+            free.remove(m)
+        tmap.append(m)
+    split = {n - 1 - m for m in tmap if m != -1}
+    replicas = prod(d for i, d in enumerate(dev) if i not in split)
+    step = size = 0
+    if replicas > 1 and draw(st.booleans()):
+        step = _compiler_step(dev, tmap)
+        size = draw(st.sampled_from([-1] + [z for z in range(2, replicas + 1) if replicas % z == 0]))
+    parts0 = 1 if size == 0 else (replicas if size == -1 else size)
+    shape = []
+    for a, m in enumerate(tmap):
+        k = 1 if m == -1 else dev[n - 1 - m]
+        shape.append(k * draw(st.integers(min_value=1, max_value=2)) * (parts0 if a == 0 else 1))
+    return dev, tmap, step, size, tuple(shape)
+
+
+@settings(max_examples=400, deadline=None)
+@given(layouts())
+def test_layout_box_selects_what_mindspore_slices_for_every_rank(case):
+    dev, tmap, step, size, shape = case
+    g = np.arange(prod(shape), dtype=np.int64).reshape(shape)
+    layout = _layout(dev, tmap, step, size)
+    try:
+        _mindspore_slice(dev, tmap, step, size, g, 0)
+    except ValueError:
+        # MindSpore cannot place this optimizer shard size on the repeated device axes; nor can we
+        with pytest.raises(StrategyError, match="optimizer shard size"):
+            layout.box(0, shape)
+        return
+    for rank in range(prod(dev)):
+        want = _mindspore_slice(dev, tmap, step, size, g, rank)
+        box = layout.box(rank, shape)
+        assert np.array_equal(g[box.slices()].ravel(), np.ravel(want)), (rank, box)
+
+
+@settings(max_examples=300, deadline=None)
+@given(layouts())
+def test_boxes_of_all_ranks_tile_the_tensor_and_are_equally_replicated(case):
+    dev, tmap, step, size, shape = case
+    layout = _layout(dev, tmap, step, size)
+    try:
+        boxes = [layout.box(r, shape) for r in range(prod(dev))]
+    except StrategyError:
+        return  # covered by the MindSpore comparison above
+    holders = Counter(boxes)
+    assert tiles_exactly(boxes, shape)
+    assert len(set(holders.values())) == 1
+    assert len(holders) == prod(layout.splits()) * layout.opt_shard_parts()
+    assert layout.global_shape(boxes[0].shape) == shape
+
+
+def test_worked_example_from_mindspore_facts():
+    # G=[64,32], D=[2,4], M=[0,-1], s=4, z=-1, rank 5: c=(1,1); rows [16,32); Z=2, j=1 -> rows [24,32)
+    layout = _layout([2, 4], [0, -1], step=4, size=-1)
+    assert layout.coordinates(5) == (1, 1)
+    assert layout.opt_shard_parts() == 2
+    assert layout.box(5, (64, 32)) == Box((24, 0), (32, 32))
+
+
+def test_layout_rejects_an_uneven_split():
+    with pytest.raises(StrategyError, match=r"axis 0 of shape \[6, 4\] cannot be split evenly into 4 parts"):
+        _layout([2, 4], [0, -1]).box(0, (6, 4))
+
+
+# ---- reading strategy files --------------------------------------------------------------------
+
+def _expected_strategy(kind: str) -> tuple[dict, int, int]:
+    """The layouts ``layout_specs(kind)`` asks for (dev matrices without 1s), by stage."""
+    specs, world, stages = T.layout_specs(kind)
+    layouts: dict[str, dict[int, Layout]] = {}
+    for s in map(T.normalize_spec, specs):
+        if s.in_strategy:
+            on = range(stages) if s.stage == -1 else [s.stage]
+            layouts[s.name] = {st_: _layout(s.dev_matrix, s.tensor_map, s.opt_shard_step, s.opt_shard_size)
+                               for st_ in on}
+    return layouts, world // stages, stages
+
+
+def _essence(strategy: Strategy) -> tuple[dict, int, int]:
+    return ({n: dict(st_) for n, st_ in strategy.layouts.items()}, strategy.stage_devices, strategy.num_stages)
+
+
+@pytest.mark.parametrize("fmt", ["protobuf", "json"])
+@pytest.mark.parametrize("kind", T.LAYOUT_KINDS)
+def test_load_strategy_reads_the_layouts_the_compiler_wrote(saved_layout, kind, fmt):
+    layout = saved_layout(kind, fmt)
+    strategy = load_strategy(layout.strategy_files)
+    assert _essence(strategy) == _expected_strategy(kind)
+    assert strategy.world_size == layout.world
+    assert strategy.sources == tuple(str(p) for p in layout.strategy_files)
+
+
+def _merged(files: list[Path], workdir: Path) -> Path:
+    """``mindspore.parallel.merge_pipeline_strategys`` of per-stage files (it globs a folder)."""
+    ext = files[0].suffix
+    src = workdir / "stages"
+    src.mkdir()
+    for i, f in enumerate(files):
+        shutil.copyfile(f, src / f"stage{i}{ext}")
+    merged = workdir / f"merged{ext}"
+    ms.parallel.merge_pipeline_strategys(str(src), str(merged))
+    return merged
+
+
+@pytest.mark.parametrize("fmt", ["protobuf", "json"])
+def test_merged_pipeline_strategy_equals_the_per_stage_files(saved_layout, tmp_path, fmt):
+    layout = saved_layout("pipeline2", fmt)
+    merged = _merged(layout.strategy_files, tmp_path)
+    from_merged = load_strategy(merged)
+    assert _essence(from_merged) == _essence(load_strategy(layout.strategy_files)) == _expected_strategy("pipeline2")
+    assert (from_merged.world_size, from_merged.num_stages) == (8, 2)
+
+
+def test_per_stage_files_can_be_given_in_any_order(saved_layout):
+    files = saved_layout("pipeline2").strategy_files
+    assert _essence(load_strategy(files[::-1])) == _essence(load_strategy(files))
+
+
+def test_pipeline_strategy_places_each_parameter_on_its_stage_ranks(saved_layout):
+    strategy = load_strategy(saved_layout("pipeline2").strategy_files)
+    assert strategy.ranks_holding("embedding.table") == [0, 1, 2, 3]
+    assert strategy.ranks_holding("head.w") == [4, 5, 6, 7]
+    assert strategy.box("head.w", 2, (8, 16)) is None
+    # layer1.w on stage 1: cols by 2, optimizer shard of 2 on rows; global rank 6 is stage rank 2
+    assert strategy.box("layer1.w", 6, (16, 16)) == Box((8, 0), (16, 8))
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (b"this is not a strategy file", "is not a MindSpore strategy file"),
+        (b"", "holds no parameter layouts"),
+        (None, "holds no parameter layouts"),  # a checkpoint file given as the strategy
+    ],
+    ids=["text", "empty", "checkpoint"],
+)
+def test_a_file_that_is_not_a_strategy_is_refused_naming_it(saved_layout, tmp_path, content, message):
+    path = tmp_path / "strategy.ckpt"
+    path.write_bytes(saved_layout("dp2_mp4").rank_file(0).read_bytes() if content is None else content)
+    with pytest.raises(StrategyError) as info:
+        load_strategy(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [("{not json", "is not a valid JSON strategy"), ("{}", "holds no parameter layouts"),
+     ('{"parallel_layout_item": {"w": {"tensor_map": [0]}}}', "is not a valid JSON strategy"),
+     ('{"parallel_layout_item": {"w": {"dev_matrix": [2], "tensor_map": [1]}}}', "does not fit device matrix")],
+    ids=["syntax", "empty-object", "no-dev-matrix", "map-out-of-range"],
+)
+def test_a_bad_json_strategy_is_refused_naming_it(tmp_path, text, message):
+    path = tmp_path / "strategy.json"
+    path.write_text(text)
+    with pytest.raises(StrategyError) as info:
+        load_strategy(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_two_files_for_one_stage_are_refused_naming_both(saved_layout, tmp_path):
+    stage0 = saved_layout("pipeline2").strategy_files[0]
+    copy = tmp_path / "copy_of_stage0.ckpt"
+    shutil.copyfile(stage0, copy)
+    with pytest.raises(StrategyError) as info:
+        load_strategy([stage0, copy])
+    assert str(info.value) == f"strategy files {stage0} and {copy} are both for pipeline stage 0"
+
+
+def test_a_missing_pipeline_stage_is_refused_naming_the_files(saved_layout):
+    stage1 = saved_layout("pipeline2").strategy_files[1]
+    with pytest.raises(StrategyError) as info:
+        load_strategy([stage1])
+    assert str(info.value) == (f"the strategy ({stage1}) has pipeline stages [1]; every stage from 0 to 1 is "
+                               "needed (pass each stage's strategy file)")
+
+
+def test_no_strategy_file_is_refused():
+    with pytest.raises(StrategyError, match="no strategy file given"):
+        load_strategy([])
+
+
+# ---- end to end: ckptstore assembles what MindSpore merges -------------------------------------
+
+def _assemble(source, name: str) -> np.ndarray:
+    """A parameter's global tensor from the rank files, by ckptstore alone."""
+    param = source.params[name]
+    out = np.empty(param.shape, dtype=param.dtype)
+    for sl in param.slices:
+        out[sl.box.slices()] = read_entry(source.rank_files[sl.rank], sl.entry)
+    return out
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("kind", T.LAYOUT_KINDS)
+def test_assembled_tensors_equal_mindspore_merge_bit_for_bit(saved_layout, tmp_path, kind):
+    layout = saved_layout(kind)
+    source = open_source(find_rank_files(layout.root), load_strategy(layout.strategy_files))
+    merged_dir = T.transform_oracle(layout.root, layout.strategy_arg, None, tmp_path / "merged")
+    merged = T.load_oracle(merged_dir / "rank_0" / "oracle_0.ckpt")
+    assert set(source.params) == set(merged) == set(layout.tensors) | {"epoch_num", "step_num"}
+    for name in source.params:
+        got = _assemble(source, name)
+        assert _same(got, merged[name]), name
+        if name in layout.tensors:
+            assert _same(got, layout.tensors[name]), name
+
+
+@pytest.mark.parametrize("kind", T.LAYOUT_KINDS)
+def test_slices_tile_each_parameter_and_replicas_hold_identical_bytes(saved_layout, kind):
+    layout = saved_layout(kind)
+    source = open_source(find_rank_files(layout.root), load_strategy(layout.strategy_files))
+    for name, param in source.params.items():
+        assert tiles_exactly([sl.box for sl in param.slices], param.shape), name
+        assert len({sl.box for sl in param.slices}) == len(param.slices), name
+        for sl in param.slices:
+            first = read_entry(source.rank_files[sl.ranks[0]], sl.entries[0])
+            for rank, entry in zip(sl.ranks[1:], sl.entries[1:]):
+                assert _same(read_entry(source.rank_files[rank], entry), first), (name, rank)
+
+
+ALL8 = tuple(range(8))
+#: (kind, parameter, its distinct slices as (start, stop, ranks)), worked out by hand with the
+#: MINDSPORE_FACTS.md formula.
+REPLICA_GROUPS = [
+    ("dp2_mp4", "embedding.table", [((0, 0), (40, 16), ALL8)]),
+    ("dp2_mp4", "layer0.w", [((0, 0), (8, 16), (0, 4)), ((8, 0), (16, 16), (1, 5)),
+                             ((16, 0), (24, 16), (2, 6)), ((24, 0), (32, 16), (3, 7))]),
+    ("dp2_mp4", "moe.w", [((2 * (r // 4), 0, 2 * (r % 4)), (2 * (r // 4) + 2, 8, 2 * (r % 4) + 2), (r,))
+                          for r in range(8)]),
+    ("dp2_mp4", "global_step", [((0,), (1,), ALL8)]),
+    ("dp2_mp4", "learning_rate", [((), (), ALL8)]),
+    ("opt_shard", "layer0.w", sorted(((8 * (r % 4) + 4 * (r // 4), 0), (8 * (r % 4) + 4 * (r // 4) + 4, 16), (r,))
+                                     for r in range(8))),
+    ("opt_shard", "embedding.table", [((0, 0), (32, 16), (0, 2, 4, 6)), ((32, 0), (64, 16), (1, 3, 5, 7))]),
+    ("opt_shard", "layer2.w", [((0, 0), (8, 4), (0, 4)), ((0, 4), (8, 8), (1, 5)),
+                               ((8, 0), (16, 4), (2, 6)), ((8, 4), (16, 8), (3, 7))]),
+    ("opt_shard", "small.bias", [((0,), (16,), ALL8)]),
+    ("pipeline2", "embedding.table", [((0, 0), (40, 16), (0, 1, 2, 3))]),
+    ("pipeline2", "head.w", [((0, 0), (8, 16), (4, 5, 6, 7))]),
+    ("pipeline2", "layer1.w", [((0, 0), (8, 8), (4,)), ((0, 8), (8, 16), (5,)),
+                               ((8, 0), (16, 8), (6,)), ((8, 8), (16, 16), (7,))]),
+    ("pipeline2", "global_step", [((0,), (1,), ALL8)]),
+]
+
+
+@pytest.mark.parametrize("kind,name,slices", REPLICA_GROUPS, ids=[f"{k}-{n}" for k, n, _ in REPLICA_GROUPS])
+def test_replica_groups_are_each_distinct_box_and_the_ranks_holding_it(saved_layout, kind, name, slices):
+    layout = saved_layout(kind)
+    source = open_source(find_rank_files(layout.root), load_strategy(layout.strategy_files))
+    got = [(sl.box.start, sl.box.stop, sl.ranks) for sl in source.params[name].slices]
+    assert got == slices
