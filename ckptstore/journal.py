@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Sequence
 
 import crc32c
 
@@ -43,8 +44,18 @@ def read_journal(path: Path) -> list[JournalEntry]:
     return entries
 
 
-def good_prefix(data: Path, entries: list[JournalEntry], *, block: int = 16 << 20) -> list[JournalEntry]:
-    """The leading journal entries whose bytes in ``data`` match their CRC, in chunk order."""
+def _contiguous(e: JournalEntry) -> list[tuple[int, int]]:
+    return [(e.offset, e.nbytes)]
+
+
+def good_prefix(data: Path, entries: list[JournalEntry],
+                pieces_of: Callable[[JournalEntry], Sequence[tuple[int, int]]] = _contiguous, *,
+                block: int = 16 << 20) -> list[JournalEntry]:
+    """The leading journal entries whose bytes in ``data`` match their CRC, in chunk order.
+
+    ``pieces_of`` gives where an entry's bytes lie, as ``(offset, length)`` in order (one
+    contiguous range by default; a chunk scattered through a whole tensor has many).
+    """
     good: list[JournalEntry] = []
     try:
         fd = os.open(data, os.O_RDONLY)
@@ -52,7 +63,7 @@ def good_prefix(data: Path, entries: list[JournalEntry], *, block: int = 16 << 2
         return good
     try:
         for i, e in enumerate(entries):
-            if e.index != i or _crc_of(fd, e.offset, e.nbytes, block) != e.crc:
+            if e.index != i or _crc_of(fd, pieces_of(e), block) != e.crc:
                 break
             good.append(e)
     finally:
@@ -60,14 +71,16 @@ def good_prefix(data: Path, entries: list[JournalEntry], *, block: int = 16 << 2
     return good
 
 
-def _crc_of(fd: int, offset: int, nbytes: int, block: int) -> int | None:
-    crc, done = 0, 0
-    while done < nbytes:
-        data = os.pread(fd, min(block, nbytes - done), offset + done)
-        if not data:
-            return None
-        crc = crc32c.crc32c(data, crc)
-        done += len(data)
+def _crc_of(fd: int, pieces: Sequence[tuple[int, int]], block: int) -> int | None:
+    crc = 0
+    for offset, nbytes in pieces:
+        done = 0
+        while done < nbytes:
+            data = os.pread(fd, min(block, nbytes - done), offset + done)
+            if not data:
+                return None
+            crc = crc32c.crc32c(data, crc)
+            done += len(data)
     return crc
 
 

@@ -13,6 +13,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from .backends import safetensors_backend as sb
 from .backends import zarr_backend as zb
 from .boxes import Box
 from .convert import WORK_DIR
@@ -121,17 +122,25 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
     if not root.is_dir():
         raise StoreNotFoundError(f"no ckptstore store at {root} (expected a folder made by 'ckptstore convert')")
     try:
-        attrs = zb.read_root_attributes(root)
+        doc = _read_manifest(root)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise StoreCorruptError(f"{root / zb.ROOT_METADATA} is not valid JSON: {e}") from None
-    if attrs is None:
+        raise StoreCorruptError(f"the metadata of the store at {root} is not valid JSON: {e}") from None
+    if doc is None:
         if (root / WORK_DIR).is_dir():
             raise IncompleteStoreError(f"the store at {root} is incomplete: its conversion was interrupted. "
                                        "Run the same 'ckptstore convert' command again to finish it")
-        raise StoreNotFoundError(f"no ckptstore store at {root} (no zarr.json)")
-    doc = attrs.get("ckptstore")
+        raise StoreNotFoundError(f"no ckptstore store at {root} (no zarr.json or {sb.MANIFEST})")
     if not isinstance(doc, dict):
         raise StoreNotFoundError(f"{root} is a Zarr group but not a ckptstore store (no 'ckptstore' attributes)")
     if not doc.get("complete"):
         raise IncompleteStoreError(f"the store at {root} is marked incomplete; rerun the conversion")
     return Store(root, StoreManifest.from_json(doc, where=str(root)))
+
+
+def _read_manifest(root: Path) -> Any:
+    """The manifest: ``ckptstore.json`` of a safetensors store, or the root ``zarr.json`` attributes."""
+    doc = sb.read_manifest(root)
+    if doc is not None:
+        return doc
+    attrs = zb.read_root_attributes(root)
+    return None if attrs is None else attrs.get("ckptstore", False)

@@ -1,0 +1,244 @@
+"""Write one parameter's chunks into a store, resumably: the converter's I/O half.
+
+A chunk's bytes are a contiguous range of one rank file's entry (see :mod:`chunk_plan`). They are
+streamed through a small buffer, checksummed (CRC-32C), and *placed*: a Zarr parameter appends
+chunks one after another to its data file (``offset`` grows); a dense (safetensors) parameter
+scatters each chunk's rows into the whole tensor at fixed positions. After each chunk, a journal
+line records it; a rerun verifies journalled chunks against their checksum and continues after
+the last good one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import crc32c
+import numcodecs
+import numpy as np
+
+from .backends import zarr_backend as zb
+from .backends.safetensors_backend import TensorSlot
+from .boxes import Box, paired_runs
+from .chunk_plan import ChunkSource, ParamPlan
+from .ckpt_reader import CkptEntry, read_entry, read_into
+from .errors import ReplicaMismatchError
+from .journal import JournalEntry, JournalWriter, good_prefix, read_journal
+from .manifest import ChunkTable, ParamManifest, dtype_label
+from .progress import Progress
+
+BLOCK = 16 << 20  # copy buffer per worker
+#: Test hook: SIGKILL this process after this many chunks (proves resumability; see tests).
+KILL_AFTER_ENV = "CKPTSTORE_KILL_AFTER_CHUNKS"
+_BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+Pieces = list[tuple[int, int]]  # (file offset, length) in chunk byte order
+
+
+def encoder(codec: Mapping[str, Any] | None) -> Any:
+    """The numcodecs codec writing ``codec`` (numcodecs' Blosc takes ``shuffle`` as an int, Zarr as a name)."""
+    if codec is None:
+        return None
+    cfg = dict(codec)
+    if cfg["id"] == "blosc":
+        cfg["shuffle"] = _BLOSC_SHUFFLE[cfg["shuffle"]]
+    return numcodecs.get_codec(cfg)
+
+
+def _read(path: str, entry: CkptEntry, start: int, view: memoryview) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        read_into(fd, entry.pieces, start, view, path=path, param=entry.name)
+    finally:
+        os.close(fd)
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
+def _scatter(fd: int, view: memoryview, start: int, pieces: Pieces) -> None:
+    """Write ``view`` (chunk bytes ``[start, start+len)``) to where ``pieces`` put them."""
+    end, pos = start + len(view), 0
+    for off, length in pieces:
+        lo, hi = max(start, pos), min(end, pos + length)
+        if lo < hi:
+            _pwrite_all(fd, view[lo - start:hi - start], off + lo - pos)
+        pos += length
+        if pos >= end:
+            break
+
+
+class ChunkCopier:
+    """Streams chunks from rank files to store files; shared by the worker threads."""
+
+    def __init__(self, codec: Mapping[str, Any] | None, verify_replicas: bool, progress: Progress) -> None:
+        self.codec = codec
+        self._compressor = encoder(codec)
+        self.verify_replicas = verify_replicas
+        self.progress = progress
+        self._lock = threading.Lock()
+        self.chunks_written = self.chunks_resumed = self.params_resumed = 0
+        kill = os.environ.get(KILL_AFTER_ENV)
+        self._kill_after = int(kill) if kill else None
+
+    def count(self, written: int = 0, resumed: int = 0, params_resumed: int = 0) -> None:
+        with self._lock:
+            self.chunks_written += written
+            self.chunks_resumed += resumed
+            self.params_resumed += params_resumed
+            kill = self._kill_after is not None and self.chunks_written >= self._kill_after
+        if written and kill:
+            os.kill(os.getpid(), 9)
+
+    def copy(self, chunk: ChunkSource, fd: int, pieces: Pieces) -> int:
+        """Copy a raw chunk to ``pieces`` of ``fd``; return its CRC-32C."""
+        buf = bytearray(min(BLOCK, chunk.nbytes))
+        crc, done = 0, 0
+        while done < chunk.nbytes:
+            n = min(len(buf), chunk.nbytes - done)
+            view = memoryview(buf)[:n]
+            _read(chunk.path, chunk.entry, chunk.byte_start + done, view)
+            crc = crc32c.crc32c(view, crc)
+            _scatter(fd, view, done, pieces)
+            done += n
+            self.progress.add(n)
+        self._check_replicas(chunk, crc)
+        return crc
+
+    def compressed(self, chunk: ChunkSource) -> bytes:
+        """A chunk's bytes, encoded with the store's codec (one chunk in memory)."""
+        raw = bytearray(chunk.nbytes)
+        _read(chunk.path, chunk.entry, chunk.byte_start, memoryview(raw))
+        self._check_replicas(chunk, crc32c.crc32c(raw))
+        # typed view: Blosc shuffles by the element size, as the array's zarr.json declares
+        data = self._compressor.encode(np.frombuffer(raw, dtype=f"u{chunk.entry.dtype.itemsize}"))
+        self.progress.add(chunk.nbytes)
+        return bytes(data)
+
+    def _check_replicas(self, chunk: ChunkSource, crc: int) -> None:
+        if not self.verify_replicas:
+            return
+        sl = chunk.slice
+        buf = bytearray(min(BLOCK, chunk.nbytes))
+        for rank, entry, path in zip(sl.ranks[1:], sl.entries[1:], sl.paths[1:]):
+            other, done = 0, 0
+            while done < chunk.nbytes:
+                n = min(len(buf), chunk.nbytes - done)
+                view = memoryview(buf)[:n]
+                _read(path, entry, chunk.byte_start + done, view)
+                other = crc32c.crc32c(view, other)
+                done += n
+            if other != crc:
+                raise ReplicaMismatchError(
+                    f"parameter {entry.name!r}: rank {rank} ({path}) holds different bytes "
+                    f"from rank {chunk.rank} ({chunk.path}) for the replicated slice "
+                    f"{list(sl.box.start)}..{list(sl.box.stop)}, chunk {chunk.index}")
+
+
+def str_manifest(plan: ParamPlan, path: str) -> ParamManifest:
+    """A string parameter: its text lives in the manifest."""
+    p = plan.param
+    value = read_entry(p.slices[0].path, p.slices[0].entry)
+    assert isinstance(value, str)
+    return ParamManifest(p.name, path, "str", (), (), ChunkTable((), (), (), (), (), ()), None, value)
+
+
+def _resume(data: Path, journal: Path, pieces_of: Callable[[JournalEntry], Pieces]) -> list[JournalEntry]:
+    return good_prefix(data, read_journal(journal), pieces_of) if data.exists() else []
+
+
+def _table(files: Sequence[str], entries: Sequence[JournalEntry], plan: ParamPlan) -> ChunkTable:
+    return ChunkTable(tuple(files), tuple(e.offset for e in entries), tuple(e.nbytes for e in entries),
+                      tuple(e.crc for e in entries), tuple(e.rank for e in entries),
+                      tuple(len(c.slice.ranks) for c in plan.chunks))
+
+
+def write_zarr_param(plan: ParamPlan, out: Path, path: str, copier: ChunkCopier) -> ParamManifest:
+    """Write one parameter as a Zarr array: metadata, then its single chunk or shard file."""
+    p = plan.param
+    array_dir = out / path
+    array_dir.mkdir(parents=True, exist_ok=True)
+    zb.write_atomic(array_dir / zb.ROOT_METADATA,
+                    zb.array_metadata(p.shape, dtype_label(p.dtype), plan.chunk_shape, copier.codec))
+    key = zb.chunk_key(path, len(p.shape))
+    final = out / key
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.with_name(final.name + ".partial")
+    journal = final.with_name(final.name + ".journal")
+    entries = _resume(partial, journal, lambda e: [(e.offset, e.nbytes)])
+    copier.count(resumed=len(entries))
+    copier.progress.add(sum(c.nbytes for c in plan.chunks[:len(entries)]))
+    fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+    log = JournalWriter(journal, entries)
+    try:
+        offset = entries[-1].offset + entries[-1].nbytes if entries else 0
+        os.ftruncate(fd, offset)
+        for chunk in plan.chunks[len(entries):]:
+            if copier.codec is None:
+                crc, nbytes = copier.copy(chunk, fd, [(offset, chunk.nbytes)]), chunk.nbytes
+            else:
+                data = copier.compressed(chunk)
+                _pwrite_all(fd, memoryview(data), offset)
+                crc, nbytes = crc32c.crc32c(data), len(data)
+            entry = JournalEntry(chunk.index, offset, nbytes, crc, chunk.rank)
+            log.append(entry)
+            entries.append(entry)
+            offset += nbytes
+            copier.count(written=1)
+        if zb.is_sharded(len(plan.chunks)):
+            _pwrite_all(fd, memoryview(zb.shard_index([e.offset for e in entries], [e.nbytes for e in entries])),
+                        offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        log.close()
+    os.replace(partial, final)
+    journal.unlink()
+    return ParamManifest(p.name, path, dtype_label(p.dtype), p.shape, plan.chunk_shape,
+                         _table([key] * len(entries), entries, plan), copier.codec)
+
+
+def dense_pieces(box: Box, shape: Sequence[int], itemsize: int, base: int) -> Pieces:
+    """Where the C-order bytes of global ``box`` lie in a whole tensor stored at ``base``."""
+    whole = Box.full(shape)
+    _, dst, run = paired_runs(box, box, whole)
+    return [(base + d * itemsize, run * itemsize) for d in dst.tolist()]
+
+
+def write_dense_param(plan: ParamPlan, out: Path, slot: TensorSlot, data_file: Path, work: Path,
+                      copier: ChunkCopier) -> ParamManifest:
+    """Fill one parameter's whole-tensor region of a (pre-sized) safetensors file."""
+    p = plan.param
+    item = p.dtype.itemsize
+    journal = work / "journal" / f"{zb.array_path(p.name)}.journal"
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    pieces = [dense_pieces(c.box, p.shape, item, slot.data_offset) for c in plan.chunks]
+    entries = _resume(data_file, journal, lambda e: pieces[e.index])
+    copier.count(resumed=len(entries))
+    copier.progress.add(sum(c.nbytes for c in plan.chunks[:len(entries)]))
+    fd = os.open(data_file, os.O_RDWR)
+    log = JournalWriter(journal, entries)
+    try:
+        for chunk in plan.chunks[len(entries):]:
+            crc = copier.copy(chunk, fd, pieces[chunk.index])
+            entry = JournalEntry(chunk.index, pieces[chunk.index][0][0], chunk.nbytes, crc, chunk.rank)
+            log.append(entry)
+            entries.append(entry)
+            copier.count(written=1)
+    finally:
+        os.close(fd)
+        log.close()
+    return ParamManifest(p.name, slot.file, dtype_label(p.dtype), p.shape, plan.chunk_shape,
+                         _table([slot.file] * len(entries), entries, plan), None, None, "dense", slot.data_offset)
+
+
+def load_done(done: Path, name: str) -> ParamManifest | None:
+    """The manifest recorded when a parameter was finished by an earlier run, if any."""
+    if not done.exists():
+        return None
+    return ParamManifest.from_json(name, json.loads(done.read_text()))

@@ -1,0 +1,284 @@
+"""Helpers and fixtures shared by the converter tests (test_convert*.py, test_cli_convert.py).
+
+Everything here works on real MindSpore files: checkpoints are written by
+``mindspore.save_checkpoint`` (through :mod:`ckptstore.testing` or directly) and damaged copies
+are re-saved with ``mindspore.load_checkpoint`` / ``mindspore.save_checkpoint``. Expected values
+(which rank holds which slice, how many distinct slices a parameter has, how many bytes the rank
+files hold) are computed from the fixture specs with MindSpore's own slicing code
+(:func:`ckptstore.testing.mindspore_rank_slice`), never with ckptstore's layout math.
+
+Test modules import the fixtures they use from here (``from convert_fixtures import ...``); the
+session-wide ``saved_layout`` fixture comes from ``conftest.py``.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GLOG_v", "3")
+
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from math import prod  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable, Mapping  # noqa: E402
+
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import ckptstore  # noqa: E402
+from ckptstore import testing as T  # noqa: E402
+from conftest import SavedLayout  # noqa: E402
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+#: Scalars ``save_layout`` appends to every rank (``append_dict={"epoch_num": 1, "step_num": 1}``).
+APPENDED = ("epoch_num", "step_num")
+#: The zarr v3 sharding index: one (offset, nbytes) uint64 pair per chunk plus a 4-byte CRC-32C.
+SHARD_INDEX_BYTES_PER_CHUNK = 16
+SHARD_INDEX_CRC_BYTES = 4
+
+REPO = Path(__file__).resolve().parents[1]
+_CONSOLE_SCRIPT = Path(sys.executable).parent / "ckptstore"
+
+
+# ---------------------------------------------------------------------------------------------
+# comparing arrays and stores
+
+
+def assert_same_array(actual, expected, what: str = "") -> None:
+    """Bit-for-bit equality: dtype, shape and bytes (bfloat16 and bool included)."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert actual.tobytes() == expected.tobytes(), f"{what}: bytes differ"
+
+
+def store_files(store: Path) -> dict[str, bytes]:
+    """Every file under ``store`` (relative path -> bytes)."""
+    return {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
+
+
+def data_files(store: Path) -> dict[str, int]:
+    """The store's data files (everything but ``zarr.json`` metadata): relative path -> size."""
+    return {str(p.relative_to(store)): p.stat().st_size for p in sorted(store.rglob("*"))
+            if p.is_file() and p.name != "zarr.json"}
+
+
+def payload_bytes(store: Path) -> int:
+    return sum(data_files(store).values())
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+# ---------------------------------------------------------------------------------------------
+# expectations from the specs, by MindSpore's slicing
+
+
+@dataclass(frozen=True)
+class ExpectedSlice:
+    """A distinct slice of one parameter: its local shape and the global ranks that hold it."""
+
+    shape: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+
+def _stage_ranks(spec: T.ParamSpec, world: int, stages: int) -> list[int]:
+    per = world // stages
+    if spec.stage == -1:
+        return list(range(world))
+    return list(range(spec.stage * per, (spec.stage + 1) * per))
+
+
+def expected_slices(spec: T.ParamSpec, world: int, stages: int) -> list[ExpectedSlice]:
+    """The distinct slices of ``spec``, found by cutting an index tensor with MindSpore's code.
+
+    Each global element is numbered (``arange``); two ranks hold the same slice exactly when
+    MindSpore hands them the same element numbers.
+    """
+    per = world // stages
+    index = np.arange(prod(spec.shape), dtype=np.int64).reshape(spec.shape)
+    groups: dict[bytes, list[int]] = {}
+    shapes: dict[bytes, tuple[int, ...]] = {}
+    for g in _stage_ranks(spec, world, stages):
+        local = T.mindspore_rank_slice(spec, index, g % per)
+        key = local.tobytes()
+        groups.setdefault(key, []).append(g)
+        shapes[key] = tuple(local.shape)
+    return [ExpectedSlice(shapes[k], tuple(r)) for k, r in groups.items()]
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a full conversion of a saved layout must produce, per parameter."""
+
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, np.dtype]
+    slices: dict[str, list[ExpectedSlice]]
+
+    def nbytes(self, name: str) -> int:
+        return prod(self.shapes[name]) * self.dtypes[name].itemsize
+
+    def chunks(self, name: str) -> int:
+        return len(self.slices[name])
+
+    def source_bytes(self, name: str) -> int:
+        """Bytes of ``name`` summed over every rank file that holds it (replicas included)."""
+        return sum(prod(s.shape) * self.dtypes[name].itemsize * len(s.ranks) for s in self.slices[name])
+
+    def stored_bytes(self, name: str) -> int:
+        """Raw (uncompressed) bytes of the parameter's data file: every distinct slice once,
+        plus the shard index when it has several chunks."""
+        n = self.chunks(name)
+        index = n * SHARD_INDEX_BYTES_PER_CHUNK + SHARD_INDEX_CRC_BYTES if n > 1 else 0
+        return self.nbytes(name) + index
+
+
+def expected_for(layout: SavedLayout) -> Expected:
+    shapes, dtypes, slices = {}, {}, {}
+    for spec in layout.specs:
+        shapes[spec.name] = tuple(spec.shape)
+        dtypes[spec.name] = spec.np_dtype
+        slices[spec.name] = expected_slices(spec, layout.world, layout.stages)
+    for name in APPENDED:  # int appended by save_checkpoint: Int64, shape (), whole on every rank
+        shapes[name] = ()
+        dtypes[name] = np.dtype(np.int64)
+        slices[name] = [ExpectedSlice((), tuple(range(layout.world)))]
+    return Expected(shapes, dtypes, slices)
+
+
+def expected_values(layout: SavedLayout) -> dict[str, np.ndarray]:
+    values = dict(layout.tensors)
+    for name in APPENDED:
+        values[name] = np.array(1, dtype=np.int64)
+    return values
+
+
+# ---------------------------------------------------------------------------------------------
+# converting and re-saving
+
+
+def convert_layout(layout: SavedLayout, out: Path, **kwargs) -> ckptstore.ConvertSummary:
+    return ckptstore.convert(layout.root, out, strategy=layout.strategy_files, **kwargs)
+
+
+def strategy_args(layout: SavedLayout) -> list[str]:
+    args: list[str] = []
+    for f in layout.strategy_files:
+        args += ["-s", str(f)]
+    return args
+
+
+def _to_numpy(value) -> np.ndarray:
+    import mindspore as ms
+
+    if value.dtype == ms.bfloat16:  # asnumpy cannot return bfloat16 under numpy 2
+        return value.astype(ms.float32).asnumpy().astype(BF16)
+    return np.array(value.asnumpy(), copy=True)
+
+
+def _to_tensor(array: np.ndarray):
+    import mindspore as ms
+
+    array = np.asarray(array).copy(order="C")
+    if array.dtype == BF16:
+        return ms.Tensor(array.astype(np.float32), dtype=ms.bfloat16)
+    return ms.Tensor(array)
+
+
+def rewrite_rank_file(path: Path, edit: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]) -> None:
+    """Load ``path`` with MindSpore, let ``edit`` change the arrays, save it back with MindSpore."""
+    import mindspore as ms
+
+    loaded = ms.load_checkpoint(str(path))
+    arrays = edit({name: _to_numpy(p) for name, p in loaded.items()})
+    os.chmod(path, 0o644)
+    ms.save_checkpoint([{"name": n, "data": _to_tensor(a)} for n, a in arrays.items()], str(path))
+
+
+def copy_saved(layout: SavedLayout, dst: Path) -> SavedLayout:
+    """A private, writable copy of a session fixture."""
+    shutil.copytree(layout.root, dst)
+    for p in dst.rglob("*.ckpt"):
+        os.chmod(p, 0o644)
+    return SavedLayout(layout.kind, dst, layout.specs, layout.tensors, layout.world, layout.stages,
+                       layout.strategy_format)
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line, in a subprocess
+
+
+def cli_command() -> list[str]:
+    """The installed ``ckptstore`` console script (``python -m ckptstore.cli`` if it is absent)."""
+    if _CONSOLE_SCRIPT.exists():
+        return [str(_CONSOLE_SCRIPT)]
+    return [sys.executable, "-m", "ckptstore.cli"]
+
+
+def run_cli(*args: str | os.PathLike[str], env: Mapping[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if k != "CKPTSTORE_KILL_AFTER_CHUNKS"}
+    full_env.update({"GLOG_v": "3", **(env or {})})
+    return subprocess.run([*cli_command(), *map(str, args)], capture_output=True, text=True, env=full_env,
+                          cwd=REPO, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# fixtures
+
+
+def big_specs() -> tuple[list[T.ParamSpec], int, int]:
+    """dp2_mp4 plus two 8 MiB weights whose 2 MiB slices are cut into 1 MiB chunks by
+    ``--chunk-mb 1``: enough chunks (59) to interrupt a conversion at interesting points."""
+    specs, world, stages = T.layout_specs("dp2_mp4")
+    d = (2, 4)
+    big = [
+        T.ParamSpec("big.rows", (4096, 512), dev_matrix=d, tensor_map=(0, -1)),
+        T.ParamSpec("big.cols", (512, 4096), dev_matrix=d, tensor_map=(-1, 0)),
+    ]
+    return big + specs, world, stages
+
+
+@pytest.fixture(scope="session")
+def big_layout(tmp_path_factory: pytest.TempPathFactory) -> SavedLayout:
+    """A session-cached saved fixture with many chunks at ``--chunk-mb 1``. Do not modify it."""
+    specs, world, stages = big_specs()
+    tensors = T.make_global_tensors(specs, seed=5)
+    root = tmp_path_factory.mktemp("big_layout")
+    T.save_distributed(root, specs, tensors, world_size=world, stages=stages, extra_scalars=True)
+    return SavedLayout("big", root, specs, tensors, world, stages)
+
+
+@dataclass(frozen=True)
+class Converted:
+    """A saved layout and its default conversion."""
+
+    layout: SavedLayout
+    store: Path
+    summary: ckptstore.ConvertSummary
+
+
+@pytest.fixture(scope="session")
+def converted(saved_layout, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Converted]:
+    """``converted(kind, strategy_format="protobuf")``: a session-cached default conversion of
+    ``saved_layout(kind)``. Do not modify the files."""
+    cache: dict[tuple[str, str], Converted] = {}
+
+    def get(kind: str, strategy_format: str = "protobuf") -> Converted:
+        key = (kind, strategy_format)
+        if key not in cache:
+            layout = saved_layout(kind, strategy_format)
+            out = tmp_path_factory.mktemp(f"store_{kind}_{strategy_format}") / "store.zarr"
+            cache[key] = Converted(layout, out, convert_layout(layout, out))
+        return cache[key]
+
+    return get

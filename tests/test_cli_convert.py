@@ -1,0 +1,187 @@
+"""The ``ckptstore`` command line for converting and checking stores, run as a real subprocess
+(the installed console script), on real MindSpore fixtures."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mindspore")
+
+import ckptstore  # noqa: E402
+from ckptstore.chunk_plan import OPTIMIZER_PATTERNS  # noqa: E402
+from convert_fixtures import (  # noqa: E402,F401
+    assert_same_array,
+    cli_command,
+    converted,
+    copy_saved,
+    expected_for,
+    expected_values,
+    flip_byte,
+    run_cli,
+    strategy_args,
+)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_console_script_is_installed():
+    assert Path(cli_command()[0]).name == "ckptstore"
+
+
+def test_convert_help_lists_every_drop_optimizer_pattern():
+    r = run_cli("convert", "--help")
+    assert r.returncode == 0, r.stderr
+    text = _one_line(r.stdout)
+    assert "--drop-optimizer" in text
+    listed = text.split("Patterns:", 1)[1]
+    for pattern in OPTIMIZER_PATTERNS:
+        assert re.search(rf"(?<![\w.*]){re.escape(pattern)}(?![\w.*])", listed), pattern
+
+
+def test_convert_prints_a_one_line_summary(saved_layout, tmp_path):
+    layout = saved_layout("dp2_mp4")
+    out = tmp_path / "s.zarr"
+    r = run_cli("convert", layout.root, *strategy_args(layout), "--out", out, "-q")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""  # -q: no progress
+    exp = expected_for(layout)
+    (line,) = r.stdout.splitlines()
+    params, chunks = len(exp.shapes), sum(exp.chunks(n) for n in exp.shapes)
+    assert line.startswith(f"wrote {out}: {params} parameters in {chunks} chunks, "), line
+    saved = sum(exp.source_bytes(n) - exp.nbytes(n) for n in exp.shapes)
+    assert f"replicas stored once saved {saved / 1024:.1f} KiB" in line, line
+    with ckptstore.open(out) as store:
+        for name, want in expected_values(layout).items():
+            assert_same_array(store.read(name), want, name)
+
+
+def test_convert_json_summary(saved_layout, tmp_path):
+    layout = saved_layout("opt_shard")
+    r = run_cli("convert", layout.root, *strategy_args(layout), "--out", tmp_path / "s.zarr", "-q", "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    exp = expected_for(layout)
+    assert summary["params"] == len(exp.shapes)
+    assert summary["chunks"] == summary["chunks_written"] == sum(exp.chunks(n) for n in exp.shapes)
+    assert summary["unique_bytes"] == summary["stored_bytes"] == sum(exp.nbytes(n) for n in exp.shapes)
+    assert summary["source_bytes"] == sum(exp.source_bytes(n) for n in exp.shapes)
+    assert summary["dedup_saved_bytes"] == summary["source_bytes"] - summary["unique_bytes"]
+
+
+def test_convert_a_single_checkpoint_file_without_strategy(saved_layout, tmp_path):
+    layout = saved_layout("dp2_mp4")
+    out = tmp_path / "rank3.zarr"
+    r = run_cli("convert", layout.rank_file(3), "--out", out, "-q")
+    assert r.returncode == 0, r.stderr
+    local = ckptstore.scan_checkpoint(layout.rank_file(3))
+    with ckptstore.open(out) as store:
+        assert store.names() == local.names()
+        for name, entry in local.entries.items():
+            assert_same_array(store.read(name), ckptstore.read_entry(layout.rank_file(3), entry), name)
+
+
+@pytest.mark.parametrize("kind", ["dp2_mp4", "pipeline2", "mixed_dtypes"])
+def test_info_json_describes_every_parameter(converted, kind):
+    c = converted(kind)
+    r = run_cli("info", c.store, "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    exp = expected_for(c.layout)
+    assert info["kind"] == "store"
+    assert sorted(info["params"]) == sorted(exp.shapes)
+    for name, p in info["params"].items():
+        (first, *_) = exp.slices[name]
+        assert p["shape"] == list(exp.shapes[name]), name
+        assert p["dtype"] == ("bfloat16" if exp.dtypes[name].name == "bfloat16" else exp.dtypes[name].name), name
+        assert p["chunk_shape"] == list(first.shape), name  # chunks are the distinct slices
+        assert p["chunks"] == exp.chunks(name), name
+    totals = info["totals"]
+    assert totals["nbytes"] == totals["stored_bytes"] == sum(exp.nbytes(n) for n in exp.shapes)
+    assert totals["source_bytes"] == sum(exp.source_bytes(n) for n in exp.shapes)
+    assert totals["dedup_saved_bytes"] == totals["source_bytes"] - totals["nbytes"]
+    assert info["source"]["world_size"] == c.layout.world
+
+
+def test_info_json_dedup_saved_bytes_is_positive_for_dp2_mp4(converted):
+    c = converted("dp2_mp4")
+    totals = json.loads(run_cli("info", c.store, "--json").stdout)["totals"]
+    assert totals["dedup_saved_bytes"] == c.summary.dedup_saved_bytes > 0
+
+
+def test_info_table_of_a_store(converted):
+    c = converted("dp2_mp4")
+    r = run_cli("info", c.store)
+    assert r.returncode == 0, r.stderr
+    first, *rows = r.stdout.splitlines()
+    assert first.startswith(f"{c.store}: ckptstore store") and "8 rank file(s)" in first, first
+    assert any(re.match(r"\s+layer0\.w\s+float32\s+\[32, 16\]\s+\[8, 16\]\s+4\s+2,048$", row) for row in rows), rows
+
+
+def test_verify_passes_on_a_fresh_store(converted):
+    c = converted("dp2_mp4")
+    r = run_cli("verify", c.store)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"OK: 15 parameters, {c.summary.chunks} chunks, ")
+    assert r.stdout.rstrip().endswith("; 0 problem(s)")
+
+
+@pytest.fixture
+def private_store(converted, tmp_path) -> tuple[Path, object]:
+    """A writable copy of the dp2_mp4 store (it records absolute source paths, so the copy still
+    verifies against the session source)."""
+    import shutil
+
+    c = converted("dp2_mp4")
+    out = tmp_path / "s.zarr"
+    shutil.copytree(c.store, out)
+    return out, c
+
+
+@pytest.mark.parametrize(("name", "chunk"), [
+    pytest.param("layer0.w", 2, id="sharded-param"),
+    pytest.param("embedding.table", 0, id="single-chunk-param"),
+])
+def test_verify_fails_on_a_flipped_byte_naming_parameter_and_chunk(private_store, name, chunk):
+    out, _ = private_store
+    with ckptstore.open(out) as store:
+        t = store.info(name).chunks
+        path, offset = out / t.files[chunk], t.offsets[chunk] + t.nbytes[chunk] // 2
+    flip_byte(path, offset)
+    r = run_cli("verify", out)
+    assert r.returncode == 1
+    problems = r.stderr.strip().splitlines()
+    assert len(problems) == 1
+    assert problems[0].startswith(f"ckptstore: parameter '{name}': chunk {chunk}: checksum mismatch in {path}")
+    assert r.stdout.startswith("FAILED:") and "1 problem(s)" in r.stdout
+
+
+@pytest.mark.parametrize("kind", ["dp2_mp4", "opt_shard", "pipeline2", "mixed_dtypes"])
+def test_verify_against_the_source_passes(converted, kind):
+    c = converted(kind)
+    r = run_cli("verify", c.store, "--against", c.layout.root, *strategy_args(c.layout))
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert f"{c.summary.chunks} chunks compared with the source; 0 problem(s)" in r.stdout
+
+
+def test_verify_against_a_source_with_a_damaged_replica_names_the_rank(saved_layout, tmp_path):
+    """The store came from rank 0's copy; rank 4's replica of layer0.w is then damaged."""
+    layout = copy_saved(saved_layout("dp2_mp4"), tmp_path / "src")
+    out = tmp_path / "s.zarr"
+    assert run_cli("convert", layout.root, *strategy_args(layout), "--out", out, "-q").returncode == 0
+    offset, length = ckptstore.scan_checkpoint(layout.rank_file(4))["layer0.w"].pieces[0]
+    flip_byte(layout.rank_file(4), offset + length - 1)
+    r = run_cli("verify", out, "--against", layout.root, *strategy_args(layout))
+    assert r.returncode == 1
+    (problem,) = r.stderr.strip().splitlines()
+    assert problem == f"ckptstore: parameter 'layer0.w': chunk 0 differs from rank 4 ({layout.rank_file(4)})"
+
+
+def test_verify_of_a_missing_store_exits_2(tmp_path):
+    r = run_cli("verify", tmp_path / "nothing.zarr")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
