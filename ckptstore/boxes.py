@@ -151,3 +151,10 @@ def paired_runs(box: Box, src: Box, dst: Box) -> tuple[np.ndarray, np.ndarray, i
         d_starts = ((idx + box.start[a] - dst.start[a]) * d_strides[a])[:, None] + d_starts[None, :]
         s_starts, d_starts = s_starts.ravel(), d_starts.ravel()
     return s_starts, d_starts, run
+
+
+def byte_pieces(box: Box, container: Box, itemsize: int, base: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` byte ranges, in ``box``'s C order, of ``box`` inside a C-order
+    ``container`` whose first byte is at ``base``."""
+    _, dst, run = paired_runs(box, box, container)
+    return [(base + d * itemsize, run * itemsize) for d in dst.tolist()]

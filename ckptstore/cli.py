@@ -103,7 +103,8 @@ def _print_strategy(info: dict[str, Any]) -> None:
 def _print_store(info: dict[str, Any]) -> None:
     params, totals = info["params"], info["totals"]
     src = info["source"]
-    click.echo(f"{info['path']}: ckptstore store (Zarr v3) converted from {src['world_size']} rank file(s)")
+    kind = {"zarr": "Zarr v3", "safetensors": "safetensors"}.get(info["backend"], info["backend"])
+    click.echo(f"{info['path']}: ckptstore store ({kind}) converted from {src['world_size']} rank file(s)")
     width = max([len(n) for n in params] + [9])
     click.echo(f"  {'parameter':<{width}}  {'dtype':<8}  {'shape':<16}  {'chunk':<16}  {'chunks':>6}  {'bytes':>12}")
     for name, p in params.items():
@@ -179,8 +180,9 @@ _STRATEGY_HELP = ("MindSpore strategy file of the source (protobuf as saved, or 
 @click.option("--out", "-o", required=True, type=click.Path(), help="The store folder to create.")
 @click.option("--strategy", "-s", "strategies", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help=_STRATEGY_HELP)
-@click.option("--format", "fmt", type=click.Choice(["zarr"]), default="zarr", show_default=True,
-              help="Store format.")
+@click.option("--format", "fmt", type=click.Choice(["zarr", "safetensors"]), default="zarr", show_default=True,
+              help="Store format: Zarr v3 (chunked, optional compression) or safetensors (whole global tensors "
+                   "in model-*.safetensors files, readable with safetensors.safe_open).")
 @click.option("--step", type=int, default=None,
               help="Use each rank's checkpoint of this step (-<epoch>_<step>.ckpt) instead of the newest.")
 @click.option("--prefix", default=None, help="Use only checkpoint files whose name starts with this.")
@@ -217,7 +219,7 @@ def convert(src: str, out: str, strategies: tuple[str, ...], fmt: str, step: int
     summary = convert_store(src, out, strategy=strategies, step=step, prefix=prefix, include=include,
                             exclude=exclude, drop_optimizer=drop_optimizer, compress=compress,
                             max_chunk_mb=chunk_mb, workers=workers, verify_replicas=verify_replicas,
-                            verify_crc=verify_crc, overwrite=overwrite, quiet=quiet)
+                            verify_crc=verify_crc, overwrite=overwrite, quiet=quiet, fmt=fmt)
     if as_json:
         click.echo(json.dumps(summary.to_json(), indent=2))
         return

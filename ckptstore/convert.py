@@ -25,37 +25,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import crc32c
-import numcodecs
-import numpy as np
-
-from .version import __version__
+from .backends import safetensors_backend as sb
 from .backends import zarr_backend as zb
-from .chunk_plan import ChunkSource, ParamPlan, check_even_slices, plan_param, select_params
-from .ckpt_reader import CkptEntry, read_entry, read_into
-from .errors import (
-    CkptStoreError,
-    LayoutMismatchError,
-    ReplicaMismatchError,
-    StoreExistsError,
-    StoreWriteError,
-)
-from .journal import JournalEntry, JournalWriter, good_prefix, read_journal
-from .manifest import ChunkTable, ParamManifest, StoreManifest, dtype_label
+from .chunk_plan import ParamPlan, check_even_slices, plan_param, select_params
+from .errors import CkptStoreError, LayoutMismatchError, StoreExistsError, StoreWriteError
+from .manifest import ParamManifest, StoreManifest
 from .progress import Progress
 from .source import DistributedSource, SourceParam, find_rank_files, open_source
+from .store_writer import ChunkCopier, load_done, str_manifest, write_dense_param, write_zarr_param
 from .strategy import Strategy, load_strategy
+from .version import __version__
 
 WORK_DIR = ".ckptstore-work"
-_BLOCK = 16 << 20  # copy buffer per worker
 DEFAULT_CHUNK_MB = 256
 DEFAULT_COMPRESSED_CHUNK_MB = 16
 CODECS: dict[str, dict[str, Any]] = {
     "zstd": {"id": "zstd", "level": 3},
     "blosc": {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": "shuffle"},
 }
-#: Test hook: abort with SIGKILL after this many chunks (proves resumability; see tests).
-_KILL_AFTER_ENV = "CKPTSTORE_KILL_AFTER_CHUNKS"
 
 
 @dataclass(frozen=True)
@@ -102,8 +89,11 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
             include: Sequence[str] = (), exclude: Sequence[str] = (), drop_optimizer: bool = False,
             compress: str | None = None, max_chunk_mb: int | None = None, workers: int = 4,
             verify_replicas: bool = False, verify_crc: bool = False, overwrite: bool = False,
-            quiet: bool = True) -> ConvertSummary:
-    """Convert a MindSpore checkpoint into a Zarr v3 store of global tensors at ``out``.
+            quiet: bool = True, fmt: str = "zarr") -> ConvertSummary:
+    """Convert a MindSpore checkpoint into a store of global tensors at ``out``.
+
+    ``fmt`` is ``"zarr"`` (Zarr v3, the default) or ``"safetensors"`` (whole global tensors in
+    ``model-*.safetensors`` files plus ``ckptstore.json``; no compression).
 
     ``src`` is a folder of ``rank_<i>/`` subfolders (each rank's newest ``.ckpt`` unless
     ``step``/``prefix`` pick another) with the ``strategy`` file(s) that laid it out, or a single
@@ -114,28 +104,34 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     unfinished one from the same command is resumed. Returns a :class:`ConvertSummary`.
     """
     started = time.monotonic()
+    if fmt not in ("zarr", "safetensors"):
+        raise ValueError(f"unknown store format {fmt!r}; choose zarr or safetensors")
     codec = _codec(compress)
+    if codec is not None and fmt == "safetensors":
+        raise ValueError("safetensors stores are not compressed; use the zarr format for --compress")
     chunk_bytes = (max_chunk_mb or (DEFAULT_COMPRESSED_CHUNK_MB if codec else DEFAULT_CHUNK_MB)) << 20
     source = resolve_source(src, strategy, step=step, prefix=prefix, verify_crc=verify_crc)
     names = select_params(source.params, include=include, exclude=exclude, drop_optimizer=drop_optimizer)
     plans = [_plan(source.params[n], chunk_bytes) for n in names]
     out = Path(out)
-    fingerprint = _fingerprint(source, plans, codec)
+    fingerprint = _fingerprint(source, plans, codec, fmt)
     work = _prepare_output(out, fingerprint, overwrite=overwrite)
     progress = Progress(sum(p.nbytes for p in plans), len(plans), desc="convert", quiet=quiet)
-    writer = _Writer(out, work, codec, verify_replicas, progress)
+    copier = ChunkCopier(codec, verify_replicas, progress)
+    writer = _ZarrWriter(out, work, copier) if fmt == "zarr" else _SafetensorsWriter(out, work, copier, plans)
     try:
         order = sorted(plans, key=lambda p: -p.nbytes)  # big first: workers finish together
         with ThreadPoolExecutor(max(1, workers)) as pool:
             done = dict(zip((p.param.name for p in order), pool.map(writer.write_param, order)))
     finally:
         progress.close()
-    manifest = StoreManifest({p.param.name: done[p.param.name] for p in plans}, _source_header(source, step))
-    _commit(out, work, manifest)
+    manifest = StoreManifest({p.param.name: done[p.param.name] for p in plans}, _source_header(source, step),
+                             backend=fmt)
+    writer.commit(manifest)
     return ConvertSummary(
         store=str(out), params=len(plans), chunks=sum(len(p.chunks) for p in plans),
-        chunks_written=writer.chunks_written, chunks_resumed=writer.chunks_resumed,
-        params_resumed=writer.params_resumed,
+        chunks_written=copier.chunks_written, chunks_resumed=copier.chunks_resumed,
+        params_resumed=copier.params_resumed,
         source_bytes=sum(sum(s.entry.nbytes * len(s.ranks) for s in p.param.slices) for p in plans),
         # a string value has no chunks (its text is in the manifest) but is still counted once
         unique_bytes=sum(p.param.slices[0].entry.nbytes if p.param.is_str else p.nbytes for p in plans),
@@ -159,12 +155,14 @@ def _plan(param: SourceParam, chunk_bytes: int) -> ParamPlan:
     return plan_param(param, max_chunk_bytes=chunk_bytes)
 
 
-def _fingerprint(source: DistributedSource, plans: Sequence[ParamPlan], codec: Mapping[str, Any] | None) -> str:
+def _fingerprint(source: DistributedSource, plans: Sequence[ParamPlan], codec: Mapping[str, Any] | None,
+                 fmt: str) -> str:
     """What identifies this conversion, so a rerun resumes only the same one."""
     files = {r: (os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns) for r, p in source.rank_files.items()}
     params = [(p.param.name, p.param.dtype.str if not p.param.is_str else "str", p.param.shape, p.chunk_shape)
               for p in plans]
-    blob = json.dumps({"files": files, "params": params, "codec": codec, "version": __version__}, default=str)
+    blob = json.dumps({"files": files, "params": params, "codec": codec, "format": fmt, "version": __version__},
+                      default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -174,7 +172,7 @@ def _prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
         raise StoreExistsError(f"output path {out} is a file, not a folder; choose another --out")
     work = out / WORK_DIR
     if out.is_dir() and any(out.iterdir()):
-        complete = (out / zb.ROOT_METADATA).exists()
+        complete = (out / zb.ROOT_METADATA).exists() or (out / sb.MANIFEST).exists()
         ours = complete and _has_manifest(out) or work.is_dir()
         if not ours:
             raise StoreExistsError(f"output folder {out} is not empty and is not a ckptstore store; "
@@ -196,7 +194,12 @@ def _prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
 
 
 def _has_manifest(out: Path) -> bool:
-    """Whether ``out/zarr.json`` is a ckptstore root (an unreadable one is someone else's file)."""
+    """Whether ``out`` holds a ckptstore manifest (an unreadable one is someone else's file)."""
+    if (out / sb.MANIFEST).exists():
+        try:
+            return isinstance(sb.read_manifest(out), dict)
+        except ValueError:
+            return False
     try:
         attrs = zb.read_root_attributes(out)
     except (ValueError, AttributeError):  # not JSON, not UTF-8, not an object
@@ -219,153 +222,72 @@ def _write_error(e: OSError, path: Path | str, param: str | None) -> StoreWriteE
                            "problem, then rerun the same command to resume")
 
 
-class _Writer:
-    """Writes parameters' data files; shared by the worker threads."""
+class _StoreWriter:
+    """Writes parameters (shared by the worker threads), remembering finished ones for a rerun."""
 
-    def __init__(self, out: Path, work: Path, codec: dict[str, Any] | None, verify_replicas: bool,
-                 progress: Progress) -> None:
-        self.out, self.work, self.codec = out, work, codec
-        self.verify_replicas, self.progress = verify_replicas, progress
-        self._compressor = _encoder(codec)
-        self.chunks_written = self.chunks_resumed = self.params_resumed = 0
-        kill = os.environ.get(_KILL_AFTER_ENV)
-        self._kill_after = int(kill) if kill else None
+    def __init__(self, out: Path, work: Path, copier: ChunkCopier) -> None:
+        self.out, self.work, self.copier = out, work, copier
 
     def write_param(self, plan: ParamPlan) -> ParamManifest:
         name = plan.param.name
-        path = zb.array_path(name)
-        done = self.work / "done" / f"{path}.json"
-        if done.exists():
-            self.params_resumed += 1
-            self.chunks_resumed += len(plan.chunks)
-            self.progress.add(plan.nbytes, 1)
-            return ParamManifest.from_json(name, json.loads(done.read_text()))
+        done = self.work / "done" / f"{zb.array_path(name)}.json"
+        finished = load_done(done, name)
+        if finished is not None:
+            self.copier.count(resumed=len(plan.chunks), params_resumed=1)
+            self.copier.progress.add(plan.nbytes, 1)
+            return finished
         try:
-            manifest = self._write(plan, path)
+            manifest = str_manifest(plan, zb.array_path(name)) if plan.param.is_str else self._write(plan)
             zb.write_atomic(done, json.dumps(manifest.to_json()).encode())
         except OSError as e:
-            raise _write_error(e, self.out / path, name) from e
-        self.progress.add(0, 1)
+            raise _write_error(e, self.out / zb.array_path(name), name) from e
+        self.copier.progress.add(0, 1)
         return manifest
 
-    def _write(self, plan: ParamPlan, path: str) -> ParamManifest:
-        p = plan.param
-        if p.is_str:
-            value = _read_str(p)
-            return ParamManifest(p.name, path, "str", (), (), ChunkTable((), (), (), (), (), ()), None, value)
-        array_dir = self.out / path
-        array_dir.mkdir(parents=True, exist_ok=True)
-        zb.write_atomic(array_dir / zb.ROOT_METADATA,
-                        zb.array_metadata(p.shape, dtype_label(p.dtype), plan.chunk_shape, self.codec))
-        key = zb.chunk_key(path, len(p.shape))
-        final = self.out / key
-        final.parent.mkdir(parents=True, exist_ok=True)
-        partial = final.with_name(final.name + ".partial")
-        journal = final.with_name(final.name + ".journal")
-        entries = good_prefix(partial, read_journal(journal)) if partial.exists() else []
-        self.chunks_resumed += len(entries)
-        self.progress.add(sum(c.nbytes for c in plan.chunks[:len(entries)]))
-        fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
-        log = JournalWriter(journal, entries)
+    def _write(self, plan: ParamPlan) -> ParamManifest:
+        raise NotImplementedError
+
+    def commit(self, manifest: StoreManifest) -> None:
+        """Make the store complete: its manifest last, then drop the work directory."""
+        raise NotImplementedError
+
+
+class _ZarrWriter(_StoreWriter):
+    def _write(self, plan: ParamPlan) -> ParamManifest:
+        return write_zarr_param(plan, self.out, zb.array_path(plan.param.name), self.copier)
+
+    def commit(self, manifest: StoreManifest) -> None:
+        _commit(self.out, self.work, self.out / zb.ROOT_METADATA,
+                zb.group_metadata({"ckptstore": manifest.to_json()}))
+
+
+class _SafetensorsWriter(_StoreWriter):
+    def __init__(self, out: Path, work: Path, copier: ChunkCopier, plans: Sequence[ParamPlan]) -> None:
+        super().__init__(out, work, copier)
+        tensors = [(p.param.name, p.param.dtype, p.param.shape) for p in plans if not p.param.is_str]
+        self.files = sb.plan_files(tensors)
+        self.slots = {s.name: s for f in self.files for s in f.slots}
         try:
-            offset = entries[-1].offset + entries[-1].nbytes if entries else 0
-            os.ftruncate(fd, offset)
-            for chunk in plan.chunks[len(entries):]:
-                crc, nbytes = self._copy_chunk(chunk, fd, offset)
-                entry = JournalEntry(chunk.index, offset, nbytes, crc, chunk.rank)
-                log.append(entry)
-                entries.append(entry)
-                offset += nbytes
-                self._count_chunk()
-            if zb.is_sharded(len(plan.chunks)):
-                os.pwrite(fd, zb.shard_index([e.offset for e in entries], [e.nbytes for e in entries]), offset)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            log.close()
-        os.replace(partial, final)
-        journal.unlink()
-        table = ChunkTable(tuple(key for _ in entries), tuple(e.offset for e in entries),
-                           tuple(e.nbytes for e in entries), tuple(e.crc for e in entries),
-                           tuple(e.rank for e in entries), tuple(len(c.slice.ranks) for c in plan.chunks))
-        return ParamManifest(p.name, path, dtype_label(p.dtype), p.shape, plan.chunk_shape, table, self.codec)
+            for f in self.files:
+                sb.create_file(self._partial(f.name), f)
+        except OSError as e:
+            raise _write_error(e, out, None) from e
 
-    def _count_chunk(self) -> None:
-        self.chunks_written += 1
-        if self._kill_after is not None and self.chunks_written >= self._kill_after:
-            os.kill(os.getpid(), 9)
+    def _partial(self, file: str) -> Path:
+        return self.out / f"{file}.partial"
 
-    def _copy_chunk(self, chunk: ChunkSource, out_fd: int, offset: int) -> tuple[int, int]:
-        """Stream one chunk from its rank file to ``out_fd`` at ``offset``; return (crc32c, stored bytes)."""
-        if self._compressor is not None:
-            raw = bytearray(chunk.nbytes)
-            self._read(chunk.path, chunk.entry, chunk.byte_start, memoryview(raw))
-            self._check_replicas(chunk, crc32c.crc32c(raw))
-            # typed view: Blosc shuffles by the element size, as the array's zarr.json declares
-            data = self._compressor.encode(np.frombuffer(raw, dtype=f"u{chunk.entry.dtype.itemsize}"))
-            os.pwrite(out_fd, data, offset)
-            self.progress.add(chunk.nbytes)
-            return crc32c.crc32c(data), len(data)
-        buf = bytearray(min(_BLOCK, chunk.nbytes))
-        crc, done = 0, 0
-        while done < chunk.nbytes:
-            n = min(len(buf), chunk.nbytes - done)
-            view = memoryview(buf)[:n]
-            self._read(chunk.path, chunk.entry, chunk.byte_start + done, view)
-            crc = crc32c.crc32c(view, crc)
-            written = 0
-            while written < n:
-                written += os.pwrite(out_fd, view[written:], offset + done + written)
-            done += n
-            self.progress.add(n)
-        self._check_replicas(chunk, crc)
-        return crc, chunk.nbytes
+    def _write(self, plan: ParamPlan) -> ParamManifest:
+        slot = self.slots[plan.param.name]
+        return write_dense_param(plan, self.out, slot, self._partial(slot.file), self.work, self.copier)
 
-    @staticmethod
-    def _read(path: str, entry: CkptEntry, start: int, view: memoryview) -> None:
-        fd = os.open(path, os.O_RDONLY)
+    def commit(self, manifest: StoreManifest) -> None:
         try:
-            read_into(fd, entry.pieces, start, view, path=path, param=entry.name)
-        finally:
-            os.close(fd)
-
-    def _check_replicas(self, chunk: ChunkSource, crc: int) -> None:
-        if not self.verify_replicas:
-            return
-        sl = chunk.slice
-        for rank, entry, path in zip(sl.ranks[1:], sl.entries[1:], sl.paths[1:]):
-            other, done = 0, 0
-            buf = bytearray(min(_BLOCK, chunk.nbytes))
-            while done < chunk.nbytes:
-                n = min(len(buf), chunk.nbytes - done)
-                view = memoryview(buf)[:n]
-                self._read(path, entry, chunk.byte_start + done, view)
-                other = crc32c.crc32c(view, other)
-                done += n
-            if other != crc:
-                raise ReplicaMismatchError(
-                    f"parameter {entry.name!r}: rank {rank} ({path}) holds different bytes "
-                    f"from rank {chunk.rank} ({chunk.path}) for the replicated slice "
-                    f"{list(chunk.slice.box.start)}..{list(chunk.slice.box.stop)}, chunk {chunk.index}")
-
-
-_BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
-
-
-def _encoder(codec: Mapping[str, Any] | None) -> Any:
-    """The numcodecs codec writing ``codec`` (numcodecs' Blosc takes ``shuffle`` as an int, Zarr as a name)."""
-    if codec is None:
-        return None
-    cfg = dict(codec)
-    if cfg["id"] == "blosc":
-        cfg["shuffle"] = _BLOSC_SHUFFLE[cfg["shuffle"]]
-    return numcodecs.get_codec(cfg)
-
-
-def _read_str(p: SourceParam) -> str:
-    value = read_entry(p.slices[0].paths[0], p.slices[0].entry)
-    assert isinstance(value, str)
-    return value
+            for f in self.files:
+                sb.sync_file(self._partial(f.name))
+                os.replace(self._partial(f.name), self.out / f.name)
+        except OSError as e:
+            raise _write_error(e, self.out, None) from e
+        _commit(self.out, self.work, self.out / sb.MANIFEST, manifest.dumps().encode())
 
 
 def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any]:
@@ -378,17 +300,17 @@ def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any
     }
 
 
-def _commit(out: Path, work: Path, manifest: StoreManifest) -> None:
-    """Write the root metadata (making the store complete), then drop the work directory."""
+def _commit(out: Path, work: Path, path: Path, data: bytes) -> None:
+    """Write the store's manifest file (making it complete), then drop the work directory."""
     try:
-        zb.write_atomic(out / zb.ROOT_METADATA, zb.group_metadata({"ckptstore": manifest.to_json()}))
+        zb.write_atomic(path, data)
         dir_fd = os.open(out, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
     except OSError as e:
-        raise _write_error(e, out / zb.ROOT_METADATA, None) from e
+        raise _write_error(e, path, None) from e
     shutil.rmtree(work, ignore_errors=True)
 
 

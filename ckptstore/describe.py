@@ -80,7 +80,7 @@ def describe_strategy(strategy: Strategy, *, rank: int | None = None,
 def describe_store(store: "Store") -> dict[str, object]:
     """Parameters of a converted store: shape, dtype, bytes, chunk grid, and dedup savings.
 
-    ``{"kind": "store", "path", "source": {...}, "params": {name: {"dtype", "shape", "nbytes",
+    ``{"kind": "store", "path", "backend": "zarr"|"safetensors", "source": {...}, "params": {name: {"dtype", "shape", "nbytes",
     "stored_bytes", "chunk_shape", "chunks", "codec"}}, "totals": {"nbytes", "stored_bytes",
     "source_bytes", "dedup_saved_bytes"}}``; ``source_bytes`` counts every replica the source
     rank files held.
@@ -101,7 +101,7 @@ def describe_store(store: "Store") -> dict[str, object]:
         stored += p.stored_bytes
         source += replicated
     src = store.source
-    return {"kind": "store", "path": str(store.root),
+    return {"kind": "store", "path": str(store.root), "backend": store.manifest.backend,
             "source": {k: src.get(k) for k in ("world_size", "step", "created_by")},
             "params": params,
             "totals": {"nbytes": nbytes, "stored_bytes": stored, "source_bytes": source,

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .boxes import Box
+from .boxes import Box, byte_pieces
 from .dtypes import dtype_name, numpy_dtype
 from .errors import StoreCorruptError
 
@@ -110,6 +110,13 @@ class ParamManifest:
         if self.dense:
             return Box.full(self.shape), self.data_offset
         return self.chunk_box(index), self.chunks.offsets[index]
+
+    def chunk_pieces(self, index: int) -> list[tuple[int, int]]:
+        """Where chunk ``index``'s stored bytes lie in its file: ``(offset, length)`` in order."""
+        if self.dense:
+            return byte_pieces(self.chunk_box(index), Box.full(self.shape), self.np_dtype.itemsize,
+                               self.data_offset)
+        return [(self.chunks.offsets[index], self.chunks.nbytes[index])]
 
     def chunk_box(self, index: int) -> Box:
         """The global box of chunk ``index`` (C order over the grid)."""

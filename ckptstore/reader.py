@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import crc32c
-import numcodecs
 import numpy as np
 
+from .backends.zarr_backend import numcodecs_codec
 from .boxes import Box, paired_runs
 from .errors import StoreCorruptError
 from .planner import ChunkRead, ParamReadPlan
@@ -103,7 +103,7 @@ class _Job:
     def __init__(self, plan: ParamReadPlan, files: StoreFiles, out: np.ndarray, verify: bool) -> None:
         self.plan, self.files, self.out, self.verify = plan, files, out, verify
         self.cast = out.dtype != plan.dtype
-        self._codec = numcodecs.get_codec(dict(plan.codec)) if plan.codec else None
+        self._codec = numcodecs_codec(plan.codec)
 
     def chunk(self, c: ChunkRead) -> None:
         if self._codec is not None or self.verify:

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import crc32c
-import numcodecs
 import numpy as np
 
 from .backends import zarr_backend as zb
 from .backends.safetensors_backend import TensorSlot
-from .boxes import Box, paired_runs
+from .boxes import Box, byte_pieces
 from .chunk_plan import ChunkSource, ParamPlan
 from .ckpt_reader import CkptEntry, read_entry, read_into
 from .errors import ReplicaMismatchError
@@ -32,19 +31,8 @@ from .progress import Progress
 BLOCK = 16 << 20  # copy buffer per worker
 #: Test hook: SIGKILL this process after this many chunks (proves resumability; see tests).
 KILL_AFTER_ENV = "CKPTSTORE_KILL_AFTER_CHUNKS"
-_BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
 Pieces = list[tuple[int, int]]  # (file offset, length) in chunk byte order
-
-
-def encoder(codec: Mapping[str, Any] | None) -> Any:
-    """The numcodecs codec writing ``codec`` (numcodecs' Blosc takes ``shuffle`` as an int, Zarr as a name)."""
-    if codec is None:
-        return None
-    cfg = dict(codec)
-    if cfg["id"] == "blosc":
-        cfg["shuffle"] = _BLOSC_SHUFFLE[cfg["shuffle"]]
-    return numcodecs.get_codec(cfg)
 
 
 def _read(path: str, entry: CkptEntry, start: int, view: memoryview) -> None:
@@ -78,7 +66,7 @@ class ChunkCopier:
 
     def __init__(self, codec: Mapping[str, Any] | None, verify_replicas: bool, progress: Progress) -> None:
         self.codec = codec
-        self._compressor = encoder(codec)
+        self._compressor = zb.numcodecs_codec(codec)
         self.verify_replicas = verify_replicas
         self.progress = progress
         self._lock = threading.Lock()
@@ -203,13 +191,6 @@ def write_zarr_param(plan: ParamPlan, out: Path, path: str, copier: ChunkCopier)
                          _table([key] * len(entries), entries, plan), copier.codec)
 
 
-def dense_pieces(box: Box, shape: Sequence[int], itemsize: int, base: int) -> Pieces:
-    """Where the C-order bytes of global ``box`` lie in a whole tensor stored at ``base``."""
-    whole = Box.full(shape)
-    _, dst, run = paired_runs(box, box, whole)
-    return [(base + d * itemsize, run * itemsize) for d in dst.tolist()]
-
-
 def write_dense_param(plan: ParamPlan, out: Path, slot: TensorSlot, data_file: Path, work: Path,
                       copier: ChunkCopier) -> ParamManifest:
     """Fill one parameter's whole-tensor region of a (pre-sized) safetensors file."""
@@ -217,7 +198,8 @@ def write_dense_param(plan: ParamPlan, out: Path, slot: TensorSlot, data_file: P
     item = p.dtype.itemsize
     journal = work / "journal" / f"{zb.array_path(p.name)}.journal"
     journal.parent.mkdir(parents=True, exist_ok=True)
-    pieces = [dense_pieces(c.box, p.shape, item, slot.data_offset) for c in plan.chunks]
+    whole = Box.full(p.shape)
+    pieces = [byte_pieces(c.box, whole, item, slot.data_offset) for c in plan.chunks]
     entries = _resume(data_file, journal, lambda e: pieces[e.index])
     copier.count(resumed=len(entries))
     copier.progress.add(sum(c.nbytes for c in plan.chunks[:len(entries)]))

@@ -15,6 +15,7 @@ import crc32c
 import numcodecs
 import numcodecs.abc
 
+from .backends.zarr_backend import numcodecs_codec
 from .chunk_plan import plan_param as plan_chunks
 from .ckpt_reader import CkptEntry, read_into
 from .convert import resolve_source
@@ -68,14 +69,16 @@ def _check_chunk(store: Store, name: str, i: int) -> str | None:
     except FileNotFoundError:
         return f"parameter {name!r}: chunk {i}: file {path} is missing"
     try:
-        crc, done = 0, 0
-        while done < t.nbytes[i]:
-            data = os.pread(fd, min(_BLOCK, t.nbytes[i] - done), t.offsets[i] + done)
-            if not data:
-                return (f"parameter {name!r}: chunk {i}: file {path} ends at byte offset {t.offsets[i] + done}, "
-                        f"expected {t.nbytes[i]} bytes from offset {t.offsets[i]}")
-            crc = crc32c.crc32c(data, crc)
-            done += len(data)
+        crc = 0
+        for offset, nbytes in info.chunk_pieces(i):
+            done = 0
+            while done < nbytes:
+                data = os.pread(fd, min(_BLOCK, nbytes - done), offset + done)
+                if not data:
+                    return (f"parameter {name!r}: chunk {i}: file {path} ends at byte offset {offset + done}, "
+                            f"expected {nbytes} bytes from offset {offset}")
+                crc = crc32c.crc32c(data, crc)
+                done += len(data)
     finally:
         os.close(fd)
     if crc != t.crc32c[i]:
@@ -101,7 +104,7 @@ def _compare_source(store: Store, against: str | os.PathLike[str], strategy: Seq
                                    f"{list(param.shape)} in the source")
             continue
         plan = plan_chunks(param, max_chunk_bytes=max(1, _chunk_bytes(info)))
-        codec = numcodecs.get_codec(dict(info.codec)) if info.codec else None
+        codec = numcodecs_codec(info.codec)
         for chunk in plan.chunks:
             stored = _stored_chunk(store, name, chunk.index, codec)
             for rank, entry, path in zip(chunk.slice.ranks, chunk.slice.entries, chunk.slice.paths):
@@ -116,10 +119,14 @@ def _chunk_bytes(info: ParamManifest) -> int:
 
 
 def _stored_chunk(store: Store, name: str, i: int, codec: numcodecs.abc.Codec | None) -> bytes:
-    t = store.info(name).chunks
+    info = store.info(name)
+    t = info.chunks
     with open(store.root / t.files[i], "rb") as f:
-        f.seek(t.offsets[i])
-        data = f.read(t.nbytes[i])
+        parts = []
+        for offset, nbytes in info.chunk_pieces(i):
+            f.seek(offset)
+            parts.append(f.read(nbytes))
+    data = b"".join(parts)
     if len(data) != t.nbytes[i]:
         raise StoreCorruptError(f"parameter {name!r}: chunk {i} is truncated in {store.root / t.files[i]}")
     return bytes(codec.decode(data)) if codec is not None else data

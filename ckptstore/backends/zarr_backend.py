@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import quote
 
 import crc32c
+import numcodecs
 import numpy as np
 import zarr
 import zarr.codecs
@@ -60,6 +61,22 @@ def _zarr_codec(codec: Mapping[str, Any] | None, itemsize: int) -> list[Any] | N
         return [zarr.codecs.BloscCodec(cname=codec.get("cname", "lz4"), clevel=codec.get("clevel", 5),
                                        shuffle=codec.get("shuffle", "shuffle"), typesize=itemsize)]
     raise ValueError(f"unknown codec {cid!r}")
+
+
+_BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+def numcodecs_codec(codec: Mapping[str, Any] | None) -> Any:
+    """The numcodecs codec for a manifest ``codec`` config (``None`` for raw chunks).
+
+    numcodecs' Blosc takes ``shuffle`` as an int where Zarr's metadata names it.
+    """
+    if codec is None:
+        return None
+    cfg = dict(codec)
+    if cfg["id"] == "blosc" and isinstance(cfg.get("shuffle"), str):
+        cfg["shuffle"] = _BLOSC_SHUFFLE[cfg["shuffle"]]
+    return numcodecs.get_codec(cfg)
 
 
 def array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
@@ -109,7 +126,3 @@ def read_root_attributes(store: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     return doc.get("attributes", {})
-
-
-def fill_value_array(dtype: str) -> np.ndarray:
-    return np.zeros((), dtype=numpy_dtype(dtype))
