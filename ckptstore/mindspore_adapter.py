@@ -111,6 +111,9 @@ class RankParameters(Mapping[str, Any]):
                               shape=array.shape)
         return array if isinstance(array, str) else to_parameter(name, array)
 
+    def __contains__(self, name: object) -> bool:
+        return name in self.view.boxes  # (Mapping's default would build the Parameter, reading it)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.view.boxes)
 

@@ -67,8 +67,15 @@ class ParamReadPlan:
         item = self.dtype.itemsize
         return src * item + chunk.offset, dst * item, run * item
 
-    def ranges(self) -> Iterator[tuple[str, int, int, int]]:
-        """Coalesced ``(file, offset, length, dest_offset)`` byte ranges of raw chunks, in order."""
+    def ranges(self) -> Iterator[tuple[str, int, int, int | None]]:
+        """Coalesced ``(file, offset, length, dest_offset)`` byte ranges, in order.
+
+        Compressed chunks are read whole and decoded before their overlap is copied, so for them
+        each range is a whole stored chunk and ``dest_offset`` is ``None``.
+        """
+        if self.codec is not None:
+            yield from ((c.file, c.offset, c.stored_nbytes, None) for c in self.chunks)
+            return
         cur: list[Any] | None = None
         for chunk in self.chunks:
             src, dst, run = self.runs(chunk)

@@ -1,0 +1,155 @@
+"""``ckptstore.load_into_net``: a real ``mindspore.nn.Cell`` gets one target rank's slices, equal to
+what ``mindspore.load_param_into_net`` sets from MindSpore's resharded checkpoint, and returns
+the same ``(param_not_load, ckpt_not_load)``.
+
+The parallel compiler does not run on the CPU wheel, so the networks here are plain Cells whose
+Parameters have the target rank's slice shapes (what compiling with the target strategy would
+give them) and the target strategy is passed explicitly.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+
+import mindspore  # noqa: E402
+from mindspore import Parameter, Tensor, nn  # noqa: E402
+from mindspore.common.initializer import initializer  # noqa: E402
+from mindspore.nn.utils import no_init_parameters  # noqa: E402
+
+import ckptstore  # noqa: E402
+from ckptstore.errors import LayoutMismatchError  # noqa: E402
+from load_fixtures import BF16, assert_same_dict, load_env, to_numpy  # noqa: E402,F401
+
+
+class TreeNet(nn.Cell):
+    """A Cell whose parameter names (``parameters_and_names``) are the dotted keys of ``shapes``."""
+
+    def __init__(self, shapes: Mapping[str, tuple[tuple[int, ...], np.dtype]], prefix: str = "") -> None:
+        super().__init__()
+        tree: dict[str, object] = {}
+        for name, spec in shapes.items():
+            head, _, rest = name.partition(".")
+            if rest:
+                tree.setdefault(head, {})[rest] = spec  # type: ignore[index]
+            else:
+                tree[head] = spec
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                setattr(self, key, TreeNet(value, prefix + key + "."))
+            else:
+                shape, dtype = value  # type: ignore[misc]
+                if dtype == BF16:  # Parameter(bfloat16 data) calls asnumpy, which fails under numpy 2
+                    with no_init_parameters():
+                        param = Parameter(initializer("zeros", list(shape), mindspore.bfloat16), name=prefix + key)
+                else:
+                    param = Parameter(Tensor(np.zeros(shape, dtype=dtype)), name=prefix + key)
+                setattr(self, key, param)
+
+
+def _net_like(arrays: Mapping[str, np.ndarray], skip=lambda n: False, extra=None) -> TreeNet:
+    shapes = {n: (a.shape, a.dtype) for n, a in arrays.items() if not skip(n)}
+    shapes.update(extra or {})
+    return TreeNet(shapes)
+
+
+def _net_values(net: nn.Cell) -> dict[str, np.ndarray]:
+    return {n: to_numpy(p) for n, p in net.parameters_and_names()}
+
+
+def test_tree_net_has_the_dotted_parameter_names():
+    net = TreeNet({"a.b.w": ((2,), np.dtype(np.float32)), "c": ((), np.dtype(np.int64))})
+    assert sorted(n for n, _ in net.parameters_and_names()) == ["a.b.w", "c"]
+    assert sorted(p.name for p in net.get_parameters()) == ["a.b.w", "c"]
+
+
+@pytest.mark.parametrize("case_id,rank", [("dp2_mp4->dp2_mp2", 2), ("opt_shard->dp2_mp2_optshard", 1),
+                                          ("pipeline2->1stage", 3), ("mixed_dtypes->dp2_mp2_optshard", 0)])
+def test_load_into_net_sets_the_target_rank_values(load_env, case_id, rank):
+    t = load_env.target(case_id)
+    expected = t.oracle(rank)
+    net = _net_like(expected)
+    result = ckptstore.load_into_net(net, t.store, strategy=t.strategy, rank=rank)
+    assert result == ([], [])
+    assert_same_dict(_net_values(net), expected, f"{case_id} rank {rank}")
+
+
+def test_returns_what_load_param_into_net_returns(load_env):
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    oracle = t.oracle(1)
+
+    def skip(n: str) -> bool:
+        return n.startswith("adam_")
+
+    extra = {"extra.w": ((3, 2), np.dtype(np.float32))}
+    net = _net_like(oracle, skip, extra)
+    param_not_load, ckpt_not_load = ckptstore.load_into_net(net, t.store, strategy=t.target_file, rank=1)
+    assert param_not_load == ["extra.w"]
+    assert ckpt_not_load == [n for n in t.store.names() if skip(n)]
+    assert_same_dict({n: v for n, v in _net_values(net).items() if n != "extra.w"},
+                     {n: v for n, v in oracle.items() if not skip(n)}, "rank 1")
+    assert not _net_values(net)["extra.w"].any()  # untouched
+
+    ms_net = _net_like(oracle, skip, extra)
+    ms_result = mindspore.load_param_into_net(ms_net, mindspore.load_checkpoint(str(t.oracle_file(1))))
+    assert (param_not_load, sorted(ckpt_not_load)) == (list(ms_result[0]), sorted(ms_result[1]))
+    assert_same_dict(_net_values(net), _net_values(ms_net), "ckptstore vs load_param_into_net")
+
+
+def test_strict_raises_for_a_network_parameter_missing_from_the_store(load_env):
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    net = _net_like(t.oracle(0), extra={"extra.w": ((3, 2), np.dtype(np.float32))})
+    with pytest.raises(LayoutMismatchError, match=r"1 network parameters are not in the store .*: extra\.w"):
+        ckptstore.load_into_net(net, t.store, strategy=t.strategy, rank=0, strict=True)
+
+
+def test_a_network_parameter_of_the_wrong_shape_raises_naming_it(load_env):
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    shapes = {n: (a.shape, a.dtype) for n, a in t.oracle(0).items()}
+    shapes["layer1.w"] = ((16, 8), np.dtype(np.float32))  # the target holds (16, 16)
+    net = TreeNet(shapes)
+    with pytest.raises(LayoutMismatchError,
+                       match=r"parameter 'layer1\.w': the network expects shape \[16, 8\] but rank 0 of the target "
+                             r"layout holds \[16, 16\] of the global \[16, 32\]"):
+        ckptstore.load_into_net(net, t.store, strategy=t.strategy, rank=0)
+
+
+def test_without_a_strategy_an_uncompiled_net_gets_whole_tensors(load_env):
+    t = load_env.target("opt_shard->1rank")
+    expected = t.oracle(0)
+    net = _net_like(expected)
+    assert ckptstore.load_into_net(net, t.store_path) == ([], [])
+    assert_same_dict(_net_values(net), expected, "whole")
+
+
+def test_without_a_strategy_a_net_of_slice_shapes_raises(load_env):
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    net = _net_like(t.oracle(0))
+    with pytest.raises(LayoutMismatchError, match=r"parameter 'layer0\.w': the network expects shape \[16, 16\]"):
+        ckptstore.load_into_net(net, t.store, rank=0)
+
+
+@pytest.mark.parametrize("rank_id", ["3", "1", None], ids=["RANK_ID=3", "RANK_ID=1", "unset"])
+def test_rank_defaults_to_the_rank_id_environment_variable(load_env, monkeypatch, rank_id):
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    if rank_id is None:
+        monkeypatch.delenv("RANK_ID", raising=False)
+    else:
+        monkeypatch.setenv("RANK_ID", rank_id)
+    expected = t.oracle(int(rank_id or 0))
+    net = _net_like(expected)
+    assert ckptstore.load_into_net(net, t.store, strategy=t.strategy) == ([], [])
+    assert_same_dict(_net_values(net), expected, f"RANK_ID={rank_id}")
+
+
+def test_verify_and_dtype_pass_through(load_env):
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    expected = {n: a.astype(np.float16) for n, a in t.oracle(3).items() if a.dtype == np.float32}
+    net = _net_like(expected)
+    result = ckptstore.load_into_net(net, t.store, strategy=t.strategy, rank=3, dtype=mindspore.float16,
+                                     verify=True)
+    assert result == ([], ["global_step", "epoch_num", "step_num"])
+    assert_same_dict(_net_values(net), expected, "float16")
