@@ -289,11 +289,14 @@ def _axis_maps(raw_maps: list[list[int]]) -> tuple[AxisMap, ...]:
 
 def _layout_from_proto(payload: memoryview, name: str, path: str) -> Layout:
     dev, maps, step, size, fld = None, [], 0, 0, 0
+    uneven: list[int] = []
     for num, wire, value, _ in protowire.iter_fields(payload):
         if num == 1 and wire == protowire.LEN and dev is None:
             dev = _ints(value)  # type: ignore[arg-type]
         elif num == 2 and wire == protowire.LEN:
             maps.append(_ints(value))  # type: ignore[arg-type]
+        elif num == 3 and wire == protowire.LEN:
+            uneven += _ints(value)  # type: ignore[arg-type]
         elif num == 5 and wire == protowire.VARINT:
             fld = protowire.as_signed64(value)  # type: ignore[arg-type]
         elif num == 6 and wire == protowire.VARINT:
@@ -302,7 +305,19 @@ def _layout_from_proto(payload: memoryview, name: str, path: str) -> Layout:
             size = protowire.as_signed64(value)  # type: ignore[arg-type]
     if dev is None or not maps:
         raise StrategyError(f"strategy file {path}: parameter {name!r} has no device matrix or tensor map")
+    _check_even(uneven, fld, name, path)
     return _make_layout(dev, _axis_maps(maps), step, size, fld, name, path)
+
+
+def _check_even(param_split_shape: Sequence[int], field_size: int, name: str, path: str) -> None:
+    # MindSpore writes param_split_shape only for uneven splits and field for field-split
+    # embeddings (wide&deep); both need slicing rules ckptstore does not implement.
+    if param_split_shape:
+        raise StrategyError(f"strategy file {path}: parameter {name!r} is split unevenly (param_split_shape "
+                            f"{list(param_split_shape)}); ckptstore supports even splits only")
+    if field_size > 0:
+        raise StrategyError(f"strategy file {path}: parameter {name!r} uses a field split (field {field_size}); "
+                            "ckptstore does not support field-split embeddings")
 
 
 def _make_layout(dev: Sequence[int], maps: tuple[AxisMap, ...], step: int, size: int, fld: int,
@@ -358,6 +373,8 @@ def _read_json(path: str, data: bytes) -> _StageFile:
             raw = item["tensor_map"]
             maps = (tuple(() if m == -1 else (int(m),) for m in raw) if all(isinstance(m, int) for m in raw)
                     else tuple(tuple(int(x) for x in (m if isinstance(m, list) else [m]) if x != -1) for m in raw))
+            _check_even([int(x) for x in item.get("param_split_shape") or []], int(item.get("field", 0) or 0),
+                        name, path)
             layouts[name] = _make_layout([int(d) for d in item["dev_matrix"]], maps,
                                          item.get("opt_weight_shard_step", 0) or 0,
                                          item.get("opt_weight_shard_size", 0) or 0,

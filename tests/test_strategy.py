@@ -321,3 +321,34 @@ def test_replica_groups_are_each_distinct_box_and_the_ranks_holding_it(saved_lay
     source = open_source(find_rank_files(layout.root), load_strategy(layout.strategy_files))
     got = [(sl.box.start, sl.box.stop, sl.ranks) for sl in source.params[name].slices]
     assert got == slices
+
+
+def _strategy_with(tmp_path: Path, *, split_shape: list[int], field: int) -> Path:
+    pb2 = ms.train.node_strategy_pb2
+    smap = pb2.ParallelStrategyMap()
+    smap.current_stage = 1
+    item = smap.parallel_layout_item.add()
+    item.param_name = "embedding.table"
+    lay = item.parallel_layouts
+    lay.dev_matrix.add().dim.extend([4])
+    lay.tensor_map.add().dim.extend([0, -1])
+    lay.param_split_shape.add().dim.extend(split_shape)
+    lay.indices_offset.add().dim.extend([0] * len(split_shape))
+    lay.field = field
+    lay.opt_weight_shard_step = 0
+    lay.opt_weight_shard_size = 0
+    path = tmp_path / "strategy.ckpt"
+    path.write_bytes(smap.SerializeToString())
+    return path
+
+
+def test_an_uneven_split_is_refused_naming_file_and_parameter(tmp_path):
+    path = _strategy_with(tmp_path, split_shape=[3, 3, 2, 2], field=0)
+    with pytest.raises(StrategyError, match=r"'embedding.table' is split unevenly \(param_split_shape \[3, 3, 2, 2\]\)") as e:
+        load_strategy(path)
+    assert str(path) in str(e.value)
+
+
+def test_a_field_split_embedding_is_refused(tmp_path):
+    with pytest.raises(StrategyError, match="field split"):
+        load_strategy(_strategy_with(tmp_path, split_shape=[], field=2))
