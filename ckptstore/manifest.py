@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from math import prod
 from typing import Any, Mapping, Sequence
 
@@ -91,9 +92,21 @@ class ParamManifest:
     def np_dtype(self) -> np.dtype:
         return numpy_dtype(self.dtype)
 
-    @property
+    @cached_property
     def grid(self) -> tuple[int, ...]:
         return tuple(-(-s // c) if c else 1 for s, c in zip(self.shape, self.chunk_shape))
+
+    @cached_property
+    def _grid_strides(self) -> tuple[int, ...]:
+        return tuple(prod(self.grid[a + 1:]) for a in range(len(self.grid)))
+
+    def chunk_sizes(self) -> np.ndarray:
+        """Element count of every chunk, in C order over the grid (edge chunks may be smaller)."""
+        sizes = np.ones((), dtype=np.int64)
+        for n, k, g in zip(self.shape, self.chunk_shape, self.grid):
+            extent = np.minimum(k, n - np.arange(g, dtype=np.int64) * k)
+            sizes = np.multiply.outer(sizes, extent)
+        return sizes.reshape(-1)
 
     @property
     def nbytes(self) -> int:
@@ -120,8 +133,7 @@ class ParamManifest:
 
     def chunk_box(self, index: int) -> Box:
         """The global box of chunk ``index`` (C order over the grid)."""
-        coords = np.unravel_index(index, self.grid) if self.grid else ()
-        start = tuple(int(c) * k for c, k in zip(coords, self.chunk_shape))
+        start = tuple((index // st) % g * k for st, g, k in zip(self._grid_strides, self.grid, self.chunk_shape))
         stop = tuple(min(s + k, n) for s, k, n in zip(start, self.chunk_shape, self.shape))
         return Box(start, stop)
 
@@ -131,8 +143,8 @@ class ParamManifest:
             return [0]
         ranges = [range(lo // k, -(-hi // k)) if hi > lo else range(0)
                   for lo, hi, k in zip(box.start, box.stop, self.chunk_shape)]
-        grid = self.grid
-        return [int(np.ravel_multi_index(c, grid)) for c in itertools.product(*ranges)]
+        strides = self._grid_strides
+        return [sum(c * st for c, st in zip(coords, strides)) for coords in itertools.product(*ranges)]
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": self.path, "dtype": self.dtype, "shape": list(self.shape)}
@@ -174,19 +186,21 @@ class ParamManifest:
         if self.layout not in ("chunks", "dense") or (self.dense and (self.codec is not None or len(set(t.files)) > 1)):
             raise StoreCorruptError(f"{where}: unknown or inconsistent layout {self.layout!r}")
         if self.codec is None:
-            for i in range(expected):
-                want = self.chunk_box(i).size * itemsize
-                if t.nbytes[i] != want:
-                    raise StoreCorruptError(f"{where}: chunk {i} has {t.nbytes[i]} bytes, its box needs {want}")
+            wrong = np.flatnonzero(np.asarray(t.nbytes, dtype=np.int64) != self.chunk_sizes() * itemsize)
+            if wrong.size:
+                i = int(wrong[0])
+                raise StoreCorruptError(f"{where}: chunk {i} has {t.nbytes[i]} bytes, its box needs "
+                                        f"{self.chunk_box(i).size * itemsize}")
         if self.dense:
             return
-        spans: dict[str, list[tuple[int, int]]] = {}
-        for f, o, n in zip(t.files, t.offsets, t.nbytes):
-            spans.setdefault(f, []).append((o, o + n))
-        for f, s in spans.items():
-            s.sort()
-            if any(a[1] > b[0] for a, b in zip(s, s[1:])):
-                raise StoreCorruptError(f"{where}: chunks overlap in {f}")
+        ids = {f: i for i, f in enumerate(dict.fromkeys(t.files))}
+        file_id = np.array([ids[f] for f in t.files], dtype=np.int64)
+        start = np.asarray(t.offsets, dtype=np.int64)
+        end = start + np.asarray(t.nbytes, dtype=np.int64)
+        order = np.lexsort((start, file_id))
+        clash = (file_id[order][1:] == file_id[order][:-1]) & (end[order][:-1] > start[order][1:])
+        if clash.any():
+            raise StoreCorruptError(f"{where}: chunks overlap in {t.files[int(order[1:][clash][0])]}")
 
 
 @dataclass(frozen=True)
