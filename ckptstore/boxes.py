@@ -23,8 +23,9 @@ class Box:
     def __post_init__(self) -> None:
         if len(self.start) != len(self.stop):
             raise ValueError(f"box start {self.start} and stop {self.stop} differ in rank")
-        if any(lo < 0 or hi < lo for lo, hi in zip(self.start, self.stop)):
-            raise ValueError(f"box [{self.start}, {self.stop}) is not a valid box")
+        for lo, hi in zip(self.start, self.stop):  # a loop: boxes are built in hot planning paths
+            if lo < 0 or hi < lo:
+                raise ValueError(f"box [{self.start}, {self.stop}) is not a valid box")
 
     @classmethod
     def full(cls, shape: Sequence[int]) -> "Box":
@@ -45,10 +46,11 @@ class Box:
 
     def intersect(self, other: "Box") -> "Box | None":
         """The overlap of two boxes in the same frame, or ``None`` when they do not overlap."""
-        start = tuple(max(a, b) for a, b in zip(self.start, other.start))
-        stop = tuple(min(a, b) for a, b in zip(self.stop, other.stop))
-        if any(lo >= hi for lo, hi in zip(start, stop)) and self.ndim:
-            return None
+        start = tuple(map(max, self.start, other.start))
+        stop = tuple(map(min, self.stop, other.stop))
+        for lo, hi in zip(start, stop):
+            if lo >= hi:
+                return None
         return Box(start, stop)
 
     def contains(self, other: "Box") -> bool:

@@ -118,7 +118,7 @@ def plan_param(manifest: ParamManifest, box: Box | None = None) -> ParamReadPlan
         overlap = cbox.intersect(box)
         if overlap is None or (overlap.size == 0 and overlap.ndim):
             continue
-        container, offset = manifest.container(i)
+        container, offset = (cbox, t.offsets[i]) if not manifest.dense else manifest.container(i)
         reads.append(ChunkRead(i, t.files[i], offset, t.nbytes[i], t.crc32c[i], cbox, overlap, container))
     return ParamReadPlan(manifest.name, manifest.np_dtype, box, tuple(reads), manifest.codec)
 
