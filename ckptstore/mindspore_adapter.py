@@ -3,9 +3,9 @@
 This is the only module that imports MindSpore, and only when one of its functions is called.
 
 How a Parameter gets its memory: the rank's slice is read into a fresh numpy array (ordinary
-anonymous memory, filled once from the page cache); a placeholder Parameter is created under
-``mindspore.nn.utils.no_init_parameters`` (so no data is allocated) and ``set_data`` hands it
-``Tensor.from_numpy(array)``, which shares the array's memory. The bytes are therefore copied
+anonymous memory, filled once from the page cache); a placeholder Parameter is created with
+initialisation off (what ``mindspore.nn.utils.no_init_parameters`` does, so no data is allocated)
+and ``set_data`` hands it ``Tensor.from_numpy(array)``, which shares the array's memory. The bytes are therefore copied
 exactly once, page cache -> Parameter. (``Parameter(Tensor(array))`` copies twice and
 ``Parameter(Tensor.from_numpy(array))`` copies once more at ~1.5 GB/s, and fails for bfloat16
 with numpy 2.) With ``copy=False``, slices that are one whole stored chunk are handed over as
@@ -57,11 +57,16 @@ def to_parameter(name: str, array: np.ndarray, *, requires_grad: bool = True) ->
     """A ``mindspore.Parameter`` named ``name`` that shares ``array``'s memory (no copy)."""
     ms = _ms()
     from mindspore.common.initializer import Zero
-    from mindspore.nn.utils import no_init_parameters
 
-    with no_init_parameters():
+    # The placeholder must not allocate (or, for bfloat16 under numpy 2, fail to): this is what
+    # mindspore.nn.utils.no_init_parameters does (deprecated after 2.9, so done here directly).
+    previous = getattr(ms.Parameter, "init_param", True)
+    ms.Parameter.init_param = False
+    try:
         param = ms.Parameter(ms.Tensor(shape=array.shape, dtype=_ms_dtype(array.dtype), init=Zero()), name=name,
                              requires_grad=requires_grad)
+    finally:
+        ms.Parameter.init_param = previous
     param.set_data(ms.Tensor.from_numpy(array))
     return param
 

@@ -26,6 +26,7 @@ from .planner import ChunkRead, ParamReadPlan
 _PAGE = mmap.ALLOCATIONGRANULARITY
 _FEW_RUNS = 64
 _LONG_RUN = 256 * 1024
+_PARALLEL_BYTES = 64 << 20
 
 
 @dataclass
@@ -90,7 +91,8 @@ def execute(plan: ParamReadPlan, files: StoreFiles, *, out: np.ndarray | None = 
     elif out.shape != plan.shape or not out.flags.c_contiguous:
         raise ValueError(f"out must be C-contiguous with shape {list(plan.shape)}, got {list(out.shape)}")
     job = _Job(plan, files, out, verify)
-    if workers > 1 and len(plan.chunks) > 1:
+    # Threads pay off only for big reads: for small ones, starting them costs more than the copy.
+    if workers > 1 and len(plan.chunks) > 1 and plan.nbytes >= _PARALLEL_BYTES:
         with ThreadPoolExecutor(min(workers, len(plan.chunks))) as pool:
             list(pool.map(job.chunk, plan.chunks))
     else:
