@@ -1,0 +1,300 @@
+"""Benchmark: one node's 8 loaders at once (every rank of an 8-card target, concurrently).
+
+``python -m benchmarks.bench_node --size 0.5GB --src-world 8 --dst-world 8 --reps 2``
+
+For each route, one worker per target rank is started; all do their imports, wait at a barrier,
+and start their measured calls together. Measured per round: the makespan (first start to last
+end), the sum of every process's peak RSS above its start (and the largest simultaneous sum,
+sampled every 20 ms), the sum with the imports included (what the node really holds), and the
+bytes read. Every rank's values are digested and compared with ckptstore's for that rank.
+
+Routes: ``ckptstore.load_rank``; ``8 × numpy preadv`` of per-rank flat files (the bound);
+``mindspore.load_distributed_checkpoint`` with a real job's parallel context (``global_rank``
+set: with ``RANK_ID`` alone some ranks get rank 0's slices); ``transform_checkpoint_by_rank +
+load_checkpoint``; the safetensors loader. A MindSpore route is first run alone for rank 0; if
+8 times its peak would not fit in the memory available, it is reported unavailable instead of
+letting the kernel kill the node's processes.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from benchmarks import bench_load, procfs
+from benchmarks.harness import (RESULTS_DIR, WORKER_ENV, BenchmarkError, Contender, append_result, command_line,
+                                environment, run_concurrent, run_contender, warm_page_cache)
+from benchmarks.registry import contenders_for, register
+from benchmarks.report import Column, format_bytes, markdown_table
+from benchmarks.synth import Mesh, Synth
+
+NAME = "node"
+CKPTSTORE = "ckptstore.load_rank"
+BOUND = "lower bound: numpy preadv"
+LABELS = {CKPTSTORE: "ckptstore", BOUND: "bound"}
+#: Fraction of MemAvailable a route's predicted total may use before it is declared unavailable.
+MEMORY_HEADROOM = 0.85
+
+
+@dataclass(frozen=True)
+class NodeSetup:
+    """The per-rank load setups of every rank of the target layout."""
+
+    synth: Synth
+    dst: Mesh
+    ranks: tuple[bench_load.LoadSetup, ...]
+
+    def params(self) -> dict[str, Any]:
+        return {**self.synth.describe(), "dst": {"dp": self.dst.dp, "mp": self.dst.mp}, "dst_world": self.dst.world,
+                "ranks": len(self.ranks), "rank_nbytes": [r.rank_nbytes for r in self.ranks],
+                "sum_rank_nbytes": sum(r.rank_nbytes for r in self.ranks)}
+
+
+def make_setup(s: Synth, dst: Mesh, ranks: Sequence[int] | None = None) -> NodeSetup:
+    chosen = range(dst.world) if ranks is None else ranks
+    return NodeSetup(s, dst, tuple(bench_load.make_setup(s, dst, r) for r in chosen))
+
+
+def _per_rank(factory: Callable[[bench_load.LoadSetup], Contender], name: str | None = None,
+              **changes: Any) -> Callable[[NodeSetup], list[Contender]]:
+    """A node factory from a load factory: the same contender for every rank (renamed)."""
+
+    def make(node: NodeSetup) -> list[Contender]:
+        out = []
+        for st in node.ranks:
+            c = factory(dataclasses.replace(st, **changes))
+            out.append(dataclasses.replace(c, name=name or c.name))
+        return out
+
+    make.__name__ = name or factory.__name__
+    return make
+
+
+register("node")(_per_rank(bench_load._ckptstore_load_rank))
+register("node")(_per_rank(lambda st: bench_load._bound(st)[0]))
+# With RANK_ID alone, load_distributed_checkpoint gives some target ranks rank 0's slices (see
+# bench_load.reach); a real job's parallel context (global_rank) makes every rank correct.
+register("node")(_per_rank(bench_load._ms_load_distributed,
+                           "mindspore.load_distributed_checkpoint (global_rank set)", parallel_context=True))
+register("node")(_per_rank(bench_load._ms_transform_by_rank))
+register("node")(_per_rank(bench_load._ms_load_distributed_safetensors))
+
+
+def _group(contenders: Sequence[Contender]) -> dict[str, list[Contender]]:
+    routes: dict[str, list[Contender]] = {}
+    for c in contenders:
+        routes.setdefault(c.name, []).append(c)
+    return routes
+
+
+def mem_available() -> int:
+    text = Path("/proc/meminfo").read_text()
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def probe(route: list[Contender], log: Callable[[str], None]) -> tuple[dict[str, Any] | None, str | None]:
+    """Run the route's first rank alone; ``(measurement, reason it cannot run 8 at once or None)``."""
+    try:
+        m = run_contender(route[0], timeout=1800)
+    except BenchmarkError as e:
+        return None, f"failed when run alone for one rank: {e}"
+    need, avail = len(route) * m["peak_rss"], mem_available()
+    log(f"  probe {route[0].name:<40} alone: wall {m['wall_s']:.2f} s, peak RSS {format_bytes(m['peak_rss'])}; "
+        f"{len(route)} at once ≈ {format_bytes(need)} (available {format_bytes(avail)})")
+    if need > MEMORY_HEADROOM * avail:
+        return m, (f"{len(route)} processes would need about {format_bytes(need)} ({len(route)} × "
+                   f"{format_bytes(m['peak_rss'])} peak RSS measured for one rank alone, imports included), more "
+                   f"than {MEMORY_HEADROOM:.0%} of the {format_bytes(avail)} available on this machine: on a real node "
+                   "this is where the loaders are killed for lack of memory")
+    return m, None
+
+
+NODE_METRICS = ("wall_s", "peak_sum_above_start", "sum_peak_above_start", "sum_peak_rss", "sum_rchar",
+                "max_wall_s")
+
+
+def run(node: NodeSetup, *, reps: int, command: str, results_dir: Path | None, quick: bool = False,
+        log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """All routes, ``reps`` rounds in alternating order; returns the record (appended to node.json)."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    routes = _group(contenders_for("node", node))
+    warm_page_cache([*node.synth.rank_files, *(st.flat_file for st in node.ranks)])
+    foreign = procfs.ForeignLoad()
+    unavailable = {n: r[0].unavailable for n, r in routes.items() if r[0].unavailable}
+    failed: dict[str, str] = {}
+    probes: dict[str, Any] = {}
+    for name, route in routes.items():
+        if name in unavailable or not name.startswith("mindspore") or quick:
+            continue
+        m, why = probe(route, log)
+        if m:
+            probes[name] = {k: m[k] for k in ("wall_s", "peak_above_start", "peak_rss", "rchar")}
+        if why:
+            unavailable[name] = why
+    runnable = [n for n in routes if n not in unavailable]
+    samples: list[dict[str, Any]] = []
+    try:
+        _rounds(routes, runnable, reps, failed, samples, log)
+    finally:
+        for st in node.ranks:
+            shutil.rmtree(st.out_dir, ignore_errors=True)
+    record = {
+        "name": NAME, "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "command": command,
+        "cache": "warm", "reps": reps, "params": {**node.params(), "quick": quick}, "environment": environment(),
+        "worker_env": WORKER_ENV,
+        "contenders": [{"name": n, **{k: v for k, v in dataclasses.asdict(r[0]).items() if k != "name"}}
+                       for n, r in routes.items()],
+        "summary": _summarize(samples), "unavailable": unavailable, "failed": failed, "probes": probes,
+        "checks": _checks(samples), "foreign_cpu_cores": foreign.cores(),
+        "hwm_reset": all(w["hwm_reset"] for s in samples for w in s["workers"]), "samples": samples,
+    }
+    if results_dir is not None:
+        append_result(NAME, record, results_dir)
+    return record
+
+
+def _rounds(routes: Mapping[str, list[Contender]], runnable: Sequence[str], reps: int, failed: dict[str, str],
+            samples: list[dict[str, Any]], log: Callable[[str], None]) -> None:
+    """``reps`` rounds over the runnable routes, in alternating order; fills ``samples``/``failed``."""
+    for rnd in range(reps):
+        for name in runnable if rnd % 2 == 0 else list(reversed(runnable)):
+            if name in failed:
+                continue
+            try:
+                res = run_concurrent(routes[name], timeout=1800)
+            except BenchmarkError as e:
+                failed[name] = str(e)
+                log(f"  round {rnd} {name:<40} FAILED: {str(e).strip().splitlines()[-1][:200]}")
+                continue
+            s = _round_sample(name, rnd, res)
+            samples.append(s)
+            log(f"  round {rnd} {name:<40} makespan {s['wall_s']:7.2f} s  Σpeak+ "
+                f"{format_bytes(s['sum_peak_above_start']):>10}  Σpeak {format_bytes(s['sum_peak_rss']):>10}")
+
+
+def _round_sample(name: str, rnd: int, res: Mapping[str, Any]) -> dict[str, Any]:
+    ws = res["samples"]
+    return {
+        "contender": name, "round": rnd, "wall_s": res["makespan_s"], "max_wall_s": max(w["wall_s"] for w in ws),
+        "peak_sum_above_start": res["peak_sum_above_start"],
+        "sum_peak_above_start": sum(w["peak_above_start"] for w in ws),
+        "sum_peak_rss": sum(w["peak_rss"] for w in ws), "sum_rchar": sum(w["rchar"] for w in ws),
+        "digests": [w.get("check", {}).get("digest") for w in ws],
+        "mmap_bytes": sum((w.get("check") or {}).get("mmap_bytes") or 0 for w in ws),
+        "workers": [{k: w[k] for k in ("wall_s", "peak_above_start", "peak_rss", "rchar", "hwm_reset", "cpu_s")}
+                    for w in ws],
+    }
+
+
+def _summarize(samples: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for s in samples:
+        out.setdefault(s["contender"], {})
+    for name in out:
+        runs = [s for s in samples if s["contender"] == name]
+        out[name] = {m: {"median": statistics.median(r[m] for r in runs), "min": min(r[m] for r in runs),
+                         "max": max(r[m] for r in runs), "n": len(runs)} for m in NODE_METRICS}
+    return out
+
+
+def _checks(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per route: how many ranks' values equal ckptstore's for the same rank (first round)."""
+    ref = next((s["digests"] for s in samples if s["contender"] == CKPTSTORE), None)
+    out: dict[str, Any] = {}
+    for s in samples:
+        if s["contender"] in out:
+            continue
+        d = s["digests"]
+        same = None if ref is None else sum(a is not None and a == b for a, b in zip(d, ref))
+        out[s["contender"]] = {"ranks": len(d), "same_as_ckptstore": same,
+                               "distinct_values": len({x for x in d if x is not None}), "mmap_bytes": s["mmap_bytes"]}
+    return out
+
+
+COLUMNS = (Column("wall_s", "makespan", "s"), Column("sum_peak_above_start", "Σ peak RSS above start", "B"),
+           Column("peak_sum_above_start", "peak of Σ RSS above start (sampled)", "B", ratio=False),
+           Column("sum_peak_rss", "Σ peak RSS incl. imports", "B", ratio=False),
+           Column("sum_rchar", "Σ bytes read (rchar)", "B"))
+
+
+def table(record: Mapping[str, Any]) -> str:
+    bases = [b for b in (CKPTSTORE, BOUND) if b in record["summary"]]
+    checks = record.get("checks", {})
+
+    def same(name: str) -> str:
+        c = checks.get(name)
+        if not c or c["same_as_ckptstore"] is None:
+            return "–"
+        n, k = c["ranks"], c["same_as_ckptstore"]
+        return f"{k}/{n}" if k == n else f"**{k}/{n}** ({c['distinct_values']} distinct results)"
+
+    def mapped(name: str) -> str:
+        c = checks.get(name) or {}
+        return format_bytes(c["mmap_bytes"]) if c.get("mmap_bytes") else "–"
+
+    return markdown_table(record, columns=COLUMNS, baselines=bases, labels=LABELS,
+                          extra={"Σ copied from mmap (not in rchar)": mapped, "ranks with ckptstore's values": same})
+
+
+def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:
+    p = record["params"]
+    lines = [
+        f"## One node: {p['ranks']} loaders at once ({p['src_world']} → {p['dst_world']} cards)",
+        "",
+        *bench_load.run_lines(record, standalone),
+        bench_load.dataset_line({**p, "rank": "0…", "rank_nbytes": p["sum_rank_nbytes"]}).replace(
+            f"rank 0… holds {format_bytes(p['sum_rank_nbytes'])}",
+            f"its {p['ranks']} ranks hold {format_bytes(p['sum_rank_nbytes'])} together"),
+        "",
+        table(record),
+        "",
+        "Makespan: from the first measured call's start to the last one's end (imports done before, "
+        "behind a barrier). Σ peak RSS: the sum of every process's own peak (an upper bound on the "
+        "node's simultaneous peak, which is sampled in the next column). `ranks with ckptstore's "
+        "values`: ranks whose loaded tensors have the same digest as ckptstore's for that rank.",
+    ]
+    for name, m in record.get("probes", {}).items():
+        lines += ["", f"- `{name}` alone for rank 0: wall {m['wall_s']:.2f} s, peak RSS {format_bytes(m['peak_rss'])} "
+                      f"(above start {format_bytes(m['peak_above_start'])})."]
+    lines += bench_load.not_run_notes(record)
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_node", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="0.5GB")
+    ap.add_argument("--src-world", default="8")
+    ap.add_argument("--dst-world", default="8")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from benchmarks.data import parse_size
+    from benchmarks.synth import parse_mesh, synth
+
+    args = parse_args(argv)
+    s = synth(parse_size(args.size), parse_mesh(args.src_world, source=True), args.seed)
+    node = make_setup(s, parse_mesh(args.dst_world, source=False))
+    record = run(node, reps=args.reps, command=command_line("benchmarks.bench_node", argv),
+                 results_dir=args.results_dir)
+    text = render(record)
+    (args.results_dir / f"{NAME}.md").write_text(text, encoding="utf-8")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

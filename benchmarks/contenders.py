@@ -1,0 +1,389 @@
+"""Contender functions: "give me target rank r's tensors", each route as one call.
+
+Every function here runs inside a fresh worker (:mod:`benchmarks.worker`) and is measured as
+one call, after the worker imported what the contender's ``preimport`` names (``mindspore``,
+``ckptstore``, ``numpy``). They return the loaded values (kept alive until measured); the
+``check_*`` functions run after the measurement and return a digest of those values, so the
+report can say whether each route produced the same tensors as ckptstore.
+
+``names_file`` (every contender takes it) is a JSON list of ``[name, shape, dtype,
+in_strategy]`` for the tensors the target rank holds, in store order: what a network built for
+the target layout would declare. It is written by :func:`write_names_file` before the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+
+def write_names_file(path: Path, store: str | os.PathLike[str], strategy: str | os.PathLike[str], rank: int) -> Path:
+    """``[name, shape, dtype, in_strategy]`` of every tensor rank ``rank`` of ``strategy`` holds."""
+    import ckptstore
+
+    st = ckptstore.open(store)
+    view = ckptstore.rank_view(st, strategy, rank)
+    target = ckptstore.load_strategy(strategy)
+    rows = []
+    for name in view.names():
+        info = st.info(name)
+        if info.is_str:
+            continue
+        plan = view.plan_for(name)
+        rows.append([name, list(plan.shape), np.dtype(plan.dtype).name, name in target.layouts])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(rows), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _names(names_file: str) -> list[tuple[str, tuple[int, ...], str, bool]]:
+    with open(names_file, encoding="utf-8") as f:
+        return [(n, tuple(s), d, bool(k)) for n, s, d, k in json.load(f)]
+
+
+# ---------------------------------------------------------------------------------------------
+# ckptstore
+
+
+def ckptstore_load_rank(store: str, strategy: str, rank: int, names_file: str, workers: int = 2) -> dict[str, Any]:
+    """``ckptstore.load_rank``: every Parameter of the rank built (the lazy mapping fully touched)."""
+    import ckptstore
+
+    params = ckptstore.load_rank(store, strategy, rank, workers=workers)
+    return {name: params[name] for name in params}
+
+
+def ckptstore_rank_view(store: str, strategy: str, rank: int, names_file: str, workers: int = 2) -> dict[str, Any]:
+    """``ckptstore.rank_view(...).read(name)`` for every name: numpy arrays, no MindSpore."""
+    import ckptstore
+
+    view = ckptstore.rank_view(ckptstore.open(store), strategy, rank, workers=workers)
+    return {name: view.read(name) for name in view.names()}
+
+
+# ---------------------------------------------------------------------------------------------
+# the lower bound
+
+
+def pread_flat(path: str, nbytes: int, names_file: str, threads: int = 1) -> np.ndarray:
+    """``os.preadv`` of one file holding exactly the rank's bytes into one preallocated array.
+
+    ``threads > 1`` splits the file into that many equal parts read concurrently (the copy from
+    the page cache is CPU-bound, so two cores copy faster than one).
+    """
+    out = np.empty(nbytes, dtype=np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if threads <= 1:
+            _pread_into(fd, memoryview(out), 0)
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            step = -(-nbytes // threads)
+            view = memoryview(out)
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(lambda lo: _pread_into(fd, view[lo:lo + step], lo), range(0, nbytes, step)))
+    finally:
+        os.close(fd)
+    return out
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(view):  # one call returns at most 2 GiB - 4 KiB
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise EOFError(f"file ends at byte {offset + done}")
+        done += n
+
+
+# ---------------------------------------------------------------------------------------------
+# MindSpore
+
+MEMORY_CHECK_NOTE = (
+    "MindSpore 2.10's `load_checkpoint` refuses a `.ckpt` larger than `os.sysconf('SC_AVPHYS_PAGES')` "
+    "× page size, i.e. MemFree, which leaves out the reclaimable page cache: with the checkpoint files "
+    "in the page cache (any machine that has just read them) it fails with `_CheckpointProtobufSizeError: "
+    "... the checkpoint protobuf content size 256362913 bytes exceeds current available memory 224165888 "
+    "bytes` although ~20 GiB were available (this happened here to `transform_checkpoints` and "
+    "`ckpt_to_safetensors` on 256 MB rank files). The benchmark's MindSpore contenders give that check "
+    "MemAvailable instead (`mindspore.train.serialization._get_available_memory` replaced), so they can be "
+    "measured; nothing else in MindSpore is changed.")
+
+
+def patched_mindspore() -> Any:
+    """``mindspore``, with ``load_checkpoint``'s memory pre-check using MemAvailable (see MEMORY_CHECK_NOTE)."""
+    import mindspore
+    from mindspore.train import serialization
+
+    if not getattr(serialization, "_bench_memavailable", False):
+        serialization._get_available_memory = _mem_available  # noqa: SLF001
+        serialization._bench_memavailable = True  # noqa: SLF001
+    return mindspore
+
+
+def _mem_available() -> int | None:
+    with open("/proc/meminfo", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def _holder(names_file: str) -> Any:
+    """A Cell declaring the target rank's Parameters (shapes of the target layout), unallocated.
+
+    Built under ``no_init_parameters``, so the network costs no memory until the load fills it:
+    the memory measured is the load's, as with ckptstore's Parameters.
+    """
+    import mindspore as ms
+    from mindspore.common.initializer import Zero, initializer
+    from mindspore.nn.utils import no_init_parameters
+
+    dtypes = {"float32": ms.float32, "float16": ms.float16, "int32": ms.int32, "int64": ms.int64,
+              "float64": ms.float64}
+
+    class TargetNet(ms.nn.Cell):
+        def __init__(self, rows: Sequence[tuple[str, tuple[int, ...], str, bool]]) -> None:
+            super().__init__()
+            with no_init_parameters():
+                self.params = ms.ParameterTuple([ms.Parameter(initializer(Zero(), shape, dtypes[dtype]), name=name)
+                                                 for name, shape, dtype, _ in rows])
+
+    return TargetNet(_names(names_file))
+
+
+def predict_layout(strategy: str) -> dict[str, list[Any]]:
+    """The target layout as ``model.infer_predict_layout`` returns it, from the target strategy file.
+
+    ``[dev_matrix, tensor_map, param_split_shape, field_size, uniform_split, opt_shard_group]``
+    per parameter (no optimizer sharding in the targets: the group is empty).
+    """
+    from mindspore.parallel import build_searched_strategy
+
+    out = {}
+    for name, lay in build_searched_strategy(strategy).items():
+        out[name] = [list(lay.dev_matrix[0].dim), list(lay.tensor_map[0].dim), list(lay.param_split_shape[0].dim),
+                     int(lay.field), 1, ""]
+    return out
+
+
+def ms_load_distributed(rank_files: Sequence[str], src_strategy: str, dst_strategy: str, names_file: str,
+                        parallel_context: Sequence[int] | None = None) -> Any:
+    """``mindspore.load_distributed_checkpoint(net, all rank files, predict_layout, train_strategy)``.
+
+    The rank is ``get_rank()``: without ``init()`` MindSpore returns the ``RANK_ID`` environment
+    variable (0 if unset), which the harness sets per contender. But the choice of source slices
+    (``_infer_rank_list``) asks ``_get_global_rank()``, which is 0 in stand-alone mode whatever
+    ``RANK_ID`` says; ``parallel_context=(device_num, rank)`` sets the parallel context a real
+    job has (``semi_auto_parallel``, ``global_rank``) so that every rank gets its own slices.
+    """
+    ms = patched_mindspore()
+
+    if parallel_context:
+        device_num, rank = parallel_context
+        ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=int(device_num),
+                                     global_rank=int(rank))
+    net = _holder(names_file)
+    ms.load_distributed_checkpoint(net, list(rank_files), predict_layout(dst_strategy),
+                                   train_strategy_filename=src_strategy)
+    return net
+
+
+def ms_load_distributed_safetensors(unified_dir: str, dst_strategy: str, names_file: str) -> Any:
+    """``mindspore.load_distributed_checkpoint(net, format="safetensors", unified_safetensors_dir=...)``.
+
+    Reads the global tensors written by ``unified_safetensors`` and cuts this rank's slices
+    (``predict_strategy`` = the target strategy file; rank = ``get_rank()``, i.e. ``RANK_ID``).
+    """
+    ms = patched_mindspore()
+    net = _holder(names_file)
+    ms.load_distributed_checkpoint(net, predict_strategy=dst_strategy, format="safetensors",
+                                   unified_safetensors_dir=unified_dir)
+    return net
+
+
+def ms_transform_by_rank(rank: int, rank_files: Sequence[str], src_strategy: str, dst_strategy: str, out_dir: str,
+                         names_file: str) -> Any:
+    """``transform_checkpoint_by_rank`` (only the source files ``rank_list_for_transform`` names)
+    into a new ``.ckpt``, then ``load_checkpoint`` of it."""
+    ms = patched_mindspore()
+    needed = ms.rank_list_for_transform(rank, src_strategy, dst_strategy)
+    out = os.path.join(out_dir, f"rank{rank}_{os.getpid()}.ckpt")
+    ms.transform_checkpoint_by_rank(rank, {r: rank_files[r] for r in needed}, out, src_strategy, dst_strategy)
+    params = ms.load_checkpoint(out)
+    params["__file__"] = out  # removed by the check, which also deletes the file
+    return params
+
+
+def ms_load_needed_files(rank: int, rank_files: Sequence[str], src_strategy: str, dst_strategy: str,
+                         names_file: str) -> list[Any]:
+    """``load_checkpoint`` of every source file ``rank_list_for_transform`` says rank ``rank`` needs.
+
+    Only the reading MindSpore does before any resharding: no slice of the target is produced.
+    """
+    ms = patched_mindspore()
+    needed = ms.rank_list_for_transform(rank, src_strategy, dst_strategy)
+    return [ms.load_checkpoint(rank_files[r]) for r in sorted(needed)]
+
+
+# ---------------------------------------------------------------------------------------------
+# checks: digests of what was loaded (run after the measurement)
+
+
+def _digest(arrays: Iterable[tuple[str, np.ndarray]], names_file: str) -> dict[str, Any]:
+    import crc32c
+
+    wanted = {n: shape for n, shape, _, in_strategy in _names(names_file) if in_strategy}
+    got = {n: a for n, a in arrays if n in wanted}
+    h, nbytes, bad = 0, 0, []
+    for name in sorted(wanted):
+        a = got.get(name)
+        if a is None or tuple(a.shape) != wanted[name]:
+            bad.append(name)
+            continue
+        a = np.ascontiguousarray(a)
+        h = crc32c.crc32c(name.encode() + repr(tuple(a.shape)).encode(), h)
+        h = crc32c.crc32c(memoryview(a.reshape(-1).view(np.uint8)), h)
+        nbytes += a.nbytes
+    return {"tensors": len(wanted) - len(bad), "missing_or_misshapen": len(bad), "bytes": nbytes,
+            "digest": f"{h:08x}"}
+
+
+def _numpy(value: Any) -> np.ndarray:
+    return value if isinstance(value, np.ndarray) else value.asnumpy()
+
+
+def check_params(out: Mapping[str, Any], **args: Any) -> dict[str, Any]:
+    """Digest of a name -> Parameter/array mapping (the ckptstore routes)."""
+    return _digest(((n, _numpy(v)) for n, v in out.items() if not isinstance(v, str)), args["names_file"])
+
+
+def check_ckptstore(out: Mapping[str, Any], **args: Any) -> dict[str, Any]:
+    """Digest, plus the bytes ckptstore copied out of memory maps (which ``rchar`` does not count).
+
+    ckptstore's reader copies a chunk's overlap through a read-only ``mmap`` when it is many
+    short runs (a column slice) and uses ``preadv`` otherwise; this replays that choice on the
+    read plan (``mmap_bytes``: bytes copied from mappings; ``mmap_pages_bytes``: the pages those
+    runs lie on, i.e. what the page cache had to map).
+    """
+    out_check = check_params(out, **args)
+    try:
+        out_check.update(_mmap_share(args["store"], args["strategy"], args["rank"]))
+    except Exception as e:  # the reader's internals moved: say so rather than fail the run
+        out_check["mmap_bytes"] = None
+        out_check["mmap_note"] = f"{type(e).__name__}: {e}"
+    return out_check
+
+
+def _mmap_share(store: str, strategy: str, rank: int) -> dict[str, int]:
+    import ckptstore
+    from ckptstore import reader
+
+    page = 4096
+    view = ckptstore.rank_view(ckptstore.open(store), strategy, rank)
+    mapped = pages = 0
+    for name in view.names():
+        plan = view.plan_for(name)
+        if plan.codec is not None:
+            continue
+        item = plan.dtype.itemsize
+        for c in plan.chunks:
+            src, _, run = plan.runs(c)
+            if len(src) <= reader._FEW_RUNS or run >= reader._LONG_RUN:  # noqa: SLF001 - replaying its choice
+                continue
+            mapped += c.overlap.size * item
+            first, last = src // page, (src + run - 1) // page
+            pages += int((last - first + 1).sum() - (first[1:] == last[:-1]).sum()) * page
+    return {"mmap_bytes": mapped, "mmap_pages_bytes": pages}
+
+
+def check_net(out: Any, **args: Any) -> dict[str, Any]:
+    """Digest of a Cell's Parameters (the ``load_distributed_checkpoint`` routes)."""
+    return _digest(((p.name, p.asnumpy()) for _, p in out.parameters_and_names() if not p.has_init),
+                   args["names_file"])
+
+
+def check_transformed(out: dict[str, Any], **args: Any) -> dict[str, Any]:
+    """Digest of the loaded transformed file, then delete that file."""
+    path = out.pop("__file__")
+    try:
+        return check_params(out, **args)
+    finally:
+        os.chmod(path, 0o600)
+        os.remove(path)
+
+
+def check_flat(out: np.ndarray, **args: Any) -> dict[str, Any]:
+    """Digest of the flat buffer cut into the rank's tensors (the file is in names-file order)."""
+    arrays, at = [], 0
+    for name, shape, dtype, _ in _names(args["names_file"]):
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        arrays.append((name, out[at:at + n].view(dt).reshape(shape)))
+        at += n
+    return _digest(arrays, args["names_file"])
+
+
+def check_files(out: list[Any], **args: Any) -> dict[str, Any]:
+    """What the source files held: Parameters and bytes (not the rank's tensors: no digest)."""
+    return {"tensors": sum(len(d) for d in out),
+            "bytes": int(sum(p.nbytes for d in out for p in d.values() if hasattr(p, "nbytes"))),
+            "files": len(out)}
+
+
+# ---------------------------------------------------------------------------------------------
+# conversion (every call ends with os.sync(): ckptstore fsyncs its files, so all pay for durability)
+
+
+def _tree_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+def ckptstore_convert(src_dir: str, strategy: str, out: str, workers: int = 4) -> dict[str, Any]:
+    """``ckptstore.convert`` (what ``ckptstore convert SRC --strategy S --out STORE`` runs)."""
+    import ckptstore
+
+    summary = ckptstore.convert(src_dir, out, strategy=[strategy], workers=workers)
+    os.sync()
+    return {"output_bytes": _tree_bytes(out), "chunks": summary.chunks}
+
+
+def cp_r(src_dir: str, out: str) -> dict[str, Any]:
+    """``cp -r`` of the rank files (and the strategy): the cost of touching every byte once."""
+    import subprocess
+
+    subprocess.run(["cp", "-r", src_dir, out], check=True)
+    os.sync()
+    return {"output_bytes": _tree_bytes(out)}
+
+
+def ms_transform_checkpoints(src_dir: str, strategy: str, dst_strategy: str, out: str) -> dict[str, Any]:
+    """``mindspore.transform_checkpoints``: every target rank's ``.ckpt`` file."""
+    ms = patched_mindspore()
+    ms.transform_checkpoints(src_dir, out, "checkpoint_", strategy, dst_strategy)
+    os.sync()
+    return {"output_bytes": _tree_bytes(out)}
+
+
+def ms_ckpt_to_unified(src_dir: str, strategy: str, out: str) -> dict[str, Any]:
+    """``mindspore.ckpt_to_safetensors`` of every rank file, then ``unified_safetensors`` of them."""
+    import time
+
+    ms = patched_mindspore()
+    t0 = time.perf_counter()
+    ms.ckpt_to_safetensors(src_dir, os.path.join(out, "ranks"))
+    t1 = time.perf_counter()
+    ms.parallel.unified_safetensors(os.path.join(out, "ranks"), strategy, os.path.join(out, "unified"))
+    t2 = time.perf_counter()
+    os.sync()
+    return {"output_bytes": _tree_bytes(out), "ckpt_to_safetensors_s": t1 - t0, "unified_safetensors_s": t2 - t1,
+            "unified_bytes": _tree_bytes(os.path.join(out, "unified"))}

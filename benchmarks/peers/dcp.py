@@ -1,0 +1,245 @@
+"""PyTorch Distributed Checkpoint (``torch.distributed.checkpoint``) as a peer of ckptstore.
+
+**Save** (once, cached next to the synthetic checkpoint): one process per source rank, a real
+``gloo`` process group on this machine (``init_method=file://``), each process wrapping the
+local tensors of *its own MindSpore rank file* (read with ``ckptstore.ckpt_reader``, i.e. the
+slices MindSpore's own code cut) as DTensors on a CPU ``DeviceMesh`` equivalent to the
+MindSpore layout (:mod:`benchmarks.peers.layouts`: ``Shard``/``Replicate`` per tensor-map
+entry, optimizer sharding as a second ``Shard(0)`` after the model-parallel one), then one
+collective ``dcp.save``. DCP's default planner writes each replicated shard once. Parameters
+absent from the strategy (``global_step``, ``learning_rate``) are plain tensors.
+
+**Load** (the measured call, :func:`load_rank`): one process playing rank ``r`` of the target
+layout, with a *fake* process group (``torch.testing._internal.distributed.fake_pg``: no
+communication; it only tells DTensor which rank it is), builds the target DTensors (empty local
+shards of the target placements, the shapes a network for the target would declare) and calls
+``dcp.load(..., no_dist=True)``. DCP plans which stored chunks overlap each local shard and
+copies the overlaps in. The returned mapping holds each tensor's local shard.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from benchmarks.peers.layouts import MeshLayout, check_boxes, mesh_layout
+
+#: Bump when the saved layout changes, so stale cached DCP checkpoints are not reused.
+SAVE_VERSION = 1
+
+
+def checkpoint_dir(synth_root: Path) -> Path:
+    return Path(synth_root) / "peers" / f"dcp-v{SAVE_VERSION}"
+
+
+def save_checkpoint(synth: Any, *, log: Any = print) -> Path:
+    """The DCP checkpoint of ``synth``'s source layout, saved on first use by ``world`` processes."""
+    out = checkpoint_dir(synth.root)
+    if (out / "DONE").exists():
+        return out
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    world = synth.src.world
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ckptstore_dcp_") as rdv:
+        procs = []
+        for r in range(world):
+            cmd = [sys.executable, "-m", "benchmarks.peers.dcp", "save-rank", "--rank", str(r), "--world",
+                   str(world), "--rendezvous", os.path.join(rdv, "store"), "--rank-file", str(synth.rank_file(r)),
+                   "--strategy", str(synth.strategy), "--out", str(tmp)]
+            procs.append(subprocess.Popen(cmd, env={**os.environ, "GLOG_v": "3"}, stderr=subprocess.PIPE))
+        errors = [(r, p.communicate()[1], p.returncode) for r, p in enumerate(procs)]
+    bad = [(r, e) for r, e, code in errors if code]
+    if bad:
+        r, err = bad[0]
+        raise RuntimeError(f"DCP save failed on rank {r}:\n{err.decode(errors='replace')[-3000:]}")
+    (tmp / "DONE").write_text(json.dumps({"seconds": round(time.perf_counter() - t0, 2), "world": world}))
+    os.replace(tmp, out)
+    log(f"saved DCP checkpoint {out} ({_du(out) / 2**20:.1f} MiB) in {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+# ---------------------------------------------------------------------------------------------
+# torch helpers
+
+
+def _placements(mesh: MeshLayout) -> list[Any]:
+    from torch.distributed.tensor import Replicate, Shard
+
+    return [Replicate() if a is None else Shard(a) for a in mesh.shard_axis]
+
+
+class _Meshes:
+    """One ``DeviceMesh`` per distinct rank arrangement (every layout of a model shares a few)."""
+
+    def __init__(self) -> None:
+        self._meshes: dict[Any, Any] = {}
+
+    def get(self, mesh: MeshLayout) -> Any:
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh
+
+        if mesh.key not in self._meshes:
+            self._meshes[mesh.key] = DeviceMesh("cpu", torch.from_numpy(np.ascontiguousarray(mesh.ranks)))
+        return self._meshes[mesh.key]
+
+
+def _dtensor(local: Any, dmesh: Any, mesh: MeshLayout, shape: tuple[int, ...], rank: int, name: str) -> Any:
+    """Wrap ``local`` as a DTensor of global ``shape``; check DTensor puts it where MindSpore does."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    placements = _placements(mesh)
+    lshape, offset = compute_local_shape_and_global_offset(shape, dmesh, placements)
+    want = mesh.box(rank, shape)
+    if tuple(offset) != want.start or tuple(lshape) != want.shape or tuple(local.shape) != want.shape:
+        raise AssertionError(f"{name}: DTensor places rank {rank}'s shard at {tuple(offset)} {tuple(lshape)}, "
+                             f"MindSpore at {want}; local tensor {tuple(local.shape)}")
+    stride = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape)))
+    return DTensor.from_local(local, dmesh, placements, run_check=False, shape=shape, stride=stride)
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+            "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}[name]
+
+
+def _from_numpy(array: np.ndarray) -> Any:
+    import torch
+
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def to_numpy(tensor: Any) -> np.ndarray:
+    """A numpy view of a (local) torch tensor; bfloat16 as ``ml_dtypes.bfloat16``."""
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+# ---------------------------------------------------------------------------------------------
+# save: one process per source rank
+
+
+def _save_rank(rank: int, world: int, rendezvous: str, rank_file: str, strategy: str, out: str) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    import ckptstore
+    from ckptstore.ckpt_reader import read_entry
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    src = ckptstore.load_strategy(strategy)
+    layouts = {n: mesh_layout(st[0]) for n, st in src.layouts.items()}
+    meshes = _Meshes()
+    for key in sorted({m.key for m in layouts.values()}):  # same order on every rank: collective
+        meshes.get(next(m for m in layouts.values() if m.key == key))
+    index = ckptstore.scan_checkpoint(rank_file)
+    state: dict[str, Any] = {}
+    for name in index.names():
+        entry = index[name]
+        if entry.is_str:
+            continue
+        if len(entry.pieces) == 1 and entry.nbytes:  # a private copy-on-write map: no read up front
+            array = np.memmap(rank_file, dtype=entry.dtype, mode="c", offset=entry.pieces[0][0], shape=entry.shape)
+        else:
+            array = read_entry(rank_file, entry)
+        local = _from_numpy(np.asarray(array))
+        if name in layouts:
+            layout = src.layouts[name][0]
+            shape = layout.global_shape(entry.shape)
+            check_boxes(name, layout, layouts[name], shape)
+            state[name] = _dtensor(local, meshes.get(layouts[name]), layouts[name], shape, rank, name)
+        else:
+            state[name] = local
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# load: the measured call
+
+
+def _names(names_file: str) -> list[tuple[str, tuple[int, ...], str, bool]]:
+    with open(names_file, encoding="utf-8") as f:
+        return [(n, tuple(s), d, bool(k)) for n, s, d, k in json.load(f)]
+
+
+def load_rank(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
+    """``dcp.load`` of target rank ``rank``'s DTensors (target layout = ``strategy``), one process.
+
+    ``names_file`` lists the target rank's tensors (name, local shape, dtype, in strategy), as a
+    network built for the target would declare them. Returns name -> local shard (torch.Tensor).
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import ckptstore
+
+    target = ckptstore.load_strategy(strategy)
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=target.world_size)
+    meshes = _Meshes()
+    state: dict[str, Any] = {}
+    for name, lshape, dtype, in_strategy in _names(names_file):
+        local = torch.empty(lshape, dtype=_torch_dtype(dtype))
+        if in_strategy:
+            layout = target.layouts[name][0]
+            mesh = mesh_layout(layout)
+            shape = layout.global_shape(lshape)
+            state[name] = _dtensor(local, meshes.get(mesh), mesh, shape, rank, name)
+        else:
+            state[name] = local
+    dcp.load(state, storage_reader=dcp.FileSystemReader(ckpt), no_dist=True)
+    return {n: (t.to_local() if hasattr(t, "to_local") else t) for n, t in state.items()}
+
+
+def check(out: Mapping[str, Any], **args: Any) -> dict[str, Any]:
+    """Digest of the loaded shards, comparable with :mod:`benchmarks.contenders`' checks."""
+    from benchmarks.contenders import check_params
+
+    return check_params({n: to_numpy(t) for n, t in out.items()}, **args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.peers.dcp")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("save-rank", help="internal: save one source rank's shards (run by save_checkpoint)")
+    s.add_argument("--rank", type=int, required=True)
+    s.add_argument("--world", type=int, required=True)
+    s.add_argument("--rendezvous", required=True)
+    s.add_argument("--rank-file", required=True)
+    s.add_argument("--strategy", required=True)
+    s.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    _save_rank(a.rank, a.world, a.rendezvous, a.rank_file, a.strategy, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
