@@ -72,15 +72,17 @@ def target_boxes(store: Store, target: Strategy | None, rank: int,
 class RankView:
     """The parameters one target rank holds, planned up front and read on demand.
 
-    ``dtype`` (a numpy dtype) converts values chunk by chunk while reading. Reads use
-    ``workers`` threads per parameter.
+    ``dtype`` (a numpy dtype) converts values chunk by chunk while reading. ``workers`` threads
+    read the chunks of one parameter when it is large (>= 64 MiB); the default is 1 because on
+    a warm page cache the copy is memory-bound and a second thread made 3 GB loads slower here
+    (benchmarks/results/3gb/load.md: 1.99 s with 2, 1.07 s with 1).
     """
 
     store: Store
     boxes: Mapping[str, Box | None]
     dtype: np.dtype | None = None
     verify: bool = False
-    workers: int = 2
+    workers: int = 1
 
     def names(self) -> list[str]:
         return list(self.boxes)
@@ -129,7 +131,7 @@ class RankView:
 
 
 def rank_view(store: Store, strategy: StrategyLike = None, rank: int = 0, *, names: Sequence[str] | None = None,
-              dtype: np.dtype | None = None, verify: bool = False, workers: int = 2) -> RankView:
+              dtype: np.dtype | None = None, verify: bool = False, workers: int = 1) -> RankView:
     """Plan what rank ``rank`` of ``strategy`` (the source layout when ``None``) needs from ``store``."""
     target = resolve_target(store, strategy)
     return RankView(store, target_boxes(store, target, rank, names), None if dtype is None else np.dtype(dtype),

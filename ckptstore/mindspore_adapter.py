@@ -135,7 +135,7 @@ def _as_store(store: Store | str | os.PathLike[str]) -> Store:
 
 def load_rank(store: Store | str | os.PathLike[str], strategy: StrategyLike = None, rank: int = 0, *,
               names: Sequence[str] | None = None, dtype: Any = None, copy: bool = True, verify: bool = False,
-              workers: int = 2) -> RankParameters:
+              workers: int = 1) -> RankParameters:
     """The ``mindspore.Parameter``s rank ``rank`` of ``strategy`` holds, built lazily from ``store``.
 
     ``strategy`` is the target's strategy file(s) or a :class:`~ckptstore.strategy.Strategy`;
