@@ -50,7 +50,7 @@ def _names(names_file: str) -> list[tuple[str, tuple[int, ...], str, bool]]:
 # ckptstore
 
 
-def ckptstore_load_rank(store: str, strategy: str, rank: int, names_file: str, workers: int = 2) -> dict[str, Any]:
+def ckptstore_load_rank(store: str, strategy: str, rank: int, names_file: str, workers: int = 1) -> dict[str, Any]:
     """``ckptstore.load_rank``: every Parameter of the rank built (the lazy mapping fully touched)."""
     import ckptstore
 
@@ -58,7 +58,7 @@ def ckptstore_load_rank(store: str, strategy: str, rank: int, names_file: str, w
     return {name: params[name] for name in params}
 
 
-def ckptstore_rank_view(store: str, strategy: str, rank: int, names_file: str, workers: int = 2) -> dict[str, Any]:
+def ckptstore_rank_view(store: str, strategy: str, rank: int, names_file: str, workers: int = 1) -> dict[str, Any]:
     """``ckptstore.rank_view(...).read(name)`` for every name: numpy arrays, no MindSpore."""
     import ckptstore
 
