@@ -279,7 +279,8 @@ def _parse_ranks(value: str | None) -> list[int] | None:
               help="File format of the per-rank files.")
 @click.option("--include", multiple=True, metavar="GLOB", help="Export only parameters matching (repeatable).")
 @click.option("--dtype", default=None,
-              help="Convert values while reading, e.g. float16 or bfloat16 (default: as stored).")
+              help="Convert floating-point parameters while reading, e.g. float16 or bfloat16 (integer and bool "
+                   "parameters keep their type; default: as stored).")
 @click.option("--crc", is_flag=True, help="Append MindSpore's crc_num trailer (ckpt only), as save_checkpoint(crc_check=True).")
 @_friendly_errors
 def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None, fmt: str,
@@ -293,10 +294,13 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
     from .dtypes import numpy_dtype
     from .export import export as export_store
 
+    try:
+        target_dtype = numpy_dtype(dtype) if dtype else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--dtype") from None
     with open_store(store) as st:
         summary = export_store(st, out, strategy=list(strategies) or None, ranks=_parse_ranks(ranks),
-                               names=list(include) or None, dtype=numpy_dtype(dtype) if dtype else None,
-                               fmt=fmt, crc=crc)
+                               names=list(include) or None, dtype=target_dtype, fmt=fmt, crc=crc)
     click.echo(f"wrote {len(summary.files)} file(s) under {out}, reading {_fmt_bytes(summary.bytes_read)} "
                "from the store")
 

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 from .backends import safetensors_backend as sb
 from .backends import zarr_backend as zb
 from .chunk_plan import ParamPlan, check_even_slices, plan_param, select_params
-from .errors import CkptStoreError, LayoutMismatchError, StoreExistsError, StoreWriteError
+from .errors import CkptStoreError, InvalidOptionError, LayoutMismatchError, StoreExistsError, StoreWriteError
 from .manifest import ParamManifest, StoreManifest
 from .progress import Progress
 from .source import DistributedSource, SourceParam, find_rank_files, open_source
@@ -105,10 +105,10 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     """
     started = time.monotonic()
     if fmt not in ("zarr", "safetensors"):
-        raise ValueError(f"unknown store format {fmt!r}; choose zarr or safetensors")
+        raise InvalidOptionError(f"unknown store format {fmt!r}; choose zarr or safetensors")
     codec = _codec(compress)
     if codec is not None and fmt == "safetensors":
-        raise ValueError("safetensors stores are not compressed; use the zarr format for --compress")
+        raise InvalidOptionError("safetensors stores are not compressed; use the zarr format for --compress")
     chunk_bytes = (max_chunk_mb or (DEFAULT_COMPRESSED_CHUNK_MB if codec else DEFAULT_CHUNK_MB)) << 20
     source = resolve_source(src, strategy, step=step, prefix=prefix, verify_crc=verify_crc)
     names = select_params(source.params, include=include, exclude=exclude, drop_optimizer=drop_optimizer)
@@ -143,7 +143,7 @@ def _codec(compress: str | None) -> dict[str, Any] | None:
     if compress in (None, "", "none"):
         return None
     if compress not in CODECS:
-        raise ValueError(f"unknown compression {compress!r}; choose one of: none, {', '.join(CODECS)}")
+        raise InvalidOptionError(f"unknown compression {compress!r}; choose one of: none, {', '.join(CODECS)}")
     return dict(CODECS[compress])
 
 

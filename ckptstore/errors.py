@@ -101,3 +101,7 @@ class StoreWriteError(CkptStoreError, OSError):
 
 class ReplicaMismatchError(CkptStoreError, ValueError):
     """Ranks that should hold identical replicas of a slice hold different bytes."""
+
+
+class InvalidOptionError(CkptStoreError, ValueError):
+    """Options that do not go together or are not known (e.g. compression for safetensors)."""

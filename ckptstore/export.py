@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from .ckpt_writer import CheckpointWriter
+from .errors import InvalidOptionError
 from .loader import RankView, StrategyLike, rank_view, resolve_target
 from .safetensors_writer import SafetensorsWriter
 from .store import Store
@@ -39,7 +40,7 @@ def export(store: Store, out: str | os.PathLike[str], *, strategy: StrategyLike 
     adds its ``crc_num`` trailer) or ``"safetensors"``. ``dtype`` converts while reading.
     """
     if fmt not in ("ckpt", "safetensors"):
-        raise ValueError(f"unknown export format {fmt!r}; choose ckpt or safetensors")
+        raise InvalidOptionError(f"unknown export format {fmt!r}; choose ckpt or safetensors")
     target = resolve_target(store, strategy)
     world = 1 if target is None else target.world_size
     chosen = list(range(world)) if ranks is None else list(ranks)
@@ -62,7 +63,7 @@ def export(store: Store, out: str | os.PathLike[str], *, strategy: StrategyLike 
 def _write_safetensors(view: RankView, path: Path) -> None:
     texts = {n: str(view.read(n)) for n in view.names() if view.store.info(n).is_str}
     plans = {n: view.plan_for(n) for n in view.names() if n not in texts}
-    declared = [(n, view.dtype or p.dtype, p.shape) for n, p in plans.items()]
+    declared = [(n, view.dtype_of(n), p.shape) for n, p in plans.items()]
     with SafetensorsWriter(path, declared, metadata=texts) as writer:
         for name in plans:
             writer.add(name, view.read(name))  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 
 from .boxes import Box
+from .dtypes import BFLOAT16
 from .errors import LayoutMismatchError, StrategyError
 from .planner import ParamReadPlan, ReadPlan, plan_param
 from .reader import execute
@@ -72,7 +73,7 @@ def target_boxes(store: Store, target: Strategy | None, rank: int,
 class RankView:
     """The parameters one target rank holds, planned up front and read on demand.
 
-    ``dtype`` (a numpy dtype) converts values chunk by chunk while reading. ``workers`` threads
+    ``dtype`` (a numpy dtype) converts floating-point values chunk by chunk while reading. ``workers`` threads
     read the chunks of one parameter when it is large (>= 64 MiB); the default is 1 because on
     a warm page cache the copy is memory-bound and a second thread made 3 GB loads slower here
     (benchmarks/results/3gb/load.md: 1.99 s with 2, 1.07 s with 1).
@@ -93,6 +94,12 @@ class RankView:
     def __len__(self) -> int:
         return len(self.boxes)
 
+    def dtype_of(self, name: str) -> np.dtype:
+        """The dtype ``name`` is read as: ``dtype`` for floating-point parameters, else as stored
+        (converting fp32 weights to fp16 must not turn integer counters into floats)."""
+        stored = self.store.info(name).np_dtype
+        return self.dtype if self.dtype is not None and _is_float(stored) else stored
+
     def plan_for(self, name: str) -> ParamReadPlan:
         return plan_param(self.store.info(name), self.boxes[name])
 
@@ -107,7 +114,7 @@ class RankView:
         if info.is_str:
             return info.value or ""
         plan = self.plan_for(name)
-        out = np.empty(plan.shape, dtype=self.dtype or plan.dtype)
+        out = np.empty(plan.shape, dtype=self.dtype_of(name))
         return execute(plan, self.store._files, out=out, verify=self.verify, workers=self.workers)  # noqa: SLF001
 
     def mapped(self, name: str) -> np.ndarray | None:
@@ -117,7 +124,7 @@ class RankView:
         host-side work only (see ``copy=False`` in :func:`ckptstore.load_rank`).
         """
         info = self.store.info(name)
-        if info.is_str or info.codec is not None or (self.dtype is not None and self.dtype != info.np_dtype):
+        if info.is_str or info.codec is not None or self.dtype_of(name) != info.np_dtype:
             return None
         plan = self.plan_for(name)
         if not plan.chunks or plan.box.size == 0:
@@ -128,6 +135,10 @@ class RankView:
             return None
         return np.memmap(self.store.root / c.file, dtype=info.np_dtype, mode="r", offset=c.offset,
                          shape=c.container.shape)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype == BFLOAT16 or np.issubdtype(dtype, np.floating)
 
 
 def rank_view(store: Store, strategy: StrategyLike = None, rank: int = 0, *, names: Sequence[str] | None = None,

@@ -140,7 +140,7 @@ def load_rank(store: Store | str | os.PathLike[str], strategy: StrategyLike = No
 
     ``strategy`` is the target's strategy file(s) or a :class:`~ckptstore.strategy.Strategy`;
     ``None`` means the store's source layout. ``names`` are globs; ``dtype`` (e.g.
-    ``mindspore.float16``) converts while reading, chunk by chunk; ``verify`` checks each
+    ``mindspore.float16``) converts floating-point parameters while reading, chunk by chunk; ``verify`` checks each
     touched chunk's CRC-32C. Values equal what ``mindspore.transform_checkpoints`` followed by
     ``load_checkpoint`` gives for that rank; parameters the target does not describe come whole.
     """

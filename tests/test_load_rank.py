@@ -421,3 +421,13 @@ def test_open_refuses_a_converted_store_whose_root_metadata_is_gone(load_env, tm
 def test_load_rank_on_a_missing_path_raises_store_not_found(tmp_path):
     with pytest.raises(StoreNotFoundError):
         ckptstore.load_rank(tmp_path / "nothing.zarr")
+
+
+def test_dtype_converts_only_floating_point_parameters(load_env):
+    t = load_env.target("mixed_dtypes->dp2_mp2_optshard")
+    params = ckptstore.load_rank(t.store, t.strategy, 1, dtype=mindspore.float16)
+    oracle = t.oracle(1)
+    for name in ("i8.table", "i32.index", "u8.quant", "mask", "global_step"):
+        assert params[name].dtype != mindspore.float16, name
+        assert_same_array(to_numpy(params[name]), oracle[name], name)
+    assert params["fp64.w"].dtype == mindspore.float16
