@@ -31,7 +31,7 @@ from benchmarks import bench_load, procfs
 from benchmarks.harness import (RESULTS_DIR, WORKER_ENV, BenchmarkError, Contender, append_result, command_line,
                                 environment, run_concurrent, run_contender, warm_page_cache)
 from benchmarks.registry import contenders_for, register
-from benchmarks.report import Column, format_bytes, markdown_table
+from benchmarks.report import Column, format_bytes, markdown_table, publish
 from benchmarks.synth import Mesh, Synth
 
 NAME = "node"
@@ -290,10 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     node = make_setup(s, parse_mesh(args.dst_world, source=False))
     record = run(node, reps=args.reps, command=command_line("benchmarks.bench_node", argv),
                  results_dir=args.results_dir)
-    text = render(record)
-    (args.results_dir / f"{NAME}.md").write_text(text, encoding="utf-8")
-    print(text)
-    return 0
+    return publish(render(record), args.results_dir, NAME)
 
 
 if __name__ == "__main__":

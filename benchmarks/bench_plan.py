@@ -50,7 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from benchmarks.harness import RESULTS_DIR, append_result, command_line, environment
-from benchmarks.report import format_bytes, format_seconds
+from benchmarks.report import format_bytes, format_seconds, publish
 from benchmarks.synth import Mesh
 
 NAME = "plan"
@@ -468,10 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "command": command_line("benchmarks.bench_plan", argv), "reps": args.reps, "environment": environment(),
               "uptime_before": before, "uptime_after": _uptime(), "models": models}
     append_result(NAME, record, args.results_dir)
-    text = render(record)
-    (args.results_dir / f"{NAME}.md").write_text(text, encoding="utf-8")
-    print(text)
-    return 0
+    return publish(render(record), args.results_dir, NAME)
 
 
 if __name__ == "__main__":

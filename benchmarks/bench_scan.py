@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from benchmarks.harness import RESULTS_DIR, BenchmarkError, Contender, command_line, run_benchmark
-from benchmarks.report import Column, format_bytes, machine_line, markdown_table
+from benchmarks.report import Column, format_bytes, machine_line, markdown_table, publish
 
 NAME = "scan"
 BASELINE = "mindspore.load_checkpoint"
@@ -148,10 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchmarkError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    text = render(record)
-    (args.results_dir / f"{NAME}.md").write_text(text, encoding="utf-8")
-    print(text)
-    return 0
+    return publish(render(record), args.results_dir, NAME)
 
 
 if __name__ == "__main__":

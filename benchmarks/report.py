@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 
@@ -138,3 +139,10 @@ def machine_line(record: Mapping[str, Any]) -> str:
     return (f"{e['cpu_model']}, {e['nproc']} cores, {mem} RAM, Linux {e['kernel']}; "
             f"Python {e['python']}, numpy {e['numpy']}, MindSpore {e['mindspore']}; "
             f"ckptstore {e.get('git') or '?'}; {record['cache']} page cache; {record['date']}")
+
+
+def publish(text: str, results_dir: Path, name: str) -> int:
+    """Write a scenario's Markdown report to ``results_dir/<name>.md``, print it, return exit 0."""
+    (results_dir / f"{name}.md").write_text(text, encoding="utf-8")
+    print(text)
+    return 0

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 from benchmarks.bench_load import BOUND, CKPTSTORE, dataset_line, make_setup
 from benchmarks.harness import RESULTS_DIR, BenchmarkError, Contender, command_line, run_benchmark, run_contender
 from benchmarks.peers import DCP, DCP_1T, ORBAX, ORBAX_ALL, dcp_contender, orbax_contenders
-from benchmarks.report import Column, format_bytes, machine_line, markdown_table, one_line
+from benchmarks.report import Column, format_bytes, machine_line, markdown_table, one_line, publish
 
 NAME = "peers"
 COLUMNS = (Column("wall_s", "wall", "s"), Column("peak_above_start", "peak RSS above start", "B"),
@@ -206,10 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchmarkError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    text = render(record)
-    (args.results_dir / f"{name}.md").write_text(text, encoding="utf-8")
-    print(text)
-    return 0
+    return publish(render(record), args.results_dir, name)
 
 
 if __name__ == "__main__":
