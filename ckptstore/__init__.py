@@ -26,6 +26,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "__version__",
     "CkptEntry",
     "CkptIndex",
     "CkptStoreError",

@@ -21,7 +21,6 @@ from urllib.parse import quote
 
 import crc32c
 import numcodecs
-import numpy as np
 import zarr
 import zarr.codecs
 from zarr.storage import MemoryStore
