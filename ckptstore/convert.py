@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from .backends import read_manifest
 from .backends import safetensors_backend as sb
 from .backends import zarr_backend as zb
 from .chunk_plan import ParamPlan, check_even_slices, plan_param, select_params
@@ -195,16 +196,10 @@ def _prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
 
 def _has_manifest(out: Path) -> bool:
     """Whether ``out`` holds a ckptstore manifest (an unreadable one is someone else's file)."""
-    if (out / sb.MANIFEST).exists():
-        try:
-            return isinstance(sb.read_manifest(out), dict)
-        except ValueError:
-            return False
     try:
-        attrs = zb.read_root_attributes(out)
-    except (ValueError, AttributeError):  # not JSON, not UTF-8, not an object
+        return isinstance(read_manifest(out), dict)
+    except ValueError:  # not JSON, not UTF-8, not an object
         return False
-    return isinstance(attrs, dict) and attrs.get("ckptstore") is not None
 
 
 def _clear(out: Path) -> None:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-import crc32c
+from .checksum import ShortFileError, crc32c_of
+
 
 
 @dataclass(frozen=True)
@@ -63,25 +64,15 @@ def good_prefix(data: Path, entries: list[JournalEntry],
         return good
     try:
         for i, e in enumerate(entries):
-            if e.index != i or _crc_of(fd, pieces_of(e), block) != e.crc:
+            try:
+                if e.index != i or crc32c_of(fd, pieces_of(e), block=block) != e.crc:
+                    break
+            except ShortFileError:
                 break
             good.append(e)
     finally:
         os.close(fd)
     return good
-
-
-def _crc_of(fd: int, pieces: Sequence[tuple[int, int]], block: int) -> int | None:
-    crc = 0
-    for offset, nbytes in pieces:
-        done = 0
-        while done < nbytes:
-            data = os.pread(fd, min(block, nbytes - done), offset + done)
-            if not data:
-                return None
-            crc = crc32c.crc32c(data, crc)
-            done += len(data)
-    return crc
 
 
 class JournalWriter:

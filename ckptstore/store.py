@@ -6,15 +6,14 @@ overlap the requested index and reads only their bytes into one array.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from .backends import read_manifest
 from .backends import safetensors_backend as sb
-from .backends import zarr_backend as zb
 from .boxes import Box
 from .convert import WORK_DIR
 from .errors import IncompleteStoreError, StoreCorruptError, StoreNotFoundError
@@ -122,8 +121,8 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
     if not root.is_dir():
         raise StoreNotFoundError(f"no ckptstore store at {root} (expected a folder made by 'ckptstore convert')")
     try:
-        doc = _read_manifest(root)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        doc = read_manifest(root)
+    except ValueError as e:  # not JSON, not UTF-8, not an object
         raise StoreCorruptError(f"the metadata of the store at {root} is not valid JSON: {e}") from None
     if doc is None:
         if (root / WORK_DIR).is_dir():
@@ -136,11 +135,3 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
         raise IncompleteStoreError(f"the store at {root} is marked incomplete; rerun the conversion")
     return Store(root, StoreManifest.from_json(doc, where=str(root)))
 
-
-def _read_manifest(root: Path) -> Any:
-    """The manifest: ``ckptstore.json`` of a safetensors store, or the root ``zarr.json`` attributes."""
-    doc = sb.read_manifest(root)
-    if doc is not None:
-        return doc
-    attrs = zb.read_root_attributes(root)
-    return None if attrs is None else attrs.get("ckptstore", False)

@@ -11,19 +11,17 @@ from math import prod
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import crc32c
 import numcodecs
 import numcodecs.abc
 
 from .backends.zarr_backend import numcodecs_codec
+from .checksum import ShortFileError, crc32c_of
 from .chunk_plan import plan_param as plan_chunks
 from .ckpt_reader import CkptEntry, read_into
 from .convert import resolve_source
 from .errors import StoreCorruptError
 from .manifest import ParamManifest
 from .store import Store
-
-_BLOCK = 16 << 20
 
 
 @dataclass
@@ -69,16 +67,10 @@ def _check_chunk(store: Store, name: str, i: int) -> str | None:
     except FileNotFoundError:
         return f"parameter {name!r}: chunk {i}: file {path} is missing"
     try:
-        crc = 0
-        for offset, nbytes in info.chunk_pieces(i):
-            done = 0
-            while done < nbytes:
-                data = os.pread(fd, min(_BLOCK, nbytes - done), offset + done)
-                if not data:
-                    return (f"parameter {name!r}: chunk {i}: file {path} ends at byte offset {offset + done}, "
-                            f"expected {nbytes} bytes from offset {offset}")
-                crc = crc32c.crc32c(data, crc)
-                done += len(data)
+        crc = crc32c_of(fd, info.chunk_pieces(i))
+    except ShortFileError as e:
+        return (f"parameter {name!r}: chunk {i}: file {path} ends at byte offset {e.at}, "
+                f"expected {e.nbytes} bytes from offset {e.offset}")
     finally:
         os.close(fd)
     if crc != t.crc32c[i]:

@@ -130,4 +130,6 @@ def read_root_attributes(store: Path) -> dict[str, Any] | None:
         doc = json.loads((store / ROOT_METADATA).read_bytes())
     except FileNotFoundError:
         return None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{store / ROOT_METADATA} is not a JSON object")
     return doc.get("attributes", {})
