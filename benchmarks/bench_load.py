@@ -31,9 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from benchmarks.harness import RESULTS_DIR, BenchmarkError, Contender, command_line, run_benchmark
+from benchmarks.harness import (
+    RESULTS_DIR, BenchmarkError, Contender, command_line, run_benchmark, run_and_publish,
+)
 from benchmarks.registry import contenders_for, register
-from benchmarks.report import Column, format_bytes, machine_line, markdown_table, one_line, publish
+from benchmarks.report import Column, format_bytes, machine_line, markdown_table, one_line
 from benchmarks.synth import Mesh, Synth
 
 NAME = "load"
@@ -315,13 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     s = synth(parse_size(args.size), parse_mesh(args.src_world, source=True), args.seed)
     st = make_setup(s, parse_mesh(args.dst_world, source=False), args.rank)
-    try:
-        record = run(st, reps=args.reps, baseline_reps=args.baseline_reps,
-                     command=command_line("benchmarks.bench_load", argv), results_dir=args.results_dir)
-    except BenchmarkError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return publish(render(record), args.results_dir, NAME)
+    return run_and_publish(lambda: run(st, reps=args.reps, baseline_reps=args.baseline_reps,
+                                       command=command_line("benchmarks.bench_load", argv),
+                                       results_dir=args.results_dir), render, args.results_dir, NAME)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from benchmarks.harness import RESULTS_DIR, BenchmarkError, Contender, command_line, run_benchmark
-from benchmarks.report import Column, format_bytes, machine_line, markdown_table, publish
+from benchmarks.harness import RESULTS_DIR, Contender, command_line, run_benchmark, run_and_publish
+from benchmarks.report import Column, format_bytes, machine_line, markdown_table
 
 NAME = "scan"
 BASELINE = "mindspore.load_checkpoint"
@@ -141,14 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               "entries": len(layout), "mid_tensor": mid.name, "rows": [lo, lo + n_rows],
               "rows_bytes": n_rows * row_bytes}
     print(f"{path} ({params['file_bytes']} bytes, {len(layout)} parameters)", file=sys.stderr)
-    try:
-        record = run_benchmark(NAME, contenders(path, mid.name, (lo, lo + n_rows), baseline_reps=args.baseline_reps),
-                               reps=args.reps, cold=args.cold, warm_paths=[path], params=params,
-                               command=command_line("benchmarks.bench_scan", argv), results_dir=args.results_dir)
-    except BenchmarkError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return publish(render(record), args.results_dir, NAME)
+    return run_and_publish(
+        lambda: run_benchmark(NAME, contenders(path, mid.name, (lo, lo + n_rows), baseline_reps=args.baseline_reps),
+                              reps=args.reps, cold=args.cold, warm_paths=[path], params=params,
+                              command=command_line("benchmarks.bench_scan", argv), results_dir=args.results_dir),
+        render, args.results_dir, NAME)
 
 
 if __name__ == "__main__":

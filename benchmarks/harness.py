@@ -442,3 +442,17 @@ def load_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             return list(json.load(f)["runs"])
     except FileNotFoundError:
         return []
+
+
+def run_and_publish(make_record: Callable[[], Mapping[str, Any]], render: Callable[[Any], str],
+                    results_dir: Path, name: str) -> int:
+    """A scenario CLI's ending: run, then write and print the report (exit 0); a
+    :class:`BenchmarkError` becomes one line on stderr and exit 1."""
+    from benchmarks.report import publish
+
+    try:
+        record = make_record()
+    except BenchmarkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return publish(render(record), results_dir, name)

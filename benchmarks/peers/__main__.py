@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from benchmarks.bench_load import BOUND, CKPTSTORE, dataset_line, make_setup
-from benchmarks.harness import RESULTS_DIR, BenchmarkError, Contender, command_line, run_benchmark, run_contender
+from benchmarks.harness import (
+    RESULTS_DIR, BenchmarkError, Contender, command_line, run_benchmark, run_contender, run_and_publish,
+)
 from benchmarks.peers import DCP, DCP_1T, ORBAX, ORBAX_ALL, dcp_contender, orbax_contenders
-from benchmarks.report import Column, format_bytes, machine_line, markdown_table, one_line, publish
+from benchmarks.report import Column, format_bytes, machine_line, markdown_table, one_line
 
 NAME = "peers"
 COLUMNS = (Column("wall_s", "wall", "s"), Column("peak_above_start", "peak RSS above start", "B"),
@@ -195,18 +197,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = dtype_synth(parse_size(args.size), parse_mesh(args.src_world, source=True), args.seed, dtype=args.dtype)
     st = make_setup(s, parse_mesh(args.dst_world, source=False), args.rank)
     contenders = build(st, orbax_all=not args.no_orbax_all, log=log, dtype=args.dtype)
-    try:
+    def measure() -> dict[str, Any]:
         verification = verify(st, contenders, log=log)
-        record = run_benchmark(name, contenders, reps=args.reps, warm_paths=store_files(st, contenders),
-                               params={**st.params(), "dtype": args.dtype, "verification": verification,
-                                       "versions": _versions(),
-                                       "uptime_before": uptime},
-                               command=command_line("benchmarks.peers", argv), results_dir=args.results_dir,
-                               keep_going=True, timeout=1800)
-    except BenchmarkError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return publish(render(record), args.results_dir, name)
+        return run_benchmark(name, contenders, reps=args.reps, warm_paths=store_files(st, contenders),
+                             params={**st.params(), "dtype": args.dtype, "verification": verification,
+                                     "versions": _versions(), "uptime_before": uptime},
+                             command=command_line("benchmarks.peers", argv), results_dir=args.results_dir,
+                             keep_going=True, timeout=1800)
+
+    return run_and_publish(measure, render, args.results_dir, name)
 
 
 if __name__ == "__main__":
