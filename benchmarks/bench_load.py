@@ -296,15 +296,20 @@ def not_run_notes(record: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_load", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_load_args(ap: argparse.ArgumentParser) -> None:
+    """The options of a load scenario: checkpoint size and layouts, target rank, repetitions."""
     ap.add_argument("--size", default="1GB", help="global tensor bytes of the model (1GB = 10^9 B)")
     ap.add_argument("--src-world", default="8", help="source ranks (8 = dp2×mp4) or DPxMP")
     ap.add_argument("--dst-world", default="4", help="target ranks (4 = dp1×mp4) or DPxMP")
     ap.add_argument("--rank", type=int, default=0, help="target rank to load")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reps", type=int, default=3)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_load", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_load_args(ap)
     ap.add_argument("--baseline-reps", type=int, default=None, help="cap the MindSpore routes' repetitions")
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     return ap.parse_args(argv)

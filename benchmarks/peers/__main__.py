@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from benchmarks.bench_load import BOUND, CKPTSTORE, dataset_line, make_setup
+from benchmarks.bench_load import BOUND, CKPTSTORE, add_load_args, dataset_line, make_setup
 from benchmarks.harness import (
     RESULTS_DIR, BenchmarkError, Contender, command_line, run_benchmark, run_contender, run_and_publish,
 )
@@ -169,12 +169,7 @@ def _uptime() -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="1GB", help="global tensor bytes of the model (1GB = 10^9 B)")
-    ap.add_argument("--src-world", default="8", help="source ranks (8 = dp2×mp4) or DPxMP")
-    ap.add_argument("--dst-world", default="4", help="target ranks (4 = dp1×mp4) or DPxMP")
-    ap.add_argument("--rank", type=int, default=0, help="target rank to load")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--reps", type=int, default=3)
+    add_load_args(ap)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                     help="dtype of every floating-point tensor (bfloat16: a separate cached checkpoint)")
     ap.add_argument("--no-orbax-all", action="store_true", help="skip the single-process all-ranks Orbax row")
