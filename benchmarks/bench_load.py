@@ -7,7 +7,7 @@ layout is loaded as rank ``r`` of the target layout, by every route, each in a f
 
 * ``ckptstore.load_rank``: Parameters built for every tensor, from the converted store (and
   again with ``workers=2``: large parameters' chunks read by two threads);
-* ``ckptstore.rank_view().read``: the same slices as numpy arrays (no MindSpore);
+* ``ckptstore.loader.rank_view().read``: the same slices as numpy arrays (no MindSpore);
 * ``lower bound: numpy preadv``: one ``os.preadv`` of a file holding exactly the rank's bytes
   into one preallocated array (``numpy preadv, 2 threads``: the same split over two threads);
 * ``mindspore.load_distributed_checkpoint``: a Cell declaring the target shapes, every rank
@@ -111,7 +111,7 @@ def _ckptstore_load_rank_2workers(st: LoadSetup) -> Contender:
 
 @register("load")
 def _ckptstore_rank_view(st: LoadSetup) -> Contender:
-    return Contender("ckptstore.rank_view().read (numpy)", MODULE, "ckptstore_rank_view",
+    return Contender("ckptstore.loader.rank_view().read (numpy)", MODULE, "ckptstore_rank_view",
                      {"store": st.store, "strategy": st.dst_strategy, "rank": st.rank, "names_file": st.names_file},
                      preimport=("ckptstore",), check="check_ckptstore")
 
@@ -355,7 +355,7 @@ def reach(s: Synth, dst: Mesh, ranks: Sequence[int] | None = None, *,
     results: dict[str, dict[str, Any]] = {}
     for r in chosen:
         st = make_setup(s, dst, r)
-        view = ckptstore.rank_view(ckptstore.open(st.store), st.dst_strategy, r)
+        view = ckptstore.loader.rank_view(ckptstore.open(st.store), st.dst_strategy, r)
         ref = check_params({n: view.read(n) for n in view.names()}, names_file=st.names_file)["digest"]
         for factory in routes:
             c = factory(st)

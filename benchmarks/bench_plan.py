@@ -11,7 +11,7 @@ with optimizer sharding (Adam moments included); its strategy file is written by
 offsets back to back in one shard file per parameter, the supplying rank = first replica; CRCs
 are fake), written as the store's root ``zarr.json`` by the Zarr backend, and opened with
 ``ckptstore.open`` (read + JSON parse + validation). Then every rank of the 64-card target
-(mp 8 × dp 8, ``sample.relayout``) is planned with ``ckptstore.rank_view(...).plan`` — the code
+(mp 8 × dp 8, ``sample.relayout``) is planned with ``ckptstore.loader.rank_view(...).plan`` — the code
 ``load_rank`` runs before it reads a byte.
 
 Bytes read and memory are *computed*, not measured:
@@ -203,10 +203,10 @@ def measure_model(key: str, src: Mesh, dst: Mesh, *, reps: int, profile: bool,
         root = Path(tmp)
         src_file = write_strategy(root / "strategy_src.ckpt", specs)
         dst_file = write_strategy(root / "strategy_dst.ckpt", relayout(specs, dp=dst.dp, mp=dst.mp))
-        t, strategy = _timed(lambda: ckptstore.load_strategy(src_file), reps)
+        t, strategy = _timed(lambda: ckptstore.strategy.load_strategy(src_file), reps)
         out["read_src_strategy_s"] = _stats(t)
         out["strategy_file_bytes"] = src_file.stat().st_size
-        t, target = _timed(lambda: ckptstore.load_strategy(dst_file), reps)
+        t, target = _timed(lambda: ckptstore.strategy.load_strategy(dst_file), reps)
         out["read_dst_strategy_s"] = _stats(t)
 
         t0 = time.perf_counter()
@@ -267,7 +267,7 @@ def _measure_plans(store: Any, target: Any, dst: Mesh, reps: int, profile: bool,
     import ckptstore
 
     def plan(rank: int) -> Any:
-        return ckptstore.rank_view(store, target, rank).plan
+        return ckptstore.loader.rank_view(store, target, rank).plan
 
     out: dict[str, Any] = {}
     t, _ = _timed(lambda: plan(0), reps)
@@ -301,7 +301,7 @@ def _node_distinct_bytes(store: Any, target: Any, ranks: Sequence[int]) -> int:
 
     boxes: dict[str, set[Any]] = {}
     for r in ranks:
-        for name, box in ckptstore.rank_view(store, target, r).boxes.items():
+        for name, box in ckptstore.loader.rank_view(store, target, r).boxes.items():
             boxes.setdefault(name, set()).add(box)
     total = 0
     for name, bs in boxes.items():
@@ -338,7 +338,7 @@ def render(record: Mapping[str, Any]) -> str:
         "Source: `ckptstore.sample.pangu_specs` on mp 8 × dp 16 (128 cards) with optimizer sharding and Adam "
         "moments, fp32; target: the same parameters on mp 8 × dp 8 (64 cards, `sample.relayout`, no optimizer "
         "sharding). Manifest as `ckptstore.convert` builds it (256 MiB chunk bound, fake CRCs), opened with "
-        "`ckptstore.open`; plans by `ckptstore.rank_view(store, target, r).plan`. Times: median (min–max) of "
+        "`ckptstore.open`; plans by `ckptstore.loader.rank_view(store, target, r).plan`. Times: median (min–max) of "
         f"{record['reps']} runs.",
         "",
         "| | " + " | ".join(m["label"] for m in models) + " |",

@@ -25,8 +25,8 @@ def write_names_file(path: Path, store: str | os.PathLike[str], strategy: str | 
     import ckptstore
 
     st = ckptstore.open(store)
-    view = ckptstore.rank_view(st, strategy, rank)
-    target = ckptstore.load_strategy(strategy)
+    view = ckptstore.loader.rank_view(st, strategy, rank)
+    target = ckptstore.strategy.load_strategy(strategy)
     rows = []
     for name in view.names():
         info = st.info(name)
@@ -59,10 +59,10 @@ def ckptstore_load_rank(store: str, strategy: str, rank: int, names_file: str, w
 
 
 def ckptstore_rank_view(store: str, strategy: str, rank: int, names_file: str, workers: int = 1) -> dict[str, Any]:
-    """``ckptstore.rank_view(...).read(name)`` for every name: numpy arrays, no MindSpore."""
+    """``ckptstore.loader.rank_view(...).read(name)`` for every name: numpy arrays, no MindSpore."""
     import ckptstore
 
-    view = ckptstore.rank_view(ckptstore.open(store), strategy, rank, workers=workers)
+    view = ckptstore.loader.rank_view(ckptstore.open(store), strategy, rank, workers=workers)
     return {name: view.read(name) for name in view.names()}
 
 
@@ -286,7 +286,7 @@ def _mmap_share(store: str, strategy: str, rank: int) -> dict[str, int]:
     from ckptstore import reader
 
     page = 4096
-    view = ckptstore.rank_view(ckptstore.open(store), strategy, rank)
+    view = ckptstore.loader.rank_view(ckptstore.open(store), strategy, rank)
     mapped = pages = 0
     for name in view.names():
         plan = view.plan_for(name)

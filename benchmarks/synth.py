@@ -225,7 +225,7 @@ class Synth:
         """Bytes of the tensors rank ``rank`` of ``mesh`` holds (the denominator of every ratio)."""
         import ckptstore
 
-        return int(ckptstore.rank_view(ckptstore.open(self.store()), self.target_strategy(mesh), rank).plan.nbytes)
+        return int(ckptstore.loader.rank_view(ckptstore.open(self.store()), self.target_strategy(mesh), rank).plan.nbytes)
 
     def flat_file(self, mesh: Mesh, rank: int) -> Path:
         """One file holding exactly rank ``rank``'s slices of ``mesh``, back to back (lower bound)."""
@@ -236,7 +236,7 @@ class Synth:
         with cache_lock(self.root):
             if not path.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
-                view = ckptstore.rank_view(ckptstore.open(store), strategy, rank)
+                view = ckptstore.loader.rank_view(ckptstore.open(store), strategy, rank)
                 tmp = path.with_name(path.name + ".partial")
                 with open(tmp, "wb") as f:
                     for name in view.names():

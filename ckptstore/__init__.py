@@ -1,50 +1,40 @@
 """ckptstore: bounded-memory resharding of MindSpore distributed checkpoints.
 
-``import ckptstore`` never imports MindSpore; only the MindSpore adapter does, on first use.
+The public API is what a user calls::
+
+    ckptstore.convert(src, out, strategy=[...])      # rank files + strategy -> a store
+    store = ckptstore.open(path)                      # a store: names, info, read, plan
+    ckptstore.load_rank(store, strategy, rank)        # mindspore.Parameters of one target rank
+    ckptstore.load_into_net(net, store, strategy)     # straight into a network
+    ckptstore.export(store, out, strategy=...)        # per-rank .ckpt / .safetensors files
+    ckptstore.verify(store)                           # checksums (and the source, with against=)
+
+Errors are :class:`CkptStoreError` (subclasses in :mod:`ckptstore.errors`). Everything else stays
+importable from its module. ``import ckptstore`` imports neither MindSpore nor zarr-python:
+functions that need them import them on first use.
 """
 from __future__ import annotations
 
-from .ckpt_reader import CkptEntry, CkptIndex, read_entry, scan_checkpoint
-from .convert import ConvertSummary, convert
+from typing import Any
+
+from .convert import convert
 from .errors import CkptStoreError
-from .export import ExportSummary, export
-from .loader import RankView, rank_view
+from .export import export
 from .store import Store, open
-from .strategy import Layout, Strategy, load_strategy
+from .verify import verify
+from .version import __version__
+
+_ADAPTER = ("load_rank", "load_into_net")
 
 
-_ADAPTER_NAMES = ("RankParameters", "load_into_net", "load_rank")
-
-
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     # The MindSpore adapter is imported on first use, so `import ckptstore` stays light.
-    if name in _ADAPTER_NAMES:
+    if name in _ADAPTER:
         from . import mindspore_adapter
 
         return getattr(mindspore_adapter, name)
     raise AttributeError(f"module 'ckptstore' has no attribute {name!r}")
 
 
-__all__ = [
-    "__version__",
-    "CkptEntry",
-    "CkptIndex",
-    "CkptStoreError",
-    "ConvertSummary",
-    "ExportSummary",
-    "RankParameters",
-    "RankView",
-    "export",
-    "load_into_net",
-    "load_rank",
-    "rank_view",
-    "Store",
-    "convert",
-    "open",
-    "Layout",
-    "Strategy",
-    "load_strategy",
-    "read_entry",
-    "scan_checkpoint",
-]
-from .version import __version__  # noqa: E402
+__all__ = ["CkptStoreError", "Store", "__version__", "convert", "export", "load_into_net", "load_rank", "open",
+           "verify"]

@@ -1,21 +1,57 @@
-"""A file written under a temporary name and moved into place only when complete."""
+"""Files that appear whole or not at all: the one atomic-write mechanism of ckptstore.
+
+Every file ckptstore writes — a store's data files and metadata, exported checkpoints — is
+written under ``<name>.partial``, flushed to disk (``fsync``) and renamed over its final name;
+the folder is synced too, so the rename survives a crash. A reader therefore never sees half a
+file. Store data files are *resumable*: ``resume=True`` keeps what an interrupted run already
+wrote in the partial file (its journal says which bytes are good) instead of starting over.
+"""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 from typing import BinaryIO
 
+PARTIAL_SUFFIX = ".partial"
+
+
+def partial_path(path: str | os.PathLike[str]) -> Path:
+    """Where the unfinished ``path`` is written."""
+    p = Path(path)
+    return p.with_name(p.name + PARTIAL_SUFFIX)
+
+
+def fsync_folder(folder: str | os.PathLike[str]) -> None:
+    """fsync a folder, so renames and new files in it are durable."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
 
 class AtomicFile:
-    """Base for writers of whole files: ``path + ".partial"`` until :meth:`close` fsyncs and
-    renames it, so nobody ever sees half a file; :meth:`abort` (or an exception inside a
-    ``with`` block) removes it. Subclasses write through ``self._f`` and may extend
-    :meth:`_finish`."""
+    """A file written under a temporary name and moved into place only when complete.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    Write through :attr:`file` (sequential) or :attr:`fd` (``pwrite`` at offsets); :meth:`close`
+    finishes (subclasses may append a trailer in :meth:`_finish`), fsyncs and renames; leaving a
+    ``with`` block by an exception, or :meth:`abort`, removes the partial file unless
+    ``resume=True``, which keeps it (and opens an existing one without truncating it).
+    ``sync_folder=False`` skips syncing the folder after the rename, for callers that sync the
+    whole file system once before they commit (a store's many data files).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, resume: bool = False, sync_folder: bool = True) -> None:
         self.path = Path(path)
-        self._tmp = self.path.with_name(self.path.name + ".partial")
-        self._f: BinaryIO = open(self._tmp, "wb")
+        self.partial = partial_path(self.path)
+        self.resume, self.sync_folder = resume, sync_folder
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (0 if resume else os.O_TRUNC)
+        self.fd = os.open(self.partial, flags, 0o644)
+        self._f: BinaryIO = os.fdopen(self.fd, "r+b", closefd=True)
+
+    @property
+    def file(self) -> BinaryIO:
+        return self._f
 
     def _finish(self) -> None:
         """Last writes before the file is synced (a trailer, a check)."""
@@ -24,14 +60,17 @@ class AtomicFile:
         """Finish, fsync and move the file into place."""
         self._finish()
         self._f.flush()
-        os.fsync(self._f.fileno())
+        os.fsync(self.fd)
         self._f.close()
-        os.replace(self._tmp, self.path)
+        os.replace(self.partial, self.path)
+        if self.sync_folder:
+            fsync_folder(self.path.parent)
 
     def abort(self) -> None:
-        """Drop the unfinished file."""
+        """Stop writing; drop the partial file unless it is resumable."""
         self._f.close()
-        self._tmp.unlink(missing_ok=True)
+        if not self.resume:
+            self.partial.unlink(missing_ok=True)
 
     def __enter__(self) -> "AtomicFile":
         return self
@@ -41,3 +80,9 @@ class AtomicFile:
             self.close()
         else:
             self.abort()
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, sync_folder: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically (small files: metadata, markers)."""
+    with AtomicFile(path, sync_folder=sync_folder) as f:
+        f.file.write(data)

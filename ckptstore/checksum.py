@@ -1,34 +1,31 @@
-"""CRC-32C of bytes already stored in a file, read piece by piece in bounded blocks."""
+"""CRC-32C of bytes already stored in files, read piece by piece in bounded blocks."""
 from __future__ import annotations
 
-import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import crc32c
+
+from .sources.base import ReadableFile
 
 BLOCK = 16 << 20
 
 
-class ShortFileError(EOFError):
-    """The file ended inside a piece: ``at`` is where, in the piece ``(offset, nbytes)``."""
+def crc32c_of(open_file: Callable[[str], ReadableFile], pieces: Sequence[tuple[str, int, int]], *,
+              block: int = BLOCK) -> int:
+    """CRC-32C of the bytes at ``pieces`` (``(file, offset, length)``, in order).
 
-    def __init__(self, at: int, offset: int, nbytes: int) -> None:
-        super().__init__(f"file ends at byte offset {at}, expected {nbytes} bytes from offset {offset}")
-        self.at, self.offset, self.nbytes = at, offset, nbytes
-
-
-def crc32c_of(fd: int, pieces: Sequence[tuple[int, int]], *, block: int = BLOCK) -> int:
-    """CRC-32C of the bytes at ``pieces`` (``(offset, length)``, in order) of ``fd``.
-
-    Raises :class:`ShortFileError` when the file ends before a piece does.
+    ``open_file`` maps a file key to an open file (``source.open``). Reads at most ``block``
+    bytes at a time. Raises :class:`~ckptstore.errors.ShortReadError` when a file ends before
+    its piece does.
     """
     crc = 0
-    for offset, nbytes in pieces:
+    buf = bytearray(min(block, max((n for _, _, n in pieces), default=0)))
+    for key, offset, nbytes in pieces:
+        f = open_file(key)
         done = 0
         while done < nbytes:
-            data = os.pread(fd, min(block, nbytes - done), offset + done)
-            if not data:
-                raise ShortFileError(offset + done, offset, nbytes)
-            crc = crc32c.crc32c(data, crc)
-            done += len(data)
+            view = memoryview(buf)[:min(len(buf), nbytes - done)]
+            f.read_into(offset + done, view)
+            crc = crc32c.crc32c(view, crc)
+            done += len(view)
     return crc

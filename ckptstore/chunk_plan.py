@@ -15,7 +15,6 @@ import numpy as np
 
 from .boxes import Box
 from .ckpt_reader import CkptEntry
-from .manifest import chunk_shape_for
 from .source import SourceParam, SourceSlice
 
 #: Name patterns of MindSpore optimizer state and training counters, removed by
@@ -112,3 +111,26 @@ def check_even_slices(param: SourceParam) -> str | None:
     if sum(s.box.size for s in param.slices) != prod(param.shape):
         return "its slices do not cover the whole tensor exactly once"
     return None
+
+
+def chunk_shape_for(box_shape: Sequence[int], itemsize: int, max_bytes: int) -> tuple[int, ...]:
+    """The chunk shape for source slices of ``box_shape``: the slice itself, cut only to stay
+    under ``max_bytes``.
+
+    A chunk is always a contiguous byte range of its source slice (only leading axes are cut:
+    ``[1, ..., 1, c, full, ..., full]``), so converting is a plain byte copy.
+    """
+    shape = tuple(max(int(s), 1) for s in box_shape)
+    if prod(shape) * itemsize <= max_bytes or not shape:
+        return shape
+    for k in range(len(shape)):
+        inner = prod(shape[k + 1:]) * itemsize
+        if inner <= max_bytes:
+            c = max(d for d in _divisors(shape[k]) if d * inner <= max_bytes)
+            return (1,) * k + (c,) + shape[k + 1:]
+    return (1,) * len(shape)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return small + [n // d for d in small]

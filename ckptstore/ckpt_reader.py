@@ -22,14 +22,18 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 
 from . import protowire
-from .dtypes import MINDSPORE_TO_NUMPY, STR_TYPE, UNSUPPORTED_TYPES
+from .dtypes import STR_TYPE, UNSUPPORTED_TYPES, lookup
 from .errors import (
     ChecksumMismatchError,
     CorruptCheckpointError,
     EncryptedCheckpointError,
+    ShortReadError,
     TruncatedCheckpointError,
     UnsupportedCheckpointError,
 )
+from .limits import MAX_NAME_BYTES, MAX_NDIM, MAX_STR_BYTES, MAX_TENSOR_BYTES
+from .sources.base import ReadableFile
+from .sources.local import LocalFile
 
 CRC_MAGIC = b"crc_num"
 CRC_TRAILER_BYTES = len(CRC_MAGIC) + 10
@@ -62,7 +66,7 @@ class CkptEntry:
     def dtype(self) -> np.dtype:
         if self.is_str:
             return np.dtype(f"<U{max(self.nbytes // 4, 1)}")
-        return MINDSPORE_TO_NUMPY[self.tensor_type]
+        return lookup(self.tensor_type).numpy
 
     @property
     def nbytes(self) -> int:
@@ -92,8 +96,8 @@ class CkptIndex:
 class _Window:
     """A forward cursor over a file that reads small headers through a read-ahead window."""
 
-    def __init__(self, fd: int, path: str, end: int) -> None:
-        self.fd, self.path, self.end = fd, path, end
+    def __init__(self, f: ReadableFile, end: int) -> None:
+        self.f, self.path, self.end = f, f.url, end
         self.pos = 0
         self._buf = b""
         self._buf_at = 0
@@ -106,7 +110,7 @@ class _Window:
                 path=self.path, param=self.param, offset=self.pos)
         lo = self.pos - self._buf_at
         if lo < 0 or lo + n > len(self._buf):
-            self._buf = os.pread(self.fd, max(n, _WINDOW), self.pos)
+            self._buf = self.f.pread(self.pos, max(n, _WINDOW))
             self._buf_at, lo = self.pos, 0
             if len(self._buf) < n:
                 raise TruncatedCheckpointError(
@@ -129,9 +133,12 @@ class _Window:
         self.pos += used
         return value
 
-    def take(self, n: int, limit: int) -> bytes:
+    def take(self, n: int, limit: int, *, most: int = MAX_NAME_BYTES) -> bytes:
         if self.pos + n > limit:
             raise self._truncated(f"a {n}-byte field")
+        if n > most:
+            raise CorruptCheckpointError(f"a name or type string of {n} bytes (more than {most})", path=self.path,
+                                         param=self.param, offset=self.pos)
         data = bytes(self._need(n))
         self.pos += n
         return data
@@ -161,9 +168,18 @@ def _parse_tensor(w: _Window, end: int, rec: _Record) -> None:
         num, wire = key >> 3, key & 7
         if num == 1 and wire == protowire.VARINT:
             rec.dims.append(protowire.as_signed64(w.varint(end)))
+            if len(rec.dims) > MAX_NDIM:
+                raise CorruptCheckpointError(f"a tensor with more than {MAX_NDIM} dimensions", path=w.path,
+                                             param=w.param, offset=key_at)
         elif num == 1 and wire == protowire.LEN:
-            payload = w.take(w.varint(end), end)
-            rec.dims.extend(protowire.as_signed64(v) for v in protowire.packed_varints(memoryview(payload)))
+            payload = w.take(w.varint(end), end, most=MAX_NDIM * protowire.MAX_VARINT_BYTES)
+            try:
+                rec.dims.extend(protowire.as_signed64(v) for v in protowire.packed_varints(memoryview(payload)))
+                if len(rec.dims) > MAX_NDIM:
+                    raise protowire.WireError(f"more than {MAX_NDIM} dimensions", 0)
+            except protowire.WireError as e:
+                raise CorruptCheckpointError(f"the dimensions are malformed ({e.problem})", path=w.path,
+                                             param=w.param, offset=key_at) from None
         elif num == 2 and wire == protowire.LEN:
             rec.tensor_type = _text(w, w.take(w.varint(end), end), key_at)
         elif num == 3 and wire == protowire.LEN:
@@ -223,23 +239,24 @@ def _parse_value(w: _Window, end: int) -> _Record:
     return rec
 
 
-def _crc_trailer(fd: int, size: int) -> int | None:
-    if size < CRC_TRAILER_BYTES:
+def _crc_trailer(f: ReadableFile) -> int | None:
+    if f.size < CRC_TRAILER_BYTES:
         return None
-    tail = os.pread(fd, CRC_TRAILER_BYTES, size - CRC_TRAILER_BYTES)
+    tail = f.pread(f.size - CRC_TRAILER_BYTES, CRC_TRAILER_BYTES)
     if tail[:len(CRC_MAGIC)] != CRC_MAGIC:
         return None
     return int.from_bytes(tail[len(CRC_MAGIC):], "big")
 
 
-def _iter_records(fd: int, path: str, size: int) -> Iterator[_Record]:
-    w = _Window(fd, path, size)
+def _iter_records(f: ReadableFile) -> Iterator[_Record]:
+    w = _Window(f, f.size)
+    size = f.size
     while w.pos < size:
         w.param = None
         start = w.pos
         first = w._need(1)[0]
         if first != _VALUE_KEY:
-            _explain_non_record(fd, path, size, start, first)
+            _explain_non_record(f, start, first)
             return
         w.pos += 1
         length = w.varint(size)
@@ -248,38 +265,38 @@ def _iter_records(fd: int, path: str, size: int) -> Iterator[_Record]:
             w.param = _peek_tag(w, size)
             raise TruncatedCheckpointError(
                 f"a record of {length} bytes runs {end - size} bytes past the end of the file",
-                path=path, param=w.param, offset=start)
+                path=f.url, param=w.param, offset=start)
         rec = _parse_value(w, end)
         rec.offset, rec.end = start, end
-        _check_record(rec, path, start)
+        _check_record(rec, f.url, start)
         yield rec
         w.pos = end
 
 
-def _explain_non_record(fd: int, path: str, size: int, at: int, first: int) -> None:
+def _explain_non_record(f: ReadableFile, at: int, first: int) -> None:
     """Return quietly at a CRC trailer; raise the error that explains any other non-record bytes."""
-    tail = os.pread(fd, CRC_TRAILER_BYTES, at)
-    if size - at == CRC_TRAILER_BYTES and tail.startswith(CRC_MAGIC):
+    tail = f.pread(at, CRC_TRAILER_BYTES)
+    if f.size - at == CRC_TRAILER_BYTES and tail.startswith(CRC_MAGIC):
         return
     if CRC_MAGIC.startswith(tail[:len(CRC_MAGIC)]) or tail.startswith(CRC_MAGIC):
-        raise TruncatedCheckpointError("the CRC trailer (crc_num) is cut short or damaged", path=path,
+        raise TruncatedCheckpointError("the CRC trailer (crc_num) is cut short or damaged", path=f.url,
                                        offset=at)
     if at == 0:
-        _refuse_encrypted(fd, path)
+        _refuse_encrypted(f)
         raise CorruptCheckpointError(
             f"this is not a MindSpore checkpoint: it starts with byte 0x{first:02x}, not a checkpoint record",
-            path=path, offset=0)
-    raise CorruptCheckpointError(f"unexpected byte 0x{first:02x} where a record should start", path=path,
+            path=f.url, offset=0)
+    raise CorruptCheckpointError(f"unexpected byte 0x{first:02x} where a record should start", path=f.url,
                                  offset=at)
 
 
-def _refuse_encrypted(fd: int, path: str) -> None:
-    mode = _CIPHER_MAGICS.get(os.pread(fd, 4, 0))
+def _refuse_encrypted(f: ReadableFile) -> None:
+    mode = _CIPHER_MAGICS.get(f.pread(0, 4))
     if mode is not None:
         raise EncryptedCheckpointError(
             f"the file is encrypted ({mode}, saved with enc_key). Decrypt it with "
             f"mindspore.load_checkpoint(path, dec_key=..., dec_mode={mode!r}) and save it again without "
-            "enc_key before using ckptstore", path=path, offset=0)
+            "enc_key before using ckptstore", path=f.url, offset=0)
 
 
 def _peek_tag(w: _Window, size: int) -> str | None:
@@ -301,7 +318,7 @@ def _check_record(rec: _Record, path: str, at: int) -> None:
     if rec.tensor_type in UNSUPPORTED_TYPES:
         raise UnsupportedCheckpointError(UNSUPPORTED_TYPES[rec.tensor_type], path=path, param=rec.tag,
                                          offset=at)
-    if rec.tensor_type != STR_TYPE and rec.tensor_type not in MINDSPORE_TO_NUMPY:
+    if rec.tensor_type != STR_TYPE and not _known_type(rec.tensor_type):
         raise CorruptCheckpointError(f"unknown tensor type {rec.tensor_type!r}", path=path,
                                      param=rec.tag, offset=at)
     if any(d < 0 for d in rec.dims):
@@ -321,7 +338,10 @@ def _entry(records: Sequence[_Record], path: str, *, at_eof: bool = False) -> Ck
     entry = CkptEntry(last.tag, last.tensor_type, () if last.tensor_type == STR_TYPE else dims,
                       pieces, records[0].offset)
     if not entry.is_str:
-        expected = prod(dims) * entry.dtype.itemsize
+        elements = 1
+        for d in dims:  # bounded step by step: a hostile header may hold huge dimensions
+            elements = min(elements * d, MAX_TENSOR_BYTES + 1)
+        expected = elements * entry.dtype.itemsize
         if entry.nbytes < expected and at_eof:
             # the file stops between two records of this parameter: it was cut there
             raise TruncatedCheckpointError(
@@ -337,7 +357,22 @@ def _entry(records: Sequence[_Record], path: str, *, at_eof: bool = False) -> Ck
     return entry
 
 
-def scan_checkpoint(path: str | os.PathLike[str], *, verify_crc: bool = False) -> CkptIndex:
+def _known_type(tensor_type: str) -> bool:
+    try:
+        lookup(tensor_type)
+    except ValueError:
+        return False
+    return tensor_type[:1].isupper()  # MindSpore names ("Float32"), not numpy ones
+
+
+def open_file(path: str | os.PathLike[str] | ReadableFile) -> tuple[ReadableFile, bool]:
+    """``(file, opened_here)`` for a path or an already open file."""
+    if isinstance(path, ReadableFile):
+        return path, False
+    return LocalFile.from_path(path), True
+
+
+def scan_checkpoint(path: str | os.PathLike[str] | ReadableFile, *, verify_crc: bool = False) -> CkptIndex:
     """Index a MindSpore ``.ckpt`` file without reading its payloads.
 
     Returns a :class:`CkptIndex` mapping each parameter name to its :class:`CkptEntry` (dtype,
@@ -348,38 +383,39 @@ def scan_checkpoint(path: str | os.PathLike[str], *, verify_crc: bool = False) -
     :class:`~ckptstore.errors.CheckpointFileError` subclass naming the file, parameter and byte
     offset for truncated, corrupt, encrypted or unsupported files.
     """
-    path = os.fspath(path)
-    fd = os.open(path, os.O_RDONLY)
+    f, own = open_file(path)
     try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            raise TruncatedCheckpointError("the file is empty", path=path, offset=0)
-        _refuse_encrypted(fd, path)
-        stored = _crc_trailer(fd, size)
+        if f.size == 0:
+            raise TruncatedCheckpointError("the file is empty", path=f.url, offset=0)
+        _refuse_encrypted(f)
+        stored = _crc_trailer(f)
         entries: dict[str, CkptEntry] = {}
         group: list[_Record] = []
         data_end = 0
-        for rec in _iter_records(fd, path, size):
+        for rec in _iter_records(f):
             if group and rec.tag != group[-1].tag:
                 entries.pop(group[-1].tag, None)
-                entries[group[-1].tag] = _entry(group, path)
+                entries[group[-1].tag] = _entry(group, f.url)
                 group = []
             group.append(rec)
             data_end = rec.end
         if group:
             entries.pop(group[-1].tag, None)
-            entries[group[-1].tag] = _entry(group, path, at_eof=data_end == size)
+            entries[group[-1].tag] = _entry(group, f.url, at_eof=data_end == f.size)
         # The records are length-delimited, so the trailer is exactly what follows the last one.
-        trailer = stored is not None and data_end == size - CRC_TRAILER_BYTES
-        index = CkptIndex(path, size, entries, stored if trailer else None, data_end)
+        trailer = stored is not None and data_end == f.size - CRC_TRAILER_BYTES
+        index = CkptIndex(f.url, f.size, entries, stored if trailer else None, data_end)
         if verify_crc:
-            verify_checkpoint_crc(index, fd=fd)
+            verify_checkpoint_crc(index, f)
         return index
+    except ShortReadError as e:
+        raise TruncatedCheckpointError(f"the file shrank while being read ({e})", path=f.url, offset=e.end) from None
     finally:
-        os.close(fd)
+        if own:
+            f.close()
 
 
-def verify_checkpoint_crc(index: CkptIndex, *, fd: int | None = None) -> None:
+def verify_checkpoint_crc(index: CkptIndex, f: ReadableFile | None = None) -> None:
     """Check the file's ``crc_num`` trailer against a CRC-32 of its records.
 
     Raises :class:`~ckptstore.errors.ChecksumMismatchError` on a mismatch and when the file has
@@ -388,77 +424,73 @@ def verify_checkpoint_crc(index: CkptIndex, *, fd: int | None = None) -> None:
     if index.stored_crc is None:
         raise ChecksumMismatchError("the file has no CRC trailer (it was saved without crc_check=True)",
                                     path=index.path)
-    own = fd is None
-    if own:
-        fd = os.open(index.path, os.O_RDONLY)
+    file, own = (f, False) if f is not None else open_file(index.path)
     try:
         crc, pos = 0, 0
+        buf = bytearray(min(_CRC_BLOCK, index.data_end))
         while pos < index.data_end:
-            block = os.pread(fd, min(_CRC_BLOCK, index.data_end - pos), pos)
-            if not block:
-                raise TruncatedCheckpointError("the file shrank while being read", path=index.path, offset=pos)
-            crc = zlib.crc32(block, crc)
-            pos += len(block)
+            view = memoryview(buf)[:min(len(buf), index.data_end - pos)]
+            file.read_into(pos, view)
+            crc = zlib.crc32(view, crc)
+            pos += len(view)
     finally:
         if own:
-            os.close(fd)
+            file.close()
     if crc != index.stored_crc:
         raise ChecksumMismatchError(
             f"CRC-32 of the records is {crc} but the trailer says {index.stored_crc}: the file is damaged",
             path=index.path, offset=index.data_end)
 
 
-def read_into(fd: int, pieces: Sequence[tuple[int, int]], start: int, out: memoryview, *,
-              path: str = "", param: str | None = None) -> None:
-    """Fill ``out`` with the logical bytes ``[start, start + len(out))`` of a parameter.
-
-    ``pieces`` are the parameter's ``(offset, length)`` ranges in the file (its logical bytes
-    are their concatenation). Bytes go straight from the file into ``out`` with ``preadv``.
-    """
+def entry_requests(pieces: Sequence[tuple[int, int]], start: int, out: memoryview) -> list[tuple[int, memoryview]]:
+    """Read requests that fill ``out`` with the logical bytes ``[start, start + len(out))`` of an
+    entry stored as ``pieces`` (``(offset, length)`` in the file, concatenated in order)."""
     want_end = start + len(out)
-    logical = 0
-    written = 0
+    logical, written = 0, 0
+    requests = []
     for offset, length in pieces:
         lo, hi = max(start, logical), min(want_end, logical + length)
         if lo < hi:
-            _pread_exact(fd, out[written:written + hi - lo], offset + lo - logical, path, param)
+            requests.append((offset + lo - logical, out[written:written + hi - lo]))
             written += hi - lo
         logical += length
         if logical >= want_end:
             break
     if written != len(out):
-        raise CorruptCheckpointError(f"asked for bytes [{start}, {want_end}) but the parameter has {logical}",
-                                     path=path, param=param)
+        raise ValueError(f"asked for bytes [{start}, {want_end}) but the entry has {logical}")
+    return requests
 
 
-def _pread_exact(fd: int, view: memoryview, offset: int, path: str, param: str | None) -> None:
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n <= 0:
-            raise TruncatedCheckpointError("the file ends before this parameter's bytes", path=path,
-                                           param=param, offset=offset + done)
-        done += n
+def read_into(f: ReadableFile, pieces: Sequence[tuple[int, int]], start: int, out: memoryview, *,
+              param: str | None = None) -> None:
+    """Fill ``out`` with the logical bytes ``[start, start + len(out))`` of a parameter.
+
+    ``pieces`` are the parameter's ``(offset, length)`` ranges in the file (its logical bytes
+    are their concatenation). Bytes go straight from the file into ``out``.
+    """
+    try:
+        requests = entry_requests(pieces, start, out)
+    except ValueError as e:
+        raise CorruptCheckpointError(str(e), path=f.url, param=param) from None
+    try:
+        f.read_requests(requests)
+    except ShortReadError as e:
+        raise TruncatedCheckpointError("the file ends before this parameter's bytes", path=f.url, param=param,
+                                       offset=e.end) from None
 
 
-def read_entry(path: str | os.PathLike[str], entry: CkptEntry, *, rows: tuple[int, int] | None = None,
-               out: np.ndarray | None = None) -> np.ndarray | str:
+def read_entry(path: str | os.PathLike[str] | ReadableFile, entry: CkptEntry, *,
+               rows: tuple[int, int] | None = None, out: np.ndarray | None = None) -> np.ndarray | str:
     """Read one parameter (or rows ``[lo, hi)`` of its first axis) as a numpy array.
 
     The result equals what ``mindspore.load_checkpoint`` gives for that parameter (for ``str``
     values, the Python string). Only the needed byte ranges are read, directly into ``out``
     when given (it must be C-contiguous with the right dtype and shape).
     """
-    path = os.fspath(path)
-    fd = os.open(path, os.O_RDONLY)
+    f, own = open_file(path)
     try:
         if entry.is_str:
-            raw = bytearray(entry.nbytes)
-            read_into(fd, entry.pieces, 0, memoryview(raw), path=path, param=entry.name)
-            if raw and int(np.frombuffer(raw, "<u4").max()) > 0x10FFFF:  # numpy raises SystemError
-                raise CorruptCheckpointError("a string value holds a code point beyond U+10FFFF (not UTF-32)",
-                                             path=path, param=entry.name, offset=entry.record_offset)
-            return str(np.frombuffer(bytes(raw), entry.dtype)[0]) if raw else ""
+            return _read_str(f, entry)
         shape = entry.shape
         start = 0
         if rows is not None:
@@ -473,8 +505,20 @@ def read_entry(path: str | os.PathLike[str], entry: CkptEntry, *, rows: tuple[in
             out = np.empty(shape, dtype=entry.dtype)
         elif out.shape != shape or out.dtype != entry.dtype or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous {entry.dtype} array of shape {list(shape)}")
-        read_into(fd, entry.pieces, start, memoryview(out.reshape(-1).view(np.uint8)), path=path,
-                  param=entry.name)
+        read_into(f, entry.pieces, start, memoryview(out.reshape(-1).view(np.uint8)), param=entry.name)
         return out
     finally:
-        os.close(fd)
+        if own:
+            f.close()
+
+
+def _read_str(f: ReadableFile, entry: CkptEntry) -> str:
+    if entry.nbytes > MAX_STR_BYTES:
+        raise CorruptCheckpointError(f"a string value of {entry.nbytes} bytes (more than {MAX_STR_BYTES})",
+                                     path=f.url, param=entry.name, offset=entry.record_offset)
+    raw = bytearray(entry.nbytes)
+    read_into(f, entry.pieces, 0, memoryview(raw), param=entry.name)
+    if raw and int(np.frombuffer(raw, "<u4").max()) > 0x10FFFF:  # numpy raises SystemError
+        raise CorruptCheckpointError("a string value holds a code point beyond U+10FFFF (not UTF-32)",
+                                     path=f.url, param=entry.name, offset=entry.record_offset)
+    return str(np.frombuffer(bytes(raw), entry.dtype)[0]) if raw else ""

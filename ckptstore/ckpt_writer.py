@@ -13,7 +13,7 @@ import zlib
 import numpy as np
 
 from .atomic_file import AtomicFile
-from .dtypes import NUMPY_TO_MINDSPORE, STR_TYPE
+from .dtypes import STR_TYPE, mindspore_name
 from .protowire import encode_varint
 
 #: MindSpore's default ``SLICE_SIZE`` (512 MiB) in bytes.
@@ -57,7 +57,7 @@ class CheckpointWriter(AtomicFile):
             self._record(name, (0,), STR_TYPE, memoryview(raw))
             return
         arr = value if value.flags.c_contiguous else value.copy()  # (ascontiguousarray makes 0-d arrays 1-d)
-        tensor_type = NUMPY_TO_MINDSPORE[arr.dtype]
+        tensor_type = mindspore_name(arr.dtype)
         raw = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
         for start in range(0, max(len(raw), 1), self._slice):
             self._record(name, tuple(arr.shape), tensor_type, raw[start:start + self._slice])

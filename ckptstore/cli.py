@@ -15,7 +15,8 @@ import click
 
 from . import describe
 from .chunk_plan import OPTIMIZER_PATTERNS
-from .convert import CODECS, convert as convert_store
+from .codecs import CODECS
+from .convert import convert as convert_store
 from .errors import CkptStoreError
 from .source import find_rank_files, open_source
 from .store import open as open_store

@@ -25,25 +25,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .backends import read_manifest
+from .atomic_file import write_atomic
+from .backends import MANIFEST, ROOT_METADATA, WORK_DIR, read_manifest
 from .backends import safetensors_backend as sb
 from .backends import zarr_backend as zb
+from .codecs import CODECS
 from .chunk_plan import ParamPlan, check_even_slices, plan_param, select_params
-from .errors import CkptStoreError, InvalidOptionError, LayoutMismatchError, StoreExistsError, StoreWriteError
+from .errors import CkptStoreError, InvalidOptionError, LayoutMismatchError, StoreCorruptError, StoreExistsError, StoreWriteError
 from .manifest import ParamManifest, StoreManifest
 from .progress import Progress
-from .source import DistributedSource, SourceParam, find_rank_files, open_source
+from .source import DistributedSource, SourceParam, resolve_source
+from .sources import LocalSource
 from .store_writer import ChunkCopier, load_done, str_manifest, write_dense_param, write_zarr_param
 from .strategy import Strategy, load_strategy
 from .version import __version__
 
-WORK_DIR = ".ckptstore-work"
 DEFAULT_CHUNK_MB = 256
 DEFAULT_COMPRESSED_CHUNK_MB = 16
-CODECS: dict[str, dict[str, Any]] = {
-    "zstd": {"id": "zstd", "level": 3},
-    "blosc": {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": "shuffle"},
-}
 
 
 @dataclass(frozen=True)
@@ -67,22 +65,6 @@ class ConvertSummary:
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "dedup_saved_bytes": self.dedup_saved_bytes}
-
-
-def resolve_source(src: str | os.PathLike[str], strategy: Sequence[str | os.PathLike[str]] = (), *,
-                   step: int | None = None, prefix: str | None = None,
-                   verify_crc: bool = False) -> DistributedSource:
-    """Open ``src`` (a folder of ``rank_<i>/`` or one ``.ckpt`` file) with its strategy files."""
-    strat: Strategy | None = load_strategy(list(strategy)) if strategy else None
-    p = Path(src)
-    if p.is_file():
-        if strat is not None and strat.world_size != 1:
-            raise LayoutMismatchError(f"{p} is a single checkpoint file but the strategy describes "
-                                      f"{strat.world_size} ranks; pass the folder of rank_<i>/ instead")
-        return open_source({0: p}, strat, verify_crc=verify_crc)
-    if not p.exists():
-        raise FileNotFoundError(errno.ENOENT, "no such checkpoint file or folder", str(p))
-    return open_source(find_rank_files(p, step=step, prefix=prefix), strat, verify_crc=verify_crc)
 
 
 def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
@@ -173,7 +155,7 @@ def _prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
         raise StoreExistsError(f"output path {out} is a file, not a folder; choose another --out")
     work = out / WORK_DIR
     if out.is_dir() and any(out.iterdir()):
-        complete = (out / zb.ROOT_METADATA).exists() or (out / sb.MANIFEST).exists()
+        complete = (out / ROOT_METADATA).exists() or (out / MANIFEST).exists()
         ours = complete and _has_manifest(out) or work.is_dir()
         if not ours:
             raise StoreExistsError(f"output folder {out} is not empty and is not a ckptstore store; "
@@ -188,7 +170,7 @@ def _prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
                                    "that command to finish it, or pass --overwrite to start again")
     try:
         (work / "done").mkdir(parents=True, exist_ok=True)
-        zb.write_atomic(work / "fingerprint", fingerprint.encode())
+        write_atomic(work / "fingerprint", fingerprint.encode())
     except OSError as e:
         raise _write_error(e, out, None) from e
     return work
@@ -197,8 +179,8 @@ def _prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
 def _has_manifest(out: Path) -> bool:
     """Whether ``out`` holds a ckptstore manifest (an unreadable one is someone else's file)."""
     try:
-        return isinstance(read_manifest(out), dict)
-    except ValueError:  # not JSON, not UTF-8, not an object
+        return isinstance(read_manifest(LocalSource(out)), dict)
+    except (StoreCorruptError, CkptStoreError):  # not JSON, not UTF-8, not an object
         return False
 
 
@@ -233,7 +215,7 @@ class _StoreWriter:
             return finished
         try:
             manifest = str_manifest(plan, zb.array_path(name)) if plan.param.is_str else self._write(plan)
-            zb.write_atomic(done, json.dumps(manifest.to_json()).encode())
+            write_atomic(done, json.dumps(manifest.to_json()).encode())
         except OSError as e:
             raise _write_error(e, self.out / zb.array_path(name), name) from e
         self.copier.progress.add(0, 1)
@@ -252,7 +234,7 @@ class _ZarrWriter(_StoreWriter):
         return write_zarr_param(plan, self.out, zb.array_path(plan.param.name), self.copier)
 
     def commit(self, manifest: StoreManifest) -> None:
-        _commit(self.out, self.work, self.out / zb.ROOT_METADATA,
+        _commit(self.out, self.work, self.out / ROOT_METADATA,
                 zb.group_metadata({"ckptstore": manifest.to_json()}))
 
 
@@ -282,7 +264,7 @@ class _SafetensorsWriter(_StoreWriter):
                 os.replace(self._partial(f.name), self.out / f.name)
         except OSError as e:
             raise _write_error(e, self.out, None) from e
-        _commit(self.out, self.work, self.out / sb.MANIFEST, manifest.dumps().encode())
+        _commit(self.out, self.work, self.out / MANIFEST, manifest.dumps().encode())
 
 
 def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any]:
@@ -298,7 +280,7 @@ def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any
 def _commit(out: Path, work: Path, path: Path, data: bytes) -> None:
     """Write the store's manifest file (making it complete), then drop the work directory."""
     try:
-        zb.write_atomic(path, data)
+        write_atomic(path, data)
         dir_fd = os.open(out, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
@@ -309,4 +291,4 @@ def _commit(out: Path, work: Path, path: Path, data: bytes) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["ConvertSummary", "CkptStoreError", "convert", "resolve_source"]
+__all__ = ["ConvertSummary", "convert"]

@@ -1,36 +1,55 @@
-"""Names of element types in MindSpore, numpy and the store formats.
+"""Element types, named once: MindSpore, numpy, safetensors and the store formats.
 
 MindSpore writes a ``tensor_type`` string in each checkpoint record (``"Float32"``,
-``"BFloat16"``, ``"str"`` ...). ckptstore works in numpy dtypes; bfloat16 is
-``ml_dtypes.bfloat16``, which has the same bit layout as MindSpore's (the upper 16 bits of a
+``"BFloat16"``, ``"str"`` ...); safetensors headers use codes (``"F32"``, ``"BF16"``); stores
+and ``ckptstore info`` use lowercase numpy names (``"float32"``, ``"bfloat16"``). One table,
+:data:`DTYPES`, holds every numeric type with all its names; everything else is derived from
+it. bfloat16 is ``ml_dtypes.bfloat16``, whose bits are MindSpore's (the upper 16 bits of a
 float32), so bytes move between the two unchanged.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
-#: MindSpore ``tensor_type`` string -> numpy dtype, for every numeric type ``save_checkpoint``
-#: writes. ``"str"`` values and ``"Int4"`` are handled separately.
-MINDSPORE_TO_NUMPY: dict[str, np.dtype] = {
-    "Float16": np.dtype("float16"),
-    "Float32": np.dtype("float32"),
-    "Float64": np.dtype("float64"),
-    "BFloat16": BFLOAT16,
-    "Int8": np.dtype("int8"),
-    "Int16": np.dtype("int16"),
-    "Int32": np.dtype("int32"),
-    "Int64": np.dtype("int64"),
-    "UInt8": np.dtype("uint8"),
-    "UInt16": np.dtype("uint16"),
-    "UInt32": np.dtype("uint32"),
-    "UInt64": np.dtype("uint64"),
-    "Bool": np.dtype("bool"),
-}
 
-NUMPY_TO_MINDSPORE: dict[np.dtype, str] = {v: k for k, v in MINDSPORE_TO_NUMPY.items()}
+@dataclass(frozen=True)
+class DType:
+    """One numeric element type under each of its names."""
+
+    name: str          # ckptstore / numpy name: "float32", "bfloat16"
+    mindspore: str     # checkpoint tensor_type and MindSpore dtype name: "Float32"
+    safetensors: str   # safetensors header code: "F32"
+    numpy: np.dtype
+
+    @property
+    def is_float(self) -> bool:
+        return self.numpy == BFLOAT16 or np.issubdtype(self.numpy, np.floating)
+
+
+DTYPES: tuple[DType, ...] = (
+    DType("float16", "Float16", "F16", np.dtype("float16")),
+    DType("float32", "Float32", "F32", np.dtype("float32")),
+    DType("float64", "Float64", "F64", np.dtype("float64")),
+    DType("bfloat16", "BFloat16", "BF16", BFLOAT16),
+    DType("int8", "Int8", "I8", np.dtype("int8")),
+    DType("int16", "Int16", "I16", np.dtype("int16")),
+    DType("int32", "Int32", "I32", np.dtype("int32")),
+    DType("int64", "Int64", "I64", np.dtype("int64")),
+    DType("uint8", "UInt8", "U8", np.dtype("uint8")),
+    DType("uint16", "UInt16", "U16", np.dtype("uint16")),
+    DType("uint32", "UInt32", "U32", np.dtype("uint32")),
+    DType("uint64", "UInt64", "U64", np.dtype("uint64")),
+    DType("bool", "Bool", "BOOL", np.dtype("bool")),
+)
+
+_BY_NUMPY = {d.numpy: d for d in DTYPES}
+_BY_NAME = {n: d for d in DTYPES for n in (d.name, d.mindspore)}
+_BY_SAFETENSORS = {d.safetensors: d for d in DTYPES}
 
 #: The ``tensor_type`` of string values (``append_dict`` entries such as a network name).
 STR_TYPE = "str"
@@ -41,26 +60,54 @@ UNSUPPORTED_TYPES: dict[str, str] = {
 }
 
 
-def numpy_dtype(name: str) -> np.dtype:
-    """Return the numpy dtype for a dtype name as ckptstore writes it (``"bfloat16"``, ``"float32"``).
+def lookup(dtype: object) -> DType:
+    """The :class:`DType` for a numpy dtype, a ckptstore/numpy name or a MindSpore name.
 
-    Accepts numpy names, MindSpore ``tensor_type`` strings and ``"bfloat16"``; raises
-    ``ValueError`` for anything else.
+    Accepts ``np.float32``, ``"float32"``, ``"Float32"``, ``"bfloat16"``, a MindSpore dtype
+    object (it prints as ``"Float32"``) ...; raises ``ValueError`` for anything else.
     """
-    if name in MINDSPORE_TO_NUMPY:
-        return MINDSPORE_TO_NUMPY[name]
-    if name == "bfloat16":
-        return BFLOAT16
+    found = _BY_NAME.get(dtype) if isinstance(dtype, str) else None
+    if found is None:
+        try:
+            found = _BY_NUMPY.get(np.dtype(dtype))  # type: ignore[call-overload]
+        except (TypeError, ValueError):
+            found = None
+    if found is None and not isinstance(dtype, str):
+        found = _BY_NAME.get(str(dtype))  # a MindSpore dtype object prints as "Float32"
+    if found is not None:
+        return found
+    raise ValueError(f"{dtype!r} is not an element type MindSpore checkpoints hold "
+                     f"({', '.join(d.name for d in DTYPES)})")
+
+
+def from_safetensors(code: str) -> DType:
+    """The :class:`DType` of a safetensors header code (``"BF16"``); ``ValueError`` if unknown."""
     try:
-        dt = np.dtype(name)
-    except TypeError as e:
-        raise ValueError(f"unknown dtype name {name!r}") from e
-    if dt not in NUMPY_TO_MINDSPORE:
-        raise ValueError(f"dtype {name!r} is not one MindSpore checkpoints hold")
-    return dt
+        return _BY_SAFETENSORS[code]
+    except (KeyError, TypeError):
+        raise ValueError(f"safetensors dtype {code!r} is not one MindSpore checkpoints hold") from None
 
 
-def dtype_name(dtype: np.dtype) -> str:
+def numpy_dtype(name: object) -> np.dtype:
+    """The numpy dtype for a dtype name (``"bfloat16"``, ``"Float32"``) or dtype; see :func:`lookup`."""
+    return lookup(name).numpy
+
+
+def dtype_name(dtype: object) -> str:
     """The canonical lowercase name ckptstore writes for ``dtype`` (``"bfloat16"``, ``"int8"``)."""
-    dt = np.dtype(dtype)
-    return "bfloat16" if dt == BFLOAT16 else dt.name
+    return lookup(dtype).name
+
+
+def mindspore_name(dtype: object) -> str:
+    """MindSpore's name of ``dtype`` (``"BFloat16"``): its checkpoint ``tensor_type``."""
+    return lookup(dtype).mindspore
+
+
+def safetensors_code(dtype: object) -> str:
+    """The safetensors header code of ``dtype`` (``"BF16"``)."""
+    return lookup(dtype).safetensors
+
+
+def is_float(dtype: object) -> bool:
+    """True for floating-point types (bfloat16 included)."""
+    return lookup(dtype).is_float

@@ -105,3 +105,35 @@ class ReplicaMismatchError(CkptStoreError, ValueError):
 
 class InvalidOptionError(CkptStoreError, ValueError):
     """Options that do not go together or are not known (e.g. compression for safetensors)."""
+
+
+class UnsafePathError(CkptStoreError, ValueError):
+    """A path read from metadata leaves the folder it must stay in (``..``, absolute, a symlink)."""
+
+
+class MissingFileError(CkptStoreError, FileNotFoundError):
+    """A file that metadata or the caller names does not exist."""
+
+
+class FileAccessError(CkptStoreError, OSError):
+    """A file exists but cannot be read as one (a directory, no permission, an I/O error)."""
+
+
+class ShortReadError(CkptStoreError, EOFError):
+    """A file ends before bytes that must be in it (it was truncated or replaced).
+
+    ``path``, ``offset`` (where the read started) and ``end`` (where the file ended) locate it.
+    """
+
+    def __init__(self, path: str, offset: int, nbytes: int, end: int) -> None:
+        self.path, self.offset, self.nbytes, self.end = path, offset, nbytes, end
+        super().__init__(f"file {path} ends at byte offset {end}, before the {nbytes} bytes needed at byte "
+                         f"offset {offset}; it was truncated or replaced")
+
+
+class SourceChangedError(CkptStoreError, ValueError):
+    """A file changed since it was recorded (size, modification time or version differ)."""
+
+
+class ConversionInProgressError(CkptStoreError, RuntimeError):
+    """Another process is converting into the same output folder."""

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .checksum import ShortFileError, crc32c_of
-
+from .checksum import crc32c_of
+from .errors import ShortReadError
+from .sources.local import LocalFile
 
 
 @dataclass(frozen=True)
@@ -62,16 +63,18 @@ def good_prefix(data: Path, entries: list[JournalEntry],
         fd = os.open(data, os.O_RDONLY)
     except FileNotFoundError:
         return good
+    f = LocalFile(fd, data.name, str(data), os.fstat(fd).st_size)
     try:
         for i, e in enumerate(entries):
             try:
-                if e.index != i or crc32c_of(fd, pieces_of(e), block=block) != e.crc:
+                pieces = [(f.key, o, n) for o, n in pieces_of(e)]
+                if e.index != i or crc32c_of(lambda _: f, pieces, block=block) != e.crc:
                     break
-            except ShortFileError:
+            except ShortReadError:
                 break
             good.append(e)
     finally:
-        os.close(fd)
+        f.close()
     return good
 
 

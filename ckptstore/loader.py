@@ -5,26 +5,33 @@ compiled network's layouts, or the store's own source layout) plus a global rank
 parameter the rank holds, the target gives a global box; parameters the target does not
 describe are returned whole (as ``transform_checkpoints`` copies such scalars and counters).
 :class:`RankView` plans those boxes at once (so ``plan.nbytes`` is known before any read) and
-reads each parameter only when asked.
+reads each parameter only when asked, or many at once through one pool of threads.
 """
 from __future__ import annotations
 
 import fnmatch
+import mmap
+import operator
 import os
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .boxes import Box
-from .dtypes import BFLOAT16
-from .errors import LayoutMismatchError, StrategyError
+from .dtypes import is_float, lookup
+from .errors import InvalidOptionError, LayoutMismatchError, StrategyError
+from .memory import empty
 from .planner import ParamReadPlan, ReadPlan, plan_param
-from .reader import execute
+from .reader import Executor
+from .sources import LocalFile
 from .store import Store
 from .strategy import Strategy, load_strategy, strategy_from_summary
 
 StrategyLike = Strategy | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None
+
+#: Threads that read one load by default: measured on 2 cores (benchmarks/results/workers.md).
+DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
 
 
 def resolve_target(store: Store, strategy: StrategyLike) -> Strategy | None:
@@ -40,19 +47,65 @@ def resolve_target(store: Store, strategy: StrategyLike) -> Strategy | None:
     return load_strategy(list(strategy))
 
 
+def check_rank(rank: object) -> int:
+    """``rank`` as an int; :class:`InvalidOptionError` for non-integers (``1.5``, ``True``, ``"0"``)."""
+    if isinstance(rank, bool):
+        raise InvalidOptionError(f"rank must be an integer, not {rank!r}")
+    try:
+        return operator.index(rank)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidOptionError(f"rank must be an integer, not {rank!r}") from None
+
+
+def name_patterns(names: str | Sequence[str] | None) -> list[str] | None:
+    """``names`` as a list of globs: one string is one pattern, not a sequence of characters."""
+    if names is None:
+        return None
+    if isinstance(names, str):
+        return [names]
+    out = list(names)
+    if not all(isinstance(n, str) for n in out):
+        raise InvalidOptionError(f"names must be strings (globs), got {out!r}")
+    return out
+
+
+def float_dtype(dtype: Any) -> np.dtype | None:
+    """A floating-point target dtype (numpy, MindSpore or a name), or ``None``.
+
+    Converting trained weights to an integer or bool type would truncate or wrap every value,
+    so only float16, bfloat16, float32 and float64 are accepted.
+    """
+    if dtype is None:
+        return None
+    try:
+        found = lookup(dtype)
+    except ValueError as e:
+        raise InvalidOptionError(f"dtype: {e}") from None
+    if not found.is_float:
+        raise InvalidOptionError(f"dtype {found.name} is not a floating-point type; converting weights to it would "
+                                 "truncate or wrap their values (choose float16, bfloat16, float32 or float64)")
+    return found.numpy
+
+
 def target_boxes(store: Store, target: Strategy | None, rank: int,
-                 names: Sequence[str] | None = None) -> dict[str, Box | None]:
+                 names: Sequence[str] | None = None, *, exact: bool = False) -> dict[str, Box | None]:
     """Global box of each parameter rank ``rank`` of ``target`` holds (``None`` = the whole tensor).
 
-    ``names`` are globs (all parameters when ``None``). Parameters that the target places only on
-    other pipeline stages are left out. Raises :class:`~ckptstore.errors.LayoutMismatchError`
-    when the target cannot split a parameter of the store's shape.
+    ``names`` are globs (or exact names with ``exact=True``; all parameters when ``None``).
+    Parameters that the target places only on other pipeline stages are left out. Raises
+    :class:`~ckptstore.errors.LayoutMismatchError` when the target cannot split a parameter of
+    the store's shape.
     """
+    rank = check_rank(rank)
     if target is not None and not 0 <= rank < target.world_size:
         raise StrategyError(f"rank {rank} is outside the target layout's {target.world_size} ranks")
+    wanted = set(names) if exact and names is not None else None
     out: dict[str, Box | None] = {}
     for name in store.names():
-        if names is not None and not any(fnmatch.fnmatchcase(name, g) for g in names):
+        if wanted is not None:
+            if name not in wanted:
+                continue
+        elif names is not None and not any(fnmatch.fnmatchcase(name, g) for g in names):
             continue
         info = store.info(name)
         if target is None or name not in target.layouts or info.is_str:
@@ -73,17 +126,15 @@ def target_boxes(store: Store, target: Strategy | None, rank: int,
 class RankView:
     """The parameters one target rank holds, planned up front and read on demand.
 
-    ``dtype`` (a numpy dtype) converts floating-point values chunk by chunk while reading. ``workers`` threads
-    read the chunks of one parameter when it is large (>= 64 MiB); the default is 1 because on
-    a warm page cache the copy is memory-bound and a second thread made 3 GB loads slower here
-    (benchmarks/results/3gb/load.md: 1.99 s with 2, 1.07 s with 1).
+    ``dtype`` (a numpy float dtype) converts floating-point values chunk by chunk while reading.
+    ``workers`` threads read each load (several parameters at once with :meth:`read_many`).
     """
 
     store: Store
     boxes: Mapping[str, Box | None]
     dtype: np.dtype | None = None
     verify: bool = False
-    workers: int = 1
+    workers: int = DEFAULT_WORKERS
 
     def names(self) -> list[str]:
         return list(self.boxes)
@@ -98,10 +149,11 @@ class RankView:
         """The dtype ``name`` is read as: ``dtype`` for floating-point parameters, else as stored
         (converting fp32 weights to fp16 must not turn integer counters into floats)."""
         stored = self.store.info(name).np_dtype
-        return self.dtype if self.dtype is not None and _is_float(stored) else stored
+        return self.dtype if self.dtype is not None and is_float(stored) else stored
 
     def plan_for(self, name: str) -> ParamReadPlan:
-        return plan_param(self.store.info(name), self.boxes[name])
+        return plan_param(self.store.info(name), self.boxes[name], out_dtype=self.dtype_of(name),
+                          verify=self.verify)
 
     @property
     def plan(self) -> ReadPlan:
@@ -110,15 +162,26 @@ class RankView:
 
     def read(self, name: str) -> np.ndarray | str:
         """The rank's slice of ``name`` in a fresh, ordinary (anonymous) numpy array."""
-        info = self.store.info(name)
-        if info.is_str:
-            return info.value or ""
-        plan = self.plan_for(name)
-        out = np.empty(plan.shape, dtype=self.dtype_of(name))
-        return execute(plan, self.store._files, out=out, verify=self.verify, workers=self.workers)  # noqa: SLF001
+        return self.read_many([name])[name]
+
+    def read_many(self, names: Sequence[str]) -> dict[str, np.ndarray | str]:
+        """Several parameters at once, their reads sharing one pool of ``workers`` threads."""
+        out: dict[str, np.ndarray | str] = {}
+        jobs = []
+        for name in names:
+            info = self.store.info(name)
+            if info.is_str:
+                out[name] = info.value or ""
+                continue
+            plan = self.plan_for(name)
+            out[name] = empty(plan.shape, self.dtype_of(name))
+            jobs.append((plan, out[name]))
+        Executor(self.store.data, workers=self.workers).run(jobs)  # type: ignore[arg-type]
+        return out
 
     def mapped(self, name: str) -> np.ndarray | None:
-        """A read-only memory-mapped view of the slice when it is one whole raw chunk, else ``None``.
+        """A copy-on-write memory map of the slice when it is one whole raw chunk of a local file,
+        else ``None``.
 
         No bytes are copied; pages come from the page cache as they are touched. Use for
         host-side work only (see ``copy=False`` in :func:`ckptstore.load_rank`).
@@ -126,24 +189,30 @@ class RankView:
         info = self.store.info(name)
         if info.is_str or info.codec is not None or self.dtype_of(name) != info.np_dtype:
             return None
-        plan = self.plan_for(name)
-        if not plan.chunks or plan.box.size == 0:
+        box = self.boxes[name] or Box.full(info.shape)
+        chunks = info.chunks_overlapping(box)
+        if len(chunks) != 1 or box.size == 0:
             return None
-        c = plan.chunks[0]
-        # One contiguous block holds exactly the slice: a whole chunk, or a whole dense tensor.
-        if plan.box != c.container or any(x.container != c.container or x.offset != c.offset for x in plan.chunks):
+        container, pieces = info.container(chunks[0])
+        if container != box or len(pieces) != 1:
             return None
-        return np.memmap(self.store.root / c.file, dtype=info.np_dtype, mode="r", offset=c.offset,
-                         shape=c.container.shape)
+        key, offset, nbytes = pieces[0]
+        f = self.store.data.open(key)
+        if not isinstance(f, LocalFile):
+            return None
+        if offset + nbytes > f.size:
+            return None  # a truncated file: let the normal read report it
+        base = offset - offset % mmap.ALLOCATIONGRANULARITY
+        mm = mmap.mmap(f.fd, offset - base + nbytes, access=mmap.ACCESS_COPY, offset=base)
+        return np.frombuffer(mm, dtype=info.np_dtype, count=box.size, offset=offset - base).reshape(box.shape)
 
 
-def _is_float(dtype: np.dtype) -> bool:
-    return dtype == BFLOAT16 or np.issubdtype(dtype, np.floating)
-
-
-def rank_view(store: Store, strategy: StrategyLike = None, rank: int = 0, *, names: Sequence[str] | None = None,
-              dtype: np.dtype | None = None, verify: bool = False, workers: int = 1) -> RankView:
+def rank_view(store: Store, strategy: StrategyLike = None, rank: int = 0, *,
+              names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
+              workers: int = DEFAULT_WORKERS) -> RankView:
     """Plan what rank ``rank`` of ``strategy`` (the source layout when ``None``) needs from ``store``."""
     target = resolve_target(store, strategy)
-    return RankView(store, target_boxes(store, target, rank, names), None if dtype is None else np.dtype(dtype),
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise InvalidOptionError(f"workers must be a positive integer, not {workers!r}")
+    return RankView(store, target_boxes(store, target, rank, name_patterns(names)), float_dtype(dtype),
                     verify, workers)

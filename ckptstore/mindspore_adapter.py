@@ -21,7 +21,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .dtypes import NUMPY_TO_MINDSPORE, numpy_dtype
+from .dtypes import mindspore_name
 from .errors import LayoutMismatchError
 from .loader import RankView, StrategyLike, rank_view
 from .store import Store, open as open_store
@@ -34,23 +34,9 @@ def _ms() -> Any:
     return mindspore
 
 
-def numpy_dtype_of(dtype: Any) -> np.dtype | None:
-    """A numpy dtype for a MindSpore dtype (``mindspore.float16``), a numpy dtype, or ``None``."""
-    if dtype is None:
-        return None
-    try:
-        return numpy_dtype(str(dtype))  # MindSpore dtypes print as "Float16", "BFloat16", ...
-    except ValueError:
-        return numpy_dtype(np.dtype(dtype).name)
-
-
 def _ms_dtype(dtype: np.dtype) -> Any:
-    ms = _ms()
-    return {
-        "Float16": ms.float16, "Float32": ms.float32, "Float64": ms.float64, "BFloat16": ms.bfloat16,
-        "Int8": ms.int8, "Int16": ms.int16, "Int32": ms.int32, "Int64": ms.int64, "UInt8": ms.uint8,
-        "UInt16": ms.uint16, "UInt32": ms.uint32, "UInt64": ms.uint64, "Bool": ms.bool_,
-    }[NUMPY_TO_MINDSPORE[np.dtype(dtype)]]
+    name = mindspore_name(dtype)  # "BFloat16" -> mindspore.bfloat16, "Bool" -> mindspore.bool_
+    return getattr(_ms(), "bool_" if name == "Bool" else name.lower())
 
 
 def to_parameter(name: str, array: np.ndarray, *, requires_grad: bool = True) -> Any:
@@ -111,9 +97,6 @@ class RankParameters(Mapping[str, Any]):
         array = None if self.copy else self.view.mapped(name)
         if array is None:
             array = self.view.read(name)
-        else:
-            array = np.memmap(array.filename, dtype=array.dtype, mode="c", offset=array.offset,
-                              shape=array.shape)
         return array if isinstance(array, str) else to_parameter(name, array)
 
     def __contains__(self, name: object) -> bool:
@@ -126,7 +109,7 @@ class RankParameters(Mapping[str, Any]):
         return len(self.view.boxes)
 
     def __repr__(self) -> str:
-        return f"<ckptstore.RankParameters {len(self)} parameters, {len(self._built)} built>"
+        return f"<RankParameters {len(self)} parameters, {len(self._built)} built>"
 
 
 def _as_store(store: Store | str | os.PathLike[str]) -> Store:
@@ -144,7 +127,7 @@ def load_rank(store: Store | str | os.PathLike[str], strategy: StrategyLike = No
     touched chunk's CRC-32C. Values equal what ``mindspore.transform_checkpoints`` followed by
     ``load_checkpoint`` gives for that rank; parameters the target does not describe come whole.
     """
-    view = rank_view(_as_store(store), strategy, rank, names=names, dtype=numpy_dtype_of(dtype), verify=verify,
+    view = rank_view(_as_store(store), strategy, rank, names=names, dtype=dtype, verify=verify,
                      workers=workers)
     return RankParameters(view, copy=copy)
 
@@ -197,7 +180,7 @@ def load_into_net(net: Any, store: Store | str | os.PathLike[str], strategy: Str
         target = Strategy({}, 1, 1, ())
     net_params = dict(net.parameters_and_names())
     wanted = [n for n in net_params if n in st]
-    view = rank_view(st, target, rank, names=wanted, dtype=numpy_dtype_of(dtype), verify=verify)
+    view = rank_view(st, target, rank, names=wanted, dtype=dtype, verify=verify)
     param_not_load = [n for n in net_params if n not in view.boxes]
     if strict and param_not_load:
         raise LayoutMismatchError(f"{len(param_not_load)} network parameters are not in the store {st.root}: "

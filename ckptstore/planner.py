@@ -1,50 +1,82 @@
-"""Plan reads: which chunk bytes fill which part of a destination box (pure; no I/O).
+"""Plan reads: which byte ranges of which files fill which bytes of a destination (pure; no I/O).
 
-Given a parameter's manifest and the global box a rank needs, the plan lists every chunk that
-overlaps it with the overlap (global frame). For raw chunks, :meth:`ParamReadPlan.ranges`
-expands that into byte ranges ``(file, offset, length, dest_offset)``, coalesced where both
-sides are contiguous; compressed chunks are read (and decoded) whole. ``nbytes`` is what the
-execution will read, so tests and benchmarks can assert it before a byte moves.
+Given a parameter's manifest and the global box a rank needs, :func:`plan_param` returns a
+:class:`ParamReadPlan`: a list of :class:`ReadGroup`\\ s, each a set of byte ranges
+``(file, offset, length, destination offset)`` read into one buffer, then an optional step.
+
+* Raw chunks, read as stored: one group whose buffer is the destination itself; the ranges of
+  all overlapping chunks, coalesced where both the file and the destination are contiguous.
+* Raw chunks converted to another dtype: one group per chunk whose buffer is a scratch array of
+  the overlap, cast into the destination afterwards (one chunk's overlap in memory at a time).
+* Compressed chunks, or any chunk whose checksum is to be verified: one group per chunk that
+  reads its stored bytes whole into a scratch buffer, checks the CRC-32C, decodes, and copies
+  the overlap into the destination.
+
+The executor (:mod:`ckptstore.reader`) runs exactly these ranges, so :attr:`ParamReadPlan.nbytes`
+and :meth:`ParamReadPlan.ranges` are what will be read, before a byte moves.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .boxes import Box, paired_runs
-from .manifest import ParamManifest
+from .manifest import ParamManifest, Piece
+
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
-@dataclass(frozen=True)
-class ChunkRead:
-    """One chunk's contribution to a destination: the chunk, where its bytes are, and the overlap.
+@dataclass(frozen=True, eq=False)
+class ReadGroup:
+    """Byte ranges read into one buffer, then an optional step.
 
-    ``container`` is the C-order block that holds the chunk in the file, starting at byte
-    ``offset``: the chunk itself in a chunked store, the whole tensor in a dense one. All boxes
-    are in the global frame.
+    ``into_destination``: the buffer is the destination array (a C-order block of ``frame`` in
+    the stored dtype) and there is no step. Otherwise the buffer is a scratch block of ``frame``
+    (``scratch_nbytes`` bytes, stored dtype, or stored bytes for a compressed chunk); afterwards
+    its CRC-32C is checked when ``crc32c`` is set, it is decoded with the plan's codec when
+    ``decode``, and its ``overlap`` is copied (and cast) into the destination. Range columns are
+    int64 arrays; ``files`` index :attr:`ParamReadPlan.keys`; ``dests`` are byte offsets into the
+    buffer. All boxes are in the global frame.
     """
 
-    index: int
-    file: str
-    offset: int
-    stored_nbytes: int
-    crc32c: int
-    chunk_box: Box
+    frame: Box
     overlap: Box
-    container: Box
+    files: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    dests: np.ndarray
+    into_destination: bool
+    chunk: int = -1
+    crc32c: int | None = None
+    decode: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.lengths.sum())
+
+    @property
+    def scratch_nbytes(self) -> int:
+        return 0 if self.into_destination else int((self.dests + self.lengths).max(initial=0))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ParamReadPlan:
-    """Reads that fill one parameter's destination box (global frame ``box``)."""
+    """Reads that fill one parameter's destination box (global frame ``box``).
+
+    ``chunks`` are the indices of the chunks the box overlaps and ``overlaps`` each one's
+    overlap with the box, in grid order.
+    """
 
     name: str
     dtype: np.dtype
     box: Box
-    chunks: tuple[ChunkRead, ...]
+    keys: tuple[str, ...]
+    groups: tuple[ReadGroup, ...]
     codec: Mapping[str, Any] | None
+    chunks: tuple[int, ...] = ()
+    overlaps: tuple[Box, ...] = ()
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -52,42 +84,24 @@ class ParamReadPlan:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the execution reads: the overlaps of raw chunks, whole compressed chunks."""
-        if self.codec is not None:
-            return sum(c.stored_nbytes for c in self.chunks)
-        return sum(c.overlap.size for c in self.chunks) * self.dtype.itemsize
+        """Bytes the execution reads (the sum of every range's length)."""
+        return sum(g.nbytes for g in self.groups)
 
     @property
     def files(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(c.file for c in self.chunks))
-
-    def runs(self, chunk: ChunkRead) -> tuple[np.ndarray, np.ndarray, int]:
-        """Byte runs of one raw chunk's overlap: (file offsets, destination offsets, run length)."""
-        src, dst, run = paired_runs(chunk.overlap, chunk.container, self.box)
-        item = self.dtype.itemsize
-        return src * item + chunk.offset, dst * item, run * item
+        """The file keys read, in first-use order."""
+        used = dict.fromkeys(self.keys[i] for g in self.groups for i in np.unique(g.files).tolist())
+        return tuple(used)
 
     def ranges(self) -> Iterator[tuple[str, int, int, int | None]]:
-        """Coalesced ``(file, offset, length, dest_offset)`` byte ranges, in order.
+        """Every ``(file, offset, length, dest_offset)`` byte range, in execution order.
 
-        Compressed chunks are read whole and decoded before their overlap is copied, so for them
-        each range is a whole stored chunk and ``dest_offset`` is ``None``.
+        ``dest_offset`` is the byte offset in the destination array, or ``None`` for ranges read
+        into a scratch buffer first (compressed, checksummed or converted chunks).
         """
-        if self.codec is not None:
-            yield from ((c.file, c.offset, c.stored_nbytes, None) for c in self.chunks)
-            return
-        cur: list[Any] | None = None
-        for chunk in self.chunks:
-            src, dst, run = self.runs(chunk)
-            for s, d in zip(src.tolist(), dst.tolist()):
-                if cur and cur[0] == chunk.file and cur[1] + cur[2] == s and cur[3] + cur[2] == d:
-                    cur[2] += run
-                    continue
-                if cur:
-                    yield tuple(cur)  # type: ignore[misc]
-                cur = [chunk.file, s, run, d]
-        if cur:
-            yield tuple(cur)  # type: ignore[misc]
+        for g in self.groups:
+            for f, o, n, d in zip(g.files.tolist(), g.offsets.tolist(), g.lengths.tolist(), g.dests.tolist()):
+                yield self.keys[f], o, n, (d if g.into_destination else None)
 
 
 @dataclass(frozen=True)
@@ -104,25 +118,109 @@ class ReadPlan:
     def files(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(f for p in self.params.values() for f in p.files))
 
+    def ranges(self) -> Iterator[tuple[str, str, int, int, int | None]]:
+        """``(parameter, file, offset, length, dest_offset)`` for every range of every parameter."""
+        for name, p in self.params.items():
+            for r in p.ranges():
+                yield (name, *r)
 
-def plan_param(manifest: ParamManifest, box: Box | None = None) -> ParamReadPlan:
-    """The reads that fill global ``box`` (whole tensor when ``None``) of one parameter."""
+
+def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np.dtype | None = None,
+               verify: bool = False) -> ParamReadPlan:
+    """The reads that fill global ``box`` (whole tensor when ``None``) of one parameter.
+
+    ``out_dtype`` is the destination's dtype (the stored one when ``None``); ``verify`` reads
+    every touched chunk whole to check its CRC-32C. Raises ``ValueError`` when ``box`` is not
+    inside the tensor.
+    """
     box = Box.full(manifest.shape) if box is None else box
-    if not Box.full(manifest.shape).contains(box):
+    if box.ndim != len(manifest.shape) or not Box.full(manifest.shape).contains(box):
         raise ValueError(f"box [{list(box.start)}, {list(box.stop)}) is outside parameter {manifest.name!r} "
                          f"of shape {list(manifest.shape)}")
-    t = manifest.chunks
-    reads = []
+    keys: dict[str, int] = {}
+    item = manifest.np_dtype.itemsize
+    cast = out_dtype is not None and np.dtype(out_dtype) != manifest.np_dtype
+    whole = verify or manifest.codec is not None
+    direct: list[tuple[np.ndarray, ...]] = []
+    groups: list[ReadGroup] = []
+    touched: list[tuple[int, Box]] = []
     for i in manifest.chunks_overlapping(box):
         cbox = manifest.chunk_box(i)
         overlap = cbox.intersect(box)
         if overlap is None or (overlap.size == 0 and overlap.ndim):
             continue
-        container, offset = (cbox, t.offsets[i]) if not manifest.dense else manifest.container(i)
-        reads.append(ChunkRead(i, t.files[i], offset, t.nbytes[i], t.crc32c[i], cbox, overlap, container))
-    return ParamReadPlan(manifest.name, manifest.np_dtype, box, tuple(reads), manifest.codec)
+        touched.append((i, overlap))
+        if whole:
+            groups.append(_whole_group(manifest, i, cbox, overlap, keys))
+            continue
+        container, pieces = manifest.container(i)
+        frame = overlap if cast else box
+        cols = _runs(overlap, container, pieces, frame, item, keys)
+        if cast:
+            groups.append(ReadGroup(frame, overlap, *cols, into_destination=False, chunk=i))
+        else:
+            direct.append(cols)
+    if direct:
+        groups.insert(0, ReadGroup(box, box, *_coalesce(direct), into_destination=True))
+    return ParamReadPlan(manifest.name, manifest.np_dtype, box, tuple(keys), tuple(groups), manifest.codec,
+                         tuple(i for i, _ in touched), tuple(o for _, o in touched))
 
 
-def plan_reads(manifests: Mapping[str, ParamManifest], boxes: Mapping[str, Box | None]) -> ReadPlan:
-    """Plans for every named parameter's box."""
-    return ReadPlan({n: plan_param(manifests[n], b) for n, b in boxes.items()})
+def plan_reads(manifests: Mapping[str, ParamManifest], boxes: Mapping[str, Box | None], **kw: Any) -> ReadPlan:
+    """Plans for every named parameter's box (keyword options as :func:`plan_param`)."""
+    return ReadPlan({n: plan_param(manifests[n], b, **kw) for n, b in boxes.items()})
+
+
+def _key_id(keys: dict[str, int], key: str) -> int:
+    return keys.setdefault(key, len(keys))
+
+
+def _whole_group(manifest: ParamManifest, i: int, cbox: Box, overlap: Box, keys: dict[str, int]) -> ReadGroup:
+    pieces = manifest.chunk_pieces(i)
+    lengths = np.array([n for _, _, n in pieces], dtype=np.int64)
+    dests = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    files = np.array([_key_id(keys, f) for f, _, _ in pieces], dtype=np.int64)
+    offsets = np.array([o for _, o, _ in pieces], dtype=np.int64)
+    crc = manifest.chunks.crc32c
+    return ReadGroup(cbox, overlap, files, offsets, lengths, dests, into_destination=False, chunk=i,
+                     crc32c=None if crc is None else crc[i], decode=manifest.codec is not None)
+
+
+def _runs(overlap: Box, container: Box, pieces: Sequence[Piece], frame: Box, item: int,
+          keys: dict[str, int]) -> tuple[np.ndarray, ...]:
+    """Byte ranges copying ``overlap`` from ``container`` (stored as ``pieces``) into ``frame``."""
+    src, dst, run = paired_runs(overlap, container, frame)
+    src, dst, n = src * item, dst * item, run * item
+    if len(pieces) == 1:
+        f, base, _ = pieces[0]
+        fid = _key_id(keys, f)
+        return (np.full(len(src), fid, dtype=np.int64), src + base, np.full(len(src), n, dtype=np.int64), dst)
+    # Several pieces (a tensor MindSpore wrote as several records): map each run through them,
+    # cutting the few runs that cross a piece boundary.
+    sizes = np.array([m for _, _, m in pieces], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    ids = np.array([_key_id(keys, f) for f, _, _ in pieces], dtype=np.int64)
+    bases = np.array([o for _, o, _ in pieces], dtype=np.int64)
+    cols: list[list[int]] = [[], [], [], []]
+    for s, d in zip(src.tolist(), dst.tolist()):
+        left = n
+        k = int(np.searchsorted(starts, s, side="right")) - 1
+        while left:
+            take = min(left, int(starts[k + 1]) - s)
+            for col, v in zip(cols, (int(ids[k]), int(bases[k]) + s - int(starts[k]), take, d)):
+                col.append(v)
+            s, d, left, k = s + take, d + take, left - take, k + 1
+    return tuple(np.array(c, dtype=np.int64) for c in cols)
+
+
+def _coalesce(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+    """Concatenate range columns and merge neighbours contiguous in the same file and the destination."""
+    files, offsets, lengths, dests = (np.concatenate([p[k] for p in parts]) if parts else _EMPTY for k in range(4))
+    if len(files) < 2:
+        return files, offsets, lengths, dests
+    joins = ((files[1:] == files[:-1]) & (offsets[:-1] + lengths[:-1] == offsets[1:])
+             & (dests[:-1] + lengths[:-1] == dests[1:]))
+    if not joins.any():
+        return files, offsets, lengths, dests
+    heads = np.concatenate([[0], np.flatnonzero(~joins) + 1])
+    return files[heads], offsets[heads], np.add.reduceat(lengths, heads), dests[heads]

@@ -1,37 +1,41 @@
-"""Execute read plans: bytes from store files straight into one preallocated array.
+"""Execute read plans: the planned byte ranges, straight into their destination buffers.
 
-Raw chunks are read with ``preadv`` into the destination's memory when their overlap is a few
-long runs, and through a read-only ``mmap`` of the chunk plus one numpy copy when it is many
-short runs (a column slice), so either way each needed byte is copied once from the page
-cache into the destination. Compressed chunks are read whole, decoded, and copied. With
-``verify=True`` each touched chunk is read whole and its CRC-32C checked first.
+The executor runs exactly the ranges of a :class:`~ckptstore.planner.ParamReadPlan` through a
+:class:`~ckptstore.sources.ByteSource`. Ranges whose buffer is the destination array are cut
+into units of about :data:`UNIT_BYTES` and read by a pool of threads (``preadv`` releases the
+GIL, so reads from the page cache and the first-touch faults of fresh destination pages run on
+several cores); scratch groups (compressed, checksummed or converted chunks) are read whole,
+checked, decoded and copied, with the scratch memory held at once capped by ``max_inflight``.
+One :class:`Executor` can run the plans of many parameters together, so small parameters share
+the pool instead of each paying for threads.
 """
 from __future__ import annotations
 
-import mmap
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import crc32c
 import numpy as np
 
-from .backends.zarr_backend import numcodecs_codec
-from .boxes import Box, paired_runs
-from .errors import StoreCorruptError
-from .planner import ChunkRead, ParamReadPlan
+from .codecs import decode
+from .errors import FileAccessError, MissingFileError, ShortReadError, StoreCorruptError
+from .planner import ParamReadPlan, ReadGroup
+from .sources.base import ByteSource, Request
 
-_PAGE = mmap.ALLOCATIONGRANULARITY
-_FEW_RUNS = 64
-_LONG_RUN = 256 * 1024
-_PARALLEL_BYTES = 64 << 20
+#: Bytes per unit of work handed to a thread: big enough that a unit's system calls dominate
+#: its scheduling cost, small enough that two threads finish together.
+UNIT_BYTES = 8 << 20
+#: Scratch bytes (decoded/verified/converted chunks) held at once by default.
+MAX_INFLIGHT = 256 << 20
+#: Below this many planned bytes, reading on the calling thread beats starting a pool.
+_POOL_MIN_BYTES = 4 << 20
 
 
 @dataclass
 class IOStats:
-    """Bytes this process read from store files (a test and benchmark hook)."""
+    """Bytes this process read through the executor (a test and benchmark hook)."""
 
     bytes_read: int = 0
     reads: int = 0
@@ -50,117 +54,132 @@ class IOStats:
 IO_STATS = IOStats()
 
 
-class StoreFiles:
-    """Open file descriptors of one store's data files, shared by threads, opened on first use."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._fds: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def fd(self, rel: str) -> int:
-        with self._lock:
-            fd = self._fds.get(rel)
-            if fd is None:
-                try:
-                    fd = os.open(self.root / rel, os.O_RDONLY)
-                except FileNotFoundError:
-                    raise StoreCorruptError(f"store file {self.root / rel} is missing") from None
-                self._fds[rel] = fd
-            return fd
-
-    def close(self) -> None:
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
-
-    def __del__(self) -> None:  # pragma: no cover - best effort
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-def execute(plan: ParamReadPlan, files: StoreFiles, *, out: np.ndarray | None = None,
-            verify: bool = False, workers: int = 1) -> np.ndarray:
-    """Fill and return an array of ``plan.shape`` (``out`` if given; its dtype may differ, then
-    each chunk's overlap is cast on the way, one chunk at a time)."""
+def execute(plan: ParamReadPlan, source: ByteSource, *, out: np.ndarray | None = None, workers: int = 1,
+            codec: Any = None) -> np.ndarray:
+    """Fill and return an array of ``plan.shape`` (``out`` if given; its dtype may differ when the
+    plan was made with that ``out_dtype``)."""
     if out is None:
         out = np.empty(plan.shape, dtype=plan.dtype)
-    elif out.shape != plan.shape or not out.flags.c_contiguous:
-        raise ValueError(f"out must be C-contiguous with shape {list(plan.shape)}, got {list(out.shape)}")
-    job = _Job(plan, files, out, verify)
-    # Threads pay off only for big reads: for small ones, starting them costs more than the copy.
-    if workers > 1 and len(plan.chunks) > 1 and plan.nbytes >= _PARALLEL_BYTES:
-        with ThreadPoolExecutor(min(workers, len(plan.chunks))) as pool:
-            list(pool.map(job.chunk, plan.chunks))
-    else:
-        for c in plan.chunks:
-            job.chunk(c)
+    Executor(source, workers=workers).run([(plan, out)])
     return out
 
 
-class _Job:
-    def __init__(self, plan: ParamReadPlan, files: StoreFiles, out: np.ndarray, verify: bool) -> None:
-        self.plan, self.files, self.out, self.verify = plan, files, out, verify
-        self.cast = out.dtype != plan.dtype
-        self._codec = numcodecs_codec(plan.codec)
+class _Budget:
+    """A cap on scratch bytes held at once (one oversized request may always proceed alone)."""
 
-    def chunk(self, c: ChunkRead) -> None:
-        if self._codec is not None or self.verify:
-            self._whole(c)
-        elif self.cast:
-            tmp = np.empty(c.overlap.shape, dtype=self.plan.dtype)
-            self._raw(c, tmp, c.overlap)
-            self.out[c.overlap.relative_to(self.plan.box).slices()] = tmp
-        else:
-            self._raw(c, self.out, self.plan.box)
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self._cond = threading.Condition()
 
-    def _raw(self, c: ChunkRead, dest: np.ndarray, dest_box: Box) -> None:
-        item = self.plan.dtype.itemsize
-        src, dst, run = paired_runs(c.overlap, c.container, dest_box)
-        fd = self.files.fd(c.file)
-        if len(src) <= _FEW_RUNS or run * item >= _LONG_RUN:
-            view = memoryview(dest.reshape(-1).view(np.uint8))
-            nbytes = run * item
-            for s, d in zip((src * item + c.offset).tolist(), (dst * item).tolist()):
-                self._pread(fd, view[d:d + nbytes], s, c)
-            IO_STATS.add(len(src) * nbytes, len(src))
+    def acquire(self, n: int) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            self.used += n
+
+    def release(self, n: int) -> None:
+        with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+
+class Executor:
+    """Runs read plans through one byte source with a bounded pool of ``workers`` threads."""
+
+    def __init__(self, source: ByteSource, *, workers: int = 1, max_inflight: int = MAX_INFLIGHT,
+                 unit_bytes: int = UNIT_BYTES) -> None:
+        self.source = source
+        self.workers = max(1, int(workers))
+        self.unit_bytes = unit_bytes
+        self._budget = _Budget(max_inflight)
+
+    def run(self, jobs: Sequence[tuple[ParamReadPlan, np.ndarray]]) -> None:
+        """Fill each destination array with its plan's bytes (all plans share the pool)."""
+        units: list[Callable[[], None]] = []
+        total = 0
+        for plan, out in jobs:
+            _check_out(plan, out)
+            for g in plan.groups:
+                total += g.nbytes
+                if g.into_destination:
+                    units += self._direct_units(plan, g, out)
+                else:
+                    units.append(_bind(self._scratch, plan, g, out))
+        if self.workers == 1 or total < _POOL_MIN_BYTES or len(units) < 2:
+            for u in units:
+                u()
             return
-        base = c.offset - c.offset % _PAGE
-        with mmap.mmap(fd, c.offset - base + c.container.size * item, prot=mmap.PROT_READ, offset=base) as mm:
-            block = np.frombuffer(mm, dtype=self.plan.dtype, count=c.container.size,
-                                  offset=c.offset - base).reshape(c.container.shape)
-            dest[c.overlap.relative_to(dest_box).slices()] = block[c.overlap.relative_to(c.container).slices()]
-            del block
-        IO_STATS.add(c.overlap.size * item)
+        with ThreadPoolExecutor(min(self.workers, len(units))) as pool:
+            for f in [pool.submit(u) for u in units]:
+                f.result()
 
-    def _whole(self, c: ChunkRead) -> None:
-        if c.container != c.chunk_box:  # dense layout: gather the chunk's elements first
-            gathered = np.empty(c.chunk_box.shape, dtype=self.plan.dtype)
-            self._raw(ChunkRead(c.index, c.file, c.offset, c.stored_nbytes, c.crc32c, c.chunk_box, c.chunk_box,
-                                c.container), gathered, c.chunk_box)
-            raw: bytes | bytearray = gathered.tobytes()
-        else:
-            raw = bytearray(c.stored_nbytes)
-            self._pread(self.files.fd(c.file), memoryview(raw), c.offset, c)
-            IO_STATS.add(len(raw))
-        if self.verify and crc32c.crc32c(raw) != c.crc32c:
-            raise StoreCorruptError(
-                f"checksum mismatch in chunk {c.index} of parameter {self.plan.name!r} "
-                f"(file {self.files.root / c.file}, byte offset {c.offset}, {c.stored_nbytes} bytes): the store "
-                "is damaged; convert again or restore it from a copy")
-        data = self._codec.decode(raw) if self._codec is not None else raw
-        chunk = np.frombuffer(data, dtype=self.plan.dtype, count=c.chunk_box.size).reshape(c.chunk_box.shape)
-        self.out[c.overlap.relative_to(self.plan.box).slices()] = chunk[c.overlap.relative_to(c.chunk_box).slices()]
+    def _direct_units(self, plan: ParamReadPlan, g: ReadGroup, out: np.ndarray) -> list[Callable[[], None]]:
+        view = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(b"")
+        units: list[Callable[[], None]] = []
+        batch: list[tuple[int, int, int, int]] = []
+        size = 0
+        for f, o, n, d in zip(g.files.tolist(), g.offsets.tolist(), g.lengths.tolist(), g.dests.tolist()):
+            while n:  # cut long ranges so threads share them
+                take = min(n, self.unit_bytes - size)
+                batch.append((f, o, take, d))
+                size += take
+                o, d, n = o + take, d + take, n - take
+                if size >= self.unit_bytes:
+                    units.append(_bind(self._read_batch, plan, batch, view))
+                    batch, size = [], 0
+        if batch:
+            units.append(_bind(self._read_batch, plan, batch, view))
+        return units
 
-    def _pread(self, fd: int, view: memoryview, offset: int, c: ChunkRead) -> None:
-        done = 0
-        while done < len(view):
-            n = os.preadv(fd, [view[done:]], offset + done)
-            if n <= 0:
+    def _read_batch(self, plan: ParamReadPlan, batch: list[tuple[int, int, int, int]], view: memoryview) -> None:
+        by_file: dict[int, list[Request]] = {}
+        for f, o, n, d in batch:
+            by_file.setdefault(f, []).append((o, view[d:d + n]))
+        for f, requests in by_file.items():
+            self._read(plan, f, requests)
+
+    def _read(self, plan: ParamReadPlan, f: int, requests: list[Request]) -> None:
+        key = plan.keys[f]
+        try:
+            self.source.open(key).read_requests(requests)
+        except (ShortReadError, MissingFileError, FileAccessError) as e:
+            raise StoreCorruptError(f"cannot read parameter {plan.name!r}: {e}. The store is damaged or "
+                                    "incomplete; run 'ckptstore verify' on it") from None
+        IO_STATS.add(sum(len(b) for _, b in requests), len(requests))
+
+    def _scratch(self, plan: ParamReadPlan, g: ReadGroup, out: np.ndarray) -> None:
+        n = g.scratch_nbytes
+        self._budget.acquire(n)
+        try:
+            buf = bytearray(n)
+            view = memoryview(buf)
+            by_file: dict[int, list[Request]] = {}
+            for f, o, m, d in zip(g.files.tolist(), g.offsets.tolist(), g.lengths.tolist(), g.dests.tolist()):
+                by_file.setdefault(f, []).append((o, view[d:d + m]))
+            for f, requests in by_file.items():
+                self._read(plan, f, requests)
+            if g.crc32c is not None and crc32c.crc32c(buf) != g.crc32c:
+                first = plan.keys[int(g.files[0])] if len(g.files) else "?"
                 raise StoreCorruptError(
-                    f"store file {self.files.root / c.file} ends before chunk {c.index} of parameter "
-                    f"{self.plan.name!r} (byte offset {offset + done}); the store is truncated")
-            done += n
+                    f"checksum mismatch in chunk {g.chunk} of parameter {plan.name!r} (file "
+                    f"{self.source.key_url(first)}, byte offset {int(g.offsets[0]) if len(g.offsets) else 0}, "
+                    f"{n} bytes): the store is damaged; convert again or restore it from a copy")
+            data: Any = buf
+            if g.decode:
+                data = decode(plan.codec, buf, g.frame.size * plan.dtype.itemsize, plan.name, g.chunk)
+            block = np.frombuffer(data, dtype=plan.dtype, count=g.frame.size).reshape(g.frame.shape)
+            out[g.overlap.relative_to(plan.box).slices()] = block[g.overlap.relative_to(g.frame).slices()]
+        finally:
+            self._budget.release(n)
+
+
+def _bind(fn: Callable[..., None], *args: Any) -> Callable[[], None]:
+    return lambda: fn(*args)
+
+
+def _check_out(plan: ParamReadPlan, out: np.ndarray) -> None:
+    if out.shape != plan.shape or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"out must be a writeable C-contiguous array of shape {list(plan.shape)}, got "
+                         f"{list(out.shape)}")
+    if any(g.into_destination for g in plan.groups) and out.dtype != plan.dtype:
+        raise ValueError(f"out has dtype {out.dtype} but the plan reads {plan.dtype} straight into it; "
+                         "plan with out_dtype= to convert")

@@ -8,23 +8,13 @@ dtype; they go into the ``__metadata__`` map. Files are written under a temporar
 """
 from __future__ import annotations
 
-import json
 import os
-from math import prod
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from .atomic_file import AtomicFile
-from .dtypes import BFLOAT16
-
-SAFETENSORS_DTYPES: dict[np.dtype, str] = {
-    np.dtype("float16"): "F16", np.dtype("float32"): "F32", np.dtype("float64"): "F64", BFLOAT16: "BF16",
-    np.dtype("int8"): "I8", np.dtype("int16"): "I16", np.dtype("int32"): "I32", np.dtype("int64"): "I64",
-    np.dtype("uint8"): "U8", np.dtype("uint16"): "U16", np.dtype("uint32"): "U32", np.dtype("uint64"): "U64",
-    np.dtype("bool"): "BOOL",
-}
-
+from .safetensors_format import build_header
 
 class SafetensorsWriter(AtomicFile):
     """Declare all tensors up front, then :meth:`add` them in the declared order."""
@@ -32,20 +22,9 @@ class SafetensorsWriter(AtomicFile):
     def __init__(self, path: str | os.PathLike[str], tensors: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
                  metadata: Mapping[str, str] | None = None) -> None:
         super().__init__(path)
-        header: dict[str, object] = {}
-        offset = 0
-        self._order = []
-        for name, dtype, shape in tensors:
-            n = prod(shape) * np.dtype(dtype).itemsize
-            header[name] = {"dtype": SAFETENSORS_DTYPES[np.dtype(dtype)], "shape": list(shape),
-                            "data_offsets": [offset, offset + n]}
-            self._order.append((name, np.dtype(dtype), tuple(shape)))
-            offset += n
-        if metadata:
-            header["__metadata__"] = dict(metadata)
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned
-        self._f.write(len(raw).to_bytes(8, "little") + raw)
+        head, infos = build_header(tensors, metadata)
+        self._order = [(t.name, t.dtype, t.shape) for t in infos]
+        self._f.write(head)
         self._next = 0
 
     def add(self, name: str, array: np.ndarray) -> None:

@@ -9,6 +9,7 @@ between ranks. The result is pure metadata; no payload byte is read.
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ import numpy as np
 
 from .boxes import Box
 from .ckpt_reader import CkptEntry, CkptIndex, scan_checkpoint
-from .errors import LayoutMismatchError, MissingRankError, StrategyError
-from .strategy import Strategy
+from .errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
+from .strategy import Strategy, load_strategy
 
 _RANK_DIR = re.compile(r"^rank_(\d+)$")
 _STEP_SUFFIX = re.compile(r"-(\d+)_(\d+)(?:_breakpoint)?\.ckpt$")
@@ -251,3 +252,19 @@ def _ranges(ranks: Sequence[int]) -> str:
     if ranks and list(ranks) == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
         return f"{ranks[0]}..{ranks[-1]}"
     return ", ".join(map(str, ranks))
+
+
+def resolve_source(src: str | os.PathLike[str], strategy: Sequence[str | os.PathLike[str]] = (), *,
+                   step: int | None = None, prefix: str | None = None,
+                   verify_crc: bool = False) -> DistributedSource:
+    """Open ``src`` (a folder of ``rank_<i>/`` or one ``.ckpt`` file) with its strategy files."""
+    strat: Strategy | None = load_strategy(list(strategy)) if strategy else None
+    p = Path(src)
+    if p.is_file():
+        if strat is not None and strat.world_size != 1:
+            raise LayoutMismatchError(f"{p} is a single checkpoint file but the strategy describes "
+                                      f"{strat.world_size} ranks; pass the folder of rank_<i>/ instead")
+        return open_source({0: p}, strat, verify_crc=verify_crc)
+    if not p.exists():
+        raise MissingFileError(errno.ENOENT, f"no checkpoint file or folder at {p}", str(p))
+    return open_source(find_rank_files(p, step=step, prefix=prefix), strat, verify_crc=verify_crc)

@@ -1,8 +1,9 @@
-"""``ckptstore.open(path)``: a converted store, read by parameter and by slice.
+"""``ckptstore.open(path)``: a store, read by parameter and by slice.
 
-Opening reads one file, the root ``zarr.json`` whose attributes hold the manifest, and
-validates it; nothing else is touched until a read. :meth:`Store.read` plans the chunks that
-overlap the requested index and reads only their bytes into one array.
+Opening reads one file, the manifest (the root ``zarr.json`` of a Zarr store, ``ckptstore.json``
+of a safetensors store or an index), and validates it; nothing else is touched until a read.
+:meth:`Store.read` plans the chunks that overlap the requested index and reads only their
+bytes, through the store's byte source, into one array.
 """
 from __future__ import annotations
 
@@ -12,28 +13,41 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .backends import read_manifest
-from .backends import safetensors_backend as sb
+from .backends import KINDS, MANIFEST, ROOT_METADATA, WORK_DIR, read_manifest
 from .boxes import Box
-from .convert import WORK_DIR
-from .errors import IncompleteStoreError, StoreCorruptError, StoreNotFoundError
+from .errors import IncompleteStoreError, InvalidOptionError, StoreCorruptError, StoreNotFoundError
 from .manifest import ParamManifest, StoreManifest
 from .planner import ParamReadPlan, plan_param
-from .reader import StoreFiles, execute
+from .reader import execute
+from .sources import ByteSource, LocalSource
 
 Index = Any  # an int, a slice, or a tuple of them
 
 
 class Store:
-    """A complete ckptstore store. Thread-safe for reading; many processes may read one store."""
+    """A complete ckptstore store. Thread-safe for reading; many processes may read one store.
 
-    def __init__(self, root: Path, manifest: StoreManifest) -> None:
-        self.root = root
+    ``location`` is the store's folder; ``data`` is where its chunk files are (the same folder,
+    or for an index the folder of the original rank files).
+    """
+
+    def __init__(self, location: ByteSource, manifest: StoreManifest, data: ByteSource | None = None) -> None:
+        self.location = location
         self.manifest = manifest
-        self._files = StoreFiles(root)
+        self.data = data if data is not None else location
+
+    @property
+    def root(self) -> Path | str:
+        """The store's folder (a ``Path`` for local stores)."""
+        return self.location.root if isinstance(self.location, LocalSource) else self.location.url
+
+    @property
+    def kind(self) -> str:
+        """``"zarr"``, ``"safetensors"`` or ``"index"``."""
+        return self.manifest.backend
 
     def __repr__(self) -> str:
-        return f"<ckptstore.Store {self.root} ({len(self.manifest.params)} parameters)>"
+        return f"<ckptstore.Store {self.location.url} ({self.kind}, {len(self.manifest.params)} parameters)>"
 
     def names(self) -> list[str]:
         """Parameter names, in the order of the source checkpoint."""
@@ -49,17 +63,21 @@ class Store:
         """Shape, dtype, chunk grid and chunk table of one parameter."""
         try:
             return self.manifest.params[name]
-        except KeyError:
-            raise KeyError(f"parameter {name!r} is not in the store {self.root}") from None
+        except (KeyError, TypeError):
+            raise KeyError(f"parameter {name!r} is not in the store {self.location.url}") from None
 
     @property
     def source(self) -> dict[str, Any]:
         """What the store was converted from: world size, files, step, strategy summary."""
         return dict(self.manifest.source)
 
-    def plan(self, name: str, box: Box | None = None) -> ParamReadPlan:
+    def plan(self, name: str, box: Box | None = None, *, dtype: Any = None, verify: bool = False) -> ParamReadPlan:
         """The reads :meth:`read` would do for global ``box`` of ``name`` (whole tensor if ``None``)."""
-        return plan_param(self.info(name), box)
+        try:
+            return plan_param(self.info(name), box, out_dtype=None if dtype is None else np.dtype(dtype),
+                              verify=verify)
+        except ValueError as e:
+            raise InvalidOptionError(str(e)) from None
 
     def read(self, name: str, index: Index = None, *, out: np.ndarray | None = None,
              verify: bool = False, workers: int = 1) -> np.ndarray | str:
@@ -73,11 +91,14 @@ class Store:
         if info.is_str:
             return info.value or ""
         box, squeeze = _index_to_box(index, info.shape, name)
-        result = execute(plan_param(info, box), self._files, out=out, verify=verify, workers=workers)
+        plan = self.plan(name, box, dtype=None if out is None else out.dtype, verify=verify)
+        result = execute(plan, self.data, out=out, workers=workers)
         return result.reshape([n for n, s in zip(result.shape, squeeze) if not s]) if any(squeeze) else result
 
     def close(self) -> None:
-        self._files.close()
+        self.location.close()
+        if self.data is not self.location:
+            self.data.close()
 
     def __enter__(self) -> "Store":
         return self
@@ -95,7 +116,7 @@ def _index_to_box(index: Index, shape: Sequence[int], name: str) -> tuple[Box, l
     start, stop, squeeze = [], [], []
     for axis, n in enumerate(shape):
         item = items[axis] if axis < len(items) else slice(None)
-        if isinstance(item, (int, np.integer)):
+        if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
             i = int(item) + n if item < 0 else int(item)
             if not 0 <= i < n:
                 raise IndexError(f"index {item} is out of bounds for axis {axis} of {name!r} with size {n}")
@@ -110,28 +131,35 @@ def _index_to_box(index: Index, shape: Sequence[int], name: str) -> tuple[Box, l
     return Box(tuple(start), tuple(stop)), squeeze
 
 
+def open_location(path: str | os.PathLike[str]) -> ByteSource:
+    """The byte source for a store or checkpoint location given by the user."""
+    return LocalSource(path)
+
+
 def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name is ckptstore.open
-    """Open a store written by ``ckptstore convert``, reading only its metadata.
+    """Open a store written by ``ckptstore convert`` (or ``ckptstore index``), reading only its metadata.
 
     Raises :class:`~ckptstore.errors.StoreNotFoundError` when there is no store at ``path``,
     :class:`~ckptstore.errors.IncompleteStoreError` for an interrupted conversion, and
     :class:`~ckptstore.errors.StoreCorruptError` when the manifest fails validation.
     """
-    root = Path(path)
-    if not root.is_dir():
-        raise StoreNotFoundError(f"no ckptstore store at {root} (expected a folder made by 'ckptstore convert')")
-    try:
-        doc = read_manifest(root)
-    except ValueError as e:  # not JSON, not UTF-8, not an object
-        raise StoreCorruptError(f"the metadata of the store at {root} is not valid JSON: {e}") from None
+    location = open_location(path)
+    if isinstance(location, LocalSource) and not location.root.is_dir():
+        what = "is a file" if location.root.exists() else "does not exist"
+        raise StoreNotFoundError(f"no ckptstore store at {location.url}: it {what} (a store is a folder made by "
+                                 "'ckptstore convert')")
+    doc = read_manifest(location)
     if doc is None:
-        if (root / WORK_DIR).is_dir():
-            raise IncompleteStoreError(f"the store at {root} is incomplete: its conversion was interrupted. "
+        if WORK_DIR in location.list()[0]:
+            raise IncompleteStoreError(f"the store at {location.url} is incomplete: its conversion was interrupted. "
                                        "Run the same 'ckptstore convert' command again to finish it")
-        raise StoreNotFoundError(f"no ckptstore store at {root} (no zarr.json or {sb.MANIFEST})")
-    if not isinstance(doc, dict):
-        raise StoreNotFoundError(f"{root} is a Zarr group but not a ckptstore store (no 'ckptstore' attributes)")
-    if not doc.get("complete"):
-        raise IncompleteStoreError(f"the store at {root} is marked incomplete; rerun the conversion")
-    return Store(root, StoreManifest.from_json(doc, where=str(root)))
-
+        raise StoreNotFoundError(f"no ckptstore store at {location.url} (no {ROOT_METADATA} or {MANIFEST})")
+    if doc is False:
+        raise StoreNotFoundError(f"{location.url} is a Zarr group but not a ckptstore store (no 'ckptstore' "
+                                 "attributes)")
+    if doc.get("complete") is not True:
+        raise IncompleteStoreError(f"the store at {location.url} is marked incomplete; rerun the conversion")
+    manifest = StoreManifest.from_json(doc, where=location.url)
+    if manifest.backend not in KINDS:
+        raise StoreCorruptError(f"{location.url}: unknown store kind {manifest.backend!r}")
+    return Store(location, manifest)

@@ -18,11 +18,14 @@ from typing import Any, Callable, Mapping, Sequence
 import crc32c
 import numpy as np
 
+from .atomic_file import write_atomic
+from .backends import ROOT_METADATA
 from .backends import zarr_backend as zb
+from .codecs import numcodecs_codec
 from .backends.safetensors_backend import TensorSlot
 from .boxes import Box, byte_pieces
 from .chunk_plan import ChunkSource, ParamPlan
-from .ckpt_reader import CkptEntry, read_entry, read_into
+from .ckpt_reader import CkptEntry, open_file, read_entry, read_into
 from .errors import ReplicaMismatchError
 from .journal import JournalEntry, JournalWriter, good_prefix, read_journal
 from .manifest import ChunkTable, ParamManifest, dtype_label
@@ -36,11 +39,11 @@ Pieces = list[tuple[int, int]]  # (file offset, length) in chunk byte order
 
 
 def _read(path: str, entry: CkptEntry, start: int, view: memoryview) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    f, _ = open_file(path)
     try:
-        read_into(fd, entry.pieces, start, view, path=path, param=entry.name)
+        read_into(f, entry.pieces, start, view, param=entry.name)
     finally:
-        os.close(fd)
+        f.close()
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
@@ -66,7 +69,7 @@ class ChunkCopier:
 
     def __init__(self, codec: Mapping[str, Any] | None, verify_replicas: bool, progress: Progress) -> None:
         self.codec = codec
-        self._compressor = zb.numcodecs_codec(codec)
+        self._compressor = numcodecs_codec(codec)
         self.verify_replicas = verify_replicas
         self.progress = progress
         self._lock = threading.Lock()
@@ -151,7 +154,7 @@ def write_zarr_param(plan: ParamPlan, out: Path, path: str, copier: ChunkCopier)
     p = plan.param
     array_dir = out / path
     array_dir.mkdir(parents=True, exist_ok=True)
-    zb.write_atomic(array_dir / zb.ROOT_METADATA,
+    write_atomic(array_dir / ROOT_METADATA,
                     zb.array_metadata(p.shape, dtype_label(p.dtype), plan.chunk_shape, copier.codec))
     key = zb.chunk_key(path, len(p.shape))
     final = out / key

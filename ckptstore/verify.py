@@ -7,20 +7,18 @@ file that holds its slice (replicas included), one chunk in memory at a time.
 from __future__ import annotations
 
 import os
-from math import prod
 from dataclasses import dataclass, field
+from math import prod
 from typing import Sequence
 
-import numcodecs
-import numcodecs.abc
-
-from .backends.zarr_backend import numcodecs_codec
-from .checksum import ShortFileError, crc32c_of
+from .checksum import crc32c_of
 from .chunk_plan import plan_param as plan_chunks
 from .ckpt_reader import CkptEntry, read_into
-from .convert import resolve_source
-from .errors import StoreCorruptError
+from .codecs import decode
+from .errors import CkptStoreError
 from .manifest import ParamManifest
+from .source import resolve_source
+from .sources.local import LocalSource
 from .store import Store
 
 
@@ -39,10 +37,13 @@ class VerifyReport:
         return not self.problems
 
 
-def verify_store(store: Store, *, against: str | os.PathLike[str] | None = None,
-                 strategy: Sequence[str | os.PathLike[str]] = (), step: int | None = None,
-                 prefix: str | None = None) -> VerifyReport:
-    """Check every chunk's checksum; with ``against`` (the source folder or file), also its bytes."""
+def verify(store: Store, *, against: str | os.PathLike[str] | None = None,
+           strategy: Sequence[str | os.PathLike[str]] = (), step: int | None = None,
+           prefix: str | None = None) -> VerifyReport:
+    """Check every chunk's checksum; with ``against`` (the source folder or file), also its bytes.
+
+    Returns a :class:`VerifyReport`; problems are listed, not raised, so one run finds them all.
+    """
     report = VerifyReport()
     for name in store.names():
         info = store.info(name)
@@ -50,7 +51,7 @@ def verify_store(store: Store, *, against: str | os.PathLike[str] | None = None,
         for i in range(len(info.chunks)):
             report.chunks += 1
             report.bytes_checked += info.chunks.nbytes[i]
-            problem = _check_chunk(store, name, i)
+            problem = _check_chunk(store, info, i)
             if problem:
                 report.problems.append(problem)
     if against is not None:
@@ -58,24 +59,20 @@ def verify_store(store: Store, *, against: str | os.PathLike[str] | None = None,
     return report
 
 
-def _check_chunk(store: Store, name: str, i: int) -> str | None:
-    info = store.info(name)
-    t = info.chunks
-    path = store.root / t.files[i]
+verify_store = verify
+
+
+def _check_chunk(store: Store, info: ParamManifest, i: int) -> str | None:
+    if info.chunks.crc32c is None:
+        return None
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return f"parameter {name!r}: chunk {i}: file {path} is missing"
-    try:
-        crc = crc32c_of(fd, info.chunk_pieces(i))
-    except ShortFileError as e:
-        return (f"parameter {name!r}: chunk {i}: file {path} ends at byte offset {e.at}, "
-                f"expected {e.nbytes} bytes from offset {e.offset}")
-    finally:
-        os.close(fd)
-    if crc != t.crc32c[i]:
-        return (f"parameter {name!r}: chunk {i}: checksum mismatch in {path} at byte offset {t.offsets[i]} "
-                f"({t.nbytes[i]} bytes)")
+        crc = crc32c_of(store.data.open, info.chunk_pieces(i))
+    except CkptStoreError as e:
+        return f"parameter {info.name!r}: chunk {i}: {e}"
+    if crc != info.chunks.crc32c[i]:
+        t = info.chunks
+        return (f"parameter {info.name!r}: chunk {i}: checksum mismatch in {store.data.key_url(t.files[i])} at byte "
+                f"offset {t.offsets[i]} ({t.nbytes[i]} bytes)")
     return None
 
 
@@ -95,10 +92,13 @@ def _compare_source(store: Store, against: str | os.PathLike[str], strategy: Seq
             report.problems.append(f"parameter {name!r}: shape {list(info.shape)} in the store, "
                                    f"{list(param.shape)} in the source")
             continue
-        plan = plan_chunks(param, max_chunk_bytes=max(1, _chunk_bytes(info)))
-        codec = numcodecs_codec(info.codec)
+        plan = plan_chunks(param, max_chunk_bytes=max(1, prod(info.chunk_shape) * info.np_dtype.itemsize))
         for chunk in plan.chunks:
-            stored = _stored_chunk(store, name, chunk.index, codec)
+            try:
+                stored = _stored_chunk(store, info, chunk.index)
+            except CkptStoreError as e:
+                report.problems.append(f"parameter {name!r}: chunk {chunk.index}: {e}")
+                continue
             for rank, entry, path in zip(chunk.slice.ranks, chunk.slice.entries, chunk.slice.paths):
                 if not _same_bytes(stored, path, entry, chunk.byte_start):
                     report.problems.append(
@@ -106,29 +106,24 @@ def _compare_source(store: Store, against: str | os.PathLike[str], strategy: Seq
             report.compared_with_source += 1
 
 
-def _chunk_bytes(info: ParamManifest) -> int:
-    return prod(info.chunk_shape) * info.np_dtype.itemsize
-
-
-def _stored_chunk(store: Store, name: str, i: int, codec: numcodecs.abc.Codec | None) -> bytes:
-    info = store.info(name)
-    t = info.chunks
-    with open(store.root / t.files[i], "rb") as f:
-        parts = []
-        for offset, nbytes in info.chunk_pieces(i):
-            f.seek(offset)
-            parts.append(f.read(nbytes))
-    data = b"".join(parts)
-    if len(data) != t.nbytes[i]:
-        raise StoreCorruptError(f"parameter {name!r}: chunk {i} is truncated in {store.root / t.files[i]}")
-    return bytes(codec.decode(data)) if codec is not None else data
+def _stored_chunk(store: Store, info: ParamManifest, i: int) -> bytes:
+    """Chunk ``i``'s bytes as the source holds them (decoded when compressed)."""
+    pieces = info.chunk_pieces(i)
+    buf = bytearray(sum(n for _, _, n in pieces))
+    pos = 0
+    for key, offset, nbytes in pieces:
+        store.data.open(key).read_into(offset, memoryview(buf)[pos:pos + nbytes])
+        pos += nbytes
+    if info.codec is None:
+        return bytes(buf)
+    return bytes(decode(info.codec, buf, info.chunk_box(i).size * info.np_dtype.itemsize, info.name, i))
 
 
 def _same_bytes(stored: bytes, path: str, entry: CkptEntry, start: int) -> bool:
     buf = bytearray(len(stored))
-    fd = os.open(path, os.O_RDONLY)
+    source = LocalSource(os.path.dirname(path) or ".")
     try:
-        read_into(fd, entry.pieces, start, memoryview(buf), path=path, param=entry.name)
+        read_into(source.open(os.path.basename(path)), entry.pieces, start, memoryview(buf), param=entry.name)
     finally:
-        os.close(fd)
+        source.close()
     return bytes(buf) == stored

@@ -30,6 +30,7 @@ import pytest  # noqa: E402
 
 import ckptstore  # noqa: E402
 from ckptstore import testing as T  # noqa: E402
+from ckptstore.convert import ConvertSummary  # noqa: E402
 from conftest import SavedLayout  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -166,7 +167,7 @@ def expected_values(layout: SavedLayout) -> dict[str, np.ndarray]:
 # converting and re-saving
 
 
-def convert_layout(layout: SavedLayout, out: Path, **kwargs) -> ckptstore.ConvertSummary:
+def convert_layout(layout: SavedLayout, out: Path, **kwargs) -> ConvertSummary:
     return ckptstore.convert(layout.root, out, strategy=layout.strategy_files, **kwargs)
 
 
@@ -264,7 +265,7 @@ class Converted:
 
     layout: SavedLayout
     store: Path
-    summary: ckptstore.ConvertSummary
+    summary: ConvertSummary
 
 
 @pytest.fixture(scope="session")

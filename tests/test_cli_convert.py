@@ -12,6 +12,7 @@ pytest.importorskip("mindspore")
 
 import ckptstore  # noqa: E402
 from ckptstore.chunk_plan import OPTIMIZER_PATTERNS  # noqa: E402
+from ckptstore.ckpt_reader import read_entry, scan_checkpoint  # noqa: E402
 from convert_fixtures import (  # noqa: E402,F401
     assert_same_array,
     cli_command,
@@ -78,11 +79,11 @@ def test_convert_a_single_checkpoint_file_without_strategy(saved_layout, tmp_pat
     out = tmp_path / "rank3.zarr"
     r = run_cli("convert", layout.rank_file(3), "--out", out, "-q")
     assert r.returncode == 0, r.stderr
-    local = ckptstore.scan_checkpoint(layout.rank_file(3))
+    local = scan_checkpoint(layout.rank_file(3))
     with ckptstore.open(out) as store:
         assert store.names() == local.names()
         for name, entry in local.entries.items():
-            assert_same_array(store.read(name), ckptstore.read_entry(layout.rank_file(3), entry), name)
+            assert_same_array(store.read(name), read_entry(layout.rank_file(3), entry), name)
 
 
 @pytest.mark.parametrize("kind", ["dp2_mp4", "pipeline2", "mixed_dtypes"])
@@ -173,7 +174,7 @@ def test_verify_against_a_source_with_a_damaged_replica_names_the_rank(saved_lay
     layout = copy_saved(saved_layout("dp2_mp4"), tmp_path / "src")
     out = tmp_path / "s.zarr"
     assert run_cli("convert", layout.root, *strategy_args(layout), "--out", out, "-q").returncode == 0
-    offset, length = ckptstore.scan_checkpoint(layout.rank_file(4))["layer0.w"].pieces[0]
+    offset, length = scan_checkpoint(layout.rank_file(4))["layer0.w"].pieces[0]
     flip_byte(layout.rank_file(4), offset + length - 1)
     r = run_cli("verify", out, "--against", layout.root, *strategy_args(layout))
     assert r.returncode == 1

@@ -24,6 +24,7 @@ import ckptstore  # noqa: E402  (registers bfloat16 with zarr)
 from ckptstore import testing as T  # noqa: E402
 from ckptstore.chunk_plan import OPTIMIZER_PATTERNS  # noqa: E402
 from ckptstore.errors import ReplicaMismatchError  # noqa: E402
+from ckptstore.ckpt_reader import scan_checkpoint  # noqa: E402
 from conftest import SavedLayout  # noqa: E402
 from convert_fixtures import (  # noqa: E402,F401
     APPENDED,
@@ -126,7 +127,7 @@ def multi_record_layout(tmp_path, one_kib_records) -> SavedLayout:
 
 def test_tensors_split_across_several_records_convert_exactly(multi_record_layout, tmp_path):
     layout = multi_record_layout
-    index = ckptstore.scan_checkpoint(layout.rank_file(5))
+    index = scan_checkpoint(layout.rank_file(5))
     for spec in MULTI_RECORD_SPECS:  # the fixture really has multi-record tensors
         assert len(index[spec.name].pieces) > 1, spec.name
     convert_layout(layout, tmp_path / "s.zarr", max_chunk_mb=1)
@@ -212,7 +213,7 @@ def test_store_payload_is_each_distinct_slice_once(converted, kind):
 def test_source_bytes_counts_every_rank_files_payload(converted, kind):
     c = converted(kind)
     scanned = sum(e.nbytes for r in range(c.layout.world)
-                  for e in ckptstore.scan_checkpoint(c.layout.rank_file(r)).entries.values())
+                  for e in scan_checkpoint(c.layout.rank_file(r)).entries.values())
     exp = expected_for(c.layout)
     assert scanned == sum(exp.source_bytes(n) for n in exp.shapes)  # the fixture is what we think
     assert c.summary.source_bytes == scanned
@@ -234,7 +235,7 @@ REPLICA = "layer0.w"  # dp2_mp4: rows split 4 ways; ranks r and r + 4 hold the s
 def damaged_replica(saved_layout, tmp_path) -> SavedLayout:
     """dp2_mp4 with one payload byte of rank 4's copy of layer0.w flipped (rank 0 is intact)."""
     layout = copy_saved(saved_layout("dp2_mp4"), tmp_path / "src")
-    entry = ckptstore.scan_checkpoint(layout.rank_file(4))[REPLICA]
+    entry = scan_checkpoint(layout.rank_file(4))[REPLICA]
     offset, length = entry.pieces[0]
     path = layout.rank_file(4)
     data = bytearray(path.read_bytes())

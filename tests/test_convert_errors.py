@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("mindspore")
 
 import ckptstore  # noqa: E402
+from ckptstore.ckpt_reader import scan_checkpoint  # noqa: E402
 from ckptstore.errors import (  # noqa: E402
     CkptStoreError,
     CorruptCheckpointError,
@@ -102,7 +103,7 @@ def test_rank_file_cut_at_a_record_boundary_reports_the_missing_parameters(dp2_m
     """A file cut exactly between records is valid protobuf (MindSpore loads it silently);
     the strategy says what is missing."""
     path = dp2_mp4.rank_file(6)
-    cut = ckptstore.scan_checkpoint(path)["layer1.w"].record_offset
+    cut = scan_checkpoint(path)["layer1.w"].record_offset
     with open(path, "r+b") as f:
         f.truncate(cut)
     e = _convert_fails(dp2_mp4, tmp_path, LayoutMismatchError)
@@ -157,7 +158,7 @@ def test_single_file_with_a_multi_rank_strategy_is_refused(dp2_mp4, tmp_path):
 
 def test_truncated_rank_file_names_file_parameter_and_offset(dp2_mp4, tmp_path):
     path = dp2_mp4.rank_file(4)
-    entry = ckptstore.scan_checkpoint(path)["layer1.w"]
+    entry = scan_checkpoint(path)["layer1.w"]
     offset, length = entry.pieces[0]
     with open(path, "r+b") as f:
         f.truncate(offset + length // 2)  # in the middle of layer1.w's payload
@@ -177,7 +178,7 @@ def test_corrupt_rank_file_of_random_bytes_is_named(dp2_mp4, tmp_path):
 def test_corrupt_bytes_inside_a_record_are_named(dp2_mp4, tmp_path):
     """A record header damaged in the middle of the file: the offset points at it."""
     path = dp2_mp4.rank_file(1)
-    at = ckptstore.scan_checkpoint(path)["layer0.b"].record_offset
+    at = scan_checkpoint(path)["layer0.b"].record_offset
     data = bytearray(path.read_bytes())
     data[at] = 0x55  # not a Checkpoint.value key
     path.write_bytes(bytes(data))
@@ -187,7 +188,7 @@ def test_corrupt_bytes_inside_a_record_are_named(dp2_mp4, tmp_path):
 
 def test_cli_reports_a_source_error_in_one_line_with_exit_status_2(dp2_mp4, tmp_path):
     path = dp2_mp4.rank_file(4)
-    entry = ckptstore.scan_checkpoint(path)["layer1.w"]
+    entry = scan_checkpoint(path)["layer1.w"]
     with open(path, "r+b") as f:
         f.truncate(entry.pieces[0][0] + 3)
     r = run_cli("convert", dp2_mp4.root, *strategy_args(dp2_mp4), "--out", tmp_path / "out.zarr", "-q")
@@ -229,7 +230,7 @@ def small_tmpfs(tmp_path):
     try:
         yield Mount
     finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+        subprocess.run(["umount", "-l", str(mnt)], check=False)  # lazy: a test may still hold a file open
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import ckptstore
 from ckptstore import testing as T
 from ckptstore.errors import IncompleteStoreError
 from ckptstore.verify import verify_store
+from ckptstore.loader import rank_view  # noqa: E402
 
 from convert_fixtures import assert_same_array, convert_layout, run_cli, strategy_args
 
@@ -75,7 +76,7 @@ def test_verify_finds_a_flipped_byte_in_a_column_chunk(saved_layout, tmp_path):
     convert_layout(layout, tmp_path / "st", fmt="safetensors")
     store = ckptstore.open(tmp_path / "st")
     info = store.info("layer0.w")
-    offset, _ = info.chunk_pieces(3)[1]  # second row of chunk 3 (columns 24..32)
+    _, offset, _ = info.chunk_pieces(3)[1]  # second row of chunk 3 (columns 24..32)
     path = tmp_path / "st" / info.chunks.files[3]
     data = bytearray(path.read_bytes())
     data[offset] ^= 0xFF
@@ -111,8 +112,8 @@ def test_load_rank_from_a_safetensors_store_equals_the_zarr_store(saved_layout, 
     target = T.write_strategy(tmp_path / "dst.ckpt", [
         s.__class__(**{**s.__dict__, "dev_matrix": (2, 2)}) for s in layout.specs if s.dev_matrix])
     for rank in range(4):
-        a = ckptstore.rank_view(ckptstore.open(tmp_path / "st"), str(target), rank)
-        b = ckptstore.rank_view(ckptstore.open(tmp_path / "zarr"), str(target), rank)
+        a = rank_view(ckptstore.open(tmp_path / "st"), str(target), rank)
+        b = rank_view(ckptstore.open(tmp_path / "zarr"), str(target), rank)
         assert a.names() == b.names()
         for name in a.names():
             assert_same_array(np.asarray(a.read(name)), np.asarray(b.read(name)), name)

@@ -151,12 +151,12 @@ def _save_rank(rank: int, world: int, rendezvous: str, rank_file: str, strategy:
     from ckptstore.ckpt_reader import read_entry
 
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
-    src = ckptstore.load_strategy(strategy)
+    src = ckptstore.strategy.load_strategy(strategy)
     layouts = {n: mesh_layout(st[0]) for n, st in src.layouts.items()}
     meshes = _Meshes()
     for key in sorted({m.key for m in layouts.values()}):  # same order on every rank: collective
         meshes.get(next(m for m in layouts.values() if m.key == key))
-    index = ckptstore.scan_checkpoint(rank_file)
+    index = ckptstore.ckpt_reader.scan_checkpoint(rank_file)
     state: dict[str, Any] = {}
     for name in index.names():
         entry = index[name]
@@ -201,7 +201,7 @@ def load_rank(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str,
 
     import ckptstore
 
-    target = ckptstore.load_strategy(strategy)
+    target = ckptstore.strategy.load_strategy(strategy)
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=target.world_size)
     meshes = _Meshes()

@@ -115,8 +115,8 @@ def _save(strategy: str, out: str, rank_files: Sequence[str]) -> None:
     devices = sorted(jax.devices(), key=lambda d: d.id)
     if len(devices) != world:
         raise RuntimeError(f"{len(devices)} jax devices, need {world} (set XLA_FLAGS)")
-    src = ckptstore.load_strategy(strategy)
-    indexes = [ckptstore.scan_checkpoint(p) for p in rank_files]
+    src = ckptstore.strategy.load_strategy(strategy)
+    indexes = [ckptstore.ckpt_reader.scan_checkpoint(p) for p in rank_files]
     state: dict[str, Any] = {}
     for name in indexes[0].names():
         entry = indexes[0][name]
@@ -156,7 +156,7 @@ def _abstract_tree(strategy: str, names_file: str, devices: Sequence[Any]) -> di
 
     import ckptstore
 
-    target = ckptstore.load_strategy(strategy)
+    target = ckptstore.strategy.load_strategy(strategy)
     tree = {}
     for name, lshape, dtype, in_strategy in _names(names_file):
         if in_strategy:

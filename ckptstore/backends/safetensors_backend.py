@@ -5,11 +5,10 @@ global shape (files are filled in source order up to a size limit), so ``safeten
 and any safetensors reader see ordinary named tensors. ``STORE/ckptstore.json`` is the same
 manifest as in a Zarr store (``layout: "dense"`` per parameter: each chunk is a logical box of
 the tensor with its checksum and source rank) and is written last: a folder without it is an
-unfinished conversion.
+unfinished conversion. This module is the writer's half; reading needs only the manifest.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from math import prod
@@ -18,9 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..safetensors_writer import SAFETENSORS_DTYPES
+from ..safetensors_format import build_header
 
-MANIFEST = "ckptstore.json"
 DEFAULT_FILE_BYTES = 4 << 30
 
 
@@ -69,18 +67,8 @@ def plan_files(tensors: Sequence[tuple[str, np.dtype, tuple[int, ...]]], *,
 
 
 def _layout(file: str, group: Sequence[tuple[str, np.dtype, tuple[int, ...]]]) -> FileLayout:
-    header: dict[str, Any] = {"__metadata__": {"format": "pt", "written_by": "ckptstore"}}
-    offset = 0
-    spans = []
-    for name, dtype, shape in group:
-        n = prod(shape) * dtype.itemsize
-        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
-        spans.append((name, dtype, shape, offset))
-        offset += n
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    head = len(raw).to_bytes(8, "little") + raw
-    slots = tuple(TensorSlot(name, file, len(head) + off, dtype, shape) for name, dtype, shape, off in spans)
+    head, infos = build_header(group, {"format": "pt", "written_by": "ckptstore"})
+    slots = tuple(TensorSlot(t.name, file, t.start, t.dtype, t.shape) for t in infos)
     return FileLayout(file, head, slots)
 
 
@@ -93,14 +81,6 @@ def create_file(path: Path, layout: FileLayout) -> None:
     with open(path, "wb") as f:
         f.write(layout.header)
         f.truncate(layout.size)
-
-
-def read_manifest(store: Path) -> dict[str, Any] | None:
-    """The manifest of a safetensors store, or ``None`` when there is none."""
-    try:
-        return json.loads((store / MANIFEST).read_bytes())
-    except FileNotFoundError:
-        return None
 
 
 def sync_file(path: Path) -> None:

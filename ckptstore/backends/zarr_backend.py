@@ -7,28 +7,22 @@ index) so the store has one file per parameter, not one per chunk. ckptstore wri
 bytes itself, streamed from the source ``.ckpt`` files (zarr-python would encode a whole shard
 in memory), and uses zarr-python only to produce the metadata documents, so any Zarr v3 reader
 (zarr-python, tensorstore) reads the store. The root ``zarr.json`` is written last: a
-directory without it is an unfinished conversion.
+directory without it is an unfinished conversion. This module is the writer's half (it imports
+zarr-python); reading a store needs only the JSON manifest.
 """
 from __future__ import annotations
 
 import json
-import os
 import struct
 from math import prod
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 from urllib.parse import quote
 
 import crc32c
-import numcodecs
-import zarr
-import zarr.codecs
-from zarr.storage import MemoryStore
 
-from . import zarr_bfloat16  # noqa: F401  (registers the bfloat16 data type)
 from ..dtypes import numpy_dtype
+from . import ROOT_METADATA
 
-ROOT_METADATA = "zarr.json"
 _EMPTY = 2**64 - 1
 
 
@@ -50,9 +44,22 @@ def chunk_key(path: str, ndim: int) -> str:
     return f"{path}/c" + "/0" * ndim
 
 
+def _zarr() -> Any:
+    """zarr-python, with the bfloat16 data type registered (imported only when writing metadata)."""
+    import zarr
+    import zarr.codecs
+    import zarr.storage
+
+    from . import zarr_bfloat16
+
+    zarr_bfloat16.register()  # zarr-python finds it by entry point too; the writer must not depend on that
+    return zarr
+
+
 def _zarr_codec(codec: Mapping[str, Any] | None, itemsize: int) -> list[Any] | None:
     if codec is None:
         return None
+    zarr = _zarr()
     cid = codec["id"]
     if cid == "zstd":
         return [zarr.codecs.ZstdCodec(level=codec.get("level", 3))]
@@ -62,27 +69,12 @@ def _zarr_codec(codec: Mapping[str, Any] | None, itemsize: int) -> list[Any] | N
     raise ValueError(f"unknown codec {cid!r}")
 
 
-_BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
-
-
-def numcodecs_codec(codec: Mapping[str, Any] | None) -> Any:
-    """The numcodecs codec for a manifest ``codec`` config (``None`` for raw chunks).
-
-    numcodecs' Blosc takes ``shuffle`` as an int where Zarr's metadata names it.
-    """
-    if codec is None:
-        return None
-    cfg = dict(codec)
-    if cfg["id"] == "blosc" and isinstance(cfg.get("shuffle"), str):
-        cfg["shuffle"] = _BLOSC_SHUFFLE[cfg["shuffle"]]
-    return numcodecs.get_codec(cfg)
-
-
 def array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
                    codec: Mapping[str, Any] | None) -> bytes:
     """The ``zarr.json`` of one parameter's array, as zarr-python itself writes it."""
+    zarr = _zarr()
     dt = numpy_dtype(dtype)
-    store = MemoryStore()
+    store = zarr.storage.MemoryStore()
     sharded = prod(-(-s // c) for s, c in zip(shape, chunk_shape)) > 1
     zarr.create_array(store=store, shape=tuple(shape), dtype=dt, chunks=tuple(chunk_shape),
                       shards=tuple(shape) if sharded else None,
@@ -97,7 +89,8 @@ def group_metadata(attributes: Mapping[str, Any]) -> bytes:
     manifest's chunk columns make it large (a 13B model's is 4 MiB compact, 13 MiB indented),
     and parsing it is most of what opening a store costs.
     """
-    store = MemoryStore()
+    zarr = _zarr()
+    store = zarr.storage.MemoryStore()
     zarr.create_group(store=store, attributes=dict(attributes), zarr_format=3)
     doc = json.loads(store._store_dict[ROOT_METADATA].to_bytes())  # noqa: SLF001
     return json.dumps(doc, separators=(",", ":")).encode()
@@ -112,24 +105,3 @@ def shard_index(offsets: Sequence[int], nbytes: Sequence[int]) -> bytes:
 def is_sharded(n_chunks: int) -> bool:
     """Arrays of more than one chunk keep them in one shard file."""
     return n_chunks > 1
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary name, fsync, then rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_root_attributes(store: Path) -> dict[str, Any] | None:
-    """The root group's attributes, or ``None`` when the root ``zarr.json`` is missing."""
-    try:
-        doc = json.loads((store / ROOT_METADATA).read_bytes())
-    except FileNotFoundError:
-        return None
-    if not isinstance(doc, dict):
-        raise ValueError(f"{store / ROOT_METADATA} is not a JSON object")
-    return doc.get("attributes", {})

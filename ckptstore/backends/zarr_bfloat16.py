@@ -1,9 +1,11 @@
 """The zarr-extensions ``bfloat16`` data type for zarr-python 3.
 
-zarr-python 3.1 has no bfloat16 of its own. This registers a :class:`ZDType` over
+zarr-python 3.1 has no bfloat16 of its own. This module defines a :class:`ZDType` over
 ``ml_dtypes.bfloat16`` under the v3 name ``"bfloat16"`` (the name the zarr-extensions registry
-and tensorstore use), so arrays ckptstore writes keep their dtype and ``zarr.open`` reads them
-once ``ckptstore`` is imported. Elements are stored little-endian, two bytes each.
+and tensorstore use), so arrays ckptstore writes keep their dtype. ckptstore's package metadata
+declares it as a ``zarr.data_type`` entry point, so ``zarr.open`` reads such arrays wherever
+ckptstore is installed, without importing ckptstore. Elements are stored little-endian, two
+bytes each.
 """
 from __future__ import annotations
 
@@ -49,6 +51,3 @@ def register() -> None:
     """Register ``bfloat16`` with zarr-python's data type registry (idempotent)."""
     if "bfloat16" not in data_type_registry.contents:
         data_type_registry.register("bfloat16", BFloat16)
-
-
-register()
