@@ -490,7 +490,7 @@ def read_entry(path: str | os.PathLike[str] | ReadableFile, entry: CkptEntry, *,
     f, own = open_file(path)
     try:
         if entry.is_str:
-            return _read_str(f, entry)
+            return read_str(f, entry)
         shape = entry.shape
         start = 0
         if rows is not None:
@@ -512,7 +512,7 @@ def read_entry(path: str | os.PathLike[str] | ReadableFile, entry: CkptEntry, *,
             f.close()
 
 
-def _read_str(f: ReadableFile, entry: CkptEntry) -> str:
+def read_str(f: ReadableFile, entry: CkptEntry) -> str:
     if entry.nbytes > MAX_STR_BYTES:
         raise CorruptCheckpointError(f"a string value of {entry.nbytes} bytes (more than {MAX_STR_BYTES})",
                                      path=f.url, param=entry.name, offset=entry.record_offset)

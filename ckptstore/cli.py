@@ -31,9 +31,9 @@ def _friendly_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (CkptStoreError, FileNotFoundError, IsADirectoryError, PermissionError) as e:
+        except (CkptStoreError, OSError) as e:
             kind = type(e).__name__
-            msg = str(e) if isinstance(e, CkptStoreError) else f"{e.strerror}: {e.filename}"
+            msg = str(e) if isinstance(e, CkptStoreError) else f"{e.strerror or e}: {e.filename}"
             click.echo(f"ckptstore: error: {msg} [{kind}]", err=True)
             sys.exit(2)
     return wrapper  # type: ignore[return-value]
@@ -202,27 +202,45 @@ _STRATEGY_HELP = ("MindSpore strategy file of the source (protobuf as saved, or 
 @click.option("--verify-replicas", is_flag=True,
               help="Also read every replica of each slice and fail if ranks disagree (reads all rank files).")
 @click.option("--verify-crc", is_flag=True, help="Check each rank file's crc_num trailer first (reads them whole).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing complete store at --out.")
+@click.option("--no-layout-check", is_flag=True,
+              help="Skip the check that the strategy describes the rank files (a few sampled bytes of every slice "
+                   "must agree between replicas and differ between slices). Use only if ranks really hold "
+                   "identical slices of a parameter.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace the store at --out, or start an unfinished conversion there over. Only files ckptstore "
+                   "wrote are deleted.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @_friendly_errors
 def convert(src: str, out: str, strategies: tuple[str, ...], fmt: str, step: int | None, prefix: str | None,
             include: tuple[str, ...], exclude: tuple[str, ...], drop_optimizer: bool, compress: str,
-            chunk_mb: int | None, workers: int, verify_replicas: bool, verify_crc: bool, overwrite: bool,
-            quiet: bool, as_json: bool) -> None:
+            chunk_mb: int | None, workers: int, verify_replicas: bool, verify_crc: bool, no_layout_check: bool,
+            overwrite: bool, quiet: bool, as_json: bool) -> None:
     """Convert a MindSpore distributed checkpoint into a store of global tensors.
 
     SRC is the folder holding rank_0/, rank_1/, ... (each rank's newest .ckpt is used) or a
     single .ckpt file. Each parameter becomes one global array; a slice held by several ranks
     (data-parallel replicas) is read and stored once. Memory use stays small whatever the
-    checkpoint size. If the run is interrupted, run the same command again: it resumes.
+    checkpoint size. If the run is interrupted, run the same command again: it resumes. Once the
+    store is complete, the same command again does nothing. Several processes may run the same
+    command on one --out (every rank of a job, say): one converts, the others wait for it.
     """
+    def waiting(holder: str) -> None:
+        if not quiet:
+            click.echo(f"ckptstore: {out} is being written by another conversion ({holder}); waiting for it",
+                       err=True)
+
     summary = convert_store(src, out, strategy=strategies, step=step, prefix=prefix, include=include,
                             exclude=exclude, drop_optimizer=drop_optimizer, compress=compress,
                             max_chunk_mb=chunk_mb, workers=workers, verify_replicas=verify_replicas,
-                            verify_crc=verify_crc, overwrite=overwrite, quiet=quiet, fmt=fmt)
+                            verify_crc=verify_crc, overwrite=overwrite, quiet=quiet, fmt=fmt,
+                            check_layout=not no_layout_check, on_wait=waiting)
     if as_json:
         click.echo(json.dumps(summary.to_json(), indent=2))
+        return
+    if summary.already_complete:
+        click.echo(f"{summary.store} already holds this conversion, complete: {summary.params} parameters; "
+                   "nothing to do")
         return
     click.echo(f"wrote {summary.store}: {summary.params} parameters in {summary.chunks} chunks, "
                f"{_fmt_bytes(summary.stored_bytes)} stored from {_fmt_bytes(summary.source_bytes)} in the rank "
@@ -257,15 +275,19 @@ def verify(store: str, against: str | None, strategies: tuple[str, ...], step: i
 
 
 def _parse_ranks(value: str | None) -> list[int] | None:
-    if not value:
+    if value is None:
         return None
     ranks: list[int] = []
     for part in value.split(","):
         lo, _, hi = part.strip().partition("-")
         try:
-            ranks.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+            first, last = int(lo), int(hi) if hi else int(lo)
         except ValueError:
             raise click.BadParameter(f"{value!r} is not a list like 0,1,4-7", param_hint="--ranks") from None
+        if first < 0 or last < first:
+            raise click.BadParameter(f"{part.strip()!r} is not a rank or an increasing range like 4-7",
+                                     param_hint="--ranks")
+        ranks.extend(range(first, last + 1))
     return ranks
 
 

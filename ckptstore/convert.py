@@ -1,47 +1,49 @@
 """Convert a MindSpore distributed checkpoint into a store of global tensors.
 
-Flow: pick the rank files and read the strategy -> scan every file's headers and resolve each
-parameter's global shape and distinct slices (:mod:`ckptstore.source`) -> plan chunks aligned to
-the slices (:mod:`ckptstore.chunk_plan`) -> stream each chunk's bytes from the one rank file
-that supplies it into the parameter's data file, checksumming on the way -> commit.
+Flow: pick the rank files and read the strategy -> scan every file's headers, resolve each
+parameter's global shape and distinct slices and check a sample of their bytes against the
+strategy (:mod:`ckptstore.source`) -> plan chunks aligned to the slices
+(:mod:`ckptstore.chunk_plan`) -> claim the output folder (:mod:`ckptstore.output_folder`) ->
+stream each chunk's bytes from the one rank file that supplies it into the parameter's data
+file, checksumming on the way (:mod:`ckptstore.store_writer`) -> commit.
 
-Safety: each parameter's file is written under ``.partial`` with a journal of finished chunks
-and renamed when complete; the root ``zarr.json`` that makes the store readable is written
-last, after every parameter is committed. An interrupted run leaves a store that
+Safety: one conversion owns an output folder at a time (a lock its holder's death releases).
+Each data file is written under ``.partial`` with a journal of finished chunks and renamed
+when complete; the manifest that makes the store readable is written last, after every data
+file is final and the file system is synced. An interrupted run leaves a store that
 :func:`ckptstore.open` refuses; running the same conversion again resumes, skipping finished
-parameters and chunks. Memory stays at one copy buffer per worker (plus one chunk when
-compressing), whatever the checkpoint size.
+parameters and chunks, and running it once more on the complete store does nothing. Memory
+stays at one copy buffer per worker (plus one chunk when compressing), whatever the size.
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .atomic_file import write_atomic
-from .backends import MANIFEST, ROOT_METADATA, WORK_DIR, read_manifest
+from .backends import MANIFEST, ROOT_METADATA
 from .backends import safetensors_backend as sb
 from .backends import zarr_backend as zb
-from .codecs import CODECS
 from .chunk_plan import ParamPlan, check_even_slices, plan_param, select_params
-from .errors import CkptStoreError, InvalidOptionError, LayoutMismatchError, StoreCorruptError, StoreExistsError, StoreWriteError
+from .codecs import CODECS
+from .errors import InvalidOptionError, LayoutMismatchError
 from .manifest import ParamManifest, StoreManifest
+from .output_folder import Claim, claim, write_error
 from .progress import Progress
 from .source import DistributedSource, SourceParam, resolve_source
-from .sources import LocalSource
 from .store_writer import ChunkCopier, load_done, str_manifest, write_dense_param, write_zarr_param
-from .strategy import Strategy, load_strategy
 from .version import __version__
 
 DEFAULT_CHUNK_MB = 256
 DEFAULT_COMPRESSED_CHUNK_MB = 16
+#: Test hook: SIGKILL this process at a named point ("commit": data files final, manifest not written).
+KILL_AT_ENV = "CKPTSTORE_KILL_AT"
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class ConvertSummary:
     unique_bytes: int
     stored_bytes: int
     seconds: float
+    already_complete: bool = False
 
     @property
     def dedup_saved_bytes(self) -> int:
@@ -72,54 +75,90 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
             include: Sequence[str] = (), exclude: Sequence[str] = (), drop_optimizer: bool = False,
             compress: str | None = None, max_chunk_mb: int | None = None, workers: int = 4,
             verify_replicas: bool = False, verify_crc: bool = False, overwrite: bool = False,
-            quiet: bool = True, fmt: str = "zarr") -> ConvertSummary:
+            quiet: bool = True, fmt: str = "zarr", check_layout: bool = True,
+            on_wait: Callable[[str], None] | None = None) -> ConvertSummary:
     """Convert a MindSpore checkpoint into a store of global tensors at ``out``.
 
     ``fmt`` is ``"zarr"`` (Zarr v3, the default) or ``"safetensors"`` (whole global tensors in
     ``model-*.safetensors`` files plus ``ckptstore.json``; no compression).
 
-    ``src`` is a folder of ``rank_<i>/`` subfolders (each rank's newest ``.ckpt`` unless
+    ``src`` is a folder of ``rank_<i>/`` subfolders (each rank's newest checkpoint unless
     ``step``/``prefix`` pick another) with the ``strategy`` file(s) that laid it out, or a single
-    ``.ckpt``. ``include``/``exclude`` are name globs; ``drop_optimizer`` removes optimizer state
-    (:data:`~ckptstore.chunk_plan.OPTIMIZER_PATTERNS`). ``compress`` is ``None``, ``"zstd"`` or
-    ``"blosc"``. Replicated slices are read and written once; ``verify_replicas`` also reads
-    every replica and fails on a mismatch. An existing complete store needs ``overwrite``; an
-    unfinished one from the same command is resumed. Returns a :class:`ConvertSummary`.
+    checkpoint file. ``include``/``exclude`` are name globs; ``drop_optimizer`` removes optimizer
+    state (:data:`~ckptstore.chunk_plan.OPTIMIZER_PATTERNS`). ``compress`` is ``None``, ``"zstd"``
+    or ``"blosc"``. Replicated slices are read and written once; ``verify_replicas`` also reads
+    every replica and fails on a mismatch; ``check_layout=False`` skips the sampled check that
+    the strategy describes the files. If another conversion holds ``out``, this one waits for it
+    (``on_wait`` is told who holds it). A complete store of the same conversion is left as is;
+    an unfinished one is resumed; anything else in ``out`` needs ``overwrite``. Returns a
+    :class:`ConvertSummary`.
     """
     started = time.monotonic()
+    codec, chunk_bytes = _options(fmt, compress, max_chunk_mb, workers)
+    source = resolve_source(src, strategy, step=step, prefix=prefix, verify_crc=verify_crc,
+                            check_layout=check_layout)
+    try:
+        names = select_params(source.params, include=include, exclude=exclude, drop_optimizer=drop_optimizer)
+        plans = [_plan(source.params[n], chunk_bytes) for n in names]
+        fingerprint = _fingerprint(source, plans, codec, fmt)
+        out = Path(out)
+        hold = claim(out, fingerprint, overwrite=overwrite, on_wait=on_wait,
+                     sources=[*source.rank_files.values(), *(source.strategy.sources if source.strategy else ())])
+        try:
+            if hold.complete:
+                return _summary(out, plans, None, started, already_complete=True)
+            header = {**_source_header(source, step), "fingerprint": fingerprint}
+            manifest, copier = _write(hold, source, plans, codec, fmt, workers, verify_replicas, quiet, header)
+            return _summary(out, plans, copier, started, manifest=manifest)
+        finally:
+            hold.release()
+    finally:
+        source.close()
+
+
+def _options(fmt: str, compress: str | None, max_chunk_mb: int | None, workers: int) -> tuple[dict | None, int]:
     if fmt not in ("zarr", "safetensors"):
         raise InvalidOptionError(f"unknown store format {fmt!r}; choose zarr or safetensors")
     codec = _codec(compress)
     if codec is not None and fmt == "safetensors":
         raise InvalidOptionError("safetensors stores are not compressed; use the zarr format for --compress")
-    chunk_bytes = (max_chunk_mb or (DEFAULT_COMPRESSED_CHUNK_MB if codec else DEFAULT_CHUNK_MB)) << 20
-    source = resolve_source(src, strategy, step=step, prefix=prefix, verify_crc=verify_crc)
-    names = select_params(source.params, include=include, exclude=exclude, drop_optimizer=drop_optimizer)
-    plans = [_plan(source.params[n], chunk_bytes) for n in names]
-    out = Path(out)
-    fingerprint = _fingerprint(source, plans, codec, fmt)
-    work = _prepare_output(out, fingerprint, overwrite=overwrite)
+    for what, value in (("workers", workers), ("max_chunk_mb", max_chunk_mb or 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidOptionError(f"{what} must be a positive integer, not {value!r}")
+    return codec, (max_chunk_mb or (DEFAULT_COMPRESSED_CHUNK_MB if codec else DEFAULT_CHUNK_MB)) << 20
+
+
+def _write(hold: Claim, source: DistributedSource, plans: Sequence[ParamPlan], codec: dict | None, fmt: str,
+           workers: int, verify_replicas: bool, quiet: bool,
+           header: dict[str, Any]) -> tuple[StoreManifest, ChunkCopier]:
     progress = Progress(sum(p.nbytes for p in plans), len(plans), desc="convert", quiet=quiet)
-    copier = ChunkCopier(codec, verify_replicas, progress)
-    writer = _ZarrWriter(out, work, copier) if fmt == "zarr" else _SafetensorsWriter(out, work, copier, plans)
+    copier = ChunkCopier(codec, verify_replicas, progress, source.files)
+    writer = _ZarrWriter(hold, copier) if fmt == "zarr" else _SafetensorsWriter(hold, copier, plans)
     try:
         order = sorted(plans, key=lambda p: -p.nbytes)  # big first: workers finish together
-        with ThreadPoolExecutor(max(1, workers)) as pool:
+        with ThreadPoolExecutor(workers) as pool:
             done = dict(zip((p.param.name for p in order), pool.map(writer.write_param, order)))
     finally:
         progress.close()
-    manifest = StoreManifest({p.param.name: done[p.param.name] for p in plans}, _source_header(source, step),
-                             backend=fmt)
+    manifest = StoreManifest({p.param.name: done[p.param.name] for p in plans}, header, backend=fmt)
     writer.commit(manifest)
+    return manifest, copier
+
+
+def _summary(out: Path, plans: Sequence[ParamPlan], copier: ChunkCopier | None, started: float, *,
+             manifest: StoreManifest | None = None, already_complete: bool = False) -> ConvertSummary:
+    chunks = sum(len(p.chunks) for p in plans)
     return ConvertSummary(
-        store=str(out), params=len(plans), chunks=sum(len(p.chunks) for p in plans),
-        chunks_written=copier.chunks_written, chunks_resumed=copier.chunks_resumed,
-        params_resumed=copier.params_resumed,
+        store=str(out), params=len(plans), chunks=chunks,
+        chunks_written=copier.chunks_written if copier else 0,
+        chunks_resumed=copier.chunks_resumed if copier else chunks,
+        params_resumed=copier.params_resumed if copier else len(plans),
         source_bytes=sum(sum(s.entry.nbytes * len(s.ranks) for s in p.param.slices) for p in plans),
         # a string value has no chunks (its text is in the manifest) but is still counted once
         unique_bytes=sum(p.param.slices[0].entry.nbytes if p.param.is_str else p.nbytes for p in plans),
-        stored_bytes=sum(m.stored_bytes for m in manifest.params.values()),
-        seconds=round(time.monotonic() - started, 3))
+        stored_bytes=(sum(m.stored_bytes for m in manifest.params.values()) if manifest
+                      else sum(p.nbytes for p in plans)),
+        seconds=round(time.monotonic() - started, 3), already_complete=already_complete)
 
 
 def _codec(compress: str | None) -> dict[str, Any] | None:
@@ -140,131 +179,120 @@ def _plan(param: SourceParam, chunk_bytes: int) -> ParamPlan:
 
 def _fingerprint(source: DistributedSource, plans: Sequence[ParamPlan], codec: Mapping[str, Any] | None,
                  fmt: str) -> str:
-    """What identifies this conversion, so a rerun resumes only the same one."""
-    files = {r: (os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns) for r, p in source.rank_files.items()}
+    """What identifies this conversion, so a rerun resumes (or skips) only the same one.
+
+    Each rank file counts with its size, modification time and *version* (device, inode and
+    status-change time): an edit in place changes the status-change time even when it restores
+    the modification time, so a rerun never mixes bytes of two versions of a file.
+    """
+    files = {}
+    for r, p in source.rank_files.items():
+        st = os.stat(p)
+        files[r] = (os.path.abspath(p), st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino, st.st_ctime_ns)
     params = [(p.param.name, p.param.dtype.str if not p.param.is_str else "str", p.param.shape, p.chunk_shape)
               for p in plans]
-    blob = json.dumps({"files": files, "params": params, "codec": codec, "format": fmt, "version": __version__},
-                      default=str)
+    blob = json.dumps({"files": files, "params": params, "codec": codec, "format": fmt, "version": __version__,
+                       "integrated_save": source.integrated_save}, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
-    """Make ``out`` ready: new, resumable (same fingerprint), or cleared with ``overwrite``."""
-    if out.exists() and not out.is_dir():
-        raise StoreExistsError(f"output path {out} is a file, not a folder; choose another --out")
-    work = out / WORK_DIR
-    if out.is_dir() and any(out.iterdir()):
-        complete = (out / ROOT_METADATA).exists() or (out / MANIFEST).exists()
-        ours = complete and _has_manifest(out) or work.is_dir()
-        if not ours:
-            raise StoreExistsError(f"output folder {out} is not empty and is not a ckptstore store; "
-                                   "choose an empty or new folder")
-        previous = (work / "fingerprint").read_text() if (work / "fingerprint").exists() else None
-        if overwrite:
-            _clear(out)
-        elif complete:
-            raise StoreExistsError(f"{out} already holds a complete store; pass --overwrite to replace it")
-        elif previous != fingerprint:
-            raise StoreExistsError(f"{out} holds an unfinished conversion of other files or options; rerun "
-                                   "that command to finish it, or pass --overwrite to start again")
-    try:
-        (work / "done").mkdir(parents=True, exist_ok=True)
-        write_atomic(work / "fingerprint", fingerprint.encode())
-    except OSError as e:
-        raise _write_error(e, out, None) from e
-    return work
-
-
-def _has_manifest(out: Path) -> bool:
-    """Whether ``out`` holds a ckptstore manifest (an unreadable one is someone else's file)."""
-    try:
-        return isinstance(read_manifest(LocalSource(out)), dict)
-    except (StoreCorruptError, CkptStoreError):  # not JSON, not UTF-8, not an object
-        return False
-
-
-def _clear(out: Path) -> None:
-    for child in out.iterdir():
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
-
-
-def _write_error(e: OSError, path: Path | str, param: str | None) -> StoreWriteError:
-    what = "no space left on the device" if e.errno == errno.ENOSPC else e.strerror or str(e)
-    where = f" (parameter {param!r})" if param else ""
-    return StoreWriteError(e.errno or 0, f"{what} while writing {path}{where}; free space or fix the "
-                           "problem, then rerun the same command to resume")
+def _kill_point(name: str) -> None:
+    if os.environ.get(KILL_AT_ENV) == name:
+        os.kill(os.getpid(), 9)
 
 
 class _StoreWriter:
     """Writes parameters (shared by the worker threads), remembering finished ones for a rerun."""
 
-    def __init__(self, out: Path, work: Path, copier: ChunkCopier) -> None:
-        self.out, self.work, self.copier = out, work, copier
+    def __init__(self, hold: Claim, copier: ChunkCopier) -> None:
+        self.hold, self.out, self.work, self.copier = hold, hold.out, hold.work, copier
+
+    def _done_path(self, name: str) -> Path:
+        return self.work / "done" / f"{zb.array_path(name)}.json"
 
     def write_param(self, plan: ParamPlan) -> ParamManifest:
         name = plan.param.name
-        done = self.work / "done" / f"{zb.array_path(name)}.json"
+        done = self._done_path(name)
         finished = load_done(done, name)
-        if finished is not None:
+        if finished is not None and self._still_there(finished):
             self.copier.count(resumed=len(plan.chunks), params_resumed=1)
             self.copier.progress.add(plan.nbytes, 1)
             return finished
         try:
-            manifest = str_manifest(plan, zb.array_path(name)) if plan.param.is_str else self._write(plan)
-            write_atomic(done, json.dumps(manifest.to_json()).encode())
+            manifest = str_manifest(plan, zb.array_path(name), self.copier) if plan.param.is_str else self._write(plan)
+            write_atomic(done, json.dumps(manifest.to_json()).encode(), sync_folder=False)
         except OSError as e:
-            raise _write_error(e, self.out / zb.array_path(name), name) from e
+            raise write_error(e, self.out / zb.array_path(name), name) from e
         self.copier.progress.add(0, 1)
         return manifest
+
+    def _still_there(self, finished: ParamManifest) -> bool:
+        """A finished parameter is trusted only while its data files are there at their full size."""
+        return True
 
     def _write(self, plan: ParamPlan) -> ParamManifest:
         raise NotImplementedError
 
     def commit(self, manifest: StoreManifest) -> None:
-        """Make the store complete: its manifest last, then drop the work directory."""
+        """Make the store complete: data files final and synced, the manifest last, the work folder gone."""
         raise NotImplementedError
+
+    def _commit(self, name: str, data: bytes) -> None:
+        try:
+            os.sync()  # every data file's rename is durable before the manifest that names it
+            _kill_point("commit")
+            write_atomic(self.out / name, data)
+        except OSError as e:
+            raise write_error(e, self.out / name) from e
+        self.hold.drop_work()
 
 
 class _ZarrWriter(_StoreWriter):
     def _write(self, plan: ParamPlan) -> ParamManifest:
         return write_zarr_param(plan, self.out, zb.array_path(plan.param.name), self.copier)
 
+    def _still_there(self, finished: ParamManifest) -> bool:
+        if finished.is_str:
+            return True
+        sizes: dict[str, int] = {}
+        for f, o, n in zip(finished.chunks.files, finished.chunks.offsets, finished.chunks.nbytes):
+            sizes[f] = max(sizes.get(f, 0), o + n)
+        return all((self.out / f).is_file() and (self.out / f).stat().st_size >= n for f, n in sizes.items())
+
     def commit(self, manifest: StoreManifest) -> None:
-        _commit(self.out, self.work, self.out / ROOT_METADATA,
-                zb.group_metadata({"ckptstore": manifest.to_json()}))
+        self._commit(ROOT_METADATA, zb.group_metadata({"ckptstore": manifest.to_json()}))
 
 
 class _SafetensorsWriter(_StoreWriter):
-    def __init__(self, out: Path, work: Path, copier: ChunkCopier, plans: Sequence[ParamPlan]) -> None:
-        super().__init__(out, work, copier)
+    def __init__(self, hold: Claim, copier: ChunkCopier, plans: Sequence[ParamPlan]) -> None:
+        super().__init__(hold, copier)
         tensors = [(p.param.name, p.param.dtype, p.param.shape) for p in plans if not p.param.is_str]
         self.files = sb.plan_files(tensors)
         self.slots = {s.name: s for f in self.files for s in f.slots}
         try:
             for f in self.files:
-                sb.create_file(self._partial(f.name), f)
+                if not sb.reuse_file(self.out, f):
+                    # a new (zero-filled) data file: nothing recorded for its tensors holds any more
+                    for slot in f.slots:
+                        self._done_path(slot.name).unlink(missing_ok=True)
+                        self._journal(slot.name).unlink(missing_ok=True)
         except OSError as e:
-            raise _write_error(e, out, None) from e
+            raise write_error(e, self.out) from e
 
-    def _partial(self, file: str) -> Path:
-        return self.out / f"{file}.partial"
+    def _journal(self, name: str) -> Path:
+        return self.work / "journal" / f"{zb.array_path(name)}.journal"
 
     def _write(self, plan: ParamPlan) -> ParamManifest:
         slot = self.slots[plan.param.name]
-        return write_dense_param(plan, self.out, slot, self._partial(slot.file), self.work, self.copier)
+        return write_dense_param(plan, slot, sb.partial(self.out, slot.file), self._journal(slot.name), self.copier)
 
     def commit(self, manifest: StoreManifest) -> None:
         try:
             for f in self.files:
-                sb.sync_file(self._partial(f.name))
-                os.replace(self._partial(f.name), self.out / f.name)
+                sb.finish_file(self.out, f)
         except OSError as e:
-            raise _write_error(e, self.out, None) from e
-        _commit(self.out, self.work, self.out / MANIFEST, manifest.dumps().encode())
+            raise write_error(e, self.out) from e
+        self._commit(MANIFEST, manifest.dumps().encode())
 
 
 def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any]:
@@ -273,22 +301,9 @@ def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any
         "files": {str(r): os.path.abspath(p) for r, p in source.rank_files.items()},
         "step": step,
         "strategy": None if source.strategy is None else source.strategy.summary(),
+        "integrated_save": source.integrated_save,
         "created_by": f"ckptstore {__version__}",
     }
-
-
-def _commit(out: Path, work: Path, path: Path, data: bytes) -> None:
-    """Write the store's manifest file (making it complete), then drop the work directory."""
-    try:
-        write_atomic(path, data)
-        dir_fd = os.open(out, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError as e:
-        raise _write_error(e, path, None) from e
-    shutil.rmtree(work, ignore_errors=True)
 
 
 __all__ = ["ConvertSummary", "convert"]

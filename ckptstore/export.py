@@ -15,8 +15,8 @@ from typing import Sequence
 import numpy as np
 
 from .ckpt_writer import CheckpointWriter
-from .errors import InvalidOptionError
-from .loader import RankView, StrategyLike, rank_view, resolve_target
+from .errors import InvalidOptionError, StrategyError
+from .loader import RankView, StrategyLike, check_rank, float_dtype, rank_view, resolve_target
 from .safetensors_writer import SafetensorsWriter
 from .store import Store
 
@@ -43,7 +43,13 @@ def export(store: Store, out: str | os.PathLike[str], *, strategy: StrategyLike 
         raise InvalidOptionError(f"unknown export format {fmt!r}; choose ckpt or safetensors")
     target = resolve_target(store, strategy)
     world = 1 if target is None else target.world_size
-    chosen = list(range(world)) if ranks is None else list(ranks)
+    chosen = list(range(world)) if ranks is None else [check_rank(r) for r in ranks]
+    if not chosen:
+        raise InvalidOptionError("no ranks to export: pass at least one rank of the target layout")
+    for r in chosen:
+        if not 0 <= r < world:
+            raise StrategyError(f"rank {r} is outside the target layout's {world} ranks")
+    float_dtype(dtype)  # refuse an integer dtype before any file is written
     written, nbytes = [], 0
     for j in chosen:
         view = rank_view(store, target, j, names=names, dtype=dtype)

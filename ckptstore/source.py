@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -20,6 +20,8 @@ import numpy as np
 
 from .boxes import Box
 from .ckpt_reader import CkptEntry, CkptIndex, scan_checkpoint
+from .layout_check import Sampler, check_against_strategy
+from .source_files import SourceFiles
 from .errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
 from .strategy import Strategy, load_strategy
 
@@ -73,16 +75,26 @@ class SourceParam:
 
 @dataclass(frozen=True)
 class DistributedSource:
-    """Rank files, their indexes and the global parameters they make up."""
+    """Rank files, their indexes and the global parameters they make up.
+
+    ``integrated_save`` is true when the rank files hold whole tensors although the strategy
+    splits them (``save_checkpoint(integrated_save=True)``); parameters are then whole.
+    ``files`` keeps the rank files open for whoever reads them next; close the source after use.
+    """
 
     rank_files: Mapping[int, str]
     indexes: Mapping[int, CkptIndex]
     strategy: Strategy | None
     params: Mapping[str, SourceParam]
+    integrated_save: bool = False
+    files: SourceFiles = field(default_factory=SourceFiles, compare=False, repr=False)
 
     @property
     def world_size(self) -> int:
         return len(self.rank_files)
+
+    def close(self) -> None:
+        self.files.close()
 
 
 def _step_key(path: Path) -> tuple[int, int] | None:
@@ -141,13 +153,16 @@ def find_rank_files(src: str | os.PathLike[str], *, step: int | None = None,
 
 
 def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Strategy | None, *,
-                verify_crc: bool = False) -> DistributedSource:
+                verify_crc: bool = False, check_layout: bool = True) -> DistributedSource:
     """Scan every rank file and resolve each parameter's global shape and slices.
 
     With ``strategy=None`` every parameter must have the same shape on every rank that holds it
-    (a single file, or a purely data-parallel job). Raises
-    :class:`~ckptstore.errors.LayoutMismatchError` or :class:`~ckptstore.errors.MissingRankError`
-    naming the file, rank and parameter when the files and the strategy disagree.
+    (a single file, or a purely data-parallel job). With ``check_layout`` (the default) a few
+    bytes of every slice are sampled to prove the strategy describes the files
+    (:mod:`ckptstore.layout_check`); files saved with ``integrated_save=True`` are recognised
+    there and taken as whole tensors. Raises :class:`~ckptstore.errors.LayoutMismatchError` or
+    :class:`~ckptstore.errors.MissingRankError` naming the file, rank and parameter when the
+    files and the strategy disagree.
     """
     files = {r: os.fspath(p) for r, p in sorted(rank_files.items())}
     if strategy is not None and strategy.world_size != len(files):
@@ -163,11 +178,26 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
         absent = [n for n in strategy.names() if n not in names]
         names += absent  # reported below as missing from the ranks that must hold them
     params = {n: _resolve(n, indexes, strategy) for n in names}
-    return DistributedSource(files, indexes, strategy, params)
+    opened = SourceFiles()
+    integrated = False
+    if check_layout and len(files) > 1:
+        try:
+            verdict = check_against_strategy(params, Sampler(opened), strategy_given=strategy is not None)
+        except BaseException:
+            opened.close()
+            raise
+        if verdict.integrated:
+            integrated = True
+            params = {n: _resolve_whole(n, _holders(n, indexes), indexes) for n in names}
+    return DistributedSource(files, indexes, strategy, params, integrated, opened)
+
+
+def _holders(name: str, indexes: Mapping[int, CkptIndex]) -> dict[int, CkptEntry]:
+    return {r: idx.entries[name] for r, idx in indexes.items() if name in idx.entries}
 
 
 def _resolve(name: str, indexes: Mapping[int, CkptIndex], strategy: Strategy | None) -> SourceParam:
-    holders = {r: idx.entries[name] for r, idx in indexes.items() if name in idx.entries}
+    holders = _holders(name, indexes)
     if strategy is not None and name in strategy.layouts:
         return _resolve_laid_out(name, holders, indexes, strategy)
     return _resolve_whole(name, holders, indexes)
@@ -219,7 +249,8 @@ def _resolve_laid_out(name: str, holders: Mapping[int, CkptEntry], indexes: Mapp
     shapes = {}
     for r in expected:
         layout = strategy.layout(name, r)
-        assert layout is not None  # expected ranks all have a layout
+        if layout is None:
+            raise LayoutMismatchError(f"parameter {name!r}: the strategy gives rank {r} no layout")
         try:
             shapes[r] = layout.global_shape(holders[r].shape)
         except StrategyError as e:
@@ -237,7 +268,8 @@ def _resolve_laid_out(name: str, holders: Mapping[int, CkptEntry], indexes: Mapp
             box = strategy.box(name, r, shape)
         except StrategyError as e:
             raise LayoutMismatchError(f"parameter {name!r} of global shape {list(shape)}: {e}") from None
-        assert box is not None
+        if box is None:
+            raise LayoutMismatchError(f"parameter {name!r}: the strategy places it on rank {r} but gives it no slice")
         if box.shape != holders[r].shape:
             raise LayoutMismatchError(
                 f"parameter {name!r} in {indexes[r].path} (rank {r}) has shape {list(holders[r].shape)} but the "
@@ -255,16 +287,17 @@ def _ranges(ranks: Sequence[int]) -> str:
 
 
 def resolve_source(src: str | os.PathLike[str], strategy: Sequence[str | os.PathLike[str]] = (), *,
-                   step: int | None = None, prefix: str | None = None,
-                   verify_crc: bool = False) -> DistributedSource:
-    """Open ``src`` (a folder of ``rank_<i>/`` or one ``.ckpt`` file) with its strategy files."""
+                   step: int | None = None, prefix: str | None = None, verify_crc: bool = False,
+                   check_layout: bool = True) -> DistributedSource:
+    """Open ``src`` (a folder of ``rank_<i>/`` or one checkpoint file) with its strategy files."""
     strat: Strategy | None = load_strategy(list(strategy)) if strategy else None
     p = Path(src)
     if p.is_file():
         if strat is not None and strat.world_size != 1:
             raise LayoutMismatchError(f"{p} is a single checkpoint file but the strategy describes "
                                       f"{strat.world_size} ranks; pass the folder of rank_<i>/ instead")
-        return open_source({0: p}, strat, verify_crc=verify_crc)
+        return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout)
     if not p.exists():
         raise MissingFileError(errno.ENOENT, f"no checkpoint file or folder at {p}", str(p))
-    return open_source(find_rank_files(p, step=step, prefix=prefix), strat, verify_crc=verify_crc)
+    return open_source(find_rank_files(p, step=step, prefix=prefix), strat, verify_crc=verify_crc,
+                       check_layout=check_layout)

@@ -18,32 +18,25 @@ from typing import Any, Callable, Mapping, Sequence
 import crc32c
 import numpy as np
 
-from .atomic_file import write_atomic
+from .atomic_file import AtomicFile, write_atomic
 from .backends import ROOT_METADATA
 from .backends import zarr_backend as zb
 from .codecs import numcodecs_codec
 from .backends.safetensors_backend import TensorSlot
 from .boxes import Box, byte_pieces
 from .chunk_plan import ChunkSource, ParamPlan
-from .ckpt_reader import CkptEntry, open_file, read_entry, read_into
-from .errors import ReplicaMismatchError
+from .ckpt_reader import read_str
+from .errors import CkptStoreError, ReplicaMismatchError
 from .journal import JournalEntry, JournalWriter, good_prefix, read_journal
 from .manifest import ChunkTable, ParamManifest, dtype_label
 from .progress import Progress
+from .source_files import SourceFiles
 
 BLOCK = 16 << 20  # copy buffer per worker
 #: Test hook: SIGKILL this process after this many chunks (proves resumability; see tests).
 KILL_AFTER_ENV = "CKPTSTORE_KILL_AFTER_CHUNKS"
 
 Pieces = list[tuple[int, int]]  # (file offset, length) in chunk byte order
-
-
-def _read(path: str, entry: CkptEntry, start: int, view: memoryview) -> None:
-    f, _ = open_file(path)
-    try:
-        read_into(f, entry.pieces, start, view, param=entry.name)
-    finally:
-        f.close()
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
@@ -67,8 +60,10 @@ def _scatter(fd: int, view: memoryview, start: int, pieces: Pieces) -> None:
 class ChunkCopier:
     """Streams chunks from rank files to store files; shared by the worker threads."""
 
-    def __init__(self, codec: Mapping[str, Any] | None, verify_replicas: bool, progress: Progress) -> None:
+    def __init__(self, codec: Mapping[str, Any] | None, verify_replicas: bool, progress: Progress,
+                 files: SourceFiles) -> None:
         self.codec = codec
+        self.files = files
         self._compressor = numcodecs_codec(codec)
         self.verify_replicas = verify_replicas
         self.progress = progress
@@ -93,7 +88,7 @@ class ChunkCopier:
         while done < chunk.nbytes:
             n = min(len(buf), chunk.nbytes - done)
             view = memoryview(buf)[:n]
-            _read(chunk.path, chunk.entry, chunk.byte_start + done, view)
+            self.files.read(chunk.path, chunk.entry, chunk.byte_start + done, view)
             crc = crc32c.crc32c(view, crc)
             _scatter(fd, view, done, pieces)
             done += n
@@ -104,7 +99,7 @@ class ChunkCopier:
     def compressed(self, chunk: ChunkSource) -> bytes:
         """A chunk's bytes, encoded with the store's codec (one chunk in memory)."""
         raw = bytearray(chunk.nbytes)
-        _read(chunk.path, chunk.entry, chunk.byte_start, memoryview(raw))
+        self.files.read(chunk.path, chunk.entry, chunk.byte_start, memoryview(raw))
         self._check_replicas(chunk, crc32c.crc32c(raw))
         # typed view: Blosc shuffles by the element size, as the array's zarr.json declares
         data = self._compressor.encode(np.frombuffer(raw, dtype=f"u{chunk.entry.dtype.itemsize}"))
@@ -121,7 +116,7 @@ class ChunkCopier:
             while done < chunk.nbytes:
                 n = min(len(buf), chunk.nbytes - done)
                 view = memoryview(buf)[:n]
-                _read(path, entry, chunk.byte_start + done, view)
+                self.files.read(path, entry, chunk.byte_start + done, view)
                 other = crc32c.crc32c(view, other)
                 done += n
             if other != crc:
@@ -131,11 +126,10 @@ class ChunkCopier:
                     f"{list(sl.box.start)}..{list(sl.box.stop)}, chunk {chunk.index}")
 
 
-def str_manifest(plan: ParamPlan, path: str) -> ParamManifest:
+def str_manifest(plan: ParamPlan, path: str, copier: ChunkCopier) -> ParamManifest:
     """A string parameter: its text lives in the manifest."""
     p = plan.param
-    value = read_entry(p.slices[0].path, p.slices[0].entry)
-    assert isinstance(value, str)
+    value = read_str(copier.files.open(p.slices[0].path), p.slices[0].entry)
     return ParamManifest(p.name, path, "str", (), (), ChunkTable((), (), (), (), (), ()), None, value)
 
 
@@ -159,12 +153,12 @@ def write_zarr_param(plan: ParamPlan, out: Path, path: str, copier: ChunkCopier)
     key = zb.chunk_key(path, len(p.shape))
     final = out / key
     final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.with_name(final.name + ".partial")
+    sink = AtomicFile(final, resume=True, sync_folder=False)
     journal = final.with_name(final.name + ".journal")
-    entries = _resume(partial, journal, lambda e: [(e.offset, e.nbytes)])
+    entries = _resume(sink.partial, journal, lambda e: [(e.offset, e.nbytes)])
     copier.count(resumed=len(entries))
     copier.progress.add(sum(c.nbytes for c in plan.chunks[:len(entries)]))
-    fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = sink.fd
     log = JournalWriter(journal, entries)
     try:
         offset = entries[-1].offset + entries[-1].nbytes if entries else 0
@@ -184,22 +178,22 @@ def write_zarr_param(plan: ParamPlan, out: Path, path: str, copier: ChunkCopier)
         if zb.is_sharded(len(plan.chunks)):
             _pwrite_all(fd, memoryview(zb.shard_index([e.offset for e in entries], [e.nbytes for e in entries])),
                         offset)
-        os.fsync(fd)
+    except BaseException:
+        sink.abort()
+        raise
     finally:
-        os.close(fd)
         log.close()
-    os.replace(partial, final)
+    sink.close()
     journal.unlink()
     return ParamManifest(p.name, path, dtype_label(p.dtype), p.shape, plan.chunk_shape,
                          _table([key] * len(entries), entries, plan), copier.codec)
 
 
-def write_dense_param(plan: ParamPlan, out: Path, slot: TensorSlot, data_file: Path, work: Path,
+def write_dense_param(plan: ParamPlan, slot: TensorSlot, data_file: Path, journal: Path,
                       copier: ChunkCopier) -> ParamManifest:
     """Fill one parameter's whole-tensor region of a (pre-sized) safetensors file."""
     p = plan.param
     item = p.dtype.itemsize
-    journal = work / "journal" / f"{zb.array_path(p.name)}.journal"
     journal.parent.mkdir(parents=True, exist_ok=True)
     whole = Box.full(p.shape)
     pieces = [byte_pieces(c.box, whole, item, slot.data_offset) for c in plan.chunks]
@@ -223,7 +217,11 @@ def write_dense_param(plan: ParamPlan, out: Path, slot: TensorSlot, data_file: P
 
 
 def load_done(done: Path, name: str) -> ParamManifest | None:
-    """The manifest recorded when a parameter was finished by an earlier run, if any."""
-    if not done.exists():
+    """The manifest recorded when a parameter was finished by an earlier run, if any (a record
+    that does not parse is ignored: the parameter is written again)."""
+    try:
+        return ParamManifest.from_json(name, json.loads(done.read_text()))
+    except FileNotFoundError:
         return None
-    return ParamManifest.from_json(name, json.loads(done.read_text()))
+    except (ValueError, CkptStoreError, OSError):
+        return None

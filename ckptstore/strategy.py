@@ -15,6 +15,7 @@ prefixed ``"<stage>-"``).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import dataclass, field
@@ -24,7 +25,8 @@ from typing import Iterable, Mapping, Sequence
 
 from . import protowire
 from .boxes import Box, even_part
-from .errors import StrategyError
+from .errors import MissingFileError, StoreCorruptError, StrategyError
+from .limits import MAX_METADATA_BYTES, MAX_NDIM, MAX_WORLD
 
 #: A tensor axis is split by no device axis (-1), one, or several (MindSpore's nested "layout").
 AxisMap = tuple[int, ...]
@@ -38,6 +40,8 @@ class Layout:
     split tensor axis ``a``, outermost first; an empty tuple means the axis is not split.
     ``opt_shard_size``/``opt_shard_step`` are MindSpore's optimizer-parallel settings (both 0
     when the parameter is not optimizer-sharded; size -1 means "all replicas").
+    ``local_shape`` is the slice shape a MindFormers strategy file declares in
+    ``param_split_shape`` (checked against the split once the global shape is known), or ``()``.
     """
 
     dev_matrix: tuple[int, ...]
@@ -45,10 +49,21 @@ class Layout:
     opt_shard_step: int = 0
     opt_shard_size: int = 0
     field_size: int = 0
+    local_shape: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if len(self.dev_matrix) > MAX_NDIM or len(self.tensor_map) > MAX_NDIM or len(self.local_shape) > MAX_NDIM:
+            raise StrategyError(f"a device matrix or tensor map with more than {MAX_NDIM} entries")
         if any(d <= 0 for d in self.dev_matrix):
             raise StrategyError(f"device matrix {list(self.dev_matrix)} has a non-positive entry")
+        count = 1
+        for d in self.dev_matrix:
+            count *= d
+            if count > MAX_WORLD:
+                raise StrategyError(f"device matrix {list(self.dev_matrix)} spans more than {MAX_WORLD} devices")
+        if not -1 <= self.opt_shard_size <= MAX_WORLD or not 0 <= self.opt_shard_step <= MAX_WORLD:
+            raise StrategyError(f"optimizer shard size {self.opt_shard_size} / step {self.opt_shard_step} are out "
+                                "of range")
         used = [m for axis in self.tensor_map for m in axis]
         if any(not 0 <= m < len(self.dev_matrix) for m in used) or len(used) != len(set(used)):
             raise StrategyError(f"tensor map {self.pretty_map()} does not fit device matrix "
@@ -183,6 +198,12 @@ class Layout:
                                     "optimizer shards") from None
         return Box(tuple(start), tuple(stop))
 
+    def check_local_shape(self, box: Box) -> None:
+        """Raise :class:`StrategyError` when a declared ``local_shape`` differs from the split's slice."""
+        if self.local_shape and self.local_shape != box.shape:
+            raise StrategyError(f"the strategy declares slices of shape {list(self.local_shape)} "
+                                f"(param_split_shape) but its device matrix and tensor map give {list(box.shape)}")
+
     def global_shape(self, local_shape: Sequence[int]) -> tuple[int, ...]:
         """The global shape implied by one rank's local shape under this layout."""
         if len(local_shape) != len(self.tensor_map):
@@ -289,14 +310,19 @@ def _axis_maps(raw_maps: list[list[int]]) -> tuple[AxisMap, ...]:
 
 def _layout_from_proto(payload: memoryview, name: str, path: str) -> Layout:
     dev, maps, step, size, fld = None, [], 0, 0, 0
-    uneven: list[int] = []
+    split: list[list[int]] = []
+    offsets: list[list[int]] = []
     for num, wire, value, _ in protowire.iter_fields(payload):
         if num == 1 and wire == protowire.LEN and dev is None:
             dev = _ints(value)  # type: ignore[arg-type]
         elif num == 2 and wire == protowire.LEN:
+            if len(maps) >= MAX_NDIM:
+                raise StrategyError(f"strategy file {path}: parameter {name!r} has more than {MAX_NDIM} tensor maps")
             maps.append(_ints(value))  # type: ignore[arg-type]
         elif num == 3 and wire == protowire.LEN:
-            uneven += _ints(value)  # type: ignore[arg-type]
+            split.append(_ints(value))  # type: ignore[arg-type]
+        elif num == 4 and wire == protowire.LEN:
+            offsets.append(_ints(value))  # type: ignore[arg-type]
         elif num == 5 and wire == protowire.VARINT:
             fld = protowire.as_signed64(value)  # type: ignore[arg-type]
         elif num == 6 and wire == protowire.VARINT:
@@ -305,27 +331,50 @@ def _layout_from_proto(payload: memoryview, name: str, path: str) -> Layout:
             size = protowire.as_signed64(value)  # type: ignore[arg-type]
     if dev is None or not maps:
         raise StrategyError(f"strategy file {path}: parameter {name!r} has no device matrix or tensor map")
-    _check_even(uneven, fld, name, path)
-    return _make_layout(dev, _axis_maps(maps), step, size, fld, name, path)
+    local = _declared_local_shape([x for e in split for x in e], [x for e in offsets for x in e], fld, name, path)
+    return _make_layout(dev, _axis_maps(maps), step, size, fld, name, path, local)
 
 
-def _check_even(param_split_shape: Sequence[int], field_size: int, name: str, path: str) -> None:
-    # MindSpore writes param_split_shape only for uneven splits and field for field-split
-    # embeddings (wide&deep); both need slicing rules ckptstore does not implement.
-    if param_split_shape:
-        raise StrategyError(f"strategy file {path}: parameter {name!r} is split unevenly (param_split_shape "
-                            f"{list(param_split_shape)}); ckptstore supports even splits only")
+def _declared_local_shape(param_split_shape: Sequence[int], indices_offset: Sequence[int], field_size: int,
+                          name: str, path: str) -> tuple[int, ...]:
+    """What ``param_split_shape`` / ``indices_offset`` say, as a declared local shape (or ``()``).
+
+    The parallel compiler leaves both empty for even splits and fills them for a manual split
+    (one slice size along axis 0 and one offset per slice). MindFormers' ``save_strategy_file``
+    writes each parameter's *local shape* into ``param_split_shape`` and no ``indices_offset``
+    even for even splits; MindSpore's transform ignores it there, and so does ckptstore, after
+    checking it matches the split. A manual split that is in fact even is accepted too; a
+    truly uneven one is refused, since ``mindspore.transform_checkpoints`` cannot reshard it
+    either (it produces wrong slices).
+    """
     if field_size > 0:
         raise StrategyError(f"strategy file {path}: parameter {name!r} uses a field split (field {field_size}); "
                             "ckptstore does not support field-split embeddings")
+    if not indices_offset:
+        return tuple(param_split_shape)  # MindFormers: the local shape (or nothing at all)
+    sizes = list(param_split_shape)
+    even = (len(sizes) == len(indices_offset) and len(set(sizes)) == 1
+            and list(indices_offset) == [i * sizes[0] for i in range(len(sizes))])
+    if not even:
+        raise StrategyError(
+            f"strategy file {path}: parameter {name!r} is split manually into uneven slices (param_split_shape "
+            f"{sizes[:16]}, indices_offset {list(indices_offset)[:16]}). mindspore.transform_checkpoints cannot "
+            "reshard such a split either; merge it with mindspore.merge_sliced_parameter or "
+            "load_distributed_checkpoint instead")
+    return ()
 
 
 def _make_layout(dev: Sequence[int], maps: tuple[AxisMap, ...], step: int, size: int, fld: int,
-                 name: str, path: str) -> Layout:
+                 name: str, path: str, local_shape: Sequence[int] = ()) -> Layout:
     try:
-        return Layout(tuple(dev), maps, int(step), int(size), int(fld))
+        layout = Layout(tuple(dev), maps, int(step), int(size), int(fld), tuple(int(x) for x in local_shape))
     except StrategyError as e:
         raise StrategyError(f"strategy file {path}: parameter {name!r}: {e}") from None
+    if layout.local_shape and len(layout.local_shape) != len(layout.tensor_map):
+        raise StrategyError(f"strategy file {path}: parameter {name!r}: param_split_shape "
+                            f"{list(layout.local_shape)} is neither a slice shape for its {len(layout.tensor_map)} "
+                            "axes nor a manual split (it has no indices_offset)")
+    return layout
 
 
 def _read_proto(path: str, data: bytes) -> _StageFile:
@@ -373,17 +422,27 @@ def _read_json(path: str, data: bytes) -> _StageFile:
             raw = item["tensor_map"]
             maps = (tuple(() if m == -1 else (int(m),) for m in raw) if all(isinstance(m, int) for m in raw)
                     else tuple(tuple(int(x) for x in (m if isinstance(m, list) else [m]) if x != -1) for m in raw))
-            _check_even([int(x) for x in item.get("param_split_shape") or []], int(item.get("field", 0) or 0),
-                        name, path)
+            local = _declared_local_shape(_flat_ints(item.get("param_split_shape")),
+                                          _flat_ints(item.get("indices_offset")), int(item.get("field", 0) or 0),
+                                          name, path)
             layouts[name] = _make_layout([int(d) for d in item["dev_matrix"]], maps,
                                          item.get("opt_weight_shard_step", 0) or 0,
                                          item.get("opt_weight_shard_size", 0) or 0,
-                                         item.get("field", 0) or 0, name, path)
+                                         item.get("field", 0) or 0, name, path, local)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         if isinstance(e, StrategyError):
             raise
         raise StrategyError(f"strategy file {path} is not a valid JSON strategy: {e!r}") from None
     return _StageFile(path, stage, layouts)
+
+
+def _flat_ints(value: object) -> list[int]:
+    """A JSON list of ints, or of lists of ints, flattened (``None`` -> ``[]``)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {value!r}")
+    return [int(x) for v in value for x in (v if isinstance(v, list) else [v])]
 
 
 def _split_merged_name(name: str) -> tuple[int | None, str]:
@@ -397,11 +456,16 @@ def read_strategy_file(path: str | os.PathLike[str]) -> _StageFile:
     """Parse one strategy file (protobuf, or JSON when it ends in ``.json``)."""
     p = os.fspath(path)
     try:
-        data = Path(p).read_bytes()
+        with open(p, "rb") as f:
+            if os.fstat(f.fileno()).st_size > MAX_METADATA_BYTES:
+                raise StrategyError(f"strategy file {p} is larger than {MAX_METADATA_BYTES} bytes")
+            data = f.read()
     except FileNotFoundError:
-        raise
+        raise MissingFileError(errno.ENOENT, f"strategy file {p} does not exist", p) from None
     except IsADirectoryError:
         raise StrategyError(f"strategy path {p} is a directory; pass the strategy file(s) inside it") from None
+    except OSError as e:
+        raise StrategyError(f"cannot read strategy file {p}: {e.strerror}") from None
     return _read_json(p, data) if p.endswith(".json") else _read_proto(p, data)
 
 
@@ -451,7 +515,11 @@ def _assemble(staged: dict[str, dict[int, Layout]], sources: tuple[str, ...]) ->
     if len(counts) != 1:
         raise StrategyError(f"parameters are laid out over different device counts {sorted(counts)}{where}; "
                             "every pipeline stage must span the same number of ranks")
-    return Strategy(staged, counts.pop(), len(stages), sources)
+    devices = counts.pop()
+    if devices * len(stages) > MAX_WORLD:
+        raise StrategyError(f"the strategy{where} spans {devices * len(stages)} ranks, more than the {MAX_WORLD} "
+                            "ckptstore supports")
+    return Strategy(staged, devices, len(stages), sources)
 
 
 def strategy_from_layouts(layouts: Mapping[str, Layout], *, num_stages: int = 1,
@@ -462,16 +530,25 @@ def strategy_from_layouts(layouts: Mapping[str, Layout], *, num_stages: int = 1,
     return Strategy(st.layouts, st.stage_devices, max(num_stages, st.num_stages), ())
 
 
-def strategy_from_summary(summary: Mapping[str, object]) -> Strategy:
-    """Rebuild a :class:`Strategy` from :meth:`Strategy.summary` (as kept in a store's manifest)."""
-    params = summary["params"]
-    assert isinstance(params, Mapping)
-    staged = {
-        name: {int(s): Layout(tuple(d["dev_matrix"]),
-                              tuple(() if m == -1 else tuple(m) if isinstance(m, list) else (m,)
-                                    for m in d["tensor_map"]),
-                              int(d["opt_shard_step"]), int(d["opt_shard_size"]))
-               for s, d in stages.items()}
-        for name, stages in params.items()
-    }
-    return Strategy(staged, int(summary["stage_devices"]), int(summary["num_stages"]), ())  # type: ignore[arg-type]
+def strategy_from_summary(summary: object) -> Strategy:
+    """Rebuild a :class:`Strategy` from :meth:`Strategy.summary` (as kept in a store's manifest).
+
+    Raises :class:`~ckptstore.errors.StoreCorruptError` when the summary is malformed.
+    """
+    try:
+        params = summary["params"]  # type: ignore[index]
+        staged = {
+            str(name): {int(s): Layout(tuple(int(x) for x in d["dev_matrix"]),
+                                       tuple(() if m == -1 else tuple(int(x) for x in m) if isinstance(m, list)
+                                             else (int(m),) for m in d["tensor_map"]),
+                                       int(d["opt_shard_step"]), int(d["opt_shard_size"]))
+                        for s, d in stages.items()}
+            for name, stages in params.items()
+        }
+        st = _assemble(staged, ())
+        devices, stages_n = int(summary["stage_devices"]), int(summary["num_stages"])  # type: ignore[index]
+    except (KeyError, TypeError, ValueError, AttributeError, StrategyError) as e:
+        raise StoreCorruptError(f"the store's record of its source strategy is malformed: {e}") from None
+    if (staged and (devices, stages_n) != (st.stage_devices, st.num_stages)) or not 0 < devices * stages_n <= MAX_WORLD:
+        raise StoreCorruptError("the store's record of its source strategy is inconsistent (device counts)")
+    return Strategy(staged, devices, stages_n, ())

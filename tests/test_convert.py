@@ -254,9 +254,14 @@ def test_verify_replicas_names_the_parameter_and_both_ranks(damaged_replica, tmp
     assert str(layout.rank_file(4)) in msg and str(layout.rank_file(0)) in msg
 
 
-def test_without_verify_replicas_only_the_first_replica_is_read(damaged_replica, tmp_path):
+def test_a_damaged_replica_in_the_sampled_bytes_is_refused_without_verify_replicas(damaged_replica, tmp_path):
+    with pytest.raises(ReplicaMismatchError, match=r"rank 0 .* and rank 4 .*one of the files is damaged"):
+        convert_layout(damaged_replica, tmp_path / "s.zarr")
+
+
+def test_without_the_layout_check_only_the_first_replica_is_read(damaged_replica, tmp_path):
     layout = damaged_replica
-    convert_layout(layout, tmp_path / "s.zarr")
+    convert_layout(layout, tmp_path / "s.zarr", check_layout=False)
     with ckptstore.open(tmp_path / "s.zarr") as store:
         assert_same_array(store.read(REPLICA), layout.tensors[REPLICA], REPLICA)
 

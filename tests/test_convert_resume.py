@@ -163,7 +163,12 @@ def test_a_different_command_on_an_unfinished_store_is_refused(big_layout, tmp_p
     assert "[StoreExistsError]" in r.stderr and "--overwrite" in r.stderr and str(out) in r.stderr
     with pytest.raises(StoreExistsError, match="--overwrite"):
         convert_layout(big_layout, out, max_chunk_mb=1, workers=1, exclude=["adam_*"])
-    assert store_files(out) == before  # refused without touching the unfinished store
+    # refused without touching the unfinished store (the lock file says who last held it)
+    assert _without_lock(store_files(out)) == _without_lock(before)
+
+
+def _without_lock(files: dict[str, bytes]) -> dict[str, bytes]:
+    return {k: v for k, v in files.items() if k != ".ckptstore-work/lock"}
 
 
 def test_overwrite_starts_an_unfinished_store_over(big_layout, one_go, tmp_path):
@@ -190,14 +195,27 @@ def test_overwrite_with_other_options_replaces_an_unfinished_store(big_layout, t
 # guarding --out
 
 
-def test_converting_into_a_complete_store_needs_overwrite(saved_layout, tmp_path):
+def test_rerunning_a_finished_conversion_does_nothing(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp4")
     out = tmp_path / "s.zarr"
     convert_layout(layout, out)
     before = store_files(out)
-    with pytest.raises(StoreExistsError, match="already holds a complete store; pass --overwrite"):
-        convert_layout(layout, out)
-    r = run_cli("convert", layout.root, *strategy_args(layout), "--out", out, "-q")
+    summary = convert_layout(layout, out)
+    assert summary.already_complete and summary.chunks_written == 0
+    r = run_cli("convert", layout.root, *strategy_args(layout), "--out", out)
+    assert r.returncode == 0 and "already holds this conversion" in r.stdout, r.stdout + r.stderr
+    assert store_files(out) == before
+
+
+def test_converting_other_options_into_a_complete_store_needs_overwrite(saved_layout, tmp_path):
+    layout = saved_layout("dp2_mp4")
+    out = tmp_path / "s.zarr"
+    convert_layout(layout, out)
+    before = store_files(out)
+    with pytest.raises(StoreExistsError, match="already holds a complete store of other files or options; pass "
+                                               "--overwrite"):
+        convert_layout(layout, out, compress="zstd")
+    r = run_cli("convert", layout.root, *strategy_args(layout), "--out", out, "-q", "--drop-optimizer")
     assert r.returncode == 2 and "[StoreExistsError]" in r.stderr and "--overwrite" in r.stderr
     assert store_files(out) == before
     summary = convert_layout(layout, out, overwrite=True, include=["layer0.*"])

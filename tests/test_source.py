@@ -163,10 +163,19 @@ def test_a_parameter_on_a_rank_outside_its_stage_is_refused(private_layout):
 
 def test_without_a_strategy_whole_parameters_are_one_slice_held_by_every_rank(saved_layout):
     layout = saved_layout("dp2_mp4")
-    files = {r: layout.rank_file(r) for r in (0, 4)}  # ranks 0 and 4 hold the same slices
-    source = open_source(files, None)
+    files = {r: layout.rank_file(r) for r in (0, 4)}  # ranks 0 and 4 hold the same slices but of moe.w
+    source = open_source(files, None, check_layout=False)
     param = source.params["layer0.w"]
     assert (param.shape, param.in_strategy, [sl.ranks for sl in param.slices]) == ((8, 16), False, [(0, 4)])
+
+
+def test_without_a_strategy_ranks_holding_different_bytes_are_refused(saved_layout):
+    layout = saved_layout("dp2_mp4")
+    files = {r: layout.rank_file(r) for r in (0, 4)}  # moe.w is split on the dp axis: 0 and 4 differ
+    with pytest.raises(LayoutMismatchError, match=r"parameter 'moe.w': no strategy was given, so every rank should "
+                                                  r"hold the whole tensor, but rank 0 .* and rank 4 .* hold different "
+                                                  r"bytes. Pass the strategy file"):
+        open_source(files, None)
 
 
 # ---- choosing each rank's file -----------------------------------------------------------------
@@ -225,6 +234,6 @@ def test_find_rank_files_applies_the_choice_to_every_rank(tmp_path):
     files = find_rank_files(tmp_path)
     assert files == {r: tmp_path / f"rank_{r}" / "net-2_5.ckpt" for r in range(2)}
     older = find_rank_files(tmp_path, step=10)
-    source = open_source(older, None)
+    source = open_source(older, None, check_layout=False)  # each rank's marker differs
     entries = source.params["marker"].slices[0]
     assert [float(read_entry(older[r], e)[0]) for r, e in zip(entries.ranks, entries.entries)] == [10.0, 11.0]

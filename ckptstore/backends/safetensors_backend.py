@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..atomic_file import partial_path
 from ..safetensors_format import build_header
 
 DEFAULT_FILE_BYTES = 4 << 30
@@ -72,20 +73,46 @@ def _layout(file: str, group: Sequence[tuple[str, np.dtype, tuple[int, ...]]]) -
     return FileLayout(file, head, slots)
 
 
-def create_file(path: Path, layout: FileLayout) -> None:
-    """Create (or keep, when it already has this exact header) a file of the final size."""
-    if path.exists() and path.stat().st_size == layout.size:
-        with open(path, "rb") as f:
-            if f.read(len(layout.header)) == layout.header:
-                return
-    with open(path, "wb") as f:
+def partial(out: Path, file: str) -> Path:
+    """Where data file ``file`` is written until the store is committed."""
+    return partial_path(out / file)
+
+
+def reuse_file(out: Path, layout: FileLayout) -> bool:
+    """Make ``layout``'s partial file ready to (re)fill; return whether existing bytes were kept.
+
+    An interrupted run leaves the partial file (or, if it died during the commit, the renamed
+    final one, which is moved back). Either is kept when it has exactly this header and size;
+    anything else is replaced by a new file of zeros, whose tensors must then all be written.
+    """
+    work, final = partial(out, layout.name), out / layout.name
+    for candidate in (work, final):
+        if _matches(candidate, layout):
+            if candidate == final:
+                os.replace(final, work)
+            return True
+    with open(work, "wb") as f:
         f.write(layout.header)
         f.truncate(layout.size)
+    return False
 
 
-def sync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _matches(path: Path, layout: FileLayout) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return os.fstat(f.fileno()).st_size == layout.size and f.read(len(layout.header)) == layout.header
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+
+
+def finish_file(out: Path, layout: FileLayout) -> None:
+    """fsync a filled partial file and move it to its final name (idempotent)."""
+    work = partial(out, layout.name)
+    if not work.exists() and _matches(out / layout.name, layout):
+        return  # an earlier commit of this run already moved it
+    fd = os.open(work, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+    os.replace(work, out / layout.name)
