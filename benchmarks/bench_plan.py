@@ -4,7 +4,7 @@
 
 Shapes only. For each model the source layout is ``ckptstore.sample.pangu_specs`` on mp 8 × dp 16
 with optimizer sharding (Adam moments included); its strategy file is written by
-``ckptstore.testing.write_strategy`` (as the parallel compiler writes it) and read back by
+``ckptstore.sample_checkpoint.write_strategy`` (as the parallel compiler writes it) and read back by
 ``ckptstore.load_strategy``. The store manifest is built the way ``ckptstore.convert`` builds it
 (distinct boxes from ``Strategy.replica_groups``, chunk shapes from
 ``manifest.chunk_shape_for`` with the default 256 MiB bound, chunks in C order over the grid,
@@ -193,7 +193,7 @@ def measure_model(key: str, src: Mesh, dst: Mesh, *, reps: int, profile: bool,
     import ckptstore
     from ckptstore.backends import zarr_backend as zb
     from ckptstore.sample import model_bytes, relayout
-    from ckptstore.testing import write_strategy
+    from ckptstore.sample_checkpoint import write_strategy
 
     model = MODELS[key]
     specs = specs_for(model, src)

@@ -2,7 +2,7 @@
 
 A :class:`Synth` is one source checkpoint: ``rank_<i>/pangu-1_1.ckpt`` for every rank of a
 ``dp x mp`` mesh plus its ``strategy.ckpt``, saved by ``mindspore.save_checkpoint`` through
-:func:`ckptstore.testing.save_distributed` (local slices cut by MindSpore's own slicing code,
+:func:`ckptstore.sample_checkpoint.save_distributed` (local slices cut by MindSpore's own slicing code,
 strategy written as the parallel compiler writes it), for a
 :func:`ckptstore.sample.pangu_specs` model whose global tensors (weights and both Adam
 moments) add up to about the requested size.
@@ -197,7 +197,7 @@ class Synth:
     # ---- derived, cached ---------------------------------------------------------------
     def target_strategy(self, mesh: Mesh) -> Path:
         """The strategy file of the same parameters on ``mesh`` (no optimizer sharding)."""
-        from ckptstore import testing
+        from ckptstore import sample_checkpoint as testing
         from ckptstore.sample import relayout
 
         path = self.root / "targets" / f"strategy_{mesh.tag}.ckpt"
@@ -317,7 +317,7 @@ def _groups(specs: Sequence[Any], max_bytes: int) -> list[list[Any]]:
 
 def _write_source(s: Synth, *, group_bytes: int = GROUP_BYTES) -> None:
     os.environ.setdefault("GLOG_v", "3")
-    from ckptstore import testing
+    from ckptstore import sample_checkpoint as testing
 
     s.root.mkdir(parents=True, exist_ok=True)
     tmp = s.root / "ckpt.partial"
@@ -347,7 +347,7 @@ def _write_source(s: Synth, *, group_bytes: int = GROUP_BYTES) -> None:
 
 def check_grouped_save(tmp_dir: Path, *, size: int = 4 << 20, mesh: Mesh = Mesh(2, 4)) -> bool:
     """Whether the grouped writer gives the same bytes as one ``save_distributed`` call (small model)."""
-    from ckptstore import testing
+    from ckptstore import sample_checkpoint as testing
 
     s = Synth(Path(tmp_dir) / "grouped", size, mesh, 0, choose_dims(size))
     _write_source(s, group_bytes=256 << 10)

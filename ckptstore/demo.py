@@ -55,13 +55,13 @@ def _mib(n: int) -> str:
 
 def make_sample(root: Path) -> tuple[list[str], str]:
     """Save the 8-rank sample with MindSpore; return (source strategy files, 4-card strategy)."""
-    from . import testing
+    from . import sample_checkpoint
     from .sample import pangu_specs, relayout
 
     specs = pangu_specs(hidden=128, layers=2, vocab=2048, dp=2, mp=4)
-    tensors = testing.make_global_tensors(specs, seed=0)
-    testing.save_distributed(root / "ckpt", specs, tensors, world_size=8, prefix="pangu", step_suffix="-1_100")
-    target = testing.write_strategy(root / "strategy_4cards.ckpt", relayout(specs, dp=1, mp=4))
+    tensors = sample_checkpoint.make_global_tensors(specs, seed=0)
+    sample_checkpoint.save_distributed(root / "ckpt", specs, tensors, world_size=8, prefix="pangu", step_suffix="-1_100")
+    target = sample_checkpoint.write_strategy(root / "strategy_4cards.ckpt", relayout(specs, dp=1, mp=4))
     return [str(root / "ckpt" / "strategy.ckpt")], str(target)
 
 
@@ -95,7 +95,7 @@ def _measure_load(store: str, target: str, root: str) -> None:
     import mindspore  # noqa: F401
 
     import ckptstore
-    from ckptstore import testing
+    from ckptstore import conformance
 
     st = ckptstore.open(store)
     _reset_peak()
@@ -110,9 +110,9 @@ def _measure_load(store: str, target: str, root: str) -> None:
     print(f"rank 0 of 4: {len(built)} Parameters built in {seconds:.3f} s; their bytes {_mib(slice_bytes)}, "
           f"planned reads {_mib(planned)}, bytes read {_mib(read)}, peak memory growth {_mib(max(peak, 0))} "
           f"(whole model in the store: {_mib(sum(st.info(n).nbytes for n in st.names()))})")
-    oracle = testing.transform_oracle(Path(root) / "ckpt", str(Path(root) / "ckpt" / "strategy.ckpt"), target,
+    oracle = conformance.transform_oracle(Path(root) / "ckpt", str(Path(root) / "ckpt" / "strategy.ckpt"), target,
                                       Path(root) / "oracle")
-    reference = testing.load_oracle(next((Path(oracle) / "rank_0").glob("*.ckpt")))
+    reference = conformance.load_oracle(next((Path(oracle) / "rank_0").glob("*.ckpt")))
     same = all(np.asarray(_numpy(built[n])).tobytes() == np.asarray(reference[n]).tobytes() for n in reference)
     print(f"equal, bit for bit, to mindspore.transform_checkpoints + load_checkpoint for rank 0: "
           f"{'yes' if same and set(reference) == set(built) else 'NO'} ({len(reference)} parameters compared)")

@@ -6,15 +6,15 @@ and the output projection by columns, the FFN mapping split by rows and its proj
 columns, over a ``[dp, mp]`` device matrix; Adam moments (``adam_m.``/``adam_v.``) mirror the
 trainable weights; optimizer sharding (``opt_shard=True``) cuts the split weights and their
 moments across the data-parallel replicas, as ``enable_parallel_optimizer`` does.
-Everything here is metadata (:class:`~ckptstore.testing.ParamSpec`); values come from
-:func:`ckptstore.testing.make_global_tensors`.
+Everything here is metadata (:class:`~ckptstore.sample_checkpoint.ParamSpec`); values come from
+:func:`ckptstore.sample_checkpoint.make_global_tensors`.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Sequence
 
-from .testing import ParamSpec
+from .sample_checkpoint import ParamSpec
 
 
 def pangu_specs(*, hidden: int, layers: int, vocab: int, seq: int = 64, dp: int = 2, mp: int = 4,

@@ -1,6 +1,6 @@
 """Shared fixtures: real MindSpore distributed checkpoints, written once per session.
 
-Every fixture here is written by ``mindspore.save_checkpoint`` through :mod:`ckptstore.testing`
+Every fixture here is written by ``mindspore.save_checkpoint`` through :mod:`mindspore_fixtures`
 (strategy files in the compiler's format, local slices cut by MindSpore's own slicing code).
 Tests that damage a fixture copy it first with :func:`copy_layout`.
 """
@@ -18,7 +18,7 @@ from typing import Callable  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from ckptstore import testing as T  # noqa: E402
+import mindspore_fixtures as T  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class SavedLayout:
 
     @property
     def strategy_arg(self) -> Path | list[Path]:
-        """The strategy as :func:`ckptstore.testing.transform_oracle` takes it."""
+        """The strategy as :func:`mindspore_fixtures.transform_oracle` takes it."""
         files = self.strategy_files
         return files[0] if len(files) == 1 else files
 

@@ -1,11 +1,11 @@
 """Helpers and fixtures shared by the converter tests (test_convert*.py, test_cli_convert.py).
 
 Everything here works on real MindSpore files: checkpoints are written by
-``mindspore.save_checkpoint`` (through :mod:`ckptstore.testing` or directly) and damaged copies
+``mindspore.save_checkpoint`` (through :mod:`mindspore_fixtures` or directly) and damaged copies
 are re-saved with ``mindspore.load_checkpoint`` / ``mindspore.save_checkpoint``. Expected values
 (which rank holds which slice, how many distinct slices a parameter has, how many bytes the rank
 files hold) are computed from the fixture specs with MindSpore's own slicing code
-(:func:`ckptstore.testing.mindspore_rank_slice`), never with ckptstore's layout math.
+(:func:`mindspore_fixtures.mindspore_rank_slice`), never with ckptstore's layout math.
 
 Test modules import the fixtures they use from here (``from convert_fixtures import ...``); the
 session-wide ``saved_layout`` fixture comes from ``conftest.py``.
@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import ckptstore  # noqa: E402
-from ckptstore import testing as T  # noqa: E402
+import mindspore_fixtures as T  # noqa: E402
 from ckptstore.convert import ConvertSummary  # noqa: E402
 from conftest import SavedLayout  # noqa: E402
 

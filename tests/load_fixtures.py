@@ -2,9 +2,9 @@
 
 Everything is real MindSpore: source checkpoints are the ``conftest.saved_layout`` fixtures
 (written by ``mindspore.save_checkpoint``), target strategy files are written with
-``ckptstore.testing.write_strategy`` (the compiler's protobuf format), and the expected values
+``mindspore_fixtures.write_strategy`` (the compiler's protobuf format), and the expected values
 of every target rank come from ``mindspore.transform_checkpoints`` + ``mindspore.load_checkpoint``
-(``ckptstore.testing.transform_oracle`` / ``load_oracle``), never from ckptstore's layout math.
+(``mindspore_fixtures.transform_oracle`` / ``load_oracle``), never from ckptstore's layout math.
 
 Stores and oracles are cached for the whole session in module-level dictionaries (so test
 modules that import these fixtures share them). Do not modify the cached files; copy them.
@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import ckptstore  # noqa: E402
-from ckptstore import testing as T  # noqa: E402
+import mindspore_fixtures as T  # noqa: E402
 from ckptstore.strategy import Strategy  # noqa: E402
 from conftest import SavedLayout  # noqa: E402
 from convert_fixtures import assert_same_array, flip_byte, run_cli  # noqa: E402,F401

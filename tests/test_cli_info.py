@@ -16,7 +16,7 @@ pytest.importorskip("mindspore")
 
 import mindspore as ms  # noqa: E402
 
-from ckptstore import testing as T  # noqa: E402
+import mindspore_fixtures as T  # noqa: E402
 from ckptstore.cli import main  # noqa: E402
 
 KNOWN = {

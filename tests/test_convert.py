@@ -21,7 +21,7 @@ import mindspore.train.serialization as ms_serialization  # noqa: E402
 import zarr  # noqa: E402
 
 import ckptstore  # noqa: E402  (registers bfloat16 with zarr)
-from ckptstore import testing as T  # noqa: E402
+import mindspore_fixtures as T  # noqa: E402
 from ckptstore.chunk_plan import OPTIMIZER_PATTERNS  # noqa: E402
 from ckptstore.errors import ReplicaMismatchError  # noqa: E402
 from ckptstore.ckpt_reader import scan_checkpoint  # noqa: E402

@@ -21,7 +21,7 @@ import safetensors  # noqa: E402
 import safetensors.numpy  # noqa: E402
 
 import ckptstore  # noqa: E402
-from ckptstore import testing as T  # noqa: E402
+import mindspore_fixtures as T  # noqa: E402
 from ckptstore.ckpt_writer import CheckpointWriter  # noqa: E402
 from ckptstore.errors import StrategyError  # noqa: E402
 from load_fixtures import BF16, assert_same_array, assert_same_dict, load_env, run_cli, to_numpy  # noqa: E402,F401

@@ -23,7 +23,7 @@ pytest.importorskip("mindspore")
 import mindspore  # noqa: E402
 
 import ckptstore  # noqa: E402
-from ckptstore import testing as T  # noqa: E402
+import mindspore_fixtures as T  # noqa: E402
 from ckptstore.errors import (  # noqa: E402
     IncompleteStoreError,
     LayoutMismatchError,

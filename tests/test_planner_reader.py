@@ -197,7 +197,7 @@ def wide_store(tmp_path_factory):
     so a column slice is hundreds of short runs."""
     import mindspore
 
-    from ckptstore import testing as T
+    import mindspore_fixtures as T
 
     specs = [T.ParamSpec("wide.w", (300, 40)), T.ParamSpec("wide.bf16", (130, 8), "bfloat16"),
              T.ParamSpec("cube", (100, 6, 10), "int16")]
@@ -232,12 +232,12 @@ def test_many_short_runs_read_exactly_the_overlap(wide_store, name, index):
                                            ("cube", (2, 2), (-1, 1, 0))], ids=["wide-cols", "bf16-cols", "cube"])
 def test_load_rank_of_column_splits_equals_mindspore_slicing(wide_store, tmp_path, name, dev, tmap):
     """Targets that cut columns out of one tall chunk; expected slices cut by MindSpore's own
-    code (mindspore.parallel._tensor, via ckptstore.testing.mindspore_rank_slice)."""
+    code (mindspore.parallel._tensor, via mindspore_fixtures.mindspore_rank_slice)."""
     from dataclasses import replace
 
     import mindspore
 
-    from ckptstore import testing as T
+    import mindspore_fixtures as T
     from load_fixtures import to_numpy
 
     store, specs, tensors = wide_store

@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import ckptstore
-from ckptstore import testing as T
+import mindspore_fixtures as T
 from ckptstore.errors import IncompleteStoreError
 from ckptstore.verify import verify_store
 from ckptstore.loader import rank_view  # noqa: E402

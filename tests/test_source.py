@@ -16,7 +16,7 @@ pytest.importorskip("mindspore")
 
 import mindspore as ms  # noqa: E402
 
-from ckptstore import testing as T  # noqa: E402
+import mindspore_fixtures as T  # noqa: E402
 from ckptstore.ckpt_reader import read_entry  # noqa: E402
 from ckptstore.errors import LayoutMismatchError, MissingRankError  # noqa: E402
 from ckptstore.source import find_rank_files, open_source, pick_rank_file  # noqa: E402

@@ -27,7 +27,7 @@ from mindspore.parallel._tensor import (  # noqa: E402
     _get_tensor_strategy,
 )
 
-from ckptstore import testing as T  # noqa: E402
+import mindspore_fixtures as T  # noqa: E402
 from ckptstore.boxes import Box, tiles_exactly  # noqa: E402
 from ckptstore.ckpt_reader import read_entry  # noqa: E402
 from ckptstore.errors import StrategyError  # noqa: E402

@@ -1,4 +1,4 @@
-"""Proof that ckptstore.testing writes real MindSpore distributed checkpoints.
+"""Proof that the sample writer (ckptstore.sample_checkpoint) writes real MindSpore distributed checkpoints.
 
 Real MindSpore (no mocks): fixtures are merged / resharded by ``mindspore.transform_checkpoints``
 and compared bit for bit with the global tensors.
@@ -21,7 +21,7 @@ os.environ.setdefault("GLOG_v", "3")
 
 pytest.importorskip("mindspore")
 
-from ckptstore import testing as T  # noqa: E402
+import mindspore_fixtures as T  # noqa: E402
 
 KINDS = [k for k in T.LAYOUT_KINDS]
 
@@ -62,7 +62,7 @@ def _facts_box(spec: T.ParamSpec, r: int) -> tuple[slice, ...]:
 
 
 def test_import_does_not_import_mindspore():
-    code = "import sys, ckptstore.testing; print('mindspore' in sys.modules)"
+    code = "import sys, ckptstore.sample_checkpoint, ckptstore.conformance; print('mindspore' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -1,30 +1,23 @@
-"""Real MindSpore distributed-checkpoint fixtures, for tests, the demo and benchmarks.
+"""Write a real MindSpore distributed checkpoint of a given parameter list: the demo's sample.
 
-Everything here writes what MindSpore itself would write, on a CPU-only machine where the
-parallel compiler cannot run:
+On a CPU-only machine the parallel compiler cannot run, so this module writes what MindSpore
+itself would write for a parallel job:
 
-* strategy files (``ParallelStrategyMap`` protobuf, or MindSpore's JSON form) laid out the way
-  the compiler's ``StrategyCheckpoint::Save`` / ``StrategyCheckpointInfo::to_protobuf`` /
-  ``to_json`` writes them;
+* strategy files (``ParallelStrategyMap`` protobuf) laid out the way the compiler's
+  ``StrategyCheckpoint::Save`` writes them;
 * one ``.ckpt`` per rank, written with ``mindspore.save_checkpoint``, whose local tensors are cut
   from the global ones by **MindSpore's own slicing code**
-  (``mindspore.parallel._tensor._extract_layout_item``,
-  ``_construct_tensor_layout_for_opt_shard`` and ``_load_tensor``: the functions
-  ``transform_checkpoints`` uses to describe optimizer sharding and to cut tensors), never by
-  ckptstore's formula, so that ckptstore's slicing math is checked against an independent
-  implementation;
-* oracles: ``mindspore.transform_checkpoints`` and ``mindspore.load_checkpoint``.
+  (``mindspore.parallel._tensor._extract_layout_item``, ``_construct_tensor_layout_for_opt_shard``
+  and ``_load_tensor``, the functions ``transform_checkpoints`` uses), never by ckptstore's formula.
 
-MindSpore is imported lazily, inside functions only: ``import ckptstore.testing`` does not import
-it.
+``make demo`` and the benchmarks use it; so can a user who wants a test checkpoint of their own
+layout. MindSpore is imported inside functions only.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -33,48 +26,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-__all__ = [
-    "ParamSpec",
-    "LAYOUT_KINDS",
-    "make_global_tensors",
-    "normalize_spec",
-    "mindspore_rank_slice",
-    "write_strategy",
-    "write_strategy_json",
-    "save_distributed",
-    "transform_oracle",
-    "load_oracle",
-    "layout_specs",
-]
-
-#: numpy-style dtype names accepted in :class:`ParamSpec`.
-DTYPES: dict[str, np.dtype] = {
-    "float16": np.dtype(np.float16),
-    "float32": np.dtype(np.float32),
-    "float64": np.dtype(np.float64),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "int8": np.dtype(np.int8),
-    "int16": np.dtype(np.int16),
-    "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64),
-    "uint8": np.dtype(np.uint8),
-    "uint16": np.dtype(np.uint16),
-    "uint32": np.dtype(np.uint32),
-    "uint64": np.dtype(np.uint64),
-    "bool": np.dtype(np.bool_),
-}
-
-#: Layout kinds known to :func:`layout_specs`.
-LAYOUT_KINDS: tuple[str, ...] = (
-    "mp_rows",
-    "mp_cols",
-    "dp2_mp4",
-    "dp2_mp2",
-    "opt_shard",
-    "pipeline2",
-    "mixed_dtypes",
-)
-
+from .dtypes import numpy_dtype
 
 @dataclass(frozen=True)
 class ParamSpec:
@@ -110,7 +62,7 @@ class ParamSpec:
     @property
     def np_dtype(self) -> np.dtype:
         """The numpy dtype (``ml_dtypes.bfloat16`` for bfloat16)."""
-        return DTYPES[self.dtype]
+        return numpy_dtype(self.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,8 +209,7 @@ def make_global_tensors(specs: Sequence[ParamSpec], seed: int = 0) -> dict[str, 
         _check_name(spec.name)
         if spec.name in out:
             raise ValueError(f"duplicate parameter name {spec.name!r}")
-        if spec.dtype not in DTYPES:
-            raise ValueError(f"{spec.name}: unknown dtype {spec.dtype!r}")
+        numpy_dtype(spec.dtype)  # ValueError for unknown names
         rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
         out[spec.name] = _make_values(spec, rng)
     return out
@@ -528,188 +479,3 @@ def save_distributed(
         ms.save_checkpoint(items, str(path), crc_check=crc_check, **kwargs)
         paths.append(path)
     return paths
-
-
-def _merge_stage_files(files: Sequence, workdir: Path) -> str:
-    ms = _ms()
-    files = [Path(f) for f in files]
-    exts = {f.suffix for f in files}
-    if len(exts) != 1:
-        raise ValueError(f"stage strategy files must share one extension, got {exts}")
-    ext = exts.pop()
-    src_dir = workdir / "stages"
-    src_dir.mkdir()
-    for i, f in enumerate(files):
-        # merge_pipeline_strategys globs "*.ckpt" / "*.json" in a directory
-        shutil.copyfile(f, src_dir / f"stage_file{i}{ext if ext == '.json' else '.ckpt'}")
-    merged = workdir / f"merged{'.json' if ext == '.json' else '.ckpt'}"
-    ms.parallel.merge_pipeline_strategys(str(src_dir), str(merged))
-    return str(merged)
-
-
-def transform_oracle(src_root, src_strategy, dst_strategy, dst_root, *, prefix: str = "oracle_") -> Path:
-    """Run ``mindspore.transform_checkpoints(src_root, dst_root, prefix, src, dst)``.
-
-    ``src_strategy``/``dst_strategy`` are a file, or a list of per-stage files which are first
-    merged with ``mindspore.parallel.merge_pipeline_strategys`` (into a temporary directory).
-    ``dst_strategy=None`` merges to a single rank. MindSpore writes
-    ``dst_root/rank_<j>/<prefix><j>.ckpt`` (mode 0400). Returns ``dst_root``.
-    """
-    ms = _ms()
-    dst_root = Path(dst_root)
-    with tempfile.TemporaryDirectory(prefix="ckptstore_oracle_") as tmp:
-        tmp_path = Path(tmp)
-
-        def resolve(strategy, tag):
-            if strategy is None:
-                return None
-            if isinstance(strategy, (list, tuple)):
-                sub = tmp_path / tag
-                sub.mkdir()
-                return _merge_stage_files(strategy, sub)
-            return str(strategy)
-
-        src = resolve(src_strategy, "src")
-        dst = resolve(dst_strategy, "dst")
-        ms.transform_checkpoints(str(src_root), str(dst_root), prefix, src, dst)
-    return dst_root
-
-
-def load_oracle(path) -> dict[str, np.ndarray]:
-    """``mindspore.load_checkpoint(path)`` as numpy arrays of the original dtype.
-
-    bfloat16 parameters come back as ``ml_dtypes.bfloat16`` arrays, bit-exact: MindSpore's
-    ``asnumpy`` cannot return bfloat16 under numpy 2, so the tensor is cast to float32 inside
-    MindSpore (exact) and then to ``ml_dtypes.bfloat16`` (exact for values that came from bf16).
-    """
-    ms = _ms()
-    loaded = ms.load_checkpoint(str(path))
-    out: dict[str, np.ndarray] = {}
-    for name, param in loaded.items():
-        if param.dtype == ms.bfloat16:
-            f32 = param.astype(ms.float32).asnumpy()
-            out[name] = f32.astype(ml_dtypes.bfloat16)
-        else:
-            out[name] = np.array(param.asnumpy(), copy=True)
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# standard layouts
-
-_SCALARS = [
-    ParamSpec("global_step", (1,), "int32", stage=-1),
-    ParamSpec("learning_rate", (), "float32", stage=-1),
-]
-
-
-def _with_adam(specs: list[ParamSpec], names: Sequence[str]) -> list[ParamSpec]:
-    """Append Adam moments (same layout as their parameter, as MindSpore's optimizer shards them)."""
-    by_name = {s.name: s for s in specs}
-    extra = []
-    for prefix in ("adam_m", "adam_v"):
-        for n in names:
-            extra.append(replace(by_name[n], name=f"{prefix}.{n}"))
-    return specs + extra
-
-
-def layout_specs(kind: str) -> tuple[list[ParamSpec], int, int]:
-    """Standard fixture layouts: ``(specs, world_size, stages)``. Every fixture is < 2 MB.
-
-    * ``mp_rows``: 8 ranks, ``dev_matrix=(8,)``, weights and biases split on axis 0.
-    * ``mp_cols``: 8 ranks, ``dev_matrix=(8,)``, weights split on axis 1 (one 3-d weight too),
-      a replicated bias.
-    * ``dp2_mp4``: 8 ranks, ``dev_matrix=(2, 4)``: replicated embedding and layernorm
-      (``tensor_map`` all ``-1``), row- and column-split weights, one weight split on both device
-      axes, Adam moments, ``global_step``/``learning_rate`` (absent from the strategy).
-    * ``dp2_mp2``: the same parameters as ``dp2_mp4`` on 4 ranks (``dev_matrix=(2, 2)``), a target
-      layout for resharding 8 -> 4.
-    * ``opt_shard``: 8 ranks, dp2 x mp4 with optimizer sharding: size ``-1`` on split and replicated
-      weights (Adam moments too), an explicit size 2 on a replicated embedding (step 1) and on a
-      dp4 x mp2 weight (step 2), and an unsharded small bias.
-    * ``pipeline2``: 2 stages x 4 ranks, ``dev_matrix=(2, 2)`` per stage, with an optimizer-sharded
-      weight in stage 1, Adam moments, and ``global_step``/``learning_rate`` on every stage.
-    * ``mixed_dtypes``: 8 ranks, dp2 x mp4, bfloat16 (split and optimizer-sharded), float16,
-      float64, int8/16/32/64, uint8/16/32/64 and bool parameters.
-    """
-    if kind == "mp_rows":
-        d = (8,)
-        specs = [
-            ParamSpec("layer0.w", (64, 32), dev_matrix=d, tensor_map=(0, -1)),
-            ParamSpec("layer0.b", (64,), dev_matrix=d, tensor_map=(0,)),
-            ParamSpec("layer1.w", (32, 16), dev_matrix=d, tensor_map=(0, -1)),
-            ParamSpec("layer1.b", (32,), dev_matrix=d, tensor_map=(0,)),
-        ]
-        return specs + list(_SCALARS), 8, 1
-    if kind == "mp_cols":
-        d = (8,)
-        specs = [
-            ParamSpec("layer0.w", (16, 64), dev_matrix=d, tensor_map=(-1, 0)),
-            ParamSpec("layer0.b", (16,), dev_matrix=d, tensor_map=(-1,)),
-            ParamSpec("conv.w", (4, 16, 3), dev_matrix=d, tensor_map=(-1, 0, -1)),
-            ParamSpec("layer1.w", (8, 32), dev_matrix=d, tensor_map=(-1, 0)),
-        ]
-        return specs + list(_SCALARS), 8, 1
-    if kind in ("dp2_mp4", "dp2_mp2"):
-        d = (2, 4) if kind == "dp2_mp4" else (2, 2)
-        specs = [
-            ParamSpec("embedding.table", (40, 16), dev_matrix=d, tensor_map=(-1, -1)),
-            ParamSpec("layer0.w", (32, 16), dev_matrix=d, tensor_map=(0, -1)),
-            ParamSpec("layer0.b", (32,), dev_matrix=d, tensor_map=(0,)),
-            ParamSpec("layer1.w", (16, 32), dev_matrix=d, tensor_map=(-1, 0)),
-            ParamSpec("moe.w", (4, 8, 8), dev_matrix=d, tensor_map=(1, -1, 0)),
-            ParamSpec("layernorm.gamma", (16,), dev_matrix=d, tensor_map=(-1,)),
-            ParamSpec("layernorm.beta", (16,), dev_matrix=d, tensor_map=(-1,)),
-        ]
-        specs = _with_adam(specs, ["layer0.w", "layer1.w"])
-        return specs + list(_SCALARS), (8 if kind == "dp2_mp4" else 4), 1
-    if kind == "opt_shard":
-        d = (2, 4)
-        specs = [
-            # rows split by mp4; replicas {r, r+4}: step 4, size -1 (= 2)
-            ParamSpec("layer0.w", (32, 16), dev_matrix=d, tensor_map=(0, -1), opt_shard_step=4, opt_shard_size=-1),
-            # cols split by mp4; the opt shard cuts axis 0
-            ParamSpec("layer1.w", (16, 32), dev_matrix=d, tensor_map=(-1, 0), opt_shard_step=4, opt_shard_size=-1),
-            # replicated on all 8 ranks: step 1, size -1 (= 8)
-            ParamSpec("layernorm.gamma", (64,), dev_matrix=d, tensor_map=(-1,), opt_shard_step=1, opt_shard_size=-1),
-            # replicated on all 8 ranks, explicit size 2: groups {0,1},{2,3},...: step 1
-            ParamSpec("embedding.table", (64, 16), dev_matrix=d, tensor_map=(-1, -1), opt_shard_step=1, opt_shard_size=2),
-            # dp4 x mp2, cols split by 2; 4 replicas {r, r+2, r+4, r+6}, explicit size 2: step 2
-            ParamSpec("layer2.w", (16, 8), dev_matrix=(4, 2), tensor_map=(-1, 0), opt_shard_step=2, opt_shard_size=2),
-            # below the parallel optimizer threshold: not sharded
-            ParamSpec("small.bias", (16,), dev_matrix=d, tensor_map=(-1,)),
-        ]
-        specs = _with_adam(specs, ["layer0.w", "layernorm.gamma"])
-        return specs + list(_SCALARS), 8, 1
-    if kind == "pipeline2":
-        d = (2, 2)
-        specs = [
-            ParamSpec("embedding.table", (40, 16), dev_matrix=d, tensor_map=(-1, -1), stage=0),
-            ParamSpec("layer0.w", (16, 16), dev_matrix=d, tensor_map=(0, -1), stage=0),
-            ParamSpec("layer0.b", (16,), dev_matrix=d, tensor_map=(0,), stage=0),
-            ParamSpec("layer1.w", (16, 16), dev_matrix=d, tensor_map=(-1, 0), opt_shard_step=2, opt_shard_size=-1, stage=1),
-            ParamSpec("head.w", (8, 16), dev_matrix=d, tensor_map=(-1, -1), stage=1),
-        ]
-        specs = _with_adam(specs, ["layer0.w", "layer1.w"])
-        return specs + list(_SCALARS), 8, 2
-    if kind == "mixed_dtypes":
-        d = (2, 4)
-        specs = [
-            ParamSpec("bf16.w", (32, 16), "bfloat16", dev_matrix=d, tensor_map=(0, -1)),
-            ParamSpec("bf16.opt", (16, 8), "bfloat16", dev_matrix=d, tensor_map=(-1, 0), opt_shard_step=4, opt_shard_size=-1),
-            ParamSpec("bf16.norm", (16,), "bfloat16", dev_matrix=d, tensor_map=(-1,)),
-            ParamSpec("fp16.w", (16, 32), "float16", dev_matrix=d, tensor_map=(-1, 0)),
-            ParamSpec("fp64.w", (8, 8), "float64", dev_matrix=d, tensor_map=(1, 0)),
-            ParamSpec("i8.table", (8, 12), "int8", dev_matrix=d, tensor_map=(0, -1)),
-            ParamSpec("i16.table", (8, 4), "int16", dev_matrix=d, tensor_map=(-1, 0)),
-            ParamSpec("i32.index", (16, 8), "int32", dev_matrix=d, tensor_map=(0, -1)),
-            ParamSpec("i64.count", (8, 4), "int64", dev_matrix=d, tensor_map=(1, -1)),
-            ParamSpec("u8.quant", (64,), "uint8", dev_matrix=d, tensor_map=(0,)),
-            ParamSpec("u16.quant", (8, 8), "uint16", dev_matrix=d, tensor_map=(-1, -1)),
-            ParamSpec("u32.ids", (8,), "uint32", dev_matrix=d, tensor_map=(0,)),
-            ParamSpec("u64.ids", (4, 4), "uint64", dev_matrix=d, tensor_map=(0, -1)),
-            ParamSpec("mask", (32, 8), "bool", dev_matrix=d, tensor_map=(0, -1)),
-            ParamSpec("bf16.scale", (4,), "bfloat16"),
-        ]
-        return specs + list(_SCALARS), 8, 1
-    raise ValueError(f"unknown layout kind {kind!r}; known: {', '.join(LAYOUT_KINDS)}")
