@@ -6,7 +6,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO   ?= demo-output
 
-.PHONY: demo test install clean
+PURE   := .venv-pure
+
+.PHONY: demo test test-pure install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,5 +24,16 @@ demo: $(STAMP)
 test: $(STAMP)
 	GLOG_v=3 $(PY) -m pytest -q -p no:cacheprovider tests
 
+# The pure tier (box math, chunk plan, planner and executor, manifest, wire parser) in a venv
+# without MindSpore: proves those parts need none. Everything else skips there.
+$(PURE)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(PURE)
+	$(PURE)/bin/python -m pip install --quiet --upgrade pip
+	$(PURE)/bin/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+test-pure: $(PURE)/.installed
+	$(PURE)/bin/python -m pytest -q -p no:cacheprovider -m "not mindspore" tests
+
 clean:
-	rm -rf $(VENV) $(DEMO)
+	rm -rf $(VENV) $(PURE) $(DEMO)

@@ -77,52 +77,6 @@ def even_part(lo: int, hi: int, parts: int, index: int) -> tuple[int, int]:
     return lo + index * step, lo + (index + 1) * step
 
 
-def c_order_runs(box: Box, shape: Sequence[int]) -> tuple[np.ndarray, int]:
-    """Element runs that make up ``box`` inside a C-order array of ``shape``.
-
-    Returns ``(starts, run_length)``: ``starts`` are element offsets (int64, ascending) into the
-    flattened array, each beginning a contiguous run of ``run_length`` elements; concatenated in
-    order they give the box's elements in C order. Runs are as long as possible (trailing axes
-    the box covers whole merge into one run). Multiply by the itemsize for byte runs.
-    """
-    shape = tuple(int(s) for s in shape)
-    if box.ndim != len(shape) or not Box.full(shape).contains(box):
-        raise ValueError(f"box [{box.start}, {box.stop}) is not inside shape {shape}")
-    if box.size == 0:
-        return np.zeros(0, dtype=np.int64), 0
-    if not shape:
-        return np.zeros(1, dtype=np.int64), 1
-    # k: the axis before which the box stops covering whole trailing axes; one run spans
-    # box.shape[k] * prod(shape[k+1:]) elements.
-    k = len(shape) - 1
-    while k > 0 and box.start[k] == 0 and box.stop[k] == shape[k]:
-        k -= 1
-    inner = prod(shape[k + 1:])
-    run = box.shape[k] * inner
-    strides = [prod(shape[a + 1:]) for a in range(len(shape))]
-    starts = np.array([box.start[k] * strides[k]], dtype=np.int64)
-    for a in range(k - 1, -1, -1):
-        offsets = np.arange(box.start[a], box.stop[a], dtype=np.int64) * strides[a]
-        starts = (offsets[:, None] + starts[None, :]).ravel()
-    return starts, run
-
-
-def tiles_exactly(boxes: Iterable[Box], shape: Sequence[int]) -> bool:
-    """True when the distinct ``boxes`` cover ``shape`` with no gap and no overlap."""
-    unique = list(dict.fromkeys(boxes))
-    whole = Box.full(shape)
-    if any(not whole.contains(b) for b in unique):
-        return False
-    if sum(b.size for b in unique) != whole.size:
-        return False
-    for i, a in enumerate(unique):
-        for b in unique[i + 1:]:
-            overlap = a.intersect(b)
-            if overlap is not None and overlap.size:
-                return False
-    return True
-
-
 def paired_runs(box: Box, src: Box, dst: Box) -> tuple[np.ndarray, np.ndarray, int]:
     """Element runs copying ``box`` from C-order container ``src`` into C-order container ``dst``.
 

@@ -106,7 +106,8 @@ def check_even_slices(param: SourceParam) -> str | None:
     shape = param.slices[0].box.shape
     if any(s.box.shape != shape for s in param.slices):
         return "its slices have different shapes"
-    if any(any(lo % k for lo, k in zip(s.box.start, shape)) for s in param.slices):
+    # (an axis of extent 0 has every slice at 0: nothing to align)
+    if any(any(lo % k if k else lo for lo, k in zip(s.box.start, shape)) for s in param.slices):
         return "its slices are not aligned to a grid"
     if sum(s.box.size for s in param.slices) != prod(param.shape):
         return "its slices do not cover the whole tensor exactly once"

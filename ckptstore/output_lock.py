@@ -61,8 +61,12 @@ class OutputLock:
 
     def _open(self) -> int:
         try:
-            self.work.mkdir(parents=True, exist_ok=True)
-            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            while True:
+                self.work.mkdir(parents=True, exist_ok=True)
+                try:
+                    return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                except FileNotFoundError:
+                    continue  # a committing holder removed the folder between the two calls
         except OSError as e:
             what = "no space left on the device" if e.errno == errno.ENOSPC else e.strerror or str(e)
             raise StoreWriteError(e.errno or 0, f"{what} while creating the lock file {self.path}") from None

@@ -30,7 +30,7 @@ UNIT_BYTES = 8 << 20
 #: Scratch bytes (decoded/verified/converted chunks) held at once by default.
 MAX_INFLIGHT = 256 << 20
 #: Below this many planned bytes, reading on the calling thread beats starting a pool.
-_POOL_MIN_BYTES = 4 << 20
+POOL_MIN_BYTES = 4 << 20
 
 
 @dataclass
@@ -54,8 +54,8 @@ class IOStats:
 IO_STATS = IOStats()
 
 
-def execute(plan: ParamReadPlan, source: ByteSource, *, out: np.ndarray | None = None, workers: int = 1,
-            codec: Any = None) -> np.ndarray:
+def execute(plan: ParamReadPlan, source: ByteSource, *, out: np.ndarray | None = None,
+            workers: int = 1) -> np.ndarray:
     """Fill and return an array of ``plan.shape`` (``out`` if given; its dtype may differ when the
     plan was made with that ``out_dtype``)."""
     if out is None:
@@ -86,10 +86,11 @@ class Executor:
     """Runs read plans through one byte source with a bounded pool of ``workers`` threads."""
 
     def __init__(self, source: ByteSource, *, workers: int = 1, max_inflight: int = MAX_INFLIGHT,
-                 unit_bytes: int = UNIT_BYTES) -> None:
+                 unit_bytes: int = UNIT_BYTES, pool_min_bytes: int = POOL_MIN_BYTES) -> None:
         self.source = source
         self.workers = max(1, int(workers))
         self.unit_bytes = unit_bytes
+        self.pool_min_bytes = pool_min_bytes
         self._budget = _Budget(max_inflight)
 
     def run(self, jobs: Sequence[tuple[ParamReadPlan, np.ndarray]]) -> None:
@@ -104,7 +105,7 @@ class Executor:
                     units += self._direct_units(plan, g, out)
                 else:
                     units.append(_bind(self._scratch, plan, g, out))
-        if self.workers == 1 or total < _POOL_MIN_BYTES or len(units) < 2:
+        if self.workers == 1 or total < self.pool_min_bytes or len(units) < 2:
             for u in units:
                 u()
             return

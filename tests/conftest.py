@@ -17,8 +17,13 @@ from typing import Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 import mindspore_fixtures as T  # noqa: E402
+
+# Two shared cores time examples unevenly: properties are about results, not speed.
+settings.register_profile("ckptstore", deadline=None)
+settings.load_profile("ckptstore")
 
 
 @dataclass(frozen=True)

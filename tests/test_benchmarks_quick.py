@@ -12,6 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.mindspore]
+
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = ("load", "convert", "node")
 

@@ -1,4 +1,5 @@
-"""Properties of the pure box math (ckptstore.boxes): runs, intersections, tiling."""
+"""Properties of the pure box math (ckptstore.boxes): byte runs between containers, intersections,
+tiling (the last through the tests' independent ``tiles_exactly``)."""
 from __future__ import annotations
 
 import itertools
@@ -9,7 +10,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from ckptstore.boxes import Box, c_order_runs, even_part, tiles_exactly
+from box_checks import tiles_exactly
+from ckptstore.boxes import Box, byte_pieces, even_part, paired_runs
 
 SHAPES = st.lists(st.integers(min_value=0, max_value=6), min_size=0, max_size=4).map(tuple)
 NONEMPTY_SHAPES = st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=4).map(tuple)
@@ -51,56 +53,76 @@ def _mask(box: Box, shape: tuple[int, ...]) -> np.ndarray:
     return m
 
 
-@settings(max_examples=300)
-@given(shape_and_box())
-def test_c_order_runs_concatenate_to_the_box_in_c_order(case):
-    shape, box = case
-    a = np.arange(prod(shape), dtype=np.int64).reshape(shape)
-    starts, run = c_order_runs(box, shape)
-    flat = a.ravel()
-    got = np.concatenate([flat[s:s + run] for s in starts]) if len(starts) else np.zeros(0, np.int64)
-    assert np.array_equal(got, a[box.slices()].ravel())
-    assert starts.dtype == np.int64
-    assert len(starts) * run == box.size
+@st.composite
+def box_in_two_containers(draw) -> tuple[Box, Box, Box]:
+    """A box and two containers (C-order blocks of a bigger tensor) that both hold it."""
+    ndim = draw(st.integers(min_value=0, max_value=4))
+    box_start, box_stop, src_start, src_stop, dst_start, dst_stop = [], [], [], [], [], []
+    for _ in range(ndim):
+        lo = draw(st.integers(min_value=0, max_value=5))
+        hi = draw(st.integers(min_value=lo, max_value=lo + 5))
+        box_start.append(lo), box_stop.append(hi)
+        for start, stop in ((src_start, src_stop), (dst_start, dst_stop)):
+            start.append(draw(st.integers(min_value=0, max_value=lo)))
+            stop.append(draw(st.integers(min_value=hi, max_value=hi + 4)))
+    return (Box(tuple(box_start), tuple(box_stop)), Box(tuple(src_start), tuple(src_stop)),
+            Box(tuple(dst_start), tuple(dst_stop)))
+
+
+@settings(max_examples=400)
+@given(box_in_two_containers())
+def test_paired_runs_copy_exactly_the_box_between_containers(case):
+    box, src, dst = case
+    source = np.arange(src.size, dtype=np.int64).reshape(src.shape)
+    target = np.full(dst.shape, -1, dtype=np.int64)
+    starts, dests, run = paired_runs(box, src, dst)
+    assert len(starts) == len(dests) and len(starts) * run == box.size
+    for s, d in zip(starts.tolist(), dests.tolist()):
+        target.reshape(-1)[d:d + run] = source.reshape(-1)[s:s + run]
+    expected = np.full(dst.shape, -1, dtype=np.int64)
+    expected[box.relative_to(dst).slices()] = source[box.relative_to(src).slices()]
+    assert np.array_equal(target, expected)
 
 
 @settings(max_examples=300)
-@given(shape_and_box())
-def test_c_order_runs_are_maximal_and_ascending(case):
+@given(box_in_two_containers())
+def test_paired_runs_are_maximal_and_ascending(case):
+    box, src, dst = case
+    starts, dests, run = paired_runs(box, src, dst)
+    assert np.all(np.diff(starts) > 0) and np.all(np.diff(dests) > 0)
+    # two neighbours that are contiguous on both sides would have been one run
+    assert not np.any((starts[:-1] + run == starts[1:]) & (dests[:-1] + run == dests[1:]))
+
+
+@pytest.mark.parametrize("box, src, dst, starts, dests, run", [
+    (Box((0, 0), (4, 8)), Box((0, 0), (4, 8)), Box((0, 0), (4, 8)), [0], [0], 32),
+    (Box((1, 0), (3, 8)), Box((0, 0), (4, 8)), Box((1, 0), (3, 8)), [8], [0], 16),
+    (Box((0, 2), (2, 5)), Box((0, 0), (2, 8)), Box((0, 2), (2, 5)), [2, 10], [0, 3], 3),
+    (Box((0, 2), (2, 5)), Box((0, 2), (2, 5)), Box((0, 0), (2, 8)), [0, 3], [2, 10], 3),
+    (Box((), ()), Box((), ()), Box((), ()), [0], [0], 1),
+    (Box((2,), (2,)), Box((0,), (4,)), Box((0,), (4,)), [], [], 0),
+], ids=["whole", "rows", "columns-from-wide", "columns-into-wide", "scalar", "empty"])
+def test_paired_runs_examples(box, src, dst, starts, dests, run):
+    got_starts, got_dests, got_run = paired_runs(box, src, dst)
+    assert (got_starts.tolist(), got_dests.tolist(), got_run) == (starts, dests, run)
+
+
+def test_paired_runs_refuse_a_box_outside_a_container():
+    with pytest.raises(ValueError, match="is not inside both containers"):
+        paired_runs(Box((0,), (5,)), Box((0,), (4,)), Box((0,), (8,)))
+
+
+@settings(max_examples=300)
+@given(shape_and_box(), st.sampled_from([1, 2, 4, 8]), st.integers(min_value=0, max_value=100))
+def test_byte_pieces_concatenate_to_the_box_in_c_order(case, itemsize, base):
     shape, box = case
-    starts, run = c_order_runs(box, shape)
-    ends = starts + run
-    # a gap between every two consecutive runs: no two runs touch or overlap
-    assert np.all(ends[:-1] < starts[1:])
-    if box.size:
-        assert run >= 1
-
-
-@pytest.mark.parametrize(
-    "shape,box,starts,run",
-    [
-        ((4, 6), Box((0, 0), (4, 6)), [0], 24),
-        ((4, 6), Box((1, 0), (3, 6)), [6], 12),
-        ((4, 6), Box((1, 2), (3, 5)), [8, 14], 3),
-        ((2, 3, 4), Box((0, 1, 0), (2, 3, 4)), [4, 16], 8),
-        ((), Box((), ()), [0], 1),
-        ((3, 0), Box((0, 0), (3, 0)), [], 0),
-    ],
-    ids=["whole", "row-range", "inner-box", "trailing-whole-axes", "scalar", "empty"],
-)
-def test_c_order_runs_examples(shape, box, starts, run):
-    got_starts, got_run = c_order_runs(box, shape)
-    assert (got_starts.tolist(), got_run) == (starts, run)
-
-
-@pytest.mark.parametrize(
-    "shape,box",
-    [((4, 6), Box((0, 0), (5, 6))), ((4, 6), Box((0,), (4,))), ((4,), Box((0, 0), (4, 1)))],
-    ids=["past-the-end", "fewer-axes", "more-axes"],
-)
-def test_c_order_runs_rejects_a_box_outside_the_shape(shape, box):
-    with pytest.raises(ValueError, match="is not inside shape"):
-        c_order_runs(box, shape)
+    data = np.arange(prod(shape) * itemsize, dtype=np.int64).astype(np.uint8) if shape else np.arange(itemsize,
+                                                                                                    dtype=np.uint8)
+    blob = bytes(base) + data.tobytes()
+    pieces = byte_pieces(box, Box.full(shape), itemsize, base)
+    got = b"".join(blob[o:o + n] for o, n in pieces)
+    typed = np.frombuffer(data.tobytes(), dtype=f"V{itemsize}").reshape(shape)
+    assert got == typed[box.slices()].tobytes()
 
 
 @st.composite

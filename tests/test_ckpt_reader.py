@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
 
 import mindspore as ms  # noqa: E402
 import mindspore.train.serialization as ms_serialization  # noqa: E402

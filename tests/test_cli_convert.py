@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
 
 import ckptstore  # noqa: E402
 from ckptstore.chunk_plan import OPTIMIZER_PATTERNS  # noqa: E402

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
 
 import mindspore as ms  # noqa: E402
 

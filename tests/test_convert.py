@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
 
 import mindspore as ms  # noqa: E402
 import mindspore.train.serialization as ms_serialization  # noqa: E402

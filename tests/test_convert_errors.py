@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
 
 import ckptstore  # noqa: E402
 from ckptstore.ckpt_reader import scan_checkpoint  # noqa: E402

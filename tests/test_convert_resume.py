@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
 
 import ckptstore  # noqa: E402
 from ckptstore.errors import IncompleteStoreError, StoreExistsError  # noqa: E402

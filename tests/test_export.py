@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
 
 import mindspore  # noqa: E402
 import mindspore.train.serialization as ms_serialization  # noqa: E402

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
 
 from load_fixtures import assert_same_dict, load_env  # noqa: E402,F401
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
 
 import mindspore  # noqa: E402
 

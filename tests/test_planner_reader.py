@@ -9,6 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
+
 import ckptstore
 from ckptstore.boxes import Box
 from ckptstore.reader import IO_STATS

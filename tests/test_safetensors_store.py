@@ -8,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
 from safetensors.numpy import load_file
 
 import ckptstore

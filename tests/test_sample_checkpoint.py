@@ -20,6 +20,7 @@ import pytest
 os.environ.setdefault("GLOG_v", "3")
 
 pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
 
 import mindspore_fixtures as T  # noqa: E402
 

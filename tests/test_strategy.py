@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
 
 import mindspore as ms  # noqa: E402
 from mindspore.parallel._tensor import (  # noqa: E402
@@ -28,7 +29,8 @@ from mindspore.parallel._tensor import (  # noqa: E402
 )
 
 import mindspore_fixtures as T  # noqa: E402
-from ckptstore.boxes import Box, tiles_exactly  # noqa: E402
+from box_checks import tiles_exactly  # noqa: E402
+from ckptstore.boxes import Box  # noqa: E402
 from ckptstore.ckpt_reader import read_entry  # noqa: E402
 from ckptstore.errors import StrategyError  # noqa: E402
 from ckptstore.source import find_rank_files, open_source  # noqa: E402

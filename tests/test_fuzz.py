@@ -1,0 +1,196 @@
+"""Fuzz tier: hypothesis mutates rank files, strategy files and store metadata.
+
+Whatever the mutation, ckptstore either gives a result of the shape and dtype its (validated)
+metadata states or raises a CkptStoreError (never another exception), allocates a bounded amount
+of memory, and opens no file outside the store. (A mutation that points a chunk at other bytes
+of the store's own files passes validation; ``verify=True`` or ``ckptstore verify`` catch it by
+checksum, unless the checksum was rewritten too.) The seeds are real MindSpore files
+(conftest.saved_layout) and a store converted from them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("mindspore")
+pytestmark = [pytest.mark.mindspore, pytest.mark.fuzz]
+
+import ckptstore  # noqa: E402
+from ckptstore.ckpt_reader import read_entry, scan_checkpoint  # noqa: E402
+from ckptstore.errors import CkptStoreError  # noqa: E402
+from ckptstore.sources import local as local_source  # noqa: E402
+from ckptstore.strategy import load_strategy  # noqa: E402
+from convert_fixtures import convert_layout  # noqa: E402
+
+FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+#: Memory any single mutated input may cost (the seeds are a few KiB; real bounds are far lower).
+MEMORY_BOUND = 64 << 20
+
+
+@st.composite
+def mutations(draw, size: int):
+    """A list of byte edits: flip, set, cut, insert, or overwrite with a large varint."""
+    ops = []
+    for _ in range(draw(st.integers(min_value=1, max_value=4))):
+        kind = draw(st.sampled_from(["flip", "set", "truncate", "insert", "varint"]))
+        at = draw(st.integers(min_value=0, max_value=max(size - 1, 0)))
+        ops.append((kind, at, draw(st.integers(min_value=0, max_value=255))))
+    return ops
+
+
+def mutate(data: bytes, ops) -> bytes:
+    blob = bytearray(data)
+    for kind, at, value in ops:
+        at = min(at, max(len(blob) - 1, 0))
+        if kind == "flip" and blob:
+            blob[at] ^= 1 << (value % 8)
+        elif kind == "set" and blob:
+            blob[at] = value
+        elif kind == "truncate":
+            del blob[at:]
+        elif kind == "insert":
+            blob[at:at] = bytes([value]) * (1 + value % 7)
+        elif kind == "varint":
+            blob[at:at + 1] = b"\xff\xff\xff\xff\xff\xff\xff\x7f"  # a huge length or dimension
+    return bytes(blob)
+
+
+def bounded(fn):
+    """Run ``fn``; return its result or the CkptStoreError it raised; assert the memory it took."""
+    tracemalloc.start()
+    try:
+        try:
+            return fn()
+        except CkptStoreError as e:
+            return e
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < MEMORY_BOUND, f"{peak} bytes allocated"
+
+
+@pytest.fixture(scope="module")
+def seeds(saved_layout, tmp_path_factory):
+    layout = saved_layout("mixed_dtypes")
+    store = tmp_path_factory.mktemp("fuzz") / "store"
+    convert_layout(layout, store)
+    return layout, store
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_mutated_rank_file_scans_and_reads_or_raises_a_typed_error(seeds, tmp_path_factory, data):
+    layout, _ = seeds
+    original = layout.rank_file(1).read_bytes()
+    path = tmp_path_factory.mktemp("rank") / "m.ckpt"
+    path.write_bytes(mutate(original, data.draw(mutations(len(original)))))
+
+    def scan_and_read():
+        index = scan_checkpoint(path)
+        for entry in index.entries.values():
+            value = read_entry(path, entry)
+            assert isinstance(value, str) or value.shape == entry.shape
+        return index
+
+    bounded(scan_and_read)
+
+
+@FUZZ
+@given(data=st.data(), as_json=st.booleans())
+def test_a_mutated_strategy_file_loads_or_raises_a_typed_error(seeds, tmp_path_factory, data, as_json):
+    layout, _ = seeds
+    import mindspore_fixtures as T
+
+    folder = tmp_path_factory.mktemp("strategy")
+    original = (T.write_strategy_json(folder / "s.json", layout.specs) if as_json else layout.strategy_files[0])
+    raw = Path(original).read_bytes()
+    path = folder / ("m.json" if as_json else "m.ckpt")
+    path.write_bytes(mutate(raw, data.draw(mutations(len(raw)))))
+    result = bounded(lambda: load_strategy(path))
+    if not isinstance(result, CkptStoreError):
+        assert 1 <= result.world_size <= 1 << 20
+
+
+# ---- store metadata -------------------------------------------------------------------------
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70) | st.floats(allow_nan=False)
+    | st.sampled_from(["", "..", "../outside.bin", "/etc/passwd", "a/b", "zstd", "pickle", "bfloat16", "str"]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6)
+
+
+def _paths(doc, prefix=()):
+    """Every path to a value in a JSON document."""
+    yield prefix
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _paths(v, (*prefix, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc[:6]):
+            yield from _paths(v, (*prefix, i))
+
+
+def _set(doc, path, value):
+    if not path:
+        return value
+    target = doc
+    for k in path[:-1]:
+        target = target[k]
+    target[path[-1]] = value
+    return doc
+
+
+@pytest.fixture
+def confined(monkeypatch):
+    """Fail the test if a store source opens a file outside its root."""
+    opened = []
+    original = local_source.LocalSource._walk
+
+    def walk(self, key, flags):
+        fd = original(self, key, flags)
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        root = os.path.realpath(self.root)
+        assert os.path.commonpath([root, real]) == root, f"{real} is outside {root}"
+        opened.append(real)
+        return fd
+
+    monkeypatch.setattr(local_source.LocalSource, "_walk", walk)
+    return opened
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_mutated_manifest_opens_and_reads_correctly_or_raises_a_typed_error(seeds, tmp_path_factory, confined,
+                                                                              data):
+    layout, store = seeds
+    copy = tmp_path_factory.mktemp("store") / "s"
+    shutil.copytree(store, copy)
+    (copy.parent / "outside.bin").write_bytes(b"\xab" * 4096)
+    doc = json.loads((copy / "zarr.json").read_text())
+    manifest = doc["attributes"]["ckptstore"]
+    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+        path = data.draw(st.sampled_from(list(_paths(manifest))[1:]))
+        manifest = _set(manifest, path, data.draw(JSON_VALUES))
+    doc["attributes"]["ckptstore"] = manifest
+    (copy / "zarr.json").write_text(json.dumps(doc))
+
+    verify = data.draw(st.booleans())
+
+    def open_and_read():
+        with ckptstore.open(copy) as s:
+            for name in s.names():
+                value = s.read(name, verify=verify)
+                info = s.info(name)
+                assert isinstance(value, str) or (value.shape, value.dtype) == (info.shape, info.np_dtype)
+
+    bounded(open_and_read)

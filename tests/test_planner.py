@@ -1,0 +1,170 @@
+"""The planner and the executor on stores written here with numpy (pure: no MindSpore, no converter).
+
+Each example lays a random tensor out as a store would — chunked (each chunk contiguous, or in
+two pieces in two files, as a tensor MindSpore wrote in several records) or dense (the whole
+tensor in C order, as in safetensors) — plans random boxes and runs the plans: the result is
+the tensor's box, the bytes read are exactly the plan's, and the plan's ranges tile the box.
+"""
+from __future__ import annotations
+
+import itertools
+from math import prod
+from pathlib import Path
+
+import crc32c
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ckptstore.boxes import Box
+from ckptstore.manifest import ChunkTable, ParamManifest, StoreManifest
+from ckptstore.planner import plan_param
+from ckptstore.reader import IO_STATS, Executor
+from ckptstore.sources import LocalSource
+from ckptstore.store import Store
+
+
+def _chunk_boxes(shape, chunk_shape):
+    grid = [-(-n // c) for n, c in zip(shape, chunk_shape)]
+    for coords in itertools.product(*(range(g) for g in grid)):
+        start = tuple(i * c for i, c in zip(coords, chunk_shape))
+        yield Box(start, tuple(min(s + c, n) for s, c, n in zip(start, chunk_shape, shape)))
+
+
+def write_store(root: Path, values: np.ndarray, chunk_shape, layout: str, seed: int) -> Store:
+    """Lay ``values`` out under ``root`` as one parameter ``w`` of the given layout; open it."""
+    rng = np.random.default_rng(seed)
+    boxes = list(_chunk_boxes(values.shape, chunk_shape)) if values.shape else [Box((), ())]
+    blobs = [np.ascontiguousarray(values[b.slices()]).tobytes() for b in boxes]
+    crcs = tuple(crc32c.crc32c(b) for b in blobs)
+    files, offsets, pieces = [], [], {}
+    if layout == "dense":
+        head = 24  # a header before the tensor, as in safetensors
+        (root / "d.bin").write_bytes(bytes(head) + values.tobytes())
+        item = values.dtype.itemsize
+        strides = [prod(values.shape[a + 1:]) for a in range(values.ndim)]
+        offsets = [head + sum(s * st for s, st in zip(b.start, strides)) * item for b in boxes]
+        table = ChunkTable(("d.bin",) * len(boxes), tuple(offsets), tuple(map(len, blobs)), crcs,
+                           (0,) * len(boxes), (1,) * len(boxes))
+        p = ParamManifest("w", "d.bin", values.dtype.name, values.shape, tuple(chunk_shape), table, None, None,
+                          "dense", head)
+    else:
+        order = rng.permutation(len(blobs))  # chunks are stored in any order
+        data = {"a.bin": bytearray(b"\xee" * 8), "b.bin": bytearray()}
+        placed: dict[int, list] = {}
+        for i in order.tolist():
+            blob = blobs[i]
+            cut = len(blob) // 2 if layout == "pieces" and len(blob) > 1 else len(blob)
+            parts = [("a.bin", blob[:cut]), ("b.bin", blob[cut:])] if cut < len(blob) else [("a.bin", blob)]
+            placed[i] = []
+            for f, part in parts:
+                placed[i].append((f, len(data[f]), len(part)))
+                data[f] += part
+        for f, d in data.items():
+            (root / f).write_bytes(bytes(d))
+        files = [placed[i][0][0] for i in range(len(blobs))]
+        offsets = [placed[i][0][1] for i in range(len(blobs))]
+        pieces = {i: tuple(ps) for i, ps in placed.items() if len(ps) > 1}
+        table = ChunkTable(tuple(files), tuple(offsets), tuple(map(len, blobs)), crcs, (0,) * len(blobs),
+                           (1,) * len(blobs), pieces)
+        p = ParamManifest("w", "w", values.dtype.name, values.shape, tuple(chunk_shape), table)
+    p.validate()
+    manifest = StoreManifest.from_json(StoreManifest({"w": p}).to_json(), where=str(root))  # through JSON too
+    return Store(LocalSource(root), manifest)
+
+
+@st.composite
+def case(draw):
+    ndim = draw(st.integers(min_value=0, max_value=3))
+    shape = tuple(draw(st.integers(min_value=1, max_value=7)) for _ in range(ndim))
+    chunk = tuple(draw(st.integers(min_value=1, max_value=n)) for n in shape)
+    dtype = draw(st.sampled_from(["uint8", "int16", "float32", "float64"]))
+    start = tuple(draw(st.integers(min_value=0, max_value=n - 1)) for n in shape)
+    stop = tuple(draw(st.integers(min_value=s + 1, max_value=n)) for s, n in zip(start, shape))
+    layout = draw(st.sampled_from(["chunks", "pieces", "dense"]))
+    return shape, chunk, np.dtype(dtype), Box(start, stop), layout, draw(st.integers(0, 2**16))
+
+
+_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _values(shape, dtype, seed) -> np.ndarray:
+    return (np.random.default_rng(seed).integers(0, 200, size=shape) - 100).astype(dtype)
+
+
+@_SETTINGS
+@given(case())
+def test_a_box_reads_exactly_its_values_and_bytes(tmp_path_factory, c):
+    shape, chunk, dtype, box, layout, seed = c
+    values = _values(shape, dtype, seed)
+    store = write_store(tmp_path_factory.mktemp("s"), values, chunk, layout, seed)
+    plan = store.plan("w", box)
+    assert plan.nbytes == box.size * dtype.itemsize
+    IO_STATS.reset()
+    got = store.read("w", box.slices() if box.ndim else None)
+    assert np.array_equal(got, values[box.slices()])
+    assert IO_STATS.bytes_read == plan.nbytes
+
+
+@_SETTINGS
+@given(case())
+def test_the_ranges_fill_every_destination_byte_once_from_inside_the_files(tmp_path_factory, c):
+    shape, chunk, dtype, box, layout, seed = c
+    root = tmp_path_factory.mktemp("s")
+    store = write_store(root, _values(shape, dtype, seed), chunk, layout, seed)
+    ranges = list(store.plan("w", box).ranges())
+    covered = np.zeros(box.size * dtype.itemsize, dtype=np.int64)
+    for key, offset, length, dest in ranges:
+        assert length > 0 and 0 <= offset and offset + length <= (root / key).stat().st_size
+        covered[dest:dest + length] += 1
+    assert np.all(covered == 1)
+
+
+@_SETTINGS
+@given(case(), st.integers(min_value=1, max_value=64), st.integers(min_value=2, max_value=4))
+def test_many_threads_and_tiny_units_read_the_same_values(tmp_path_factory, c, unit, workers):
+    shape, chunk, dtype, box, layout, seed = c
+    values = _values(shape, dtype, seed)
+    store = write_store(tmp_path_factory.mktemp("s"), values, chunk, layout, seed)
+    out = np.empty(box.shape, dtype=dtype)
+    Executor(store.data, workers=workers, unit_bytes=unit, pool_min_bytes=0).run([(store.plan("w", box), out)])
+    assert np.array_equal(out, values[box.slices()])
+
+
+@_SETTINGS
+@given(case(), st.sampled_from(["float64", "float16"]), st.booleans())
+def test_converting_and_verifying_read_the_same_values(tmp_path_factory, c, out_dtype, verify):
+    shape, chunk, dtype, box, layout, seed = c
+    values = _values(shape, dtype, seed)
+    store = write_store(tmp_path_factory.mktemp("s"), values, chunk, layout, seed)
+    out = np.empty(box.shape, dtype=out_dtype)
+    plan = plan_param(store.info("w"), box, out_dtype=np.dtype(out_dtype), verify=verify)
+    Executor(store.data).run([(plan, out)])
+    assert np.array_equal(out, values[box.slices()].astype(out_dtype))
+
+
+def test_a_row_block_of_consecutive_chunks_is_one_range(tmp_path):
+    values = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
+    root = tmp_path / "s"
+    root.mkdir()
+    (root / "a.bin").write_bytes(values.tobytes())
+    n = 8
+    table = ChunkTable(("a.bin",) * n, tuple(range(0, 2048, 256)), (256,) * n, tuple(range(n)), (0,) * n, (1,) * n)
+    store = Store(LocalSource(root), StoreManifest({"w": ParamManifest("w", "w", "float32", (64, 8), (8, 8), table)}))
+    assert list(store.plan("w", Box((4, 0), (60, 8))).ranges()) == [("a.bin", 4 * 32, 56 * 32, 0)]
+
+
+def test_a_checksum_mismatch_names_the_parameter_chunk_and_file(tmp_path):
+    values = np.arange(16, dtype=np.int16)
+    root = tmp_path / "s"
+    root.mkdir()
+    store = write_store(root, values, (4,), "chunks", 0)
+    data = bytearray((root / "a.bin").read_bytes())
+    i = store.info("w").chunks.offsets[2]
+    data[i] ^= 1
+    (root / "a.bin").write_bytes(bytes(data))
+    from ckptstore.errors import StoreCorruptError
+
+    with pytest.raises(StoreCorruptError, match=r"checksum mismatch in chunk 2 of parameter 'w' \(file .*a.bin"):
+        store.read("w", verify=True)
