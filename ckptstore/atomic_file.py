@@ -30,6 +30,20 @@ def fsync_folder(folder: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def commit_partial(path: str | os.PathLike[str], *, sync_folder: bool = True) -> None:
+    """Move the finished partial file of ``path`` into place: fsync it, rename it, sync the folder."""
+    final = Path(path)
+    work = partial_path(final)
+    fd = os.open(work, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(work, final)
+    if sync_folder:
+        fsync_folder(final.parent)
+
+
 class AtomicFile:
     """A file written under a temporary name and moved into place only when complete.
 

@@ -120,3 +120,18 @@ def test_load_rank_from_a_safetensors_store_equals_the_zarr_store(saved_layout, 
         assert a.names() == b.names()
         for name in a.names():
             assert_same_array(np.asarray(a.read(name)), np.asarray(b.read(name)), name)
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "safetensors"])
+def test_reading_a_store_imports_neither_zarr_nor_the_codecs_nor_mindspore(saved_layout, tmp_path, fmt):
+    import subprocess
+    import sys
+
+    layout = saved_layout("mixed_dtypes")
+    ckptstore.convert(layout.root, tmp_path / "s", strategy=layout.strategy_files, fmt=fmt)
+    code = ("import sys, ckptstore\n"
+            f"s = ckptstore.open({str(tmp_path / 's')!r})\n"
+            "[s.read(n) for n in s.names()]\n"
+            "print(sorted(m for m in ('zarr', 'numcodecs', 'mindspore') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

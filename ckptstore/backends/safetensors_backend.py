@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..atomic_file import partial_path
+from ..atomic_file import commit_partial, partial_path
 from ..safetensors_format import build_header
 
 DEFAULT_FILE_BYTES = 4 << 30
@@ -107,12 +107,6 @@ def _matches(path: Path, layout: FileLayout) -> bool:
 
 def finish_file(out: Path, layout: FileLayout) -> None:
     """fsync a filled partial file and move it to its final name (idempotent)."""
-    work = partial(out, layout.name)
-    if not work.exists() and _matches(out / layout.name, layout):
+    if not partial(out, layout.name).exists() and _matches(out / layout.name, layout):
         return  # an earlier commit of this run already moved it
-    fd = os.open(work, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(work, out / layout.name)
+    commit_partial(out / layout.name, sync_folder=False)
