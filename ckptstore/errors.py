@@ -137,3 +137,14 @@ class SourceChangedError(CkptStoreError, ValueError):
 
 class ConversionInProgressError(CkptStoreError, RuntimeError):
     """Another process is converting into the same output folder."""
+
+
+class ParameterNotFoundError(CkptStoreError, KeyError):
+    """A parameter name that the store does not hold."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidIndexError(CkptStoreError, IndexError):
+    """An index that does not select a box of the parameter (out of bounds, a step, a list)."""

@@ -15,7 +15,14 @@ import numpy as np
 
 from .backends import KINDS, MANIFEST, ROOT_METADATA, WORK_DIR, read_manifest
 from .boxes import Box
-from .errors import IncompleteStoreError, InvalidOptionError, StoreCorruptError, StoreNotFoundError
+from .errors import (
+    IncompleteStoreError,
+    InvalidIndexError,
+    InvalidOptionError,
+    ParameterNotFoundError,
+    StoreCorruptError,
+    StoreNotFoundError,
+)
 from .manifest import ParamManifest, StoreManifest
 from .planner import ParamReadPlan, plan_param
 from .reader import execute
@@ -64,7 +71,7 @@ class Store:
         try:
             return self.manifest.params[name]
         except (KeyError, TypeError):
-            raise KeyError(f"parameter {name!r} is not in the store {self.location.url}") from None
+            raise ParameterNotFoundError(f"parameter {name!r} is not in the store {self.location.url}") from None
 
     @property
     def source(self) -> dict[str, Any]:
@@ -112,22 +119,22 @@ def _index_to_box(index: Index, shape: Sequence[int], name: str) -> tuple[Box, l
         return Box.full(shape), [False] * len(shape)
     items = index if isinstance(index, tuple) else (index,)
     if len(items) > len(shape):
-        raise IndexError(f"too many indices for parameter {name!r} of shape {list(shape)}")
+        raise InvalidIndexError(f"too many indices for parameter {name!r} of shape {list(shape)}")
     start, stop, squeeze = [], [], []
     for axis, n in enumerate(shape):
         item = items[axis] if axis < len(items) else slice(None)
         if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
             i = int(item) + n if item < 0 else int(item)
             if not 0 <= i < n:
-                raise IndexError(f"index {item} is out of bounds for axis {axis} of {name!r} with size {n}")
+                raise InvalidIndexError(f"index {item} is out of bounds for axis {axis} of {name!r} with size {n}")
             start.append(i), stop.append(i + 1), squeeze.append(True)
         elif isinstance(item, slice):
             lo, hi, step = item.indices(n)
             if step != 1:
-                raise IndexError(f"only step-1 slices are supported (axis {axis} of {name!r})")
+                raise InvalidIndexError(f"only step-1 slices are supported (axis {axis} of {name!r})")
             start.append(lo), stop.append(max(lo, hi)), squeeze.append(False)
         else:
-            raise IndexError(f"unsupported index {item!r} for {name!r}: use ints and slices")
+            raise InvalidIndexError(f"unsupported index {item!r} for {name!r}: use ints and slices")
     return Box(tuple(start), tuple(stop)), squeeze
 
 
