@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import mmap
+from collections import deque
 import operator
 import os
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from .dtypes import is_float, lookup
 from .errors import InvalidOptionError, LayoutMismatchError, StrategyError
 from .memory import empty
 from .planner import ParamReadPlan, ReadPlan, plan_param
-from .reader import Executor
+from .reader import POOL_MIN_BYTES, Executor, Job
 from .sources import LocalFile
 from .store import Store
 from .strategy import Strategy, load_strategy, strategy_from_summary
@@ -162,22 +163,47 @@ class RankView:
 
     def read(self, name: str) -> np.ndarray | str:
         """The rank's slice of ``name`` in a fresh, ordinary (anonymous) numpy array."""
-        return self.read_many([name])[name]
+        info = self.store.info(name)
+        if info.is_str:
+            return info.value or ""
+        plan = self.plan_for(name)
+        array = empty(plan.shape, self.dtype_of(name))
+        with Executor(self.store.data, workers=self.workers) as executor:
+            executor.submit(plan, array, parallel=plan.nbytes >= POOL_MIN_BYTES).wait()
+        return array
 
     def read_many(self, names: Sequence[str]) -> dict[str, np.ndarray | str]:
         """Several parameters at once, their reads sharing one pool of ``workers`` threads."""
-        out: dict[str, np.ndarray | str] = {}
-        jobs = []
-        for name in names:
-            info = self.store.info(name)
-            if info.is_str:
-                out[name] = info.value or ""
-                continue
-            plan = self.plan_for(name)
-            out[name] = empty(plan.shape, self.dtype_of(name))
-            jobs.append((plan, out[name]))
-        Executor(self.store.data, workers=self.workers).run(jobs)  # type: ignore[arg-type]
-        return out
+        return dict(self.stream(names))
+
+    def stream(self, names: Sequence[str]) -> Iterator[tuple[str, np.ndarray | str]]:
+        """``(name, value)`` for each of ``names``, in order, each as soon as its reads are done.
+
+        Every parameter is planned and its reads handed to the pool right away, so the pool reads
+        while the next parameters are planned and while the caller works on the values already
+        yielded (building MindSpore Parameters, say).
+        """
+        pending: deque[tuple[str, np.ndarray | str, Job | None]] = deque()
+        with Executor(self.store.data, workers=self.workers) as executor:
+            for name in names:
+                info = self.store.info(name)
+                if info.is_str:
+                    pending.append((name, info.value or "", None))
+                else:
+                    plan = self.plan_for(name)
+                    array = empty(plan.shape, self.dtype_of(name))
+                    pending.append((name, array, executor.submit(plan, array)))
+                while pending and (pending[0][2] is None or pending[0][2].done()):
+                    yield self._ready(pending.popleft())
+            while pending:
+                yield self._ready(pending.popleft())
+
+    @staticmethod
+    def _ready(item: tuple[str, np.ndarray | str, "Job | None"]) -> tuple[str, np.ndarray | str]:
+        name, value, job = item
+        if job is not None:
+            job.wait()
+        return name, value
 
     def mapped(self, name: str) -> np.ndarray | None:
         """A copy-on-write memory map of the slice when it is one whole raw chunk of a local file,

@@ -3,16 +3,18 @@
 The executor runs exactly the ranges of a :class:`~ckptstore.planner.ParamReadPlan` through a
 :class:`~ckptstore.sources.ByteSource`. Ranges whose buffer is the destination array are cut
 into units of about :data:`UNIT_BYTES` and read by a pool of threads (``preadv`` releases the
-GIL, so reads from the page cache and the first-touch faults of fresh destination pages run on
-several cores); scratch groups (compressed, checksummed or converted chunks) are read whole,
-checked, decoded and copied, with the scratch memory held at once capped by ``max_inflight``.
-One :class:`Executor` can run the plans of many parameters together, so small parameters share
-the pool instead of each paying for threads.
+GIL, so copies from the page cache and the first-touch faults of fresh destination pages run on
+several cores). Within a unit, ranges that follow each other in one file are read by one
+vectored call into many buffers (a column slice of a chunk is one call, not one per row).
+Scratch groups (compressed, checksummed or converted chunks) are read whole, checked, decoded
+and copied, with the scratch memory held at once capped by ``max_inflight``. One
+:class:`Executor` runs the plans of many parameters together, so small parameters share the
+pool instead of each paying for threads.
 """
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -22,10 +24,10 @@ import numpy as np
 from .codecs import decode
 from .errors import FileAccessError, MissingFileError, ShortReadError, StoreCorruptError
 from .planner import ParamReadPlan, ReadGroup
-from .sources.base import ByteSource, Request
+from .sources.base import ByteSource
 
 #: Bytes per unit of work handed to a thread: big enough that a unit's system calls dominate
-#: its scheduling cost, small enough that two threads finish together.
+#: its scheduling cost, small enough that the threads finish together.
 UNIT_BYTES = 8 << 20
 #: Scratch bytes (decoded/verified/converted chunks) held at once by default.
 MAX_INFLIGHT = 256 << 20
@@ -35,7 +37,7 @@ POOL_MIN_BYTES = 4 << 20
 
 @dataclass
 class IOStats:
-    """Bytes this process read through the executor (a test and benchmark hook)."""
+    """Bytes (and ranges) this process read through the executor: a test and benchmark hook."""
 
     bytes_read: int = 0
     reads: int = 0
@@ -82,82 +84,107 @@ class _Budget:
             self._cond.notify_all()
 
 
+@dataclass(frozen=True)
+class _Ranges:
+    """A slice of a group's range columns (file ids, file offsets, lengths, buffer offsets)."""
+
+    files: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    dests: np.ndarray
+
+    def __getitem__(self, s: slice) -> "_Ranges":
+        return _Ranges(self.files[s], self.offsets[s], self.lengths[s], self.dests[s])
+
+
 class Executor:
-    """Runs read plans through one byte source with a bounded pool of ``workers`` threads."""
+    """Runs read plans through one byte source with a bounded pool of ``workers`` threads.
+
+    :meth:`submit` starts a plan's reads and returns at once (the caller can plan the next
+    parameter, or build the previous one, while the pool reads); :meth:`run` submits plans and
+    waits for all of them. Use it as a context manager, or :meth:`close` it, to stop the pool.
+    """
 
     def __init__(self, source: ByteSource, *, workers: int = 1, max_inflight: int = MAX_INFLIGHT,
                  unit_bytes: int = UNIT_BYTES, pool_min_bytes: int = POOL_MIN_BYTES) -> None:
         self.source = source
         self.workers = max(1, int(workers))
-        self.unit_bytes = unit_bytes
+        self.unit_bytes = max(1, unit_bytes)
         self.pool_min_bytes = pool_min_bytes
         self._budget = _Budget(max_inflight)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def submit(self, plan: ParamReadPlan, out: np.ndarray, *, parallel: bool = True) -> "Job":
+        """Start filling ``out`` with ``plan``'s bytes; ``Job.wait()`` returns when it is full.
+
+        With one worker, or ``parallel=False``, the reads happen here, before this returns.
+        """
+        _check_out(plan, out)
+        units: list[Callable[[], None]] = []
+        for g in plan.groups:
+            if g.into_destination:
+                flat = out.reshape(-1).view(np.uint8)
+                units += [_bind(self._read, plan, r, flat) for r in self._units(g)]
+            else:
+                units.append(_bind(self._scratch, plan, g, out))
+        if self.workers == 1 or not parallel:
+            for u in units:
+                u()
+            return Job([])
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ckptstore-read")
+        return Job([self._pool.submit(u) for u in units])
 
     def run(self, jobs: Sequence[tuple[ParamReadPlan, np.ndarray]]) -> None:
         """Fill each destination array with its plan's bytes (all plans share the pool)."""
-        units: list[Callable[[], None]] = []
-        total = 0
-        for plan, out in jobs:
-            _check_out(plan, out)
-            for g in plan.groups:
-                total += g.nbytes
-                if g.into_destination:
-                    units += self._direct_units(plan, g, out)
-                else:
-                    units.append(_bind(self._scratch, plan, g, out))
-        if self.workers == 1 or total < self.pool_min_bytes or len(units) < 2:
-            for u in units:
-                u()
-            return
-        with ThreadPoolExecutor(min(self.workers, len(units))) as pool:
-            for f in [pool.submit(u) for u in units]:
-                f.result()
-
-    def _direct_units(self, plan: ParamReadPlan, g: ReadGroup, out: np.ndarray) -> list[Callable[[], None]]:
-        view = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(b"")
-        units: list[Callable[[], None]] = []
-        batch: list[tuple[int, int, int, int]] = []
-        size = 0
-        for f, o, n, d in zip(g.files.tolist(), g.offsets.tolist(), g.lengths.tolist(), g.dests.tolist()):
-            while n:  # cut long ranges so threads share them
-                take = min(n, self.unit_bytes - size)
-                batch.append((f, o, take, d))
-                size += take
-                o, d, n = o + take, d + take, n - take
-                if size >= self.unit_bytes:
-                    units.append(_bind(self._read_batch, plan, batch, view))
-                    batch, size = [], 0
-        if batch:
-            units.append(_bind(self._read_batch, plan, batch, view))
-        return units
-
-    def _read_batch(self, plan: ParamReadPlan, batch: list[tuple[int, int, int, int]], view: memoryview) -> None:
-        by_file: dict[int, list[Request]] = {}
-        for f, o, n, d in batch:
-            by_file.setdefault(f, []).append((o, view[d:d + n]))
-        for f, requests in by_file.items():
-            self._read(plan, f, requests)
-
-    def _read(self, plan: ParamReadPlan, f: int, requests: list[Request]) -> None:
-        key = plan.keys[f]
+        parallel = sum(p.nbytes for p, _ in jobs) >= self.pool_min_bytes
         try:
-            self.source.open(key).read_requests(requests)
-        except (ShortReadError, MissingFileError, FileAccessError) as e:
-            raise StoreCorruptError(f"cannot read parameter {plan.name!r}: {e}. The store is damaged or "
-                                    "incomplete; run 'ckptstore verify' on it") from None
-        IO_STATS.add(sum(len(b) for _, b in requests), len(requests))
+            for job in [self.submit(plan, out, parallel=parallel) for plan, out in jobs]:
+                job.wait()
+        finally:
+            self.close()
+
+    def _units(self, g: ReadGroup) -> list[_Ranges]:
+        """The group's ranges cut into pieces of at most one unit, grouped into units."""
+        r = _split_long(_Ranges(g.files, g.offsets, g.lengths, g.dests), self.unit_bytes)
+        if not len(r.lengths):
+            return []
+        before = np.cumsum(r.lengths) - r.lengths  # bytes before each range
+        ids = before // self.unit_bytes
+        cuts = [0, *(np.flatnonzero(np.diff(ids)) + 1).tolist(), len(ids)]
+        return [r[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+
+    def _read(self, plan: ParamReadPlan, r: _Ranges, flat: np.ndarray) -> None:
+        """Read ranges into ``flat`` (uint8): one vectored call per run that is contiguous in a file."""
+        n = len(r.lengths)
+        breaks = (r.files[1:] != r.files[:-1]) | (r.offsets[:-1] + r.lengths[:-1] != r.offsets[1:])
+        cuts = [0, *(np.flatnonzero(breaks) + 1).tolist(), n]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            key = plan.keys[int(r.files[a])]
+            try:
+                self.source.open(key).readv(int(r.offsets[a]), _buffers(flat, r.dests[a:b], r.lengths[a:b]))
+            except (ShortReadError, MissingFileError, FileAccessError) as e:
+                raise StoreCorruptError(f"cannot read parameter {plan.name!r}: {e}. The store is damaged or "
+                                        "incomplete; run 'ckptstore verify' on it") from None
+        IO_STATS.add(int(r.lengths.sum()), n)
 
     def _scratch(self, plan: ParamReadPlan, g: ReadGroup, out: np.ndarray) -> None:
         n = g.scratch_nbytes
         self._budget.acquire(n)
         try:
-            buf = bytearray(n)
-            view = memoryview(buf)
-            by_file: dict[int, list[Request]] = {}
-            for f, o, m, d in zip(g.files.tolist(), g.offsets.tolist(), g.lengths.tolist(), g.dests.tolist()):
-                by_file.setdefault(f, []).append((o, view[d:d + m]))
-            for f, requests in by_file.items():
-                self._read(plan, f, requests)
+            buf = np.empty(n, dtype=np.uint8)
+            self._read(plan, _Ranges(g.files, g.offsets, g.lengths, g.dests), buf)
             if g.crc32c is not None and crc32c.crc32c(buf) != g.crc32c:
                 first = plan.keys[int(g.files[0])] if len(g.files) else "?"
                 raise StoreCorruptError(
@@ -171,6 +198,58 @@ class Executor:
             out[g.overlap.relative_to(plan.box).slices()] = block[g.overlap.relative_to(g.frame).slices()]
         finally:
             self._budget.release(n)
+
+
+class Job:
+    """The reads of one submitted plan."""
+
+    def __init__(self, futures: list[Future[None]]) -> None:
+        self._futures = futures
+
+    def done(self) -> bool:
+        return all(f.done() for f in self._futures)
+
+    def wait(self) -> None:
+        """Block until every read is done; raise the first error one of them met."""
+        for f in self._futures:
+            f.result()
+
+
+def _split_long(r: _Ranges, unit: int) -> _Ranges:
+    """The same ranges, those longer than ``unit`` cut into consecutive pieces of at most ``unit``."""
+    pieces = -(-r.lengths // unit)
+    if not len(pieces) or pieces.max() <= 1:
+        return r
+    index = np.repeat(np.arange(len(pieces)), pieces)
+    step = np.arange(len(index)) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # 0, 1, .. within a range
+    shift = step * unit
+    lengths = np.minimum(unit, r.lengths[index] - shift)
+    return _Ranges(r.files[index], r.offsets[index] + shift, lengths, r.dests[index] + shift)
+
+
+def _buffers(flat: np.ndarray, dests: np.ndarray, lengths: np.ndarray) -> list[Any]:
+    """Views of ``flat`` at ``dests`` of ``lengths`` bytes, in order.
+
+    Runs of equal lengths at a constant positive stride (a chunk's rows landing in the rows of a
+    wider destination) become the rows of one strided view, made in C rather than one Python
+    slice per row.
+    """
+    n = len(dests)
+    if n < 3:
+        return [flat[d:d + m] for d, m in zip(dests.tolist(), lengths.tolist())]
+    steps = np.diff(dests)
+    cuts = np.flatnonzero((steps[1:] != steps[:-1]) | (lengths[2:] != lengths[1:-1])) + 2
+    cuts = np.union1d(cuts, np.flatnonzero(lengths[1:] != lengths[:-1]) + 1)
+    out: list[Any] = []
+    bounds = [0, *cuts.tolist(), n]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        length, start = int(lengths[a]), int(dests[a])
+        stride = int(dests[a + 1] - dests[a]) if b - a > 1 else 0
+        if b - a > 2 and stride >= length:
+            out += list(np.lib.stride_tricks.as_strided(flat[start:], shape=(b - a, length), strides=(stride, 1)))
+        else:
+            out += [flat[d:d + m] for d, m in zip(dests[a:b].tolist(), lengths[a:b].tolist())]
+    return out
 
 
 def _bind(fn: Callable[..., None], *args: Any) -> Callable[[], None]:

@@ -99,3 +99,36 @@ def test_threads_share_one_store_and_one_rank_parameters(load_env):
     for other in built[1:]:
         assert all(a is b for a, b in zip(built[0], other))
     assert_same_dict({n: to_numpy(p) for n, p in zip(shared, built[0])}, t.oracle(6), "shared")
+
+
+def test_threads_sharing_one_rank_parameters_build_each_parameter_once(load_env):
+    import threading
+
+    import ckptstore
+    from load_fixtures import to_numpy
+
+    t = load_env.target("mixed_dtypes->dp2_mp2_optshard")
+    params = ckptstore.load_rank(t.store, t.strategy, 1)
+    names = list(params)
+    seen: list[dict] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def worker(i: int) -> None:
+        try:
+            start.wait()
+            order = names[i % len(names):] + names[:i % len(names)]
+            got = params.materialize() if i % 3 == 0 else {n: params[n] for n in order}
+            seen.append(got)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    for got in seen:  # every thread got the very same Parameter objects
+        assert all(got[n] is seen[0][n] for n in names)
+    assert_same_dict({n: to_numpy(v) for n, v in seen[0].items()}, t.oracle(1), "threads")

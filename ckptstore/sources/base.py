@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..errors import UnsafePathError
 from ..limits import MAX_NAME_BYTES
@@ -72,6 +72,15 @@ class ReadableFile(ABC):
 
         Raises :class:`~ckptstore.errors.ShortReadError` when the file ends before a request does.
         """
+
+    def readv(self, offset: int, buffers: Sequence[Any]) -> None:
+        """Fill ``buffers`` (writable byte buffers) in turn from one contiguous range at ``offset``."""
+        requests = []
+        for b in buffers:
+            view = memoryview(b).cast("B")
+            requests.append((offset, view))
+            offset += len(view)
+        self.read_requests(requests)
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
         """Fill ``buffer`` with the bytes at ``offset``."""

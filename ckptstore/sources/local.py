@@ -13,7 +13,7 @@ import os
 import stat as stat_mod
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..errors import FileAccessError, MissingFileError, ShortReadError, UnsafePathError
 from .base import ByteSource, FileStat, ReadableFile, Request, check_key
@@ -54,18 +54,23 @@ class LocalFile(ReadableFile):
     def read_requests(self, requests: Sequence[Request]) -> None:
         i, n = 0, len(requests)
         while i < n:
-            # one preadv per run of requests that follow each other in the file
+            # one vectored read per run of requests that follow each other in the file
             offset, first = requests[i]
             bufs, end, j = [first], offset + len(first), i + 1
-            while j < n and requests[j][0] == end and len(bufs) < _IOV_MAX:
+            while j < n and requests[j][0] == end:
                 bufs.append(requests[j][1])
                 end += len(requests[j][1])
                 j += 1
-            self._preadv(offset, bufs)
+            self.readv(offset, bufs)
             i = j
 
-    def _preadv(self, offset: int, bufs: list[memoryview]) -> None:
-        want = sum(len(b) for b in bufs)
+    def readv(self, offset: int, buffers: Sequence[Any]) -> None:
+        for i in range(0, len(buffers), _IOV_MAX):
+            part = list(buffers[i:i + _IOV_MAX])
+            offset += self._preadv(offset, part)
+
+    def _preadv(self, offset: int, bufs: list[Any]) -> int:
+        want = sum(map(len, bufs))  # buffers are flat byte buffers: len is their size
         done = 0
         while done < want:
             try:
@@ -77,10 +82,12 @@ class LocalFile(ReadableFile):
                 raise ShortReadError(self.url, offset, want, offset + done)
             done += got
             if done < want:  # drop what was filled, keep reading into the rest
+                bufs = [memoryview(b).cast("B") for b in bufs]
                 while got >= len(bufs[0]):
                     got -= len(bufs[0])
                     bufs = bufs[1:]
                 bufs = [bufs[0][got:], *bufs[1:]]
+        return want
 
     def close(self) -> None:
         fd, self.fd = self.fd, -1
