@@ -18,7 +18,8 @@ from .chunk_plan import OPTIMIZER_PATTERNS
 from .codecs import CODECS
 from .convert import convert as convert_store
 from .errors import CkptStoreError
-from .source import find_rank_files, open_source
+from .rank_files import find_rank_files
+from .source import open_source
 from .store import open as open_store
 from .strategy import load_strategy
 from .verify import verify_store
@@ -187,6 +188,9 @@ _STRATEGY_HELP = ("MindSpore strategy file of the source (protobuf as saved, or 
 @click.option("--step", type=int, default=None,
               help="Use each rank's checkpoint of this step (-<epoch>_<step>.ckpt) instead of the newest.")
 @click.option("--prefix", default=None, help="Use only checkpoint files whose name starts with this.")
+@click.option("--src-format", type=click.Choice(["ckpt", "safetensors"]), default=None,
+              help="Use only rank files of this format, when a rank folder holds both for one step "
+                   "(default: whichever each rank has).")
 @click.option("--include", multiple=True, metavar="GLOB", help="Keep only parameters matching (repeatable).")
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Drop parameters matching (repeatable).")
 @click.option("--drop-optimizer", is_flag=True,
@@ -213,13 +217,15 @@ _STRATEGY_HELP = ("MindSpore strategy file of the source (protobuf as saved, or 
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @_friendly_errors
 def convert(src: str, out: str, strategies: tuple[str, ...], fmt: str, step: int | None, prefix: str | None,
-            include: tuple[str, ...], exclude: tuple[str, ...], drop_optimizer: bool, compress: str,
+            src_format: str | None, include: tuple[str, ...], exclude: tuple[str, ...], drop_optimizer: bool, compress: str,
             chunk_mb: int | None, workers: int, verify_replicas: bool, verify_crc: bool, no_layout_check: bool,
             overwrite: bool, quiet: bool, as_json: bool) -> None:
     """Convert a MindSpore distributed checkpoint into a store of global tensors.
 
-    SRC is the folder holding rank_0/, rank_1/, ... (each rank's newest .ckpt is used) or a
-    single .ckpt file. Each parameter becomes one global array; a slice held by several ranks
+    SRC is the folder holding rank_0/, rank_1/, ... (each rank's newest .ckpt or MindSpore
+    .safetensors file is used) or a single such file. Saves made with remove_redundancy=True
+    (each replicated slice on one rank only) and with integrated_save=True (whole tensors on
+    every rank) are recognised. Each parameter becomes one global array; a slice held by several ranks
     (data-parallel replicas) is read and stored once. Memory use stays small whatever the
     checkpoint size. If the run is interrupted, run the same command again: it resumes. Once the
     store is complete, the same command again does nothing. Several processes may run the same
@@ -234,7 +240,7 @@ def convert(src: str, out: str, strategies: tuple[str, ...], fmt: str, step: int
                             exclude=exclude, drop_optimizer=drop_optimizer, compress=compress,
                             max_chunk_mb=chunk_mb, workers=workers, verify_replicas=verify_replicas,
                             verify_crc=verify_crc, overwrite=overwrite, quiet=quiet, fmt=fmt,
-                            check_layout=not no_layout_check, on_wait=waiting)
+                            check_layout=not no_layout_check, src_format=src_format, on_wait=waiting)
     if as_json:
         click.echo(json.dumps(summary.to_json(), indent=2))
         return
@@ -252,20 +258,24 @@ def convert(src: str, out: str, strategies: tuple[str, ...], fmt: str, step: int
 @main.command()
 @click.argument("store", type=click.Path(exists=True, file_okay=False))
 @click.option("--against", type=click.Path(exists=True), default=None,
-              help="Also compare with the source checkpoint (folder of rank_<i>/ or one .ckpt), every replica.")
+              help="Also compare with the source checkpoint (folder of rank_<i>/ or one .ckpt/.safetensors), every "
+                   "replica.")
 @click.option("--strategy", "-s", "strategies", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="With --against: the source strategy file(s).")
 @click.option("--step", type=int, default=None, help="With --against: which step's files.")
 @click.option("--prefix", default=None, help="With --against: which files, by name prefix.")
+@click.option("--src-format", type=click.Choice(["ckpt", "safetensors"]), default=None,
+              help="With --against: which format, when a rank folder holds both.")
 @_friendly_errors
 def verify(store: str, against: str | None, strategies: tuple[str, ...], step: int | None,
-           prefix: str | None) -> None:
+           prefix: str | None, src_format: str | None) -> None:
     """Re-read every chunk of STORE and check its checksum (and, with --against, its bytes).
 
     Exits 0 when everything matches, 1 when a problem is found (each is listed).
     """
     with open_store(store) as st:
-        report = verify_store(st, against=against, strategy=strategies, step=step, prefix=prefix)
+        report = verify_store(st, against=against, strategy=strategies, step=step, prefix=prefix,
+                              src_format=src_format)
     for problem in report.problems:
         click.echo(f"ckptstore: {problem}", err=True)
     extra = f", {report.compared_with_source} chunks compared with the source" if against else ""

@@ -75,16 +75,16 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
             include: Sequence[str] = (), exclude: Sequence[str] = (), drop_optimizer: bool = False,
             compress: str | None = None, max_chunk_mb: int | None = None, workers: int = 4,
             verify_replicas: bool = False, verify_crc: bool = False, overwrite: bool = False,
-            quiet: bool = True, fmt: str = "zarr", check_layout: bool = True,
+            quiet: bool = True, fmt: str = "zarr", check_layout: bool = True, src_format: str | None = None,
             on_wait: Callable[[str], None] | None = None) -> ConvertSummary:
     """Convert a MindSpore checkpoint into a store of global tensors at ``out``.
 
     ``fmt`` is ``"zarr"`` (Zarr v3, the default) or ``"safetensors"`` (whole global tensors in
     ``model-*.safetensors`` files plus ``ckptstore.json``; no compression).
 
-    ``src`` is a folder of ``rank_<i>/`` subfolders (each rank's newest checkpoint unless
-    ``step``/``prefix`` pick another) with the ``strategy`` file(s) that laid it out, or a single
-    checkpoint file. ``include``/``exclude`` are name globs; ``drop_optimizer`` removes optimizer
+    ``src`` is a folder of ``rank_<i>/`` subfolders of ``.ckpt`` or MindSpore ``.safetensors``
+    files (each rank's newest checkpoint unless ``step``/``prefix``/``src_format`` pick another)
+    with the ``strategy`` file(s) that laid it out, or a single checkpoint file. ``include``/``exclude`` are name globs; ``drop_optimizer`` removes optimizer
     state (:data:`~ckptstore.chunk_plan.OPTIMIZER_PATTERNS`). ``compress`` is ``None``, ``"zstd"``
     or ``"blosc"``. Replicated slices are read and written once; ``verify_replicas`` also reads
     every replica and fails on a mismatch; ``check_layout=False`` skips the sampled check that
@@ -96,7 +96,7 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     started = time.monotonic()
     codec, chunk_bytes = _options(fmt, compress, max_chunk_mb, workers)
     source = resolve_source(src, strategy, step=step, prefix=prefix, verify_crc=verify_crc,
-                            check_layout=check_layout)
+                            check_layout=check_layout, src_format=src_format)
     try:
         names = select_params(source.params, include=include, exclude=exclude, drop_optimizer=drop_optimizer)
         plans = [_plan(source.params[n], chunk_bytes) for n in names]

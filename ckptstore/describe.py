@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .ckpt_reader import CkptIndex, scan_checkpoint
+from .ckpt_reader import CkptIndex
+from .rank_files import scan_rank_file
 from .dtypes import dtype_name
 from .source import DistributedSource
 from .strategy import Strategy, layout_to_json
@@ -47,8 +48,8 @@ def sniff_kind(path: str | os.PathLike[str]) -> str:
 
 
 def describe_checkpoint(index: CkptIndex | str | os.PathLike[str]) -> dict[str, object]:
-    """Parameters, dtypes, shapes and byte counts of one ``.ckpt`` file (headers only)."""
-    idx = index if isinstance(index, CkptIndex) else scan_checkpoint(index)
+    """Parameters, dtypes, shapes and byte counts of one ``.ckpt`` or ``.safetensors`` file (headers only)."""
+    idx = index if isinstance(index, CkptIndex) else scan_rank_file(index)
     params = {
         e.name: {"dtype": "str" if e.is_str else dtype_name(e.dtype), "shape": list(e.shape), "nbytes": e.nbytes}
         for e in idx.entries.values()

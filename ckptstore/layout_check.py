@@ -24,8 +24,9 @@ from .ckpt_reader import CkptEntry
 from .errors import LayoutMismatchError, ReplicaMismatchError
 from .source_files import SourceFiles
 
+from .boxes import Box
+
 if TYPE_CHECKING:
-    from .boxes import Box
     from .source import SourceParam, SourceSlice
 
 WINDOW = 1024
@@ -46,6 +47,12 @@ class Sampler:
     def __init__(self, files: SourceFiles) -> None:
         self.files = files
         self._cache: dict[tuple[str, str], Sample] = {}
+
+    def read(self, path: str, entry: CkptEntry, start: int, nbytes: int) -> bytes:
+        """Bytes ``[start, start + nbytes)`` of an entry (its pieces concatenated)."""
+        buf = bytearray(nbytes)
+        self.files.read(path, entry, start, memoryview(buf))
+        return bytes(buf)
 
     def sample(self, path: str, entry: CkptEntry) -> Sample:
         key = (path, entry.name)
@@ -100,6 +107,8 @@ def check_against_strategy(params: Mapping[str, "SourceParam"], sampler: Sampler
             continue
         for sl in p.slices:
             compared += _check_replicas(p, sl, sampler, strategy_given)
+        for copy in p.copies:
+            compared += _check_copy(p, copy, sampler)
         if len(p.slices) > 1:
             kind, pair = _compare_distinct(p, sampler)
             if kind == "collision":
@@ -137,6 +146,35 @@ def _check_replicas(p: "SourceParam", sl: "SourceSlice", sampler: Sampler, strat
     return len(members)
 
 
+def _check_copy(p: "SourceParam", copy: "SourceSlice", sampler: Sampler) -> int:
+    """Compare the start of another pipeline stage's copy (another layout) with the stored slices."""
+    item = p.dtype.itemsize
+    start = copy.box.start
+    held = next((sl for sl in p.slices if sl.box.contains(Box(start, tuple(a + 1 for a in start)))), None)
+    if held is None or not start:
+        return 0
+    # the first row segment of the copy, clipped to the stored slice that holds its first element:
+    # contiguous in both, so one read on each side
+    run = min(WINDOW // item or 1, copy.box.stop[-1] - start[-1], held.box.stop[-1] - start[-1])
+    segment = Box(start, (*(a + 1 for a in start[:-1]), start[-1] + run))
+    mine = sampler.read(copy.path, copy.entry, _offset(segment, copy.box) * item, run * item)
+    theirs = sampler.read(held.path, held.entry, _offset(segment, held.box) * item, run * item)
+    if mine != theirs:
+        raise ReplicaMismatchError(
+            f"parameter {p.name!r}: rank {copy.rank} ({copy.path}) holds a copy of it in another pipeline stage's "
+            f"layout whose bytes at {_box(segment)} differ from rank {held.rank}'s ({held.path}); the copies of a "
+            "shared parameter must agree")
+    return 1
+
+
+def _offset(inner: "Box", outer: "Box") -> int:
+    """Element offset of ``inner.start`` in the C-order block ``outer``."""
+    offset = 0
+    for a, (lo, olo, ohi) in enumerate(zip(inner.start, outer.start, outer.stop)):
+        offset = offset * (ohi - olo) + (lo - olo)
+    return offset
+
+
 def _replica_message(p: "SourceParam", sl: "SourceSlice", i: int, j: int, strategy_given: bool) -> str:
     ri, rj = sl.ranks[i], sl.ranks[j]
     where = f"rank {ri} ({sl.paths[i]}) and rank {rj} ({sl.paths[j]})"
@@ -171,5 +209,5 @@ def _compare_distinct(p: "SourceParam", sampler: Sampler) -> tuple[str, tuple[in
     return ("collision", pair) if pair else ("distinct", None)
 
 
-def _box(box: "Box") -> str:
+def _box(box: Box) -> str:
     return " x ".join(f"[{a}:{b})" for a, b in zip(box.start, box.stop))

@@ -117,6 +117,7 @@ def target_boxes(store: Store, target: Strategy | None, rank: int,
             continue
         try:
             out[name] = layout.box(rank % target.stage_devices, info.shape)
+            layout.check_local_shape(out[name])  # type: ignore[arg-type]
         except StrategyError as e:
             raise LayoutMismatchError(f"parameter {name!r} (shape {list(info.shape)} in the store) does not fit "
                                       f"the target layout: {e}") from None

@@ -418,8 +418,11 @@ def save_distributed(
     crc_check: bool = False,
     extra_scalars: bool = False,
     strategy_format: str = "protobuf",
+    fmt: str = "ckpt",
+    remove_redundancy: bool = False,
+    integrated: bool = False,
 ) -> list[Path]:
-    """Write ``root/rank_<i>/<prefix><step_suffix>.ckpt`` for every rank with ``mindspore.save_checkpoint``.
+    """Write ``root/rank_<i>/<prefix><step_suffix>.<fmt>`` for every rank with ``mindspore.save_checkpoint``.
 
     Each file is a list of ``{"name": ..., "data": mindspore.Tensor}`` in spec order. With
     pipeline stages, global ranks ``[s*W/stages, (s+1)*W/stages)`` hold only the parameters of stage
@@ -432,9 +435,18 @@ def save_distributed(
     ``.json`` instead of ``.ckpt`` with ``strategy_format="json"``). ``extra_scalars`` adds
     ``append_dict={"epoch_num": 1, "step_num": 1}`` to every rank, as ``Model.train``'s callback
     does. Returns the rank file paths, in rank order.
+
+    ``fmt="safetensors"`` saves with ``save_checkpoint(..., format="safetensors")``.
+    ``remove_redundancy=True`` saves each replicated slice on one rank of its group only, the
+    rank MindSpore's own ``ModelCheckpoint`` would choose (``mindspore.train.utils.
+    get_parameter_redundancy`` on the strategy file, then ``remove_param_redundancy``), and
+    passes ``remove_redundancy=True`` to ``save_checkpoint``. ``integrated=True`` saves every
+    parameter whole on every rank, as ``integrated_save=True`` does in a parallel job.
     """
     ms = _ms()
     root = Path(root)
+    if fmt not in ("ckpt", "safetensors"):
+        raise ValueError(f"fmt must be 'ckpt' or 'safetensors', not {fmt!r}")
     if strategy_format not in ("protobuf", "json"):
         raise ValueError(f"strategy_format must be 'protobuf' or 'json', not {strategy_format!r}")
     if stages < 1 or world_size < 1 or world_size % stages:
@@ -461,21 +473,38 @@ def save_distributed(
         for st in range(stages):
             writer(root / f"strategy_stage{st}{ext}", norm, stage=st)
 
+    kept = _kept_by_rank(root, ext, norm, stages, per_stage) if remove_redundancy else None
     paths: list[Path] = []
     for g in range(world_size):
         st, r = divmod(g, per_stage)
         items = []
         for s in norm:
-            if not _on_stage(s, st):
+            if not _on_stage(s, st) or (kept is not None and s.in_strategy and s.name not in kept.get(g, ())):
                 continue
-            local = mindspore_rank_slice(s, tensors[s.name], r)
+            local = np.asarray(tensors[s.name]) if integrated else mindspore_rank_slice(s, tensors[s.name], r)
             items.append({"name": s.name, "data": _to_ms_tensor(local)})
         rank_dir = root / f"rank_{g}"
         rank_dir.mkdir(parents=True, exist_ok=True)
-        path = rank_dir / f"{prefix}{step_suffix}.ckpt"
-        kwargs = {}
+        path = rank_dir / f"{prefix}{step_suffix}.{fmt}"
+        kwargs: dict = {"format": fmt} if fmt == "safetensors" else {}
+        if remove_redundancy:
+            kwargs["remove_redundancy"] = True
         if extra_scalars:
             kwargs["append_dict"] = {"epoch_num": 1, "step_num": 1}
         ms.save_checkpoint(items, str(path), crc_check=crc_check, **kwargs)
         paths.append(path)
     return paths
+
+
+def _kept_by_rank(root: Path, ext: str, specs: Sequence[ParamSpec], stages: int,
+                  per_stage: int) -> dict[int, set[str]]:
+    """Which parameters each global rank keeps under ``remove_redundancy``, decided by MindSpore."""
+    from mindspore.train._utils import get_parameter_redundancy, remove_param_redundancy
+
+    kept: dict[int, set[str]] = {}
+    for st in range(stages):
+        strategy = root / (f"strategy{ext}" if stages == 1 else f"strategy_stage{st}{ext}")
+        redundancy = get_parameter_redundancy(str(strategy), initial_rank=st * per_stage)
+        for rank, names in remove_param_redundancy(redundancy).items():
+            kept.setdefault(rank, set()).update(n.split("-", 1)[-1] for n in names)
+    return kept

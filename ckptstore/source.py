@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -19,14 +18,13 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .boxes import Box
-from .ckpt_reader import CkptEntry, CkptIndex, scan_checkpoint
+from .ckpt_reader import CkptEntry, CkptIndex
 from .layout_check import Sampler, check_against_strategy
+from .rank_files import find_rank_files, pick_rank_file, scan_rank_file  # noqa: F401 (re-exported)
 from .source_files import SourceFiles
 from .errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
 from .strategy import Strategy, load_strategy
 
-_RANK_DIR = re.compile(r"^rank_(\d+)$")
-_STEP_SUFFIX = re.compile(r"-(\d+)_(\d+)(?:_breakpoint)?\.ckpt$")
 
 
 @dataclass(frozen=True)
@@ -37,6 +35,8 @@ class SourceSlice:
     ranks: tuple[int, ...]
     entries: tuple[CkptEntry, ...]
     paths: tuple[str, ...]
+    #: every rank the strategy places this box on (``ranks`` are those whose files hold it)
+    group: tuple[int, ...] = ()
 
     @property
     def rank(self) -> int:
@@ -63,6 +63,9 @@ class SourceParam:
     shape: tuple[int, ...]
     slices: tuple[SourceSlice, ...]
     in_strategy: bool
+    #: Slices of other pipeline stages that hold the parameter in another layout (a tied
+    #: embedding): not stored, checked against the stored slices.
+    copies: tuple[SourceSlice, ...] = ()
 
     @property
     def is_str(self) -> bool:
@@ -97,61 +100,6 @@ class DistributedSource:
         self.files.close()
 
 
-def _step_key(path: Path) -> tuple[int, int] | None:
-    m = _STEP_SUFFIX.search(path.name)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def pick_rank_file(rank_dir: Path, *, step: int | None = None, prefix: str | None = None) -> Path:
-    """Choose the checkpoint of one rank folder: the newest by its ``-<epoch>_<step>`` suffix.
-
-    ``prefix`` keeps only files whose name starts with it; ``step`` keeps only files of that
-    step. Raises :class:`~ckptstore.errors.MissingRankError` when nothing matches and
-    :class:`~ckptstore.errors.LayoutMismatchError` when the choice is ambiguous.
-    """
-    files = sorted(p for p in rank_dir.glob("*.ckpt") if p.is_file())
-    if prefix is not None:
-        files = [p for p in files if p.name.startswith(prefix)]
-    if step is not None:
-        files = [p for p in files if (_step_key(p) or (None, None))[1] == step]
-    if not files:
-        what = " and ".join(x for x in [f"prefix {prefix!r}" if prefix else "", f"step {step}" if step is not None
-                                         else ""] if x) or "any name"
-        raise MissingRankError(f"no .ckpt file with {what} in {rank_dir}")
-    if len(files) == 1:
-        return files[0]
-    keyed = [(k, p) for p in files if (k := _step_key(p)) is not None]
-    if len(keyed) != len(files):
-        raise LayoutMismatchError(f"{rank_dir} holds several checkpoints ({', '.join(p.name for p in files)}) "
-                                  "and not all are named <prefix>-<epoch>_<step>.ckpt; pick one with --prefix")
-    keyed.sort()
-    if len(keyed) > 1 and keyed[-1][0] == keyed[-2][0]:
-        raise LayoutMismatchError(f"{rank_dir} holds {keyed[-1][1].name} and {keyed[-2][1].name} for the same "
-                                  "step; pick one with --prefix")
-    return keyed[-1][1]
-
-
-def find_rank_files(src: str | os.PathLike[str], *, step: int | None = None,
-                    prefix: str | None = None) -> dict[int, Path]:
-    """Map each rank to its checkpoint file under ``src/rank_<i>/``.
-
-    Raises :class:`~ckptstore.errors.MissingRankError` when ``src`` has no rank folders or the
-    rank numbers have a gap (a rank folder was not copied).
-    """
-    root = Path(src)
-    if not root.is_dir():
-        raise MissingRankError(f"{root} is not a directory of rank_<i>/ folders")
-    ranks = {int(m.group(1)): p for p in root.iterdir() if p.is_dir() and (m := _RANK_DIR.match(p.name))}
-    if not ranks:
-        raise MissingRankError(f"{root} has no rank_<i>/ folders (MindSpore saves each rank's checkpoint in "
-                               "rank_<i>/); pass the folder that contains them")
-    missing = sorted(set(range(max(ranks) + 1)) - set(ranks))
-    if missing:
-        raise MissingRankError(f"{root} has rank folders up to rank_{max(ranks)} but rank_"
-                               f"{', rank_'.join(map(str, missing))} missing")
-    return {r: pick_rank_file(ranks[r], step=step, prefix=prefix) for r in sorted(ranks)}
-
-
 def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Strategy | None, *,
                 verify_crc: bool = False, check_layout: bool = True) -> DistributedSource:
     """Scan every rank file and resolve each parameter's global shape and slices.
@@ -172,12 +120,21 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
         culprit = (f"no checkpoint file for rank(s) {_ranges(missing)} (rank_{missing[0]}/ is missing)" if missing
                    else f"rank(s) {_ranges(extra)} are not in it ({files[extra[0]]}{', ...' if len(extra) > 1 else ''})")
         raise MissingRankError(f"{told}: {culprit}; strategy file(s): {', '.join(strategy.sources)}")
-    indexes = {r: scan_checkpoint(p, verify_crc=verify_crc) for r, p in files.items()}
+    indexes = {r: scan_rank_file(p, verify_crc=verify_crc) for r, p in files.items()}
     names = list(dict.fromkeys(n for idx in indexes.values() for n in idx.entries))
     if strategy is not None:
         absent = [n for n in strategy.names() if n not in names]
         names += absent  # reported below as missing from the ranks that must hold them
-    params = {n: _resolve(n, indexes, strategy) for n in names}
+    params: dict[str, SourceParam] = {}
+    uncovered: _Uncovered | None = None
+    for n in names:
+        try:
+            params[n] = _resolve(n, indexes, strategy)
+        except _Uncovered as e:  # reported after the check below, which says more about a cut file
+            uncovered = uncovered or e
+    _check_redundancy(params, indexes)
+    if uncovered is not None:
+        raise uncovered
     opened = SourceFiles()
     integrated = False
     if check_layout and len(files) > 1:
@@ -190,6 +147,27 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
             integrated = True
             params = {n: _resolve_whole(n, _holders(n, indexes), indexes) for n in names}
     return DistributedSource(files, indexes, strategy, params, integrated, opened)
+
+
+class _Uncovered(LayoutMismatchError):
+    """No rank file holds some slice of a parameter."""
+
+
+def _check_redundancy(params: Mapping[str, SourceParam], indexes: Mapping[int, CkptIndex]) -> None:
+    """Replicated slices are on all the ranks of their group (a full save) or, for most of them,
+    on one (``remove_redundancy=True``): when most slices are on every rank of their group, one
+    that is missing from some is a damaged file (a file cut between two records is valid
+    protobuf), named here in the files' parameter order."""
+    replicated = [(p, sl) for p in params.values() for sl in p.slices if len(sl.group) > 1]
+    short = [(p, sl) for p, sl in replicated if len(sl.ranks) < len(sl.group)]
+    if not short or 2 * len(short) > len(replicated):
+        return  # every replica present, or a redundancy-free save (extra copies do no harm)
+    p, sl = short[0]
+    r = next(r for r in sl.group if r not in sl.ranks)
+    raise LayoutMismatchError(
+        f"parameter {p.name!r} is missing from {indexes[r].path} (rank {r}), though rank(s) {_ranges(sl.ranks)} hold "
+        f"the same slice and other replicated parameters are on every rank of their group (so this is not a "
+        "redundancy-free save). The file may be truncated or from another job")
 
 
 def _holders(name: str, indexes: Mapping[int, CkptIndex]) -> dict[int, CkptEntry]:
@@ -229,40 +207,32 @@ def _resolve_whole(name: str, holders: Mapping[int, CkptEntry], indexes: Mapping
 
 def _resolve_laid_out(name: str, holders: Mapping[int, CkptEntry], indexes: Mapping[int, CkptIndex],
                       strategy: Strategy) -> SourceParam:
+    """The global shape and slices of a parameter the strategy lays out.
+
+    Not every rank the strategy places a slice on need hold it: ``remove_redundancy=True``
+    saves each replicated slice on one rank of its group only. Every slice must be held by at
+    least one of its ranks. A parameter shared by several pipeline stages with different layouts
+    (a tied embedding, whole on the first stage and split on the last) is stored from the
+    lowest stage whose ranks hold all of it; the other stages' copies are kept as ``copies``,
+    checked against it.
+    """
     expected = strategy.ranks_holding(name)
-    missing = [r for r in expected if r not in holders]
-    if missing:
-        r = missing[0]
-        raise LayoutMismatchError(
-            f"parameter {name!r} is missing from {indexes[r].path} (rank {r}); the strategy places it on "
-            f"ranks {_ranges(expected)}. The file may be truncated or from another job")
     extra = [r for r in holders if r not in expected]
     if extra:
         r = extra[0]
         raise LayoutMismatchError(
             f"parameter {name!r} is in {indexes[r].path} (rank {r}) but the strategy places it only on ranks "
             f"{_ranges(expected)}; is the strategy file from this job?")
+    if not holders:
+        raise LayoutMismatchError(f"parameter {name!r} is in no rank file; the strategy places it on ranks "
+                                  f"{_ranges(expected)}. The files may be truncated or from another job")
     _check_same_type(name, holders, indexes)
-    first = holders[expected[0]]
+    first_rank = min(holders)
+    first = holders[first_rank]
     if first.is_str:
         raise LayoutMismatchError(f"parameter {name!r} is a string value but the strategy splits it")
-    shapes = {}
-    for r in expected:
-        layout = strategy.layout(name, r)
-        if layout is None:
-            raise LayoutMismatchError(f"parameter {name!r}: the strategy gives rank {r} no layout")
-        try:
-            shapes[r] = layout.global_shape(holders[r].shape)
-        except StrategyError as e:
-            raise LayoutMismatchError(f"parameter {name!r} in {indexes[r].path} (rank {r}): {e}") from None
-    shape = shapes[expected[0]]
-    for r, s in shapes.items():
-        if s != shape:
-            raise LayoutMismatchError(
-                f"parameter {name!r} has local shape {list(first.shape)} in {indexes[expected[0]].path} "
-                f"(rank {expected[0]}) but {list(holders[r].shape)} in {indexes[r].path} (rank {r}); with the "
-                f"strategy's layout these give global shapes {list(shape)} and {list(s)}")
-    groups: dict[Box, list[int]] = {}
+    shape = _global_shape(name, holders, indexes, strategy, first_rank)
+    stages: dict[int, dict[Box, list[int]]] = {}
     for r in expected:
         try:
             box = strategy.box(name, r, shape)
@@ -270,14 +240,63 @@ def _resolve_laid_out(name: str, holders: Mapping[int, CkptEntry], indexes: Mapp
             raise LayoutMismatchError(f"parameter {name!r} of global shape {list(shape)}: {e}") from None
         if box is None:
             raise LayoutMismatchError(f"parameter {name!r}: the strategy places it on rank {r} but gives it no slice")
-        if box.shape != holders[r].shape:
+        try:
+            strategy.layout(name, r).check_local_shape(box)  # type: ignore[union-attr]
+        except StrategyError as e:
+            raise LayoutMismatchError(f"parameter {name!r} of global shape {list(shape)}: {e}") from None
+        if r in holders and box.shape != holders[r].shape:
             raise LayoutMismatchError(
                 f"parameter {name!r} in {indexes[r].path} (rank {r}) has shape {list(holders[r].shape)} but the "
                 f"strategy gives rank {r} a slice of shape {list(box.shape)}")
-        groups.setdefault(box, []).append(r)
-    slices = tuple(SourceSlice(b, tuple(rs), tuple(holders[r] for r in rs), tuple(indexes[r].path for r in rs))
-                   for b, rs in sorted(groups.items(), key=lambda kv: kv[0].start))
-    return SourceParam(name, first.tensor_type, first.dtype, shape, slices, True)
+        stages.setdefault(strategy.stage_of(r), {}).setdefault(box, []).append(r)
+
+    def held(groups: Mapping[Box, list[int]]) -> tuple[SourceSlice, ...]:
+        out = []
+        for b, rs in sorted(groups.items(), key=lambda kv: kv[0].start):
+            have = [r for r in rs if r in holders]
+            if have:
+                out.append(SourceSlice(b, tuple(have), tuple(holders[r] for r in have),
+                                       tuple(indexes[r].path for r in have), tuple(rs)))
+        return tuple(out)
+
+    # stages whose ranks, between them, hold every slice of their layout
+    complete = [s for s, groups in sorted(stages.items()) if all(any(r in holders for r in rs)
+                                                                 for rs in groups.values())]
+    if not complete:
+        lowest = min(stages)
+        box, rs = next((b, rs) for b, rs in stages[lowest].items() if not any(r in holders for r in rs))
+        raise _Uncovered(
+            f"no rank holds the slice {_box(box)} of parameter {name!r} (global shape {list(shape)}); ranks "
+            f"{_ranges(rs)} should have held it. Their files may be truncated or from another job")
+    supplier = complete[0]
+    copies = tuple(sl for s, groups in sorted(stages.items()) if s != supplier for sl in held(groups))
+    return SourceParam(name, first.tensor_type, first.dtype, shape, held(stages[supplier]), True, copies)
+
+
+def _global_shape(name: str, holders: Mapping[int, CkptEntry], indexes: Mapping[int, CkptIndex],
+                  strategy: Strategy, first_rank: int) -> tuple[int, ...]:
+    """The global shape every holder's local shape gives under its stage's layout (they must agree)."""
+    shapes = {}
+    for r, entry in holders.items():
+        layout = strategy.layout(name, r)
+        if layout is None:
+            raise LayoutMismatchError(f"parameter {name!r}: the strategy gives rank {r} no layout")
+        try:
+            shapes[r] = layout.global_shape(entry.shape)
+        except StrategyError as e:
+            raise LayoutMismatchError(f"parameter {name!r} in {indexes[r].path} (rank {r}): {e}") from None
+    shape = shapes[first_rank]
+    for r, other in shapes.items():
+        if other != shape:
+            raise LayoutMismatchError(
+                f"parameter {name!r} has local shape {list(holders[first_rank].shape)} in {indexes[first_rank].path} "
+                f"(rank {first_rank}) but {list(holders[r].shape)} in {indexes[r].path} (rank {r}); with the "
+                f"strategy's layout these give global shapes {list(shape)} and {list(other)}")
+    return shape
+
+
+def _box(box: Box) -> str:
+    return " x ".join(f"[{a}:{b})" for a, b in zip(box.start, box.stop))
 
 
 def _ranges(ranks: Sequence[int]) -> str:
@@ -288,8 +307,9 @@ def _ranges(ranks: Sequence[int]) -> str:
 
 def resolve_source(src: str | os.PathLike[str], strategy: Sequence[str | os.PathLike[str]] = (), *,
                    step: int | None = None, prefix: str | None = None, verify_crc: bool = False,
-                   check_layout: bool = True) -> DistributedSource:
-    """Open ``src`` (a folder of ``rank_<i>/`` or one checkpoint file) with its strategy files."""
+                   check_layout: bool = True, src_format: str | None = None) -> DistributedSource:
+    """Open ``src`` (a folder of ``rank_<i>/`` or one ``.ckpt``/``.safetensors`` file) with its
+    strategy files; ``step``, ``prefix`` and ``src_format`` choose each rank's file."""
     strat: Strategy | None = load_strategy(list(strategy)) if strategy else None
     p = Path(src)
     if p.is_file():
@@ -299,5 +319,5 @@ def resolve_source(src: str | os.PathLike[str], strategy: Sequence[str | os.Path
         return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout)
     if not p.exists():
         raise MissingFileError(errno.ENOENT, f"no checkpoint file or folder at {p}", str(p))
-    return open_source(find_rank_files(p, step=step, prefix=prefix), strat, verify_crc=verify_crc,
+    return open_source(find_rank_files(p, step=step, prefix=prefix, fmt=src_format), strat, verify_crc=verify_crc,
                        check_layout=check_layout)

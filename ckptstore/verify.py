@@ -13,12 +13,12 @@ from typing import Sequence
 
 from .checksum import crc32c_of
 from .chunk_plan import plan_param as plan_chunks
-from .ckpt_reader import CkptEntry, read_into
+from .ckpt_reader import CkptEntry
 from .codecs import decode
 from .errors import CkptStoreError
 from .manifest import ParamManifest
-from .source import resolve_source
-from .sources.local import LocalSource
+from .source import DistributedSource, resolve_source
+from .source_files import SourceFiles
 from .store import Store
 
 
@@ -39,7 +39,7 @@ class VerifyReport:
 
 def verify(store: Store, *, against: str | os.PathLike[str] | None = None,
            strategy: Sequence[str | os.PathLike[str]] = (), step: int | None = None,
-           prefix: str | None = None) -> VerifyReport:
+           prefix: str | None = None, src_format: str | None = None) -> VerifyReport:
     """Check every chunk's checksum; with ``against`` (the source folder or file), also its bytes.
 
     Returns a :class:`VerifyReport`; problems are listed, not raised, so one run finds them all.
@@ -55,7 +55,7 @@ def verify(store: Store, *, against: str | os.PathLike[str] | None = None,
             if problem:
                 report.problems.append(problem)
     if against is not None:
-        _compare_source(store, against, strategy, step, prefix, report)
+        _compare_source(store, against, strategy, step, prefix, src_format, report)
     return report
 
 
@@ -77,9 +77,16 @@ def _check_chunk(store: Store, info: ParamManifest, i: int) -> str | None:
 
 
 def _compare_source(store: Store, against: str | os.PathLike[str], strategy: Sequence[str | os.PathLike[str]],
-                    step: int | None, prefix: str | None, report: VerifyReport) -> None:
+                    step: int | None, prefix: str | None, src_format: str | None, report: VerifyReport) -> None:
     # every byte of every replica is compared below, so no sampled layout check first
-    source = resolve_source(against, strategy, step=step, prefix=prefix, check_layout=False)
+    source = resolve_source(against, strategy, step=step, prefix=prefix, check_layout=False, src_format=src_format)
+    try:
+        _compare_params(store, source, report)
+    finally:
+        source.close()
+
+
+def _compare_params(store: Store, source: DistributedSource, report: VerifyReport) -> None:
     for name in store.names():
         info = store.info(name)
         if name not in source.params:
@@ -101,7 +108,7 @@ def _compare_source(store: Store, against: str | os.PathLike[str], strategy: Seq
                 report.problems.append(f"parameter {name!r}: chunk {chunk.index}: {e}")
                 continue
             for rank, entry, path in zip(chunk.slice.ranks, chunk.slice.entries, chunk.slice.paths):
-                if not _same_bytes(stored, path, entry, chunk.byte_start):
+                if not _same_bytes(source.files, stored, path, entry, chunk.byte_start):
                     report.problems.append(
                         f"parameter {name!r}: chunk {chunk.index} differs from rank {rank} ({path})")
             report.compared_with_source += 1
@@ -120,11 +127,7 @@ def _stored_chunk(store: Store, info: ParamManifest, i: int) -> bytes:
     return bytes(decode(info.codec, buf, info.chunk_box(i).size * info.np_dtype.itemsize, info.name, i))
 
 
-def _same_bytes(stored: bytes, path: str, entry: CkptEntry, start: int) -> bool:
+def _same_bytes(files: SourceFiles, stored: bytes, path: str, entry: CkptEntry, start: int) -> bool:
     buf = bytearray(len(stored))
-    source = LocalSource(os.path.dirname(path) or ".")
-    try:
-        read_into(source.open(os.path.basename(path)), entry.pieces, start, memoryview(buf), param=entry.name)
-    finally:
-        source.close()
+    files.read(path, entry, start, memoryview(buf))
     return bytes(buf) == stored

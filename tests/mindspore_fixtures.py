@@ -9,6 +9,7 @@ Everything the tests write is real MindSpore output: strategy files in the compi
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Sequence
 
 from ckptstore.conformance import load_oracle, transform_oracle  # noqa: F401
@@ -155,3 +156,56 @@ def layout_specs(kind: str) -> tuple[list[ParamSpec], int, int]:
         ]
         return specs + list(_SCALARS), 8, 1
     raise ValueError(f"unknown layout kind {kind!r}; known: {', '.join(LAYOUT_KINDS)}")
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoints as users have them: MindFormers strategies, tied parameters across stages
+
+
+def write_mindformers_strategy(path, specs: Sequence[ParamSpec]) -> Path:
+    """A strategy file written the way MindFormers' ``save_strategy_file`` writes one.
+
+    Per parameter: ``dev_matrix = [repeat] + shard`` (``repeat`` only when it is not 1; entries
+    equal to 1 kept), ``tensor_map = [ndim - 1, ..., 0]``, ``param_split_shape`` = the local
+    (per-rank) shape even for an even split, and no ``indices_offset`` at all. Optimizer
+    sharding is not written (MindFormers writes these for inference layouts). The rank -> slice
+    assignment is the same as the specs' own.
+    """
+    from math import prod
+
+    from ckptstore.sample_checkpoint import _pb2
+
+    pb2 = _pb2()
+    smap = pb2.ParallelStrategyMap()
+    smap.current_stage = 1
+    for s in specs:
+        if not s.in_strategy:
+            continue
+        s = normalize_spec(s)
+        shard = _split_counts(s)
+        repeat = prod(s.dev_matrix) // prod(shard)
+        item = smap.parallel_layout_item.add()
+        item.param_name = s.name
+        lay = item.parallel_layouts
+        lay.dev_matrix.add().dim.extend(([repeat] if repeat != 1 else []) + shard)
+        lay.tensor_map.add().dim.extend(range(len(s.shape) - 1, -1, -1))
+        lay.param_split_shape.add().dim.extend(n // k for n, k in zip(s.shape, shard))
+        lay.field = 0
+        lay.opt_weight_shard_step = 0
+        lay.opt_weight_shard_size = 0
+    path = Path(path)
+    path.write_bytes(smap.SerializeToString())
+    return path
+
+
+def tied_pipeline_specs() -> tuple[list[ParamSpec], int, int]:
+    """Two pipeline stages of 2 ranks sharing ``word_embedding`` (PanGu-Alpha's tied embedding):
+    whole on stage 0 (the embedding lookup), row-split on stage 1 (the output head)."""
+    d = (2,)
+    specs = [
+        ParamSpec("word_embedding", (32, 8), dev_matrix=d, tensor_map=(-1, -1), stage=0),
+        ParamSpec("layer0.w", (8, 8), dev_matrix=d, tensor_map=(0, -1), stage=0),
+        ParamSpec("word_embedding", (32, 8), dev_matrix=d, tensor_map=(0, -1), stage=1),
+        ParamSpec("head.b", (32,), dev_matrix=d, tensor_map=(0,), stage=1),
+    ]
+    return specs + list(_SCALARS), 4, 2

@@ -101,17 +101,28 @@ def test_a_rank_folder_without_checkpoint_is_named(dp2_mp4):
         f.unlink()
     with pytest.raises(MissingRankError) as info:
         find_rank_files(dp2_mp4.root)
-    assert str(info.value) == f"no .ckpt file with any name in {dp2_mp4.root / 'rank_2'}"
+    assert str(info.value) == f"no .ckpt or .safetensors file with any name in {dp2_mp4.root / 'rank_2'}"
 
 
 # ---- rank files that disagree with the strategy or each other ----------------------------------
 
-def test_a_rank_file_missing_a_parameter_names_parameter_file_and_rank(dp2_mp4):
-    path = _resave(dp2_mp4, 2, drop="layer0.w")
+def test_a_rank_file_missing_a_replicated_parameter_names_parameter_file_and_rank(dp2_mp4):
+    path = _resave(dp2_mp4, 2, drop="layer0.w")  # rank 6 holds the same rows; every other slice is on all
     with pytest.raises(LayoutMismatchError) as info:
         _open(dp2_mp4)
-    assert str(info.value) == (f"parameter 'layer0.w' is missing from {path} (rank 2); the strategy places it "
-                               "on ranks 0..7. The file may be truncated or from another job")
+    assert str(info.value) == (f"parameter 'layer0.w' is missing from {path} (rank 2), though rank(s) 6 hold the "
+                               "same slice and other replicated parameters are on every rank of their group (so "
+                               "this is not a redundancy-free save). The file may be truncated or from another job")
+
+
+def test_a_slice_no_rank_holds_names_the_parameter_and_the_ranks_that_should(dp2_mp4):
+    for rank in (2, 6):
+        _resave(dp2_mp4, rank, drop="layer0.w")
+    with pytest.raises(LayoutMismatchError) as info:
+        _open(dp2_mp4)
+    assert str(info.value) == ("no rank holds the slice [16:24) x [0:16) of parameter 'layer0.w' (global shape "
+                               "[32, 16]); ranks 2, 6 should have held it. Their files may be truncated or from "
+                               "another job")
 
 
 @pytest.mark.parametrize(
@@ -212,11 +223,11 @@ def test_pick_rank_file_chooses(tmp_path, names, kwargs, chosen):
 @pytest.mark.parametrize(
     "names,kwargs,error,message",
     [
-        (["a-1_1.ckpt", "b-1_1.ckpt"], {}, LayoutMismatchError, "holds b-1_1.ckpt and a-1_1.ckpt for the same step"),
+        (["a-1_1.ckpt", "b-1_1.ckpt"], {}, LayoutMismatchError, "holds a-1_1.ckpt and b-1_1.ckpt for the same step; pick one with --prefix"),
         (["net-1_5.ckpt", "net-1_5_breakpoint.ckpt"], {}, LayoutMismatchError, "for the same step"),
         (["best.ckpt", "net-1_1.ckpt"], {}, LayoutMismatchError, "not all are named <prefix>-<epoch>_<step>.ckpt"),
-        (["net-1_5.ckpt"], {"step": 7}, MissingRankError, "no .ckpt file with step 7 in"),
-        (["net-1_5.ckpt"], {"prefix": "other"}, MissingRankError, "no .ckpt file with prefix 'other' in"),
+        (["net-1_5.ckpt"], {"step": 7}, MissingRankError, "no .ckpt or .safetensors file with step 7 in"),
+        (["net-1_5.ckpt"], {"prefix": "other"}, MissingRankError, "no .ckpt or .safetensors file with prefix 'other' in"),
     ],
     ids=["two-prefixes", "breakpoint-twin", "unnamed-file", "no-such-step", "no-such-prefix"],
 )
