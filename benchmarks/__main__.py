@@ -1,12 +1,13 @@
 """``python -m benchmarks run``: every scenario, results and REPORT.md in one go.
 
     python -m benchmarks run [--size 1GB] [--src-world 8] [--dst-world 4] [--reps 3] [--quick]
-                             [--scaling] [--out benchmarks/results]
+                             [--cold-load] [--scaling] [--out benchmarks/results]
 
 Default: a 1 GB PanGu-shaped checkpoint on 8 ranks (dp2×mp4) loaded as rank 0 of 4 (dp1×mp4),
 3 repetitions; conversion of the same files; 8 concurrent loaders of a 0.5 GB checkpoint
 8 → 8; under 15 minutes on a 2-core machine once the synthetic checkpoints are cached.
-``--quick`` is a smoke test (tiny sizes, one repetition, under a minute). ``--scaling`` adds
+``--quick`` is a smoke test (tiny sizes, one repetition, about 1.5 minutes). ``--cold-load`` also
+runs the load scenario with the page cache dropped before every measured run (root only). ``--scaling`` adds
 the load and convert scenarios over model sizes and source world sizes, with PNG plots.
 """
 from __future__ import annotations
@@ -36,7 +37,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     r.add_argument("--rank", type=int, default=0, help="target rank the load scenario loads")
     r.add_argument("--reps", type=int, default=3, help="repetitions per contender (alternating order)")
     r.add_argument("--baseline-reps", type=int, default=None, help="cap the MindSpore load routes' repetitions")
-    r.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, one repetition (< 1 minute)")
+    r.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, one repetition (about 1.5 minutes)")
+    r.add_argument("--cold-load", action="store_true",
+                   help="also run the load scenario with the page cache dropped before every measured run "
+                        "(root and a writable /proc/sys only): load-cold.json, a section of REPORT.md")
     r.add_argument("--scaling", action="store_true", help="also sweep model sizes and source world sizes (plots)")
     r.add_argument("--scaling-sizes", default="0.25GB,0.5GB,1GB", help="model sizes of the size sweep")
     r.add_argument("--scaling-worlds", default="4,8,16,32", help="source world sizes of the world sweep")
@@ -79,10 +83,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         node_reps=args.node_reps, scaling=args.scaling, scaling_sizes=_sizes(args.scaling_sizes),
         scaling_worlds=[int(w) for w in args.scaling_worlds.split(",") if w.strip()],
         scaling_world_size=parse_size(args.scaling_world_size), scaling_reps=args.scaling_reps,
-        scenarios=scenarios, quick=args.quick, seed=args.seed, out=args.out)
+        scenarios=scenarios, quick=args.quick, seed=args.seed, out=args.out, cold_load=args.cold_load)
     if not 0 <= cfg.rank < cfg.dst.world:
         print(f"error: --rank {cfg.rank} is outside the {cfg.dst.world} target ranks", file=sys.stderr)
         return 2
+    if cfg.cold_load:
+        from benchmarks.bench_load import cold_unavailable
+
+        if cold_unavailable():
+            print(f"error: {cold_unavailable()}", file=sys.stderr)
+            return 2
     if cfg.quick:
         cfg = quick_config(cfg)
     records = run_suite(cfg, command_line("benchmarks", argv))

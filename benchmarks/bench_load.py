@@ -1,24 +1,37 @@
 """Benchmark: "give me target rank r's tensors" (default: 8 → 4 cards, rank 0).
 
-``python -m benchmarks.bench_load --size 1GB --src-world 8 --dst-world 4 --rank 0 --reps 3``
+``python -m benchmarks.bench_load --size 1GB --src-world 8 --dst-world 4 --rank 0 --reps 3 [--cold]``
 
 A synthetic PanGu-Alpha checkpoint (:mod:`benchmarks.synth`) saved by MindSpore on the source
-layout is loaded as rank ``r`` of the target layout, by every route, each in a fresh process:
+layout is loaded as rank ``r`` of the target layout, by every route, each in a fresh process.
+Every route is timed over the same span of work: from "a model (or state dict) with the target
+shapes exists" to "its tensors are filled". Imports, process-group set-up and building the
+model are done before the measurement (a contender's ``setup``, reported as ``setup`` but not
+timed). What each row times (:data:`TIMED_SPANS` has the one-line version the report prints):
 
-* ``ckptstore.load_rank``: Parameters built for every tensor, from the converted store (and
-  again with ``workers=2``: large parameters' chunks read by two threads);
-* ``ckptstore.loader.rank_view().read``: the same slices as numpy arrays (no MindSpore);
+* ``ckptstore.load_rank (Parameters built)``: ``load_rank(store, strategy, rank, workers=W)``
+  then ``.materialize()`` (reads with ``W`` threads, builds each Parameter as its reads finish);
+  ``W`` = ckptstore's default, and again with ``W`` = 1, 2, 4 (the workers curve);
+* ``ckptstore.load_into_net (into a prebuilt Cell)``: ``load_into_net(net, store, strategy=...,
+  rank=...)`` into a Cell built in the setup with the rank's Parameters, zero-filled;
+* ``ckptstore.loader.rank_view().read_many (numpy)``: the same slices as numpy arrays;
 * ``lower bound: numpy preadv``: one ``os.preadv`` of a file holding exactly the rank's bytes
-  into one preallocated array (``numpy preadv, 2 threads``: the same split over two threads);
-* ``mindspore.load_distributed_checkpoint``: a Cell declaring the target shapes, every rank
-  file, the target layout as ``predict_strategy``;
+  into one preallocated array, one thread, 4 KiB pages (``numpy preadv, 2 threads``: the same
+  split over two threads);
+* ``mindspore.load_distributed_checkpoint``: the call alone, the Cell declaring the target
+  shapes and the target layout (``predict_strategy``) built in the setup;
 * ``mindspore.transform_checkpoint_by_rank + load_checkpoint``: the rank's file written from
-  the source files ``rank_list_for_transform`` names, then loaded;
+  the source files ``rank_list_for_transform`` names, then loaded (no model);
 * ``mindspore.load_checkpoint (needed source files)``: only reading those source files;
 * ``mindspore.load_distributed_checkpoint (safetensors)``: from the global tensors made by
-  ``ckpt_to_safetensors`` + ``unified_safetensors`` (made once, outside the measurement).
+  ``ckpt_to_safetensors`` + ``unified_safetensors`` (made once, outside the measurement);
+* plug-in peers (:mod:`benchmarks.peers`): PyTorch DCP's ``dcp.load`` into prebuilt DTensors,
+  Orbax's restore.
 
-Every route's values are digested after its measurement and compared with ckptstore's.
+Warm by default (every file any contender reads is read once first); ``--cold`` drops the page
+cache before every measured run (root and a writable ``/proc/sys/vm/drop_caches``) and writes
+``load-cold.json``/``load-cold.md`` instead. Every route's values are digested after its
+measurement and compared with ckptstore's.
 """
 from __future__ import annotations
 
@@ -35,15 +48,48 @@ from benchmarks.harness import (
     RESULTS_DIR, BenchmarkError, Contender, command_line, run_benchmark, run_and_publish,
 )
 from benchmarks.registry import contenders_for, register
-from benchmarks.report import Column, format_bytes, machine_line, markdown_table, one_line
+from benchmarks.report import Column, format_bytes, format_seconds, machine_line, markdown_table, one_line
 from benchmarks.synth import Mesh, Synth
 
 NAME = "load"
-CKPTSTORE = "ckptstore.load_rank"
+COLD_NAME = "load-cold"  # results of --cold runs: a record of their own
+CKPTSTORE = "ckptstore.load_rank (Parameters built)"
+INTO_NET = "ckptstore.load_into_net (into a prebuilt Cell)"
+RANK_VIEW = "ckptstore.loader.rank_view().read_many (numpy)"
 BOUND = "lower bound: numpy preadv"
+BOUND_2T = "numpy preadv, 2 threads"
+MS_LDC = "mindspore.load_distributed_checkpoint"
+MS_BY_RANK = "mindspore.transform_checkpoint_by_rank + load_checkpoint"
+MS_NEEDED = "mindspore.load_checkpoint (needed source files)"
+MS_SAFETENSORS = "mindspore.load_distributed_checkpoint (safetensors)"
 LABELS = {CKPTSTORE: "ckptstore", BOUND: "bound"}
 MODULE = "benchmarks.contenders"
 MS = ("mindspore",)
+#: What ckptstore's contenders import before the measurement (its MindSpore adapter included).
+CKPTSTORE_PREIMPORT = ("mindspore", "ckptstore", "ckptstore.mindspore_adapter")
+#: ``workers`` of the load_rank rows: the workers curve (the default's row is the main one).
+WORKERS_CURVE = (1, 2, 4)
+
+#: One line per contender: the span its wall time covers (setup = done before, not timed).
+TIMED_SPANS = {
+    CKPTSTORE: "`ckptstore.load_rank(store, strategy, rank, workers=W)` + `.materialize()` (the reads, with W "
+               "threads, and building every `mindspore.Parameter`); W = ckptstore's default here, other W: the "
+               "rows `(Parameters built, workers=W)`; no setup",
+    INTO_NET: "`ckptstore.load_into_net(net, store, strategy=..., rank=...)` (default workers); setup: a Cell with "
+              "the rank's Parameters (names, local shapes, dtypes), zero-filled (memory touched)",
+    RANK_VIEW: "`view = rank_view(ckptstore.open(store), strategy, rank); view.read_many(view.names())` (numpy "
+               "arrays, default workers); no setup",
+    BOUND: "one `os.preadv` of a file holding exactly the rank's bytes into one `np.empty` array (1 thread, 4 KiB "
+           "pages: `NUMPY_MADVISE_HUGEPAGE=0`); no setup",
+    BOUND_2T: "the same with the file split over 2 threads",
+    MS_LDC: "`mindspore.load_distributed_checkpoint(net, rank files, predict_layout, train_strategy_filename=...)`; "
+            "setup: the Cell of the target shapes (under `no_init_parameters`: unallocated) and the predict layout",
+    MS_BY_RANK: "`rank_list_for_transform` + `transform_checkpoint_by_rank` (writes the rank's `.ckpt`) + "
+                "`load_checkpoint` of it; no setup (builds no model)",
+    MS_NEEDED: "`load_checkpoint` of every source file the rank needs (reading only, no slice cut); no setup",
+    MS_SAFETENSORS: "`load_distributed_checkpoint(net, predict_strategy=..., format='safetensors', "
+                    "unified_safetensors_dir=...)`; setup: the Cell (unallocated)",
+}
 
 
 @dataclass(frozen=True)
@@ -89,30 +135,49 @@ def make_setup(s: Synth, dst: Mesh, rank: int) -> LoadSetup:
     return LoadSetup(s, dst, rank, strategy, store, str(names), str(flat), flat.stat().st_size, str(out_dir))
 
 
+def default_workers() -> int:
+    """ckptstore's default ``workers`` on this machine (``ckptstore.loader.DEFAULT_WORKERS``)."""
+    from ckptstore.loader import DEFAULT_WORKERS
+
+    return int(DEFAULT_WORKERS)
+
+
+def workers_name(workers: int) -> str:
+    """The row of ``load_rank`` with ``workers`` threads (other than the default's)."""
+    return f"{CKPTSTORE[:-1]}, workers={workers})"
+
+
 # ---------------------------------------------------------------------------------------------
 # the contenders of this scenario (more can be registered by plug-ins, see registry.py)
 
 
+def _ckptstore_args(st: LoadSetup, **more: Any) -> dict[str, Any]:
+    return {"store": st.store, "strategy": st.dst_strategy, "rank": st.rank, "names_file": st.names_file, **more}
+
+
 @register("load")
 def _ckptstore_load_rank(st: LoadSetup) -> Contender:
-    return Contender(CKPTSTORE, MODULE, "ckptstore_load_rank",
-                     {"store": st.store, "strategy": st.dst_strategy, "rank": st.rank, "names_file": st.names_file},
-                     preimport=("mindspore", "ckptstore"), check="check_ckptstore")
+    return Contender(CKPTSTORE, MODULE, "ckptstore_load_rank", _ckptstore_args(st, workers=default_workers()),
+                     preimport=CKPTSTORE_PREIMPORT, check="check_ckptstore")
 
 
 @register("load")
-def _ckptstore_load_rank_2workers(st: LoadSetup) -> Contender:
-    # the default reads each parameter's chunks with 1 thread; this row shows what a second
-    # thread for large parameters (>= 64 MiB) costs or gains
-    return Contender(f"{CKPTSTORE} (workers=2)", MODULE, "ckptstore_load_rank",
-                     {"store": st.store, "strategy": st.dst_strategy, "rank": st.rank, "names_file": st.names_file,
-                      "workers": 2}, preimport=("mindspore", "ckptstore"), check="check_ckptstore")
+def _ckptstore_load_rank_workers(st: LoadSetup) -> list[Contender]:
+    """The workers curve: ``load_rank`` with 1, 2 and 4 threads (the default's row is the main one)."""
+    return [Contender(workers_name(w), MODULE, "ckptstore_load_rank", _ckptstore_args(st, workers=w),
+                      preimport=CKPTSTORE_PREIMPORT, check="check_ckptstore")
+            for w in WORKERS_CURVE if w != default_workers()]
+
+
+@register("load")
+def _ckptstore_load_into_net(st: LoadSetup) -> Contender:
+    return Contender(INTO_NET, MODULE, "ckptstore_load_into_net", _ckptstore_args(st), setup="setup_target_net",
+                     preimport=CKPTSTORE_PREIMPORT, check="check_into_net")
 
 
 @register("load")
 def _ckptstore_rank_view(st: LoadSetup) -> Contender:
-    return Contender("ckptstore.loader.rank_view().read (numpy)", MODULE, "ckptstore_rank_view",
-                     {"store": st.store, "strategy": st.dst_strategy, "rank": st.rank, "names_file": st.names_file},
+    return Contender(RANK_VIEW, MODULE, "ckptstore_rank_view", _ckptstore_args(st, workers=default_workers()),
                      preimport=("ckptstore",), check="check_ckptstore")
 
 
@@ -120,22 +185,23 @@ def _ckptstore_rank_view(st: LoadSetup) -> Contender:
 def _bound(st: LoadSetup) -> list[Contender]:
     args = {"path": st.flat_file, "nbytes": st.rank_nbytes, "names_file": st.names_file}
     return [Contender(BOUND, MODULE, "pread_flat", args, preimport=("numpy",), check="check_flat"),
-            Contender("numpy preadv, 2 threads", MODULE, "pread_flat", {**args, "threads": 2},
+            Contender(BOUND_2T, MODULE, "pread_flat", {**args, "threads": 2},
                       preimport=("numpy",), check="check_flat")]
 
 
 @register("load")
 def _ms_load_distributed(st: LoadSetup) -> Contender:
-    return Contender("mindspore.load_distributed_checkpoint", MODULE, "ms_load_distributed",
+    return Contender(MS_LDC, MODULE, "ms_load_distributed",
                      {"rank_files": st.rank_files, "src_strategy": str(st.synth.strategy),
                       "dst_strategy": st.dst_strategy, "names_file": st.names_file,
                       "parallel_context": [st.dst.world, st.rank] if st.parallel_context else None},
-                     preimport=MS, check="check_net", env={"RANK_ID": str(st.rank)})
+                     setup="setup_ms_load_distributed", preimport=MS, check="check_net",
+                     env={"RANK_ID": str(st.rank)})
 
 
 @register("load")
 def _ms_transform_by_rank(st: LoadSetup) -> Contender:
-    return Contender("mindspore.transform_checkpoint_by_rank + load_checkpoint", MODULE, "ms_transform_by_rank",
+    return Contender(MS_BY_RANK, MODULE, "ms_transform_by_rank",
                      {"rank": st.rank, "rank_files": st.rank_files, "src_strategy": str(st.synth.strategy),
                       "dst_strategy": st.dst_strategy, "out_dir": st.out_dir, "names_file": st.names_file},
                      preimport=MS, check="check_transformed")
@@ -143,7 +209,7 @@ def _ms_transform_by_rank(st: LoadSetup) -> Contender:
 
 @register("load")
 def _ms_load_needed_files(st: LoadSetup) -> Contender:
-    return Contender("mindspore.load_checkpoint (needed source files)", MODULE, "ms_load_needed_files",
+    return Contender(MS_NEEDED, MODULE, "ms_load_needed_files",
                      {"rank": st.rank, "rank_files": st.rank_files, "src_strategy": str(st.synth.strategy),
                       "dst_strategy": st.dst_strategy, "names_file": st.names_file},
                      preimport=MS, check="check_files")
@@ -151,7 +217,7 @@ def _ms_load_needed_files(st: LoadSetup) -> Contender:
 
 @register("load")
 def _ms_load_distributed_safetensors(st: LoadSetup) -> Contender:
-    name = "mindspore.load_distributed_checkpoint (safetensors)"
+    name = MS_SAFETENSORS
     try:
         unified = str(st.synth.unified_dir())
     except Exception as e:  # MindSpore's converter refused the files: say so in the table
@@ -159,28 +225,51 @@ def _ms_load_distributed_safetensors(st: LoadSetup) -> Contender:
             f"ckpt_to_safetensors + unified_safetensors failed while preparing its input: {type(e).__name__}: {e}"))
     return Contender(name, MODULE, "ms_load_distributed_safetensors",
                      {"unified_dir": unified, "dst_strategy": st.dst_strategy, "names_file": st.names_file},
-                     preimport=MS, check="check_net", env={"RANK_ID": str(st.rank)})
+                     setup="setup_ms_load_distributed_safetensors", preimport=MS, check="check_net",
+                     env={"RANK_ID": str(st.rank)})
 
 
 # ---------------------------------------------------------------------------------------------
 
 
+def quick_skipped() -> tuple[str, ...]:
+    """Contenders ``--quick`` leaves out (variants of rows it keeps), so the smoke test stays short."""
+    try:
+        from benchmarks.peers import DCP_1T
+    except ImportError:
+        DCP_1T = "torch DCP dcp.load, 1 torch thread (OMP_NUM_THREADS=1)"
+    return (DCP_1T, MS_NEEDED)
+
+
+def read_paths(st: LoadSetup, contenders: Sequence[Contender]) -> list[str]:
+    """Every file a contender reads: warmed once before a warm run, so no one pays a cold read."""
+    roots = [st.store, *(c.args[k] for c in contenders for k in ("ckpt", "unified_dir") if k in c.args)]
+    files = [str(p) for r in roots for p in sorted(Path(r).rglob("*")) if p.is_file()]
+    return [*st.rank_files, st.flat_file, *dict.fromkeys(files)]
+
+
 def run(st: LoadSetup, *, reps: int, baseline_reps: int | None, command: str, results_dir: Path | None,
-        quick: bool = False) -> dict[str, Any]:
-    """Run the scenario and return its record (also appended to ``results_dir/load.json``)."""
+        quick: bool = False, cold: bool = False) -> dict[str, Any]:
+    """Run the scenario and return its record (appended to ``results_dir/load.json``, or
+    ``load-cold.json`` when ``cold``: the page cache dropped before every measured run)."""
     contenders = contenders_for("load", st)
+    skipped = [c.name for c in contenders if quick and c.name in quick_skipped()]
+    contenders = [c for c in contenders if c.name not in skipped]
     if baseline_reps is not None:
         contenders = [dataclasses.replace(c, reps=baseline_reps) if c.name.startswith("mindspore") else c
                       for c in contenders]
     try:
-        return run_benchmark(NAME, contenders, reps=reps, warm_paths=[*st.rank_files, st.flat_file],
-                             params={**st.params(), "quick": quick}, command=command, results_dir=results_dir,
-                             keep_going=True, timeout=1800)
+        return run_benchmark(COLD_NAME if cold else NAME, contenders, reps=reps, cold=cold,
+                             warm_paths=[] if cold else read_paths(st, contenders),
+                             params={**st.params(), "quick": quick, "quick_skipped": skipped,
+                                     "default_workers": default_workers()},
+                             command=command, results_dir=results_dir, keep_going=True, timeout=1800)
     finally:
         shutil.rmtree(st.out_dir, ignore_errors=True)
 
 
-COLUMNS = (Column("wall_s", "wall", "s"), Column("peak_above_start", "peak RSS above start", "B"),
+COLUMNS = (Column("wall_s", "wall", "s"), Column("setup_s", "setup (not timed)", "s", ratio=False),
+           Column("peak_above_start", "peak RSS above start", "B"),
            Column("rchar", "bytes read (rchar)", "B"), Column("read_bytes", "read_bytes", "B", ratio=False))
 
 
@@ -197,6 +286,9 @@ def same_values(record: Mapping[str, Any], reference: str = CKPTSTORE) -> Any:
             return f"n/a ({c.get('files', '?')} source files)"
         if c.get("missing_or_misshapen"):
             return f"**no**: {c['missing_or_misshapen']} tensors missing or misshapen"
+        if c.get("param_not_load") or c.get("ckpt_not_load"):
+            return (f"**no**: {c.get('param_not_load', 0)} network / {c.get('ckpt_not_load', 0)} store parameters "
+                    f"not loaded ({c.get('not_loaded_names', '')})")
         return "yes" if c["digest"] == ref else "**no** (different values)"
 
     return cell
@@ -210,6 +302,8 @@ def mmap_cell(record: Mapping[str, Any]) -> Any:
         c = checks.get(name, {})
         if c.get("mmap_bytes") is None:
             return "–"
+        if c["mmap_bytes"] == 0:
+            return "none"
         return f"{format_bytes(c['mmap_bytes'])} (on {format_bytes(c['mmap_pages_bytes'])} of pages)"
 
     return cell
@@ -223,11 +317,19 @@ def table(record: Mapping[str, Any]) -> str:
                                  "same values as ckptstore": same_values(record)})
 
 
+def cache_phrase(record: Mapping[str, Any]) -> str:
+    """``warm page cache`` or ``cold page cache``, as the heading of a load section says it."""
+    if record.get("cache") == "cold":
+        return "cold page cache (dropped before every measured run)"
+    return "warm page cache (every file read once before the runs)"
+
+
 def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:
     """``load.md``: what was run, on what, and the table (``standalone=False``: a REPORT.md section)."""
     p = record["params"]
     lines = [
-        f"## Load one target rank: {p['src_world']} → {p['dst_world']} cards, rank {p['rank']}",
+        f"## Load one target rank: {p['src_world']} → {p['dst_world']} cards, rank {p['rank']}, "
+        f"{cache_phrase(record)}",
         "",
         *run_lines(record, standalone),
         dataset_line(p),
@@ -235,16 +337,73 @@ def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:
         table(record),
         "",
         "Cells: median (min–max) over runs; ratios compare medians. `× ckptstore` is against "
-        f"`{CKPTSTORE}`, `× bound` against `{BOUND}`. Peak RSS is measured from after the imports "
-        "(MindSpore and ckptstore imported before the call). `rchar` counts `read`/`pread` calls only: "
-        "bytes copied out of memory-mapped files are not in it (ckptstore maps a chunk when a slice is "
-        "many short runs, e.g. a column slice — the next column estimates those bytes from its read "
-        "plan; the safetensors route maps every file it reads, so its `rchar` is only headers).",
+        f"`{CKPTSTORE}`, `× bound` against `{BOUND}`. `wall` is the timed span only; `setup (not timed)` "
+        "is what the worker did before it, unmeasured (building the model or state dict the load fills, "
+        "the target layout, a process group): every route is timed from \"a model with the target shapes "
+        "exists\" to \"its tensors are filled\". Peak RSS is measured from after the imports and the "
+        "setup (a prebuilt model's memory is not in it). `rchar` counts `read`/`pread` calls only: bytes "
+        "copied out of memory-mapped files are not in it (the `copied from mmap` column estimates those of "
+        "ckptstore's routes from their read plan; the safetensors route maps every file it reads, so its "
+        "`rchar` is only headers).",
+        "",
+        *workers_curve(record),
+        *timed_span_lines(record),
     ]
+    if p.get("quick_skipped"):
+        lines += ["", "Quick mode left out: " + ", ".join(f"`{n}`" for n in p["quick_skipped"]) + "."]
     if standalone:
         lines += ["", *mindspore_notes()]
     lines += not_run_notes(record)
     return "\n".join(lines) + "\n"
+
+
+def curve_points(record: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """``(workers, contender)`` of every ``load_rank`` row that ran, by workers."""
+    points = {}
+    for c in record.get("contenders", []):
+        if c["name"].startswith(CKPTSTORE[:-1]) and c.get("func") == "ckptstore_load_rank" \
+                and c["name"] in record["summary"] and c.get("args", {}).get("workers"):
+            points.setdefault(int(c["args"]["workers"]), c["name"])
+    return sorted(points.items())
+
+
+def workers_curve(record: Mapping[str, Any]) -> list[str]:
+    """A small table: ``load_rank`` (Parameters built) workers → median wall (and CPU time)."""
+    points = curve_points(record)
+    if not points:
+        return []
+    s = record["summary"]
+    default = record["params"].get("default_workers")
+    one = next((s[n]["wall_s"]["median"] for w, n in points if w == 1), None)
+    lines = [f"`{CKPTSTORE}` over `workers` (threads reading; median of the runs):", "",
+             "| workers | wall | CPU time | × workers=1 | × bound |", "|---|---|---|---|---|"]
+    bound = s.get(BOUND, {}).get("wall_s", {}).get("median")
+    for w, name in points:
+        wall, cpu = s[name]["wall_s"]["median"], s[name]["cpu_s"]["median"]
+        lines.append(f"| {w}{' (default)' if w == default else ''} | {format_seconds(wall)} | {format_seconds(cpu)} | "
+                     f"{f'{wall / one:.2f}×' if one else '–'} | {f'{wall / bound:.2f}×' if bound else '–'} |")
+    return lines + [""]
+
+
+def timed_span_lines(record: Mapping[str, Any]) -> list[str]:
+    """One bullet per contender of the record: what its wall time covers."""
+    spans = {**TIMED_SPANS, **_peer_spans()}
+    lines = ["What each row times (one call in a fresh process, after its imports and its setup):"]
+    for c in record.get("contenders", []):
+        name = c["name"]
+        if name in spans:
+            lines.append(f"- `{name}`: {spans[name]}")
+        elif name.startswith(CKPTSTORE[:-1]):
+            lines.append(f"- `{name}`: as `{CKPTSTORE}`, with that many workers")
+    return lines
+
+
+def _peer_spans() -> dict[str, str]:
+    try:
+        from benchmarks.peers import TIMED_SPANS as peer_spans
+    except ImportError:
+        return {}
+    return dict(peer_spans)
 
 
 def run_lines(record: Mapping[str, Any], standalone: bool) -> list[str]:
@@ -272,10 +431,11 @@ def mindspore_notes() -> list[str]:
 
     return [
         "- `load_distributed_checkpoint` gets a Cell declaring the target rank's Parameters (target shapes, "
-        "built under `no_init_parameters` so the Cell itself costs no memory), every source rank file, the "
+        "built in the untimed setup under `no_init_parameters`, so the Cell itself costs no memory and the "
+        "memory measured is the load's), every source rank file, the "
         "source strategy as `train_strategy_filename`, and the target layout as `predict_strategy` in the form "
         "`model.infer_predict_layout` returns (built from the target strategy file with "
-        "`mindspore.parallel.build_searched_strategy`). Without `init()`, `get_rank()` returns `RANK_ID`, "
+        "`mindspore.parallel.build_searched_strategy`, also in the setup). Without `init()`, `get_rank()` returns `RANK_ID`, "
         "which the harness sets. The safetensors route is `load_distributed_checkpoint(net, "
         "predict_strategy=<target strategy file>, format='safetensors', unified_safetensors_dir=...)` on the "
         "output of `ckpt_to_safetensors` + `unified_safetensors` (made once, not timed here; timed in the "
@@ -311,8 +471,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_load_args(ap)
     ap.add_argument("--baseline-reps", type=int, default=None, help="cap the MindSpore routes' repetitions")
+    ap.add_argument("--cold", action="store_true",
+                    help="drop the page cache before every measured run (root and a writable /proc/sys only); "
+                         "writes load-cold.json / load-cold.md")
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     return ap.parse_args(argv)
+
+
+def cold_unavailable() -> str | None:
+    """Why ``--cold`` cannot run here (``/proc/sys/vm/drop_caches`` not writable), or ``None``."""
+    path = "/proc/sys/vm/drop_caches"
+    if not os.access(path, os.W_OK):
+        return f"--cold needs to write {path} (root, /proc/sys mounted read-write); run warm instead"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -320,11 +491,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks.synth import parse_mesh, synth
 
     args = parse_args(argv)
+    if args.cold and cold_unavailable():
+        print(f"error: {cold_unavailable()}", file=sys.stderr)
+        return 2
     s = synth(parse_size(args.size), parse_mesh(args.src_world, source=True), args.seed)
     st = make_setup(s, parse_mesh(args.dst_world, source=False), args.rank)
     return run_and_publish(lambda: run(st, reps=args.reps, baseline_reps=args.baseline_reps,
                                        command=command_line("benchmarks.bench_load", argv),
-                                       results_dir=args.results_dir), render, args.results_dir, NAME)
+                                       results_dir=args.results_dir, cold=args.cold), render, args.results_dir,
+                           COLD_NAME if args.cold else NAME)
 
 
 if __name__ == "__main__":

@@ -2,15 +2,17 @@
 
 ``python -m benchmarks.bench_node --size 0.5GB --src-world 8 --dst-world 8 --reps 2``
 
-For each route, one worker per target rank is started; all do their imports, wait at a barrier,
-and start their measured calls together. Measured per round: the makespan (first start to last
-end), the sum of every process's peak RSS above its start (and the largest simultaneous sum,
-sampled every 20 ms), the sum with the imports included (what the node really holds), and the
-bytes read. Every rank's values are digested and compared with ckptstore's for that rank.
+For each route, one worker per target rank is started; all do their imports (and their untimed
+setup, e.g. the Cell ``load_distributed_checkpoint`` fills), wait at a barrier, and start their
+measured calls together. Measured per round: the makespan (first start to last end), the sum of
+every process's peak RSS above its start (and the largest simultaneous sum, sampled every 20 ms),
+the sum with the imports included (what the node really holds), and the bytes read. Every rank's
+values are digested and compared with ckptstore's for that rank.
 
-Routes: ``ckptstore.load_rank``; ``8 × numpy preadv`` of per-rank flat files (the bound);
-``mindspore.load_distributed_checkpoint`` with a real job's parallel context (``global_rank``
-set: with ``RANK_ID`` alone some ranks get rank 0's slices); ``transform_checkpoint_by_rank +
+Routes: ``ckptstore.load_rank(...).materialize()`` (ckptstore's default workers); ``8 × numpy
+preadv`` of per-rank flat files (the bound); ``mindspore.load_distributed_checkpoint`` with a
+real job's parallel context (``global_rank`` set: with ``RANK_ID`` alone some ranks get rank 0's
+slices); ``transform_checkpoint_by_rank +
 load_checkpoint``; the safetensors loader. A MindSpore route is first run alone for rank 0; if
 8 times its peak would not fit in the memory available, it is reported unavailable instead of
 letting the kernel kill the node's processes.
@@ -76,7 +78,7 @@ def _per_rank(factory: Callable[[bench_load.LoadSetup], Contender], name: str | 
     return make
 
 
-register("node")(_per_rank(bench_load._ckptstore_load_rank))
+register("node")(_per_rank(bench_load._ckptstore_load_rank, CKPTSTORE))  # load_rank + materialize(), default workers
 register("node")(_per_rank(lambda st: bench_load._bound(st)[0]))
 # With RANK_ID alone, load_distributed_checkpoint gives some target ranks rank 0's slices (see
 # bench_load.reach); a real job's parallel context (global_rank) makes every rank correct.

@@ -2,9 +2,13 @@
 
 Every function here runs inside a fresh worker (:mod:`benchmarks.worker`) and is measured as
 one call, after the worker imported what the contender's ``preimport`` names (``mindspore``,
-``ckptstore``, ``numpy``). They return the loaded values (kept alive until measured); the
-``check_*`` functions run after the measurement and return a digest of those values, so the
-report can say whether each route produced the same tensors as ckptstore.
+``ckptstore``, ``numpy``). A route that fills an existing model has a ``setup_*`` function the
+worker calls first, unmeasured (``state = setup(**args)``: the Cell with the target rank's
+Parameters, the target layout, ...); the measured function then takes that ``state`` alone. So
+every load is timed from "a model with the target shapes exists" to "its tensors are filled".
+They return the loaded values (kept alive until measured); the ``check_*`` functions run after
+the measurement and return a digest of those values, so the report can say whether each route
+produced the same tensors as ckptstore.
 
 ``names_file`` (every contender takes it) is a JSON list of ``[name, shape, dtype,
 in_strategy]`` for the tensors the target rank holds, in store order: what a network built for
@@ -50,20 +54,42 @@ def _names(names_file: str) -> list[tuple[str, tuple[int, ...], str, bool]]:
 # ckptstore
 
 
-def ckptstore_load_rank(store: str, strategy: str, rank: int, names_file: str, workers: int = 1) -> dict[str, Any]:
-    """``ckptstore.load_rank``: every Parameter of the rank built (the lazy mapping fully touched)."""
+def ckptstore_load_rank(store: str, strategy: str, rank: int, names_file: str,
+                        workers: int | None = None) -> dict[str, Any]:
+    """``ckptstore.load_rank(...).materialize()``: every Parameter of the rank built.
+
+    ``materialize`` reads with ``workers`` threads and builds each Parameter as soon as its reads
+    are done; ``workers=None`` is ckptstore's default (``ckptstore.loader.DEFAULT_WORKERS``).
+    """
     import ckptstore
 
-    params = ckptstore.load_rank(store, strategy, rank, workers=workers)
-    return {name: params[name] for name in params}
+    kw = {} if workers is None else {"workers": workers}
+    return ckptstore.load_rank(store, strategy, rank, **kw).materialize()
 
 
-def ckptstore_rank_view(store: str, strategy: str, rank: int, names_file: str, workers: int = 1) -> dict[str, Any]:
-    """``ckptstore.loader.rank_view(...).read(name)`` for every name: numpy arrays, no MindSpore."""
+def ckptstore_rank_view(store: str, strategy: str, rank: int, names_file: str,
+                        workers: int | None = None) -> dict[str, Any]:
+    """``rank_view(ckptstore.open(store), strategy, rank).read_many(names)``: numpy arrays, no MindSpore."""
     import ckptstore
 
-    view = ckptstore.loader.rank_view(ckptstore.open(store), strategy, rank, workers=workers)
-    return {name: view.read(name) for name in view.names()}
+    kw = {} if workers is None else {"workers": workers}
+    view = ckptstore.loader.rank_view(ckptstore.open(store), strategy, rank, **kw)
+    return view.read_many(view.names())
+
+
+def setup_target_net(store: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
+    """Unmeasured: a Cell with the target rank's Parameters, zero-filled, as a model built for the
+    target would have them (then :func:`ckptstore_load_into_net` is measured)."""
+    return {"net": target_net(names_file), "store": store, "strategy": strategy, "rank": rank}
+
+
+def ckptstore_load_into_net(state: Mapping[str, Any]) -> dict[str, Any]:
+    """``ckptstore.load_into_net(net, store, strategy=..., rank=...)`` into the prebuilt Cell."""
+    import ckptstore
+
+    param_not_load, ckpt_not_load = ckptstore.load_into_net(state["net"], state["store"], strategy=state["strategy"],
+                                                            rank=state["rank"])
+    return {"net": state["net"], "param_not_load": param_not_load, "ckpt_not_load": ckpt_not_load}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +161,49 @@ def _mem_available() -> int | None:
     return None
 
 
+_MS_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64",
+              "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8", "bool": "bool_"}
+
+
+def _np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def target_net(names_file: str) -> Any:
+    """A Cell whose Parameters have exactly the target rank's names, local shapes and dtypes, zero-filled.
+
+    The memory of every Parameter exists and is touched (written with zeros), like a model that
+    was built and initialised before its checkpoint is loaded. ``Parameter.name`` is the
+    checkpoint's name (dots included), as ckptstore and MindSpore match by it; the Parameters are
+    held in a ``ParameterTuple``, which keeps their names. Each is created empty on the ``meta``
+    device and given a zero-filled numpy buffer (``Parameter(Tensor(bfloat16 numpy))`` and
+    ``initializer`` for bfloat16 fail under numpy 2 with MindSpore 2.10; ``initializer('zeros')``
+    alone would leave untouched ``calloc`` pages).
+    """
+    import mindspore as ms
+    from mindspore.common.initializer import Zero
+
+    params = []
+    for name, shape, dtype, _ in _names(names_file):
+        array = np.empty(shape, _np_dtype(dtype))
+        array.reshape(-1).view(np.uint8).fill(0)  # touch every page
+        ms_dtype = getattr(ms, _MS_DTYPES[dtype])
+        p = ms.Parameter(ms.Tensor(shape=tuple(shape), dtype=ms_dtype, init=Zero(), device="meta"), name=name)
+        p.set_data(ms.Tensor.from_numpy(array))
+        params.append(p)
+
+    class TargetNet(ms.nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.params = ms.ParameterTuple(params)
+
+    return TargetNet()
+
+
 def _holder(names_file: str) -> Any:
     """A Cell declaring the target rank's Parameters (shapes of the target layout), unallocated.
 
@@ -173,9 +242,10 @@ def predict_layout(strategy: str) -> dict[str, list[Any]]:
     return out
 
 
-def ms_load_distributed(rank_files: Sequence[str], src_strategy: str, dst_strategy: str, names_file: str,
-                        parallel_context: Sequence[int] | None = None) -> Any:
-    """``mindspore.load_distributed_checkpoint(net, all rank files, predict_layout, train_strategy)``.
+def setup_ms_load_distributed(rank_files: Sequence[str], src_strategy: str, dst_strategy: str, names_file: str,
+                              parallel_context: Sequence[int] | None = None) -> dict[str, Any]:
+    """Unmeasured: the parallel context, the Cell (:func:`_holder`) and the target layout
+    (:func:`predict_layout`) for :func:`ms_load_distributed`.
 
     The rank is ``get_rank()``: without ``init()`` MindSpore returns the ``RANK_ID`` environment
     variable (0 if unset), which the harness sets per contender. But the choice of source slices
@@ -184,28 +254,41 @@ def ms_load_distributed(rank_files: Sequence[str], src_strategy: str, dst_strate
     job has (``semi_auto_parallel``, ``global_rank``) so that every rank gets its own slices.
     """
     ms = patched_mindspore()
-
     if parallel_context:
         device_num, rank = parallel_context
         ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=int(device_num),
                                      global_rank=int(rank))
-    net = _holder(names_file)
-    ms.load_distributed_checkpoint(net, list(rank_files), predict_layout(dst_strategy),
-                                   train_strategy_filename=src_strategy)
-    return net
+    return {"net": _holder(names_file), "rank_files": list(rank_files), "layout": predict_layout(dst_strategy),
+            "src_strategy": src_strategy}
 
 
-def ms_load_distributed_safetensors(unified_dir: str, dst_strategy: str, names_file: str) -> Any:
+def ms_load_distributed(state: Mapping[str, Any]) -> Any:
+    """``mindspore.load_distributed_checkpoint(net, all rank files, predict_layout, train_strategy)``
+    (the Cell and layout from :func:`setup_ms_load_distributed`)."""
+    import mindspore as ms
+
+    ms.load_distributed_checkpoint(state["net"], state["rank_files"], state["layout"],
+                                   train_strategy_filename=state["src_strategy"])
+    return state["net"]
+
+
+def setup_ms_load_distributed_safetensors(unified_dir: str, dst_strategy: str, names_file: str) -> dict[str, Any]:
+    """Unmeasured: the Cell (:func:`_holder`) for :func:`ms_load_distributed_safetensors`."""
+    patched_mindspore()
+    return {"net": _holder(names_file), "unified_dir": unified_dir, "dst_strategy": dst_strategy}
+
+
+def ms_load_distributed_safetensors(state: Mapping[str, Any]) -> Any:
     """``mindspore.load_distributed_checkpoint(net, format="safetensors", unified_safetensors_dir=...)``.
 
     Reads the global tensors written by ``unified_safetensors`` and cuts this rank's slices
     (``predict_strategy`` = the target strategy file; rank = ``get_rank()``, i.e. ``RANK_ID``).
     """
-    ms = patched_mindspore()
-    net = _holder(names_file)
-    ms.load_distributed_checkpoint(net, predict_strategy=dst_strategy, format="safetensors",
-                                   unified_safetensors_dir=unified_dir)
-    return net
+    import mindspore as ms
+
+    ms.load_distributed_checkpoint(state["net"], predict_strategy=state["dst_strategy"], format="safetensors",
+                                   unified_safetensors_dir=state["unified_dir"])
+    return state["net"]
 
 
 def ms_transform_by_rank(rank: int, rank_files: Sequence[str], src_strategy: str, dst_strategy: str, out_dir: str,
@@ -273,18 +356,24 @@ def check_ckptstore(out: Mapping[str, Any], **args: Any) -> dict[str, Any]:
     runs lie on, i.e. what the page cache had to map).
     """
     out_check = check_params(out, **args)
-    try:
-        out_check.update(_mmap_share(args["store"], args["strategy"], args["rank"]))
-    except Exception as e:  # the reader's internals moved: say so rather than fail the run
-        out_check["mmap_bytes"] = None
-        out_check["mmap_note"] = f"{type(e).__name__}: {e}"
+    out_check.update(_mmap_fields(args))
     return out_check
+
+
+def _mmap_fields(args: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return _mmap_share(args["store"], args["strategy"], args["rank"])
+    except Exception as e:  # the reader's internals moved: say so rather than fail the run
+        return {"mmap_bytes": None, "mmap_note": f"{type(e).__name__}: {e}"}
 
 
 def _mmap_share(store: str, strategy: str, rank: int) -> dict[str, int]:
     import ckptstore
     from ckptstore import reader
 
+    if not hasattr(reader, "_FEW_RUNS"):
+        # this reader copies nothing out of memory maps: every byte goes through preadv (in rchar)
+        return {"mmap_bytes": 0, "mmap_pages_bytes": 0}
     page = 4096
     view = ckptstore.loader.rank_view(ckptstore.open(store), strategy, rank)
     mapped = pages = 0
@@ -303,10 +392,34 @@ def _mmap_share(store: str, strategy: str, rank: int) -> dict[str, int]:
     return {"mmap_bytes": mapped, "mmap_pages_bytes": pages}
 
 
+def _param_numpy(p: Any) -> np.ndarray:
+    """A Parameter's values as numpy; bfloat16 (which ``asnumpy`` refuses under numpy 2) through an
+    exact float32 cast."""
+    import mindspore as ms
+
+    if p.dtype == ms.bfloat16:
+        import ml_dtypes
+
+        return p.astype(ms.float32).asnumpy().astype(ml_dtypes.bfloat16)
+    return p.asnumpy()
+
+
 def check_net(out: Any, **args: Any) -> dict[str, Any]:
     """Digest of a Cell's Parameters (the ``load_distributed_checkpoint`` routes)."""
-    return _digest(((p.name, p.asnumpy()) for _, p in out.parameters_and_names() if not p.has_init),
+    return _digest(((p.name, _param_numpy(p)) for _, p in out.parameters_and_names() if not p.has_init),
                    args["names_file"])
+
+
+def check_into_net(out: Mapping[str, Any], **args: Any) -> dict[str, Any]:
+    """:func:`check_net` of the filled Cell, what ``load_into_net`` did not load (both lists should
+    be empty: the Cell declares exactly the rank's names) and the bytes copied from memory maps."""
+    result = check_net(out["net"], **args)
+    result["param_not_load"] = len(out["param_not_load"])
+    result["ckpt_not_load"] = len(out["ckpt_not_load"])
+    if out["param_not_load"] or out["ckpt_not_load"]:
+        result["not_loaded_names"] = ", ".join([*out["param_not_load"], *out["ckpt_not_load"]][:5])
+    result.update(_mmap_fields(args))
+    return result
 
 
 def check_transformed(out: dict[str, Any], **args: Any) -> dict[str, Any]:

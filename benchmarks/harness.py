@@ -36,7 +36,7 @@ WORKER_ENV = {"NUMPY_MADVISE_HUGEPAGE": "0", "GLOG_v": "3"}
 #: Measurements summarised as median/min/max (see ``worker.measure`` and README.md).
 METRICS = ("wall_s", "cpu_s", "peak_above_start", "peak_rss", "rss_before", "rss_after",
            "rchar", "read_bytes", "syscr", "minflt", "majflt", "children_cpu_s", "children_peak",
-           "tree_peak_above_start")
+           "tree_peak_above_start", "setup_s", "setup_rss")
 
 
 class BenchmarkError(RuntimeError):
@@ -52,6 +52,9 @@ class Contender:
     (for a slow baseline); ``None`` means the benchmark's ``reps``. ``env`` is added to the
     worker's environment (e.g. ``RANK_ID``). ``check`` names a function of ``module`` called
     after the measurement as ``check(result, **args)`` (e.g. a digest of the loaded values).
+    ``setup`` names a function of ``module`` the worker calls *unmeasured* as
+    ``state = setup(**args)`` (building the model or state dict a load fills); the measured call
+    is then ``func(state)``, and the setup's time is recorded as ``setup_s``.
     ``track_children`` samples the memory of processes the call starts (a ``multiprocessing``
     pool, ``cp``), which the worker's own peak does not see. A contender with ``unavailable``
     set is not run: the reason is reported in its place.
@@ -65,6 +68,7 @@ class Contender:
     reps: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     check: str | None = None
+    setup: str | None = None
     track_children: bool = False
     unavailable: str | None = None
 
@@ -74,6 +78,8 @@ def _spec(contender: Contender, barrier: Mapping[str, str] | None = None) -> dic
                             "preimport": list(contender.preimport)}
     if contender.check:
         spec["check"] = contender.check
+    if contender.setup:
+        spec["setup"] = contender.setup
     if barrier:
         spec["barrier"] = dict(barrier)
     return spec
@@ -324,7 +330,7 @@ def run_benchmark(
         m.update(contender=c.name, round=rnd)
         samples.append(m)
         log(f"  round {rnd} {c.name:<40} wall {m['wall_s']:8.3f} s  peak+ {m['peak_above_start'] / 2**20:9.1f} MiB"
-            f"  rchar {m['rchar'] / 2**20:10.1f} MiB")
+            f"  rchar {m['rchar'] / 2**20:10.1f} MiB" + (f"  (setup {m['setup_s']:.3f} s, untimed)" if "setup_s" in m else ""))
     record = {
         "name": name,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

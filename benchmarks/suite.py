@@ -1,9 +1,10 @@
 """The whole suite: every scenario, one report (``python -m benchmarks run``).
 
-Scenarios, in order: ``load`` (one target rank, every route), ``reach`` (which target ranks the
-MindSpore routes load correctly, on a small model), ``convert``, ``node`` (8 loaders at once)
-and, with ``--scaling``, the load and convert scenarios again over model sizes and source world
-sizes. Each writes ``<out>/<name>.json`` (runs appended) and ``<out>/<name>.md``; the suite
+Scenarios, in order: ``load`` (one target rank, every route; with ``--cold-load`` again with
+the page cache dropped before every measured run, as the record ``load-cold``), ``reach``
+(which target ranks the MindSpore routes load correctly, on a small model), ``convert``,
+``node`` (8 loaders at once) and, with ``--scaling``, the load and convert scenarios again over
+model sizes and source world sizes. Each writes ``<out>/<name>.json`` (runs appended) and ``<out>/<name>.md``; the suite
 writes ``<out>/REPORT.md`` with every table, the targets of DESIGN.md judged on this run, and
 the plots.
 """
@@ -50,6 +51,7 @@ class SuiteConfig:
     seed: int = 0
     out: Path = Path("benchmarks/results")
     reach_ranks: Sequence[int] | None = None
+    cold_load: bool = False  # also run the load scenario with the page cache dropped before every run
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -77,6 +79,8 @@ def run_suite(cfg: SuiteConfig, command: str, log: Callable[[str], None] | None 
     records: dict[str, Any] = {"errors": {}}
     steps = [(name, step) for name, step in (("load", _load), ("reach", _reach), ("convert", _convert),
                                              ("node", _node)) if name in cfg.scenarios]
+    if cfg.cold_load:
+        steps.insert(1 if "load" in cfg.scenarios else 0, (bench_load.COLD_NAME, _load_cold))
     if cfg.scaling:
         steps.append(("scaling", lambda c, cmd, lg: run_scaling(c, cmd, lg)))
     for name, step in steps:
@@ -102,6 +106,15 @@ def _load(cfg: SuiteConfig, command: str, log: Callable[[str], None]) -> dict[st
     rec = bench_load.run(st, reps=cfg.reps, baseline_reps=cfg.baseline_reps, command=command, results_dir=cfg.out,
                          quick=cfg.quick)
     _write(Path(cfg.out) / "load.md", bench_load.render(rec))
+    return rec
+
+
+def _load_cold(cfg: SuiteConfig, command: str, log: Callable[[str], None]) -> dict[str, Any]:
+    """The load scenario again, the page cache dropped before every measured run (``load-cold``)."""
+    st = bench_load.make_setup(_main_synth(cfg), cfg.dst, cfg.rank)
+    rec = bench_load.run(st, reps=cfg.reps, baseline_reps=cfg.baseline_reps, command=command, results_dir=cfg.out,
+                         quick=cfg.quick, cold=True)
+    _write(Path(cfg.out) / f"{bench_load.COLD_NAME}.md", bench_load.render(rec))
     return rec
 
 
@@ -171,7 +184,8 @@ def report(records: Mapping[str, Any], cfg: SuiteConfig, command: str) -> str:
     took = f"The suite took {format_seconds(records['seconds'])}." if "seconds" in records else ""
     quick = " **Quick mode: tiny sizes and one repetition — a smoke test, not numbers to quote.**" if cfg.quick else ""
     lines += [_load_line(records), "", (took + quick).strip(), ""]
-    verdicts = (targets.load_verdicts(records.get("load"), bench_load.CKPTSTORE, bench_load.BOUND)
+    verdicts = (targets.load_verdicts(records.get("load"), bench_load.CKPTSTORE, bench_load.BOUND,
+                                      into_net=bench_load.INTO_NET, cold=records.get(bench_load.COLD_NAME))
                 + targets.convert_verdicts(records.get("convert"), bench_convert.CKPTSTORE, bench_convert.MS_SAFETENSORS)
                 + targets.node_verdicts(records.get("node"), bench_node.CKPTSTORE))
     lines += ["## Targets from DESIGN.md", "", targets.markdown(verdicts), ""]
@@ -183,6 +197,13 @@ def report(records: Mapping[str, Any], cfg: SuiteConfig, command: str) -> str:
               "\"Which target ranks each MindSpore route reaches\").", ""]
     if "load" in records:
         lines += [_demote(bench_load.render(records["load"], standalone=False)), ""]
+    if bench_load.COLD_NAME in records:
+        cold = records[bench_load.COLD_NAME]
+        section = _demote(bench_load.render(cold, standalone=False))
+        if cold.get("command") != command:  # a separate `bench_load --cold` run written to the same folder
+            head, _, rest = section.partition("\n")
+            section = f"{head}\n\nFrom a separate run: `{cold.get('command')}` ({cold.get('date')}).\n{rest}"
+        lines += [section, ""]
     if "reach" in records:
         lines += ["### Which target ranks each MindSpore route reaches", "", bench_load.render_reach(records["reach"]),
                   _reach_note(records["reach"]), ""]
@@ -205,7 +226,7 @@ def report(records: Mapping[str, Any], cfg: SuiteConfig, command: str) -> str:
 
 def _load_line(records: Mapping[str, Any]) -> str:
     parts = []
-    for name in ("load", "convert", "node"):
+    for name in ("load", bench_load.COLD_NAME, "convert", "node"):
         r = records.get(name)
         if r and "foreign_cpu_cores" in r:
             parts.append(f"{name} {r['foreign_cpu_cores']:.2f}")
@@ -288,7 +309,7 @@ def rebuild_report(out: Path) -> Path:
     from benchmarks.harness import load_results
 
     records: dict[str, Any] = {}
-    for name in (*SCENARIOS, "scaling"):
+    for name in (*SCENARIOS, bench_load.COLD_NAME, "scaling"):
         runs = load_results(Path(out) / f"{name}.json")
         if runs:
             records[name] = runs[-1]

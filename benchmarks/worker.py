@@ -1,17 +1,24 @@
 """The measuring subprocess: ``python -m benchmarks.worker SPEC_JSON RESULT_PATH``.
 
-SPEC_JSON is ``{"module", "func", "args", "preimport"}`` and optionally ``"check"`` and
-``"barrier"``. The worker imports ``preimport`` and the contender's module first (unmeasured:
-interpreter start and imports are not what we compare), then measures one call ``func(**args)``
+SPEC_JSON is ``{"module", "func", "args", "preimport"}`` and optionally ``"setup"``,
+``"check"`` and ``"barrier"``. The worker imports ``preimport`` and the contender's module first
+(unmeasured: interpreter start and imports are not what we compare), then measures one call
 and writes the measurements as JSON to RESULT_PATH. Only the standard library and
 :mod:`benchmarks.procfs` are imported before the contender's own imports, so the baseline is
 the contender's, not the harness's.
 
+Without ``setup`` the measured call is ``func(**args)``. With ``setup`` (the name of a function
+of the same module) the worker first calls ``state = setup(**args)`` *unmeasured* (building the
+model or state dict the load fills, a process group, ...), records its wall time as
+``setup_s`` and the resident memory it added as ``setup_rss``, and then measures
+``func(state)``. Everything the setup allocated is in ``rss_before``, so ``peak_above_start``
+is the load's own.
+
 ``check`` names a function of the same module called *after* the measurement as
 ``check(result, **args)``; the dict of scalars it returns (e.g. a digest of the loaded values)
 is recorded under ``"check"``. ``barrier`` is ``{"ready": path, "go": path}``: after its imports
-the worker creates ``ready`` and waits for ``go`` to exist, so that concurrent workers (one
-node's loaders) start their measured calls together.
+(and setup) the worker creates ``ready`` and waits for ``go`` to exist, so that concurrent
+workers (one node's loaders) start their measured calls together.
 """
 from __future__ import annotations
 
@@ -27,9 +34,14 @@ from typing import Any, Callable, Mapping
 
 from benchmarks import procfs
 
+_NO_STATE = object()  # measure(): no setup ran, call fn(**args)
 
-def measure(fn: Callable[..., Any], args: Mapping[str, Any]) -> dict[str, Any]:
-    """Call ``fn(**args)`` once and return wall/CPU time, memory and I/O deltas around the call."""
+
+def measure(fn: Callable[..., Any], args: Mapping[str, Any] | None = None, *,
+            state: Any = _NO_STATE) -> dict[str, Any]:
+    """Call ``fn(**args)`` (or ``fn(state)`` when a setup made ``state``) once and return
+    wall/CPU time, memory and I/O deltas around the call."""
+    call: Callable[[], Any] = (lambda: fn(**(args or {}))) if state is _NO_STATE else (lambda: fn(state))
     gc.collect()  # garbage left by the imports should not be freed inside the measured call
     hwm_reset = procfs.reset_peak_rss()
     before = procfs.read_status()
@@ -38,7 +50,7 @@ def measure(fn: Callable[..., Any], args: Mapping[str, Any]) -> dict[str, Any]:
     io0 = procfs.read_io()
     start_ns = time.monotonic_ns()  # CLOCK_MONOTONIC: comparable between concurrent workers
     t0 = time.perf_counter_ns()
-    out = fn(**args)
+    out = call()
     t1 = time.perf_counter_ns()
     end_ns = time.monotonic_ns()
     io1 = procfs.read_io()
@@ -81,14 +93,27 @@ def run(spec: Mapping[str, Any]) -> dict[str, Any]:
     module = importlib.import_module(spec["module"])
     fn = getattr(module, spec["func"])
     args = spec.get("args", {})
+    state, setup = _NO_STATE, {}
+    if spec.get("setup"):
+        state, setup = run_setup(getattr(module, spec["setup"]), args)
     if spec.get("barrier"):
         wait_at_barrier(spec["barrier"]["ready"], spec["barrier"]["go"])
-    result = measure(fn, args)
+    result = measure(fn, args, state=state)
+    result.update(setup)
     out = result.pop("_out")
     if spec.get("check"):
         result["check"] = getattr(module, spec["check"])(out, **args)
     del out
     return result
+
+
+def run_setup(setup: Callable[..., Any], args: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``setup(**args)``, unmeasured; returns its result and ``{"setup_s", "setup_rss"}``."""
+    rss0 = procfs.read_status()["VmRSS"]
+    t0 = time.perf_counter_ns()
+    state = setup(**args)
+    t1 = time.perf_counter_ns()
+    return state, {"setup_s": (t1 - t0) / 1e9, "setup_rss": procfs.read_status()["VmRSS"] - rss0}
 
 
 def wait_at_barrier(ready: str, go: str, *, timeout: float = 600.0) -> None:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,60 @@ def test_quick_suite_writes_a_well_formed_report(tmp_path: Path) -> None:
     verdicts = _table_rows(report, "target")
     assert len(verdicts) >= 6
     assert all(v[-1] in ("**met**", "**not met**", "not judged") for v in verdicts), verdicts
+    _check_load_scenario(tmp_path, report)
+
+
+def _check_load_scenario(out: Path, report: str) -> None:
+    """The load scenario: its ckptstore rows, the workers curve, setup times, warm/cold stated."""
+    from benchmarks import bench_load
+
+    record = _last_run(out / "load.json")
+    assert record["cache"] == "warm" and "warm page cache" in report
+    summary, checks = record["summary"], record["checks"]
+    default = record["params"]["default_workers"]
+    curve = [bench_load.workers_name(w) for w in bench_load.WORKERS_CURVE if w != default]
+    for name in (bench_load.CKPTSTORE, bench_load.INTO_NET, bench_load.RANK_VIEW, bench_load.BOUND, *curve):
+        assert name in summary, f"{name} did not run: {record['failed'].get(name)}"
+        assert checks[name]["digest"] == checks[bench_load.CKPTSTORE]["digest"], name
+    into_net = checks[bench_load.INTO_NET]
+    assert into_net["param_not_load"] == 0 and into_net["ckpt_not_load"] == 0 and not into_net["missing_or_misshapen"]
+    # the setup (the prebuilt Cell) is outside the measurement, and reported
+    assert summary[bench_load.INTO_NET]["setup_s"]["median"] > 0
+    assert "setup_s" not in summary[bench_load.CKPTSTORE]
+    assert "setup (not timed)" in report
+    for name in (n for n in summary if "dcp.load" in n):
+        assert summary[name]["setup_s"]["median"] > 0, name
+    # the workers curve: load_rank over workers = 1, 2, 4
+    curve_rows = _table_rows(report, "workers")
+    assert [r[0].split()[0] for r in curve_rows] == [str(w) for w in sorted(bench_load.WORKERS_CURVE)], curve_rows
+    assert any("(default)" in r[0] for r in curve_rows)
+    assert all(r[1] != "–" for r in curve_rows)
+
+
+def setup_sleep(delay: float) -> dict:
+    """Test contender (run by the worker): an untimed setup that takes ``delay`` seconds."""
+    time.sleep(delay)
+    return {"made": time.perf_counter()}
+
+
+def measured_after_setup(state: dict) -> dict:
+    return {"state_keys": len(state)}
+
+
+def check_after_setup(out: dict, **args: object) -> dict:
+    return {"got": out["state_keys"], "delay": args["delay"]}
+
+
+def test_worker_setup_is_outside_the_measurement() -> None:
+    from benchmarks.harness import Contender, run_contender
+
+    c = Contender("setup test", "tests.test_benchmarks_quick", "measured_after_setup", {"delay": 0.3},
+                  setup="setup_sleep", check="check_after_setup")
+    m = run_contender(c, timeout=120)
+    assert m["setup_s"] >= 0.3 and m["wall_s"] < 0.1, m
+    assert m["check"] == {"got": 1, "delay": 0.3} and m["returned"] == {"state_keys": 1}
+    plain = run_contender(Contender("no setup", "tests.test_benchmarks_quick", "setup_sleep", {"delay": 0.2}), timeout=120)
+    assert plain["wall_s"] >= 0.2 and "setup_s" not in plain
 
 
 def _last_run(path: Path) -> dict:

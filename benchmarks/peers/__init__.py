@@ -2,9 +2,11 @@
 
 * :mod:`.dcp` — PyTorch Distributed Checkpoint: the source layout saved as DTensors by one
   ``gloo`` process per source rank; target rank ``r`` loaded in one process (fake process
-  group, ``no_dist=True``).
+  group, ``no_dist=True``). Setup (untimed): process group, meshes, zero-filled target
+  DTensors; timed: ``dcp.load`` alone.
 * :mod:`.orbax` — Orbax/TensorStore: the source layout saved over virtual CPU devices; target
   rank ``r`` restored as one process of a ``jax.distributed`` CPU job (:mod:`.jaxdist`).
+  Setup (untimed): the abstract tree with target shardings; timed: the checkpointer's restore.
 * :mod:`.layouts` — MindSpore layouts as DTensor placements / jax ``PartitionSpec`` s, checked
   box for box against ckptstore's (and so MindSpore's) slicing.
 * :mod:`.expected` — the values each rank must get, from the seeded generator and MindSpore's
@@ -27,6 +29,19 @@ DCP = "torch DCP dcp.load (1 process, fake PG)"
 DCP_1T = "torch DCP dcp.load, 1 torch thread (OMP_NUM_THREADS=1)"
 ORBAX = "orbax restore (1 process of a jax.distributed job)"
 ORBAX_ALL = "orbax restore (all target ranks, 1 process)"
+
+#: One line per peer contender: the span its wall time covers (setup = before, not timed).
+TIMED_SPANS = {
+    DCP: "`dcp.load(state, storage_reader=dcp.FileSystemReader(dir), no_dist=True)` alone (metadata, planning, "
+         "copies into the shards); setup: the target strategy, `init_process_group('fake')`, the meshes and the "
+         "target DTensors with `torch.zeros` local shards (memory touched)",
+    DCP_1T: f"as `{DCP}`, with `OMP_NUM_THREADS=1` (torch's intra-op threads 2 → 1)",
+    ORBAX: "`with StandardCheckpointer(active_processes={r}) as c: c.restore(dir, abstract tree)` (checkpointer "
+           "made and closed inside; Orbax allocates new `jax.Array`s, it cannot fill existing ones); setup: the "
+           "abstract tree (`ShapeDtypeStruct` + target `NamedSharding` per tensor); `jax.distributed` joined "
+           "before (imports)",
+    ORBAX_ALL: "the same restore in one process with every target rank's device: reads every rank's shards",
+}
 
 #: modules imported before the measured call (their import is not what we compare)
 DCP_PREIMPORT = ("torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor", "torch.distributed.device_mesh",
@@ -57,9 +72,9 @@ def dcp_contender(setup: Any, *, one_thread: bool = False, log: Any = print) -> 
     from benchmarks.peers import dcp
 
     ckpt = dcp.save_checkpoint(setup.synth, log=log)
-    return Contender(name, "benchmarks.peers.dcp", "load_rank",
+    return Contender(name, "benchmarks.peers.dcp", "load",
                      {"ckpt": str(ckpt), "strategy": setup.dst_strategy, "rank": setup.rank,
-                      "names_file": setup.names_file}, preimport=DCP_PREIMPORT, check="check",
+                      "names_file": setup.names_file}, setup="setup_rank", preimport=DCP_PREIMPORT, check="check",
                      env={"OMP_NUM_THREADS": "1"} if one_thread else {})
 
 
@@ -74,12 +89,12 @@ def orbax_contenders(setup: Any, *, all_ranks: bool = False, log: Any = print) -
     ckpt = str(orbax.save_checkpoint(setup.synth, log=log) / "ckpt")
     args = {"ckpt": ckpt, "strategy": setup.dst_strategy, "rank": setup.rank, "names_file": setup.names_file}
     dist = json.dumps({"rank": setup.rank, "world": setup.dst.world})
-    out = [Contender(ORBAX, "benchmarks.peers.orbax", "load_rank", args,
+    out = [Contender(ORBAX, "benchmarks.peers.orbax", "restore", args, setup="setup_rank",
                      preimport=(*JAX_PREIMPORT, "benchmarks.peers.jaxdist"),
                      env={"CKPTSTORE_JAX_DIST": dist, "JAX_PLATFORMS": "cpu"}, check="check")]
     if all_ranks:
-        out.append(Contender(ORBAX_ALL, "benchmarks.peers.orbax", "load_all_ranks", args, preimport=JAX_PREIMPORT,
-                             env=orbax.device_env(setup.dst.world), check="check", reps=1))
+        out.append(Contender(ORBAX_ALL, "benchmarks.peers.orbax", "restore", args, setup="setup_all_ranks",
+                             preimport=JAX_PREIMPORT, env=orbax.device_env(setup.dst.world), check="check", reps=1))
     return out
 
 

@@ -120,19 +120,21 @@ def render(record: Mapping[str, Any]) -> str:
         "MindSpore's own slicing code), compared by CRC-32C digest of every in-strategy tensor "
         f"(expected digest `{want}`). Every timed run was digested again after its measurement: {rechecked}.",
         "",
-        "What each row measures (one call in a fresh process, imports done before it):",
-        f"- `{CKPTSTORE}`: `ckptstore.load_rank(store, target strategy, rank)` and every Parameter built "
-        "(MindSpore Parameters sharing the arrays ckptstore read into).",
+        "What each row measures (one call in a fresh process, imports and the untimed setup done before it; "
+        "every row is timed from \"a model / state dict with the target shapes exists\" to \"its tensors are "
+        "filled\"):",
+        f"- `{CKPTSTORE}`: `ckptstore.load_rank(store, target strategy, rank).materialize()`: every Parameter "
+        "built (MindSpore Parameters sharing the arrays ckptstore read into, ckptstore's default workers); no setup.",
         f"- `{BOUND}`: one `os.preadv` of a file holding exactly the rank's bytes into one numpy array.",
-        f"- `{DCP}`: `dcp.load(state, FileSystemReader(dir), no_dist=True)` into empty DTensors of the target "
-        "placements, after `init_process_group('fake', rank=r, world_size=dst)` (all inside the call). The DCP "
-        "checkpoint was saved from the same MindSpore rank files by 8 gloo processes (DTensors on the equivalent "
-        "mesh, replicas written once).",
+        f"- `{DCP}`: `dcp.load(state, FileSystemReader(dir), no_dist=True)` alone; the setup (untimed) initialised "
+        "`init_process_group('fake', rank=r, world_size=dst)` and built the meshes and the target DTensors "
+        "(`torch.zeros` local shards). The DCP checkpoint was saved from the same MindSpore rank files by 8 gloo "
+        "processes (DTensors on the equivalent mesh, replicas written once).",
         f"- `{DCP_1T}`: the same with `OMP_NUM_THREADS=1` (torch's intra-op threads 2 → 1). On this shared 2-core "
         "machine torch's parallel `copy_` waits for its second thread whenever another process holds the other "
         "core, which makes the default configuration 2–4× slower and erratic (CPU time grows with the wall time).",
-        f"- `{ORBAX}`: `StandardCheckpointer(active_processes={{r}}).restore(dir, abstract tree)` with target "
-        "`NamedSharding`s, in the process of rank r of a `jax.distributed` job of dst CPU processes (joined before "
+        f"- `{ORBAX}`: `StandardCheckpointer(active_processes={{r}}).restore(dir, abstract tree)` (checkpointer "
+        "made inside the timed call; the abstract tree with target `NamedSharding`s built in the setup), in the process of rank r of a `jax.distributed` job of dst CPU processes (joined before "
         "the call; the other processes idle), so only rank r's shards are read and built into `jax.Array`s. "
         "Orbax's defaults (OCDBT, Zarr with its default zstd compression) — hence fewer bytes read than the rank holds.",
         f"- `{ORBAX_ALL}`: the same restore in one process with dst virtual CPU devices: it reads and builds "

@@ -9,12 +9,15 @@ entry, optimizer sharding as a second ``Shard(0)`` after the model-parallel one)
 collective ``dcp.save``. DCP's default planner writes each replicated shard once. Parameters
 absent from the strategy (``global_step``, ``learning_rate``) are plain tensors.
 
-**Load** (the measured call, :func:`load_rank`): one process playing rank ``r`` of the target
-layout, with a *fake* process group (``torch.testing._internal.distributed.fake_pg``: no
-communication; it only tells DTensor which rank it is), builds the target DTensors (empty local
-shards of the target placements, the shapes a network for the target would declare) and calls
-``dcp.load(..., no_dist=True)``. DCP plans which stored chunks overlap each local shard and
-copies the overlaps in. The returned mapping holds each tensor's local shard.
+**Load**: one process playing rank ``r`` of the target layout. The unmeasured setup
+(:func:`setup_rank`, the worker's ``setup``) reads the target strategy, initialises a *fake*
+process group (``torch.testing._internal.distributed.fake_pg``: no communication; it only tells
+DTensor which rank it is), builds the meshes and the target DTensors: local shards of the target
+placements, the shapes a network for the target would declare, zero-filled with ``torch.zeros``
+(memory touched, as an existing model's state dict is). The measured call (:func:`load`) is only
+``dcp.load(state, storage_reader=dcp.FileSystemReader(ckpt), no_dist=True)``: DCP reads its
+metadata, plans which stored chunks overlap each local shard and copies the overlaps in place.
+The check digests each tensor's local shard.
 """
 from __future__ import annotations
 
@@ -188,15 +191,16 @@ def _names(names_file: str) -> list[tuple[str, tuple[int, ...], str, bool]]:
         return [(n, tuple(s), d, bool(k)) for n, s, d, k in json.load(f)]
 
 
-def load_rank(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
-    """``dcp.load`` of target rank ``rank``'s DTensors (target layout = ``strategy``), one process.
+def setup_rank(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
+    """Unmeasured: the state dict of target rank ``rank`` (target layout = ``strategy``) that
+    :func:`load` fills, after the fake process group is initialised.
 
     ``names_file`` lists the target rank's tensors (name, local shape, dtype, in strategy), as a
-    network built for the target would declare them. Returns name -> local shard (torch.Tensor).
+    network built for the target would declare them; each local shard is ``torch.zeros`` (its
+    memory touched, like an existing model's). Returns ``{"ckpt", "state"}``.
     """
     import torch
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import ckptstore
@@ -207,7 +211,7 @@ def load_rank(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str,
     meshes = _Meshes()
     state: dict[str, Any] = {}
     for name, lshape, dtype, in_strategy in _names(names_file):
-        local = torch.empty(lshape, dtype=_torch_dtype(dtype))
+        local = torch.zeros(lshape, dtype=_torch_dtype(dtype))
         if in_strategy:
             layout = target.layouts[name][0]
             mesh = mesh_layout(layout)
@@ -215,15 +219,34 @@ def load_rank(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str,
             state[name] = _dtensor(local, meshes.get(mesh), mesh, shape, rank, name)
         else:
             state[name] = local
-    dcp.load(state, storage_reader=dcp.FileSystemReader(ckpt), no_dist=True)
+    return {"ckpt": ckpt, "state": state}
+
+
+def load(prepared: Mapping[str, Any]) -> dict[str, Any]:
+    """The measured call: ``dcp.load(state, storage_reader=dcp.FileSystemReader(ckpt), no_dist=True)``
+    into the state dict :func:`setup_rank` built; returns that state dict (DTensors, filled)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = prepared["state"]
+    dcp.load(state, storage_reader=dcp.FileSystemReader(prepared["ckpt"]), no_dist=True)
+    return state
+
+
+def load_rank(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
+    """:func:`setup_rank` then :func:`load` in one call (for use outside the benchmark worker)."""
+    return load(setup_rank(ckpt, strategy, rank, names_file))
+
+
+def local_shards(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Each tensor's local shard (``DTensor.to_local()``; plain tensors as they are)."""
     return {n: (t.to_local() if hasattr(t, "to_local") else t) for n, t in state.items()}
 
 
 def check(out: Mapping[str, Any], **args: Any) -> dict[str, Any]:
-    """Digest of the loaded shards, comparable with :mod:`benchmarks.contenders`' checks."""
+    """Digest of the loaded local shards, comparable with :mod:`benchmarks.contenders`' checks."""
     from benchmarks.contenders import check_params
 
-    return check_params({n: to_numpy(t) for n, t in out.items()}, **args)
+    return check_params({n: to_numpy(t) for n, t in local_shards(out).items()}, **args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,10 +13,14 @@ layout *as one process of a multi-host JAX job*. The worker joins a ``jax.distri
 ``target world`` CPU processes before the measured call (:mod:`benchmarks.peers.jaxdist`; the
 other processes are idle helpers), so the target mesh has one device per process and Orbax reads
 only the shards addressable by this process — rank ``r``'s slices, the same bytes ckptstore and
-DCP load. Measured: ``StandardCheckpointer.restore(path, abstract_tree)`` with a
-``jax.ShapeDtypeStruct`` (global shape, dtype, target ``NamedSharding``) per tensor, i.e.
-reading Orbax's metadata, planning, TensorStore reads and building the ``jax.Array`` s (whose
-one addressable shard each is rank ``r``'s slice). ``active_processes={r}`` keeps Orbax from
+DCP load. The unmeasured setup (:func:`setup_rank`) builds the abstract tree: a
+``jax.ShapeDtypeStruct`` (global shape, dtype, target ``NamedSharding`` over the job's devices)
+per tensor, what a model built for the target would give Orbax. Measured (:func:`restore`):
+``with StandardCheckpointer(multiprocessing_options=...) as c: c.restore(path, abstract_tree)``,
+i.e. creating (and closing) the checkpointer, reading Orbax's metadata, planning, TensorStore
+reads and building the ``jax.Array`` s (whose one addressable shard each is rank ``r``'s slice).
+Orbax cannot restore into existing buffers: the arrays it returns are new (their allocation is
+in the timed span, as with ``ckptstore.load_rank``). ``active_processes={r}`` keeps Orbax from
 waiting at barriers for the helpers, which do not restore anything.
 
 :func:`load_all_ranks` is the single-process variant (all ``target world`` devices virtual in
@@ -168,34 +172,51 @@ def _abstract_tree(strategy: str, names_file: str, devices: Sequence[Any]) -> di
     return tree
 
 
-def load_rank(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
-    """Orbax restore of target rank ``rank``'s shards, as process ``rank`` of a ``jax.distributed`` job.
+def setup_rank(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
+    """Unmeasured: the abstract tree of target rank ``rank``, as process ``rank`` of a
+    ``jax.distributed`` job, for :func:`restore`.
 
     Needs the worker to have joined the job first (``preimport`` of :mod:`benchmarks.peers.jaxdist`
-    with ``CKPTSTORE_JAX_DIST``); see the module docstring. Returns name -> ``jax.Array``.
+    with ``CKPTSTORE_JAX_DIST``); see the module docstring.
     """
     import jax
-    import orbax.checkpoint as ocp
 
     if jax.process_count() == 1:
         raise RuntimeError("load_rank needs a jax.distributed job (preimport benchmarks.peers.jaxdist with "
                            "CKPTSTORE_JAX_DIST set); use load_all_ranks for one process")
     devices = sorted(jax.devices(), key=lambda d: d.process_index)
-    tree = _abstract_tree(strategy, names_file, devices)
-    opts = ocp.options.MultiprocessingOptions(primary_host=rank, active_processes={rank})
-    with ocp.StandardCheckpointer(multiprocessing_options=opts) as ckptr:
-        return dict(ckptr.restore(ckpt, tree))
+    return {"ckpt": ckpt, "tree": _abstract_tree(strategy, names_file, devices), "rank": rank}
+
+
+def setup_all_ranks(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
+    """Unmeasured: the abstract tree of the whole target layout in one process (``target world``
+    virtual devices), for :func:`restore`."""
+    import jax
+
+    devices = sorted(jax.devices(), key=lambda d: d.id)
+    return {"ckpt": ckpt, "tree": _abstract_tree(strategy, names_file, devices), "rank": None}
+
+
+def restore(prepared: Mapping[str, Any]) -> dict[str, Any]:
+    """The measured call: ``StandardCheckpointer(...).restore(ckpt, abstract tree)`` (checkpointer
+    created and closed inside). Returns name -> ``jax.Array``."""
+    import orbax.checkpoint as ocp
+
+    rank = prepared["rank"]
+    kw = {} if rank is None else {
+        "multiprocessing_options": ocp.options.MultiprocessingOptions(primary_host=rank, active_processes={rank})}
+    with ocp.StandardCheckpointer(**kw) as ckptr:
+        return dict(ckptr.restore(prepared["ckpt"], prepared["tree"]))
+
+
+def load_rank(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
+    """:func:`setup_rank` then :func:`restore` in one call (for use outside the benchmark worker)."""
+    return restore(setup_rank(ckpt, strategy, rank, names_file))
 
 
 def load_all_ranks(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
     """Orbax restore of the whole target layout in one process (``target world`` virtual devices)."""
-    import jax
-    import orbax.checkpoint as ocp
-
-    devices = sorted(jax.devices(), key=lambda d: d.id)
-    tree = _abstract_tree(strategy, names_file, devices)
-    with ocp.StandardCheckpointer() as ckptr:
-        return dict(ckptr.restore(ckpt, tree))
+    return restore(setup_all_ranks(ckpt, strategy, rank, names_file))
 
 
 def local_shards(out: Mapping[str, Any], rank: int) -> dict[str, np.ndarray]:

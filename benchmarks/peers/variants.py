@@ -43,7 +43,8 @@ def dtype_synth(size: int, src: Mesh, seed: int = 0, *, dtype: str = "bfloat16",
     return s
 
 
-def ckptstore_load_rank(store: str, strategy: str, rank: int, names_file: str, workers: int = 1) -> dict[str, Any]:
+def ckptstore_load_rank(store: str, strategy: str, rank: int, names_file: str,
+                        workers: int | None = None) -> dict[str, Any]:
     """``benchmarks.contenders.ckptstore_load_rank`` (every Parameter built), any dtype."""
     from benchmarks.contenders import ckptstore_load_rank as load
 
