@@ -33,6 +33,8 @@ StrategyLike = Strategy | str | os.PathLike[str] | Sequence[str | os.PathLike[st
 
 #: Threads that read one load by default: measured on 2 cores (benchmarks/results/workers.md).
 DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
+#: Parameters smaller than this are read by the thread that plans them, not handed to the pool.
+SMALL_READ_BYTES = 256 << 10
 
 
 def resolve_target(store: Store, strategy: StrategyLike) -> Strategy | None:
@@ -193,7 +195,9 @@ class RankView:
                 else:
                     plan = self.plan_for(name)
                     array = empty(plan.shape, self.dtype_of(name))
-                    pending.append((name, array, executor.submit(plan, array)))
+                    # a small parameter is read here, before the next is planned: cheaper than a hand-off
+                    job = executor.submit(plan, array, parallel=plan.nbytes >= SMALL_READ_BYTES)
+                    pending.append((name, array, job))
                 while pending and (pending[0][2] is None or pending[0][2].done()):
                     yield self._ready(pending.popleft())
             while pending:

@@ -383,8 +383,8 @@ class _ParamParser:
         t = p.chunks
         spans = [(f, o, o + m) for i in range(len(t)) for f, o, m in t.chunk_pieces(i)] if t.pieces else \
             list(zip(t.files, t.offsets, (o + m for o, m in zip(t.offsets, t.nbytes))))
-        if not spans:
-            return
+        if len(spans) < 2 or all(a[0] == b[0] and a[2] <= b[1] for a, b in zip(spans, spans[1:])):
+            return  # the common case: chunks one after another in one file
         ids = {f: i for i, f in enumerate(dict.fromkeys(s[0] for s in spans))}
         file_id = np.array([ids[s[0]] for s in spans], dtype=np.int64)
         start = np.array([s[1] for s in spans], dtype=np.int64)

@@ -215,8 +215,10 @@ class RankParameters(dict):  # type: ignore[type-arg]
                 if mapped is not None:
                     dict.__setitem__(self, name, to_parameter(name, mapped))
                     rest.remove(name)
-        values = self.view.stream(rest) if len(rest) > 1 else ((n, self.view.read(n)) for n in rest)
-        for name, value in values:
+        # every read first, then every Parameter: building them while the pool reads (both need
+        # the interpreter) measured slower and less steady on 2 cores
+        values = self.view.read_many(rest) if len(rest) > 1 else {n: self.view.read(n) for n in rest}
+        for name, value in values.items():
             dict.__setitem__(self, name, value if isinstance(value, str) else to_parameter(name, value))
 
 

@@ -11,12 +11,15 @@ concurrent ranged GETs), so the plan a caller built is exactly what is read.
 """
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import UnsafePathError
 from ..limits import MAX_NAME_BYTES
+
+_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")  # control characters and backslashes
 
 #: A read request: bytes ``[offset, offset + len(buffer))`` of a file into ``buffer``.
 Request = tuple[int, memoryview]
@@ -46,7 +49,7 @@ def check_key(key: object, where: str = "") -> str:
         raise UnsafePathError(f"file name {key!r}{origin} is not a non-empty string")
     if len(key.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         raise UnsafePathError(f"file name{origin} is longer than {MAX_NAME_BYTES} bytes")
-    if key.startswith("/") or "\\" in key or any(ord(c) < 32 or ord(c) == 127 for c in key):
+    if key.startswith("/") or _FORBIDDEN.search(key):
         raise UnsafePathError(f"file name {key!r}{origin} is absolute or holds a backslash or control "
                               "character; files must be named relative to their folder")
     if any(part in ("", ".", "..") for part in key.split("/")):
