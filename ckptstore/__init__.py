@@ -3,6 +3,7 @@
 The public API is what a user calls::
 
     ckptstore.convert(src, out, strategy=[...])      # rank files + strategy -> a store
+    ckptstore.index(src, out, strategy=[...])        # a store that points into the rank files
     store = ckptstore.open(path)                      # a store: names, info, read, plan
     ckptstore.load_rank(store, strategy, rank)        # mindspore.Parameters of one target rank
     ckptstore.load_into_net(net, store, strategy)     # straight into a network
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .convert import convert
+from .convert import convert, index
 from .errors import CkptStoreError
 from .export import export
 from .store import Store, open
@@ -36,5 +37,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'ckptstore' has no attribute {name!r}")
 
 
-__all__ = ["CkptStoreError", "Store", "__version__", "convert", "export", "load_into_net", "load_rank", "open",
-           "verify"]
+__all__ = ["CkptStoreError", "Store", "__version__", "convert", "export", "index", "load_into_net", "load_rank",
+           "open", "verify"]

@@ -9,6 +9,7 @@ import fnmatch
 import functools
 import json
 import sys
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import click
@@ -105,8 +106,10 @@ def _print_strategy(info: dict[str, Any]) -> None:
 def _print_store(info: dict[str, Any]) -> None:
     params, totals = info["params"], info["totals"]
     src = info["source"]
-    kind = {"zarr": "Zarr v3", "safetensors": "safetensors"}.get(info["backend"], info["backend"])
-    click.echo(f"{info['path']}: ckptstore store ({kind}) converted from {src['world_size']} rank file(s)")
+    kind = {"zarr": "Zarr v3", "safetensors": "safetensors", "index": "an index of the rank files"}.get(
+        info["backend"], info["backend"])
+    verb = "of" if info["backend"] == "index" else "converted from"
+    click.echo(f"{info['path']}: ckptstore store ({kind}) {verb} {src['world_size']} rank file(s)")
     width = max([len(n) for n in params] + [9])
     click.echo(f"  {'parameter':<{width}}  {'dtype':<8}  {'shape':<16}  {'chunk':<16}  {'chunks':>6}  {'bytes':>12}")
     for name, p in params.items():
@@ -177,82 +180,126 @@ _STRATEGY_HELP = ("MindSpore strategy file of the source (protobuf as saved, or 
                   "per pipeline stage. Not needed for a single .ckpt file.")
 
 
+def _source_options(fn: F) -> F:
+    """The options that choose and check what is read, shared by ``convert`` and ``index``."""
+    options = [
+        click.argument("src", type=click.Path(exists=True)),
+        click.option("--out", "-o", required=True, type=click.Path(), help="The store folder to create."),
+        click.option("--strategy", "-s", "strategies", multiple=True,
+                     type=click.Path(exists=True, dir_okay=False), help=_STRATEGY_HELP),
+        click.option("--step", type=int, default=None,
+                     help="Use each rank's checkpoint of this step (-<epoch>_<step>.ckpt) instead of the newest."),
+        click.option("--prefix", default=None, help="Use only checkpoint files whose name starts with this."),
+        click.option("--src-format", type=click.Choice(["ckpt", "safetensors"]), default=None,
+                     help="Use only rank files of this format, when a rank folder holds both for one step "
+                          "(default: whichever each rank has)."),
+        click.option("--include", multiple=True, metavar="GLOB", help="Keep only parameters matching (repeatable)."),
+        click.option("--exclude", multiple=True, metavar="GLOB", help="Drop parameters matching (repeatable)."),
+        click.option("--drop-optimizer", is_flag=True,
+                     help="Drop optimizer state and training counters, for inference or a fresh optimizer. "
+                          "Patterns: " + ", ".join(OPTIMIZER_PATTERNS)),
+        click.option("--workers", "-j", type=click.IntRange(1), default=4, show_default=True,
+                     help="Parameters written in parallel."),
+        click.option("--verify-crc", is_flag=True,
+                     help="Check each rank file's checksum (crc_num) first (reads them whole)."),
+        click.option("--no-layout-check", is_flag=True,
+                     help="Skip the check that the strategy describes the rank files (a few sampled bytes of every "
+                          "slice must agree between replicas and differ between slices). Use only if ranks really "
+                          "hold identical slices of a parameter."),
+        click.option("--overwrite", is_flag=True,
+                     help="Replace the store at --out, or start an unfinished one there over. Only files ckptstore "
+                          "wrote are deleted."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress output."),
+        click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _source_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
+    """The library keyword arguments of the shared options (and a message while waiting)."""
+    out, quiet = kw["out"], kw["quiet"]
+
+    def waiting(holder: str) -> None:
+        if not quiet:
+            click.echo(f"ckptstore: {out} is being written by another process ({holder}); waiting for it", err=True)
+
+    return {"strategy": kw["strategies"], "step": kw["step"], "prefix": kw["prefix"], "src_format": kw["src_format"],
+            "include": kw["include"], "exclude": kw["exclude"], "drop_optimizer": kw["drop_optimizer"],
+            "workers": kw["workers"], "verify_crc": kw["verify_crc"], "check_layout": not kw["no_layout_check"],
+            "overwrite": kw["overwrite"], "quiet": quiet, "on_wait": waiting}
+
+
+def _print_summary(summary: Any, as_json: bool, done: str) -> None:
+    if as_json:
+        click.echo(json.dumps(summary.to_json(), indent=2))
+    elif summary.already_complete:
+        click.echo(f"{summary.store} already holds this conversion, complete: {summary.params} parameters; "
+                   "nothing to do")
+    else:
+        click.echo(done)
+
+
 @main.command()
-@click.argument("src", type=click.Path(exists=True))
-@click.option("--out", "-o", required=True, type=click.Path(), help="The store folder to create.")
-@click.option("--strategy", "-s", "strategies", multiple=True, type=click.Path(exists=True, dir_okay=False),
-              help=_STRATEGY_HELP)
+@_source_options
 @click.option("--format", "fmt", type=click.Choice(["zarr", "safetensors"]), default="zarr", show_default=True,
               help="Store format: Zarr v3 (chunked, optional compression) or safetensors (whole global tensors "
                    "in model-*.safetensors files, readable with safetensors.safe_open).")
-@click.option("--step", type=int, default=None,
-              help="Use each rank's checkpoint of this step (-<epoch>_<step>.ckpt) instead of the newest.")
-@click.option("--prefix", default=None, help="Use only checkpoint files whose name starts with this.")
-@click.option("--src-format", type=click.Choice(["ckpt", "safetensors"]), default=None,
-              help="Use only rank files of this format, when a rank folder holds both for one step "
-                   "(default: whichever each rank has).")
-@click.option("--include", multiple=True, metavar="GLOB", help="Keep only parameters matching (repeatable).")
-@click.option("--exclude", multiple=True, metavar="GLOB", help="Drop parameters matching (repeatable).")
-@click.option("--drop-optimizer", is_flag=True,
-              help="Drop optimizer state and training counters, for inference or a fresh optimizer. Patterns: "
-                   + ", ".join(OPTIMIZER_PATTERNS))
 @click.option("--compress", type=click.Choice(["none", *CODECS]), default="none", show_default=True,
               help="Compress chunks (smaller store; chunks are then decoded whole on read, not memory-mapped).")
 @click.option("--chunk-mb", type=click.IntRange(1), default=None,
               help="Largest chunk in MiB (default 256, or 16 when compressed). Chunks follow the source slices "
                    "and are cut further only above this size.")
-@click.option("--workers", "-j", type=click.IntRange(1), default=4, show_default=True,
-              help="Parameters written in parallel.")
 @click.option("--verify-replicas", is_flag=True,
               help="Also read every replica of each slice and fail if ranks disagree (reads all rank files).")
-@click.option("--verify-crc", is_flag=True, help="Check each rank file's crc_num trailer first (reads them whole).")
-@click.option("--no-layout-check", is_flag=True,
-              help="Skip the check that the strategy describes the rank files (a few sampled bytes of every slice "
-                   "must agree between replicas and differ between slices). Use only if ranks really hold "
-                   "identical slices of a parameter.")
-@click.option("--overwrite", is_flag=True,
-              help="Replace the store at --out, or start an unfinished conversion there over. Only files ckptstore "
-                   "wrote are deleted.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @_friendly_errors
-def convert(src: str, out: str, strategies: tuple[str, ...], fmt: str, step: int | None, prefix: str | None,
-            src_format: str | None, include: tuple[str, ...], exclude: tuple[str, ...], drop_optimizer: bool, compress: str,
-            chunk_mb: int | None, workers: int, verify_replicas: bool, verify_crc: bool, no_layout_check: bool,
-            overwrite: bool, quiet: bool, as_json: bool) -> None:
+def convert(fmt: str, compress: str, chunk_mb: int | None, verify_replicas: bool, **kw: Any) -> None:
     """Convert a MindSpore distributed checkpoint into a store of global tensors.
 
     SRC is the folder holding rank_0/, rank_1/, ... (each rank's newest .ckpt or MindSpore
     .safetensors file is used) or a single such file. Saves made with remove_redundancy=True
     (each replicated slice on one rank only) and with integrated_save=True (whole tensors on
-    every rank) are recognised. Each parameter becomes one global array; a slice held by several ranks
-    (data-parallel replicas) is read and stored once. Memory use stays small whatever the
+    every rank) are recognised. Each parameter becomes one global array; a slice held by several
+    ranks (data-parallel replicas) is read and stored once. Memory use stays small whatever the
     checkpoint size. If the run is interrupted, run the same command again: it resumes. Once the
     store is complete, the same command again does nothing. Several processes may run the same
     command on one --out (every rank of a job, say): one converts, the others wait for it.
     """
-    def waiting(holder: str) -> None:
-        if not quiet:
-            click.echo(f"ckptstore: {out} is being written by another conversion ({holder}); waiting for it",
-                       err=True)
+    summary = convert_store(kw["src"], kw["out"], fmt=fmt, compress=compress, max_chunk_mb=chunk_mb,
+                            verify_replicas=verify_replicas, **_source_kwargs(kw))
+    _print_summary(summary, kw["as_json"],
+                   f"wrote {summary.store}: {summary.params} parameters in {summary.chunks} chunks, "
+                   f"{_fmt_bytes(summary.stored_bytes)} stored from {_fmt_bytes(summary.source_bytes)} in the rank "
+                   f"files (replicas stored once saved {_fmt_bytes(summary.dedup_saved_bytes)}), "
+                   f"{summary.seconds:.1f} s" + (f"; resumed {summary.chunks_resumed} chunks already written"
+                                                if summary.chunks_resumed else ""))
 
-    summary = convert_store(src, out, strategy=strategies, step=step, prefix=prefix, include=include,
-                            exclude=exclude, drop_optimizer=drop_optimizer, compress=compress,
-                            max_chunk_mb=chunk_mb, workers=workers, verify_replicas=verify_replicas,
-                            verify_crc=verify_crc, overwrite=overwrite, quiet=quiet, fmt=fmt,
-                            check_layout=not no_layout_check, src_format=src_format, on_wait=waiting)
-    if as_json:
-        click.echo(json.dumps(summary.to_json(), indent=2))
-        return
-    if summary.already_complete:
-        click.echo(f"{summary.store} already holds this conversion, complete: {summary.params} parameters; "
-                   "nothing to do")
-        return
-    click.echo(f"wrote {summary.store}: {summary.params} parameters in {summary.chunks} chunks, "
-               f"{_fmt_bytes(summary.stored_bytes)} stored from {_fmt_bytes(summary.source_bytes)} in the rank "
-               f"files (replicas stored once saved {_fmt_bytes(summary.dedup_saved_bytes)}), "
-               f"{summary.seconds:.1f} s" + (f"; resumed {summary.chunks_resumed} chunks already written"
-                                            if summary.chunks_resumed else ""))
+
+@main.command()
+@_source_options
+@click.option("--checksum", is_flag=True,
+              help="Read every slice once to record its CRC-32C, so 'ckptstore verify' can check the bytes later "
+                   "(without it the index records only each rank file's size and modification time).")
+@_friendly_errors
+def index(checksum: bool, **kw: Any) -> None:
+    """Make a store that copies nothing: an index into the original rank files.
+
+    Takes the same SRC and options as 'convert'. The store folder holds only ckptstore.json: for
+    each distinct slice of each parameter, where its bytes are in the rank files (replicas
+    referenced once), and each rank file's size and modification time. It opens, reads, loads
+    and exports like a converted store, with the same values, as long as the rank files stay
+    where they are (or move together with the store) and unchanged: a changed file is refused.
+    """
+    from .convert import index as index_store
+    from .backends import MANIFEST
+
+    summary = index_store(kw["src"], kw["out"], checksum=checksum, **_source_kwargs(kw))
+    size = (Path(kw["out"]) / MANIFEST).stat().st_size if (Path(kw["out"]) / MANIFEST).exists() else 0
+    _print_summary(summary, kw["as_json"],
+                   f"wrote {summary.store}: an index of {summary.params} parameters in {summary.chunks} slices, "
+                   f"{_fmt_bytes(summary.stored_bytes)} of the rank files' {_fmt_bytes(summary.source_bytes)} "
+                   f"referenced (replicas once); the index itself is {_fmt_bytes(size)}, {summary.seconds:.1f} s")
 
 
 @main.command()
@@ -279,6 +326,9 @@ def verify(store: str, against: str | None, strategies: tuple[str, ...], step: i
     for problem in report.problems:
         click.echo(f"ckptstore: {problem}", err=True)
     extra = f", {report.compared_with_source} chunks compared with the source" if against else ""
+    if report.without_checksum:
+        extra += (f"; {report.without_checksum} chunks have no checksums (an index made without --checksum): "
+                  "compare with --against to check their bytes")
     click.echo(f"{'OK' if report.ok else 'FAILED'}: {report.params} parameters, {report.chunks} chunks, "
                f"{_fmt_bytes(report.bytes_checked)} checked{extra}; {len(report.problems)} problem(s)")
     sys.exit(0 if report.ok else 1)

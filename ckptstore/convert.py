@@ -37,13 +37,13 @@ from .manifest import ParamManifest, StoreManifest
 from .output_folder import Claim, claim, write_error
 from .progress import Progress
 from .source import DistributedSource, SourceParam, resolve_source
-from .store_writer import ChunkCopier, load_done, str_manifest, write_dense_param, write_zarr_param
+from .store_kinds import IndexWriter, SafetensorsWriter, StoreWriter, ZarrWriter
+from .store_writer import ChunkCopier
+from .limits import MAX_TENSOR_BYTES
 from .version import __version__
 
 DEFAULT_CHUNK_MB = 256
 DEFAULT_COMPRESSED_CHUNK_MB = 16
-#: Test hook: SIGKILL this process at a named point ("commit": data files final, manifest not written).
-KILL_AT_ENV = "CKPTSTORE_KILL_AT"
 
 
 @dataclass(frozen=True)
@@ -93,22 +93,57 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     an unfinished one is resumed; anything else in ``out`` needs ``overwrite``. Returns a
     :class:`ConvertSummary`.
     """
-    started = time.monotonic()
     codec, chunk_bytes = _options(fmt, compress, max_chunk_mb, workers)
-    source = resolve_source(src, strategy, step=step, prefix=prefix, verify_crc=verify_crc,
-                            check_layout=check_layout, src_format=src_format)
+    return _run(src, Path(out), fmt, codec=codec, chunk_bytes=chunk_bytes, checksum=True, workers=workers,
+                verify_replicas=verify_replicas, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
+                select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
+                choose={"step": step, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
+                        "src_format": src_format, "strategy": strategy})
+
+
+def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
+          strategy: Sequence[str | os.PathLike[str]] = (), step: int | None = None, prefix: str | None = None,
+          include: Sequence[str] = (), exclude: Sequence[str] = (), drop_optimizer: bool = False,
+          checksum: bool = False, workers: int = 4, verify_crc: bool = False, overwrite: bool = False,
+          quiet: bool = True, check_layout: bool = True, src_format: str | None = None,
+          on_wait: Callable[[str], None] | None = None) -> ConvertSummary:
+    """Make a store at ``out`` that copies no payload: an index into the original rank files.
+
+    Takes the same source options as :func:`convert`. Each distinct slice of each parameter
+    becomes one chunk whose bytes are read, later, from the rank file that holds it (from its
+    records, or its safetensors tensor); the store folder holds only ``ckptstore.json``, which
+    records each rank file's size and modification time (a file that changes afterwards is
+    refused when the store is opened or read). ``checksum=True`` reads every slice once to
+    record its CRC-32C, so :func:`ckptstore.verify` can check the bytes later; without it the
+    index holds no checksums. Returns a :class:`ConvertSummary` (``stored_bytes`` counts the
+    rank-file bytes the index refers to).
+    """
+    _options("index", None, None, workers)
+    return _run(src, Path(out), "index", codec=None, chunk_bytes=MAX_TENSOR_BYTES, checksum=checksum, workers=workers,
+                verify_replicas=False, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
+                select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
+                choose={"step": step, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
+                        "src_format": src_format, "strategy": strategy})
+
+
+def _run(src: str | os.PathLike[str], out: Path, fmt: str, *, codec: dict | None, chunk_bytes: int, checksum: bool,
+         workers: int, verify_replicas: bool, overwrite: bool, quiet: bool, on_wait: Callable[[str], None] | None,
+         select: Mapping[str, Any], choose: Mapping[str, Any]) -> ConvertSummary:
+    """Source -> plans -> claim the output folder -> write (or skip, if complete) -> summary."""
+    started = time.monotonic()
+    source = resolve_source(src, **choose)
     try:
-        names = select_params(source.params, include=include, exclude=exclude, drop_optimizer=drop_optimizer)
+        names = select_params(source.params, **select)
         plans = [_plan(source.params[n], chunk_bytes) for n in names]
-        fingerprint = _fingerprint(source, plans, codec, fmt)
-        out = Path(out)
+        fingerprint = _fingerprint(source, plans, codec, fmt, checksum)
         hold = claim(out, fingerprint, overwrite=overwrite, on_wait=on_wait,
                      sources=[*source.rank_files.values(), *(source.strategy.sources if source.strategy else ())])
         try:
             if hold.complete:
                 return _summary(out, plans, None, started, already_complete=True)
-            header = {**_source_header(source, step), "fingerprint": fingerprint}
-            manifest, copier = _write(hold, source, plans, codec, fmt, workers, verify_replicas, quiet, header)
+            header = {**_source_header(source, choose.get("step")), "fingerprint": fingerprint}
+            manifest, copier = _write(hold, source, plans, codec, fmt, workers, verify_replicas, quiet, header,
+                                      checksum)
             return _summary(out, plans, copier, started, manifest=manifest)
         finally:
             hold.release()
@@ -117,8 +152,9 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
 
 
 def _options(fmt: str, compress: str | None, max_chunk_mb: int | None, workers: int) -> tuple[dict | None, int]:
-    if fmt not in ("zarr", "safetensors"):
-        raise InvalidOptionError(f"unknown store format {fmt!r}; choose zarr or safetensors")
+    if fmt not in ("zarr", "safetensors", "index"):
+        raise InvalidOptionError(f"unknown store format {fmt!r}; choose zarr or safetensors (or use "
+                                 "ckptstore index for an index of the rank files)")
     codec = _codec(compress)
     if codec is not None and fmt == "safetensors":
         raise InvalidOptionError("safetensors stores are not compressed; use the zarr format for --compress")
@@ -129,18 +165,26 @@ def _options(fmt: str, compress: str | None, max_chunk_mb: int | None, workers: 
 
 
 def _write(hold: Claim, source: DistributedSource, plans: Sequence[ParamPlan], codec: dict | None, fmt: str,
-           workers: int, verify_replicas: bool, quiet: bool,
-           header: dict[str, Any]) -> tuple[StoreManifest, ChunkCopier]:
-    progress = Progress(sum(p.nbytes for p in plans), len(plans), desc="convert", quiet=quiet)
+           workers: int, verify_replicas: bool, quiet: bool, header: dict[str, Any],
+           checksum: bool = True) -> tuple[StoreManifest, ChunkCopier]:
+    progress = Progress(sum(p.nbytes for p in plans), len(plans), desc=fmt if fmt == "index" else "convert",
+                        quiet=quiet)
     copier = ChunkCopier(codec, verify_replicas, progress, source.files)
-    writer = _ZarrWriter(hold, copier) if fmt == "zarr" else _SafetensorsWriter(hold, copier, plans)
+    writer: StoreWriter
+    if fmt == "zarr":
+        writer = ZarrWriter(hold, copier)
+    elif fmt == "safetensors":
+        writer = SafetensorsWriter(hold, copier, plans)
+    else:
+        writer = IndexWriter(hold, copier, plans, checksum)
     try:
         order = sorted(plans, key=lambda p: -p.nbytes)  # big first: workers finish together
         with ThreadPoolExecutor(workers) as pool:
             done = dict(zip((p.param.name for p in order), pool.map(writer.write_param, order)))
     finally:
         progress.close()
-    manifest = StoreManifest({p.param.name: done[p.param.name] for p in plans}, header, backend=fmt)
+    manifest = StoreManifest({p.param.name: done[p.param.name] for p in plans}, header, backend=fmt,
+                             extra=writer.extra())
     writer.commit(manifest)
     return manifest, copier
 
@@ -178,7 +222,7 @@ def _plan(param: SourceParam, chunk_bytes: int) -> ParamPlan:
 
 
 def _fingerprint(source: DistributedSource, plans: Sequence[ParamPlan], codec: Mapping[str, Any] | None,
-                 fmt: str) -> str:
+                 fmt: str, checksum: bool = True) -> str:
     """What identifies this conversion, so a rerun resumes (or skips) only the same one.
 
     Each rank file counts with its size, modification time and *version* (device, inode and
@@ -192,107 +236,8 @@ def _fingerprint(source: DistributedSource, plans: Sequence[ParamPlan], codec: M
     params = [(p.param.name, p.param.dtype.str if not p.param.is_str else "str", p.param.shape, p.chunk_shape)
               for p in plans]
     blob = json.dumps({"files": files, "params": params, "codec": codec, "format": fmt, "version": __version__,
-                       "integrated_save": source.integrated_save}, default=str)
+                       "integrated_save": source.integrated_save, "checksum": checksum}, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def _kill_point(name: str) -> None:
-    if os.environ.get(KILL_AT_ENV) == name:
-        os.kill(os.getpid(), 9)
-
-
-class _StoreWriter:
-    """Writes parameters (shared by the worker threads), remembering finished ones for a rerun."""
-
-    def __init__(self, hold: Claim, copier: ChunkCopier) -> None:
-        self.hold, self.out, self.work, self.copier = hold, hold.out, hold.work, copier
-
-    def _done_path(self, name: str) -> Path:
-        return self.work / "done" / f"{zb.array_path(name)}.json"
-
-    def write_param(self, plan: ParamPlan) -> ParamManifest:
-        name = plan.param.name
-        done = self._done_path(name)
-        finished = load_done(done, name)
-        if finished is not None and self._still_there(finished):
-            self.copier.count(resumed=len(plan.chunks), params_resumed=1)
-            self.copier.progress.add(plan.nbytes, 1)
-            return finished
-        try:
-            manifest = str_manifest(plan, zb.array_path(name), self.copier) if plan.param.is_str else self._write(plan)
-            write_atomic(done, json.dumps(manifest.to_json()).encode(), sync_folder=False)
-        except OSError as e:
-            raise write_error(e, self.out / zb.array_path(name), name) from e
-        self.copier.progress.add(0, 1)
-        return manifest
-
-    def _still_there(self, finished: ParamManifest) -> bool:
-        """A finished parameter is trusted only while its data files are there at their full size."""
-        return True
-
-    def _write(self, plan: ParamPlan) -> ParamManifest:
-        raise NotImplementedError
-
-    def commit(self, manifest: StoreManifest) -> None:
-        """Make the store complete: data files final and synced, the manifest last, the work folder gone."""
-        raise NotImplementedError
-
-    def _commit(self, name: str, data: bytes) -> None:
-        try:
-            os.sync()  # every data file's rename is durable before the manifest that names it
-            _kill_point("commit")
-            write_atomic(self.out / name, data)
-        except OSError as e:
-            raise write_error(e, self.out / name) from e
-        self.hold.drop_work()
-
-
-class _ZarrWriter(_StoreWriter):
-    def _write(self, plan: ParamPlan) -> ParamManifest:
-        return write_zarr_param(plan, self.out, zb.array_path(plan.param.name), self.copier)
-
-    def _still_there(self, finished: ParamManifest) -> bool:
-        if finished.is_str:
-            return True
-        sizes: dict[str, int] = {}
-        for f, o, n in zip(finished.chunks.files, finished.chunks.offsets, finished.chunks.nbytes):
-            sizes[f] = max(sizes.get(f, 0), o + n)
-        return all((self.out / f).is_file() and (self.out / f).stat().st_size >= n for f, n in sizes.items())
-
-    def commit(self, manifest: StoreManifest) -> None:
-        self._commit(ROOT_METADATA, zb.group_metadata({"ckptstore": manifest.to_json()}))
-
-
-class _SafetensorsWriter(_StoreWriter):
-    def __init__(self, hold: Claim, copier: ChunkCopier, plans: Sequence[ParamPlan]) -> None:
-        super().__init__(hold, copier)
-        tensors = [(p.param.name, p.param.dtype, p.param.shape) for p in plans if not p.param.is_str]
-        self.files = sb.plan_files(tensors)
-        self.slots = {s.name: s for f in self.files for s in f.slots}
-        try:
-            for f in self.files:
-                if not sb.reuse_file(self.out, f):
-                    # a new (zero-filled) data file: nothing recorded for its tensors holds any more
-                    for slot in f.slots:
-                        self._done_path(slot.name).unlink(missing_ok=True)
-                        self._journal(slot.name).unlink(missing_ok=True)
-        except OSError as e:
-            raise write_error(e, self.out) from e
-
-    def _journal(self, name: str) -> Path:
-        return self.work / "journal" / f"{zb.array_path(name)}.journal"
-
-    def _write(self, plan: ParamPlan) -> ParamManifest:
-        slot = self.slots[plan.param.name]
-        return write_dense_param(plan, slot, sb.partial(self.out, slot.file), self._journal(slot.name), self.copier)
-
-    def commit(self, manifest: StoreManifest) -> None:
-        try:
-            for f in self.files:
-                sb.finish_file(self.out, f)
-        except OSError as e:
-            raise write_error(e, self.out) from e
-        self._commit(MANIFEST, manifest.dumps().encode())
 
 
 def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any]:
@@ -306,4 +251,4 @@ def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any
     }
 
 
-__all__ = ["ConvertSummary", "convert"]
+__all__ = ["ConvertSummary", "convert", "index"]

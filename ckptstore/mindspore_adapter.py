@@ -392,10 +392,11 @@ class _NetLoader:
         want_dtype = lookup(str(param.dtype)).numpy
         if not getattr(param, "has_init", True) and not getattr(param, "is_meta", False):
             try:
-                a, b = param.asnumpy(), param.asnumpy()
-            except (TypeError, RuntimeError):
-                a = b = None  # bfloat16 under numpy 2, or a device tensor
-            if (a is not None and np.shares_memory(a, b) and a.flags.writeable and a.flags.c_contiguous
-                    and a.dtype == want_dtype and a.shape == plan.shape):
-                return a, True
+                host = param.asnumpy()
+                shared = host.__array_interface__["data"][0] == param.data_ptr()  # a view, not a copy
+            except (TypeError, RuntimeError, AttributeError):
+                shared = False  # bfloat16 under numpy 2, a device tensor, or an older MindSpore
+            if (shared and host.flags.writeable and host.flags.c_contiguous and host.dtype == want_dtype
+                    and host.shape == plan.shape):
+                return host, True
         return empty(plan.shape, want_dtype), False

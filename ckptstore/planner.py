@@ -141,7 +141,7 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
     item = manifest.np_dtype.itemsize
     cast = out_dtype is not None and np.dtype(out_dtype) != manifest.np_dtype
     whole = verify or manifest.codec is not None
-    direct: list[tuple[np.ndarray, ...]] = []
+    direct = _Columns()
     groups: list[ReadGroup] = []
     touched: list[tuple[int, Box]] = []
     for i in manifest.chunks_overlapping(box):
@@ -155,13 +155,18 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
             continue
         container, pieces = manifest.container(i)
         frame = overlap if cast else box
+        at = _contiguous_at(overlap, frame) if overlap == container and len(pieces) == 1 else None
+        if at is not None and not cast:  # a whole chunk landing in one run of the destination
+            f, offset, nbytes = pieces[0]
+            direct.add(_key_id(keys, f), offset, nbytes, at * item)
+            continue
         cols = _runs(overlap, container, pieces, frame, item, keys)
         if cast:
             groups.append(ReadGroup(frame, overlap, *cols, into_destination=False, chunk=i))
         else:
-            direct.append(cols)
+            direct.extend(cols)
     if direct:
-        groups.insert(0, ReadGroup(box, box, *_coalesce(direct), into_destination=True))
+        groups.insert(0, ReadGroup(box, box, *_coalesce(direct.arrays()), into_destination=True))
     return ParamReadPlan(manifest.name, manifest.np_dtype, box, tuple(keys), tuple(groups), manifest.codec,
                          tuple(i for i, _ in touched), tuple(o for _, o in touched))
 
@@ -169,6 +174,48 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
 def plan_reads(manifests: Mapping[str, ParamManifest], boxes: Mapping[str, Box | None], **kw: Any) -> ReadPlan:
     """Plans for every named parameter's box (keyword options as :func:`plan_param`)."""
     return ReadPlan({n: plan_param(manifests[n], b, **kw) for n, b in boxes.items()})
+
+
+class _Columns:
+    """Range columns collected in order: single ranges as Python ints (cheap), runs as arrays."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[np.ndarray, ...]] = []
+        self._rows: list[tuple[int, int, int, int]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._parts or self._rows)
+
+    def add(self, f: int, offset: int, length: int, dest: int) -> None:
+        self._rows.append((f, offset, length, dest))
+
+    def extend(self, cols: tuple[np.ndarray, ...]) -> None:
+        self._flush()
+        self._parts.append(cols)
+
+    def _flush(self) -> None:
+        if self._rows:
+            self._parts.append(tuple(np.array(c, dtype=np.int64) for c in zip(*self._rows)))
+            self._rows = []
+
+    def arrays(self) -> list[tuple[np.ndarray, ...]]:
+        self._flush()
+        return self._parts
+
+
+def _contiguous_at(box: Box, frame: Box) -> int | None:
+    """The element offset of ``box`` in the C-order block ``frame`` when ``box`` is one contiguous
+    run of it (whole trailing axes, single leading ones), else ``None``."""
+    ndim = box.ndim
+    j = ndim - 1
+    while j >= 0 and box.start[j] == frame.start[j] and box.stop[j] == frame.stop[j]:
+        j -= 1
+    if any(box.stop[a] - box.start[a] != 1 for a in range(j)):
+        return None
+    offset = 0
+    for a in range(ndim):
+        offset = offset * (frame.stop[a] - frame.start[a]) + (box.start[a] - frame.start[a])
+    return offset
 
 
 def _key_id(keys: dict[str, int], key: str) -> int:

@@ -169,4 +169,8 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
     manifest = StoreManifest.from_json(doc, where=location.url)
     if manifest.backend not in KINDS:
         raise StoreCorruptError(f"{location.url}: unknown store kind {manifest.backend!r}")
+    if manifest.backend == "index":
+        from .backends import index_backend
+
+        return Store(location, manifest, index_backend.data_source(location, manifest))
     return Store(location, manifest)

@@ -29,6 +29,8 @@ class VerifyReport:
     params: int = 0
     chunks: int = 0
     bytes_checked: int = 0
+    #: chunks the store keeps no checksum of (an index made without ``--checksum``)
+    without_checksum: int = 0
     compared_with_source: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -50,6 +52,9 @@ def verify(store: Store, *, against: str | os.PathLike[str] | None = None,
         report.params += 1
         for i in range(len(info.chunks)):
             report.chunks += 1
+            if info.chunks.crc32c is None:
+                report.without_checksum += 1
+                continue
             report.bytes_checked += info.chunks.nbytes[i]
             problem = _check_chunk(store, info, i)
             if problem:

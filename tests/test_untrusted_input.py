@@ -101,7 +101,7 @@ def test_a_conversion_waits_for_the_holder_of_the_folder_and_says_who_it_is(save
                             env={**os.environ, "GLOG_v": "3"})
     try:
         line = proc.stderr.readline()
-        assert "is being written by another conversion (pid " in line and f"{os.getpid()}" in line, line
+        assert "is being written by another process (pid " in line and f"{os.getpid()}" in line, line
         time.sleep(0.3)
         assert proc.poll() is None  # still waiting
     finally:
