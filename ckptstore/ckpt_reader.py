@@ -33,7 +33,7 @@ from .errors import (
 )
 from .limits import MAX_NAME_BYTES, MAX_NDIM, MAX_STR_BYTES, MAX_TENSOR_BYTES
 from .sources.base import ReadableFile
-from .sources.local import LocalFile
+from .sources.locations import open_user_file
 
 CRC_MAGIC = b"crc_num"
 CRC_TRAILER_BYTES = len(CRC_MAGIC) + 10
@@ -110,7 +110,7 @@ class _Window:
                 path=self.path, param=self.param, offset=self.pos)
         lo = self.pos - self._buf_at
         if lo < 0 or lo + n > len(self._buf):
-            self._buf = self.f.pread(self.pos, max(n, _WINDOW))
+            self._buf = self.f.pread(self.pos, max(n, self.f.read_ahead or _WINDOW))
             self._buf_at, lo = self.pos, 0
             if len(self._buf) < n:
                 raise TruncatedCheckpointError(
@@ -369,7 +369,7 @@ def open_file(path: str | os.PathLike[str] | ReadableFile) -> tuple[ReadableFile
     """``(file, opened_here)`` for a path or an already open file."""
     if isinstance(path, ReadableFile):
         return path, False
-    return LocalFile.from_path(path), True
+    return open_user_file(path), True
 
 
 def scan_checkpoint(path: str | os.PathLike[str] | ReadableFile, *, verify_crc: bool = False) -> CkptIndex:

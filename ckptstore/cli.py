@@ -9,7 +9,6 @@ import fnmatch
 import functools
 import json
 import sys
-from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import click
@@ -21,11 +20,32 @@ from .convert import convert as convert_store
 from .errors import CkptStoreError
 from .rank_files import find_rank_files
 from .source import open_source
+from .sources import is_url
+from .sources.s3 import split_url
 from .store import open as open_store
 from .strategy import load_strategy
 from .verify import verify_store
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Location(click.Path):
+    """A local path (checked like ``click.Path``) or an ``s3://``/``obs://`` URL (checked when used)."""
+
+    def __init__(self, *, local_only: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.local_only = local_only
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if is_url(value):
+            if self.local_only:
+                self.fail(f"{value} is a URL; this writes local files, so give a folder", param, ctx)
+            try:
+                split_url(value)
+            except CkptStoreError as e:
+                self.fail(str(e), param, ctx)
+            return value
+        return super().convert(value, param, ctx)
 
 
 def _friendly_errors(fn: F) -> F:
@@ -124,14 +144,14 @@ def _print_store(info: dict[str, Any]) -> None:
 
 
 @main.command()
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path", type=Location(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of a table.")
 @click.option("--rank", type=int, default=None,
               help="Strategy only: show the split that this global rank holds.")
-@click.option("--ckpt-dir", type=click.Path(exists=True, file_okay=False), default=None,
+@click.option("--ckpt-dir", type=Location(exists=True, file_okay=False), default=None,
               help="Strategy only: the folder of rank_<i>/ checkpoints, to show global shapes and each "
                    "rank's box.")
-@click.option("--strategy", "extra_strategies", multiple=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--strategy", "extra_strategies", multiple=True, type=Location(exists=True, dir_okay=False),
               help="Strategy only: more strategy files (one per pipeline stage), read together with PATH.")
 @click.option("--include", multiple=True, metavar="GLOB",
               help="List only parameters matching (repeatable); totals still cover everything.")
@@ -183,10 +203,11 @@ _STRATEGY_HELP = ("MindSpore strategy file of the source (protobuf as saved, or 
 def _source_options(fn: F) -> F:
     """The options that choose and check what is read, shared by ``convert`` and ``index``."""
     options = [
-        click.argument("src", type=click.Path(exists=True)),
-        click.option("--out", "-o", required=True, type=click.Path(), help="The store folder to create."),
+        click.argument("src", type=Location(exists=True)),
+        click.option("--out", "-o", required=True, type=Location(),
+                     help="The store to create: a folder, or s3://bucket/prefix (obs://bucket/prefix for OBS)."),
         click.option("--strategy", "-s", "strategies", multiple=True,
-                     type=click.Path(exists=True, dir_okay=False), help=_STRATEGY_HELP),
+                     type=Location(exists=True, dir_okay=False), help=_STRATEGY_HELP),
         click.option("--step", type=int, default=None,
                      help="Use each rank's checkpoint of this step (-<epoch>_<step>.ckpt) instead of the newest."),
         click.option("--prefix", default=None, help="Use only checkpoint files whose name starts with this."),
@@ -209,6 +230,11 @@ def _source_options(fn: F) -> F:
         click.option("--overwrite", is_flag=True,
                      help="Replace the store at --out, or start an unfinished one there over. Only files ckptstore "
                           "wrote are deleted."),
+        click.option("--part", default=None, metavar="I/N|auto",
+                     help="Convert only part I of N (0 <= I < N), a byte-balanced share, so N processes on one or "
+                          "more hosts split the work; the last part to finish completes the store (or run "
+                          "'ckptstore commit'). 'auto' takes I and N from RANK_ID/RANK_SIZE (msrun) or "
+                          "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (mpirun)."),
         click.option("--quiet", "-q", is_flag=True, help="No progress output."),
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON."),
     ]
@@ -228,7 +254,7 @@ def _source_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
     return {"strategy": kw["strategies"], "step": kw["step"], "prefix": kw["prefix"], "src_format": kw["src_format"],
             "include": kw["include"], "exclude": kw["exclude"], "drop_optimizer": kw["drop_optimizer"],
             "workers": kw["workers"], "verify_crc": kw["verify_crc"], "check_layout": not kw["no_layout_check"],
-            "overwrite": kw["overwrite"], "quiet": quiet, "on_wait": waiting}
+            "overwrite": kw["overwrite"], "quiet": quiet, "on_wait": waiting, "part": kw["part"]}
 
 
 def _print_summary(summary: Any, as_json: bool, done: str) -> None:
@@ -237,8 +263,11 @@ def _print_summary(summary: Any, as_json: bool, done: str) -> None:
     elif summary.already_complete:
         click.echo(f"{summary.store} already holds this conversion, complete: {summary.params} parameters; "
                    "nothing to do")
+    elif not summary.committed:
+        click.echo(f"part {summary.part}: " + done.replace("wrote ", "wrote its share of ", 1)
+                   + "; the store is complete once every part has finished (the last one commits)")
     else:
-        click.echo(done)
+        click.echo(done if summary.part == "0/1" else f"part {summary.part}, the last to finish: {done}")
 
 
 @main.command()
@@ -291,11 +320,12 @@ def index(checksum: bool, **kw: Any) -> None:
     and exports like a converted store, with the same values, as long as the rank files stay
     where they are (or move together with the store) and unchanged: a changed file is refused.
     """
-    from .convert import index as index_store
     from .backends import MANIFEST
+    from .convert import index as index_store
+    from .output_target import open_target
 
     summary = index_store(kw["src"], kw["out"], checksum=checksum, **_source_kwargs(kw))
-    size = (Path(kw["out"]) / MANIFEST).stat().st_size if (Path(kw["out"]) / MANIFEST).exists() else 0
+    size = open_target(kw["out"]).size(MANIFEST) or 0
     _print_summary(summary, kw["as_json"],
                    f"wrote {summary.store}: an index of {summary.params} parameters in {summary.chunks} slices, "
                    f"{_fmt_bytes(summary.stored_bytes)} of the rank files' {_fmt_bytes(summary.source_bytes)} "
@@ -303,11 +333,11 @@ def index(checksum: bool, **kw: Any) -> None:
 
 
 @main.command()
-@click.argument("store", type=click.Path(exists=True, file_okay=False))
-@click.option("--against", type=click.Path(exists=True), default=None,
+@click.argument("store", type=Location(exists=True, file_okay=False))
+@click.option("--against", type=Location(exists=True), default=None,
               help="Also compare with the source checkpoint (folder of rank_<i>/ or one .ckpt/.safetensors), every "
                    "replica.")
-@click.option("--strategy", "-s", "strategies", multiple=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--strategy", "-s", "strategies", multiple=True, type=Location(exists=True, dir_okay=False),
               help="With --against: the source strategy file(s).")
 @click.option("--step", type=int, default=None, help="With --against: which step's files.")
 @click.option("--prefix", default=None, help="With --against: which files, by name prefix.")
@@ -334,6 +364,23 @@ def verify(store: str, against: str | None, strategies: tuple[str, ...], step: i
     sys.exit(0 if report.ok else 1)
 
 
+@main.command()
+@click.argument("store", type=Location(exists=True, file_okay=False))
+@_friendly_errors
+def commit(store: str) -> None:
+    """Complete a store converted in parts (convert --part I/N) whose parts have all finished.
+
+    The last part to finish does this by itself; run it when that part could not (it was
+    killed after its share was written). Fails, naming them, while parameters are missing.
+    """
+    from .convert import commit_store
+
+    if commit_store(store):
+        click.echo(f"committed {store}: the store is complete")
+    else:
+        click.echo(f"{store} is already complete; nothing to do")
+
+
 def _parse_ranks(value: str | None) -> list[int] | None:
     if value is None:
         return None
@@ -352,9 +399,9 @@ def _parse_ranks(value: str | None) -> list[int] | None:
 
 
 @main.command()
-@click.argument("store", type=click.Path(exists=True, file_okay=False))
-@click.argument("out", type=click.Path(file_okay=False))
-@click.option("--strategy", "-s", "strategies", multiple=True, type=click.Path(exists=True, dir_okay=False),
+@click.argument("store", type=Location(exists=True, file_okay=False))
+@click.argument("out", type=Location(file_okay=False, local_only=True))
+@click.option("--strategy", "-s", "strategies", multiple=True, type=Location(exists=True, dir_okay=False),
               help="Strategy file(s) of the target layout (the new card count); repeat per pipeline stage. "
                    "Without it, the source layout is written back.")
 @click.option("--ranks", default=None, help="Target ranks to write, e.g. 0,1,4-7 (default: all).")

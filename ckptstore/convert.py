@@ -23,21 +23,19 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .atomic_file import write_atomic
-from .backends import MANIFEST, ROOT_METADATA
-from .backends import safetensors_backend as sb
-from .backends import zarr_backend as zb
 from .chunk_plan import ParamPlan, check_even_slices, plan_param, select_params
 from .codecs import CODECS
-from .errors import InvalidOptionError, LayoutMismatchError
+from .errors import IncompleteStoreError, InvalidOptionError, LayoutMismatchError
 from .manifest import ParamManifest, StoreManifest
-from .output_folder import Claim, claim, write_error
+from .output_folder import Claim, claim
+from .output_target import OutputTarget, open_target
+from .parts import Part, parse_part
 from .progress import Progress
 from .source import DistributedSource, SourceParam, resolve_source
-from .store_kinds import IndexWriter, SafetensorsWriter, StoreWriter, ZarrWriter
+from .sources import is_url, open_location
+from .store_kinds import commit, mark_done, my_share, write_plan, writer_for
 from .store_writer import ChunkCopier
 from .limits import MAX_TENSOR_BYTES
 from .version import __version__
@@ -61,6 +59,10 @@ class ConvertSummary:
     stored_bytes: int
     seconds: float
     already_complete: bool = False
+    #: This process's part ("I/N"); counts above are of its share.
+    part: str = "0/1"
+    #: Whether the store is complete after this run (the last part commits).
+    committed: bool = True
 
     @property
     def dedup_saved_bytes(self) -> int:
@@ -76,7 +78,7 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
             compress: str | None = None, max_chunk_mb: int | None = None, workers: int = 4,
             verify_replicas: bool = False, verify_crc: bool = False, overwrite: bool = False,
             quiet: bool = True, fmt: str = "zarr", check_layout: bool = True, src_format: str | None = None,
-            on_wait: Callable[[str], None] | None = None) -> ConvertSummary:
+            on_wait: Callable[[str], None] | None = None, part: str | Part | None = None) -> ConvertSummary:
     """Convert a MindSpore checkpoint into a store of global tensors at ``out``.
 
     ``fmt`` is ``"zarr"`` (Zarr v3, the default) or ``"safetensors"`` (whole global tensors in
@@ -90,11 +92,13 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     every replica and fails on a mismatch; ``check_layout=False`` skips the sampled check that
     the strategy describes the files. If another conversion holds ``out``, this one waits for it
     (``on_wait`` is told who holds it). A complete store of the same conversion is left as is;
-    an unfinished one is resumed; anything else in ``out`` needs ``overwrite``. Returns a
-    :class:`ConvertSummary`.
+    an unfinished one is resumed; anything else in ``out`` needs ``overwrite``. ``src``,
+    ``strategy`` and ``out`` may be ``s3://``/``obs://`` URLs. ``part`` (``"I/N"`` or ``"auto"``)
+    converts only this process's share; the last part to finish commits the store
+    (:mod:`ckptstore.parts`). Returns a :class:`ConvertSummary`.
     """
     codec, chunk_bytes = _options(fmt, compress, max_chunk_mb, workers)
-    return _run(src, Path(out), fmt, codec=codec, chunk_bytes=chunk_bytes, checksum=True, workers=workers,
+    return _run(src, out, fmt, part=parse_part(part), codec=codec, chunk_bytes=chunk_bytes, checksum=True, workers=workers,
                 verify_replicas=verify_replicas, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
                 select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
                 choose={"step": step, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
@@ -106,7 +110,7 @@ def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
           include: Sequence[str] = (), exclude: Sequence[str] = (), drop_optimizer: bool = False,
           checksum: bool = False, workers: int = 4, verify_crc: bool = False, overwrite: bool = False,
           quiet: bool = True, check_layout: bool = True, src_format: str | None = None,
-          on_wait: Callable[[str], None] | None = None) -> ConvertSummary:
+          on_wait: Callable[[str], None] | None = None, part: str | Part | None = None) -> ConvertSummary:
     """Make a store at ``out`` that copies no payload: an index into the original rank files.
 
     Takes the same source options as :func:`convert`. Each distinct slice of each parameter
@@ -119,36 +123,97 @@ def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     rank-file bytes the index refers to).
     """
     _options("index", None, None, workers)
-    return _run(src, Path(out), "index", codec=None, chunk_bytes=MAX_TENSOR_BYTES, checksum=checksum, workers=workers,
+    return _run(src, out, "index", part=parse_part(part), codec=None, chunk_bytes=MAX_TENSOR_BYTES, checksum=checksum, workers=workers,
                 verify_replicas=False, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
                 select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
                 choose={"step": step, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
                         "src_format": src_format, "strategy": strategy})
 
 
-def _run(src: str | os.PathLike[str], out: Path, fmt: str, *, codec: dict | None, chunk_bytes: int, checksum: bool,
-         workers: int, verify_replicas: bool, overwrite: bool, quiet: bool, on_wait: Callable[[str], None] | None,
-         select: Mapping[str, Any], choose: Mapping[str, Any]) -> ConvertSummary:
-    """Source -> plans -> claim the output folder -> write (or skip, if complete) -> summary."""
+def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, part: Part, codec: dict | None,
+         chunk_bytes: int, checksum: bool, workers: int, verify_replicas: bool, overwrite: bool, quiet: bool,
+         on_wait: Callable[[str], None] | None, select: Mapping[str, Any], choose: Mapping[str, Any]) -> ConvertSummary:
+    """Source -> plans -> claim the output -> write this part's share (or skip, if complete) -> commit -> summary."""
     started = time.monotonic()
+    target = open_target(out)
     source = resolve_source(src, **choose)
     try:
         names = select_params(source.params, **select)
         plans = [_plan(source.params[n], chunk_bytes) for n in names]
         fingerprint = _fingerprint(source, plans, codec, fmt, checksum)
-        hold = claim(out, fingerprint, overwrite=overwrite, on_wait=on_wait,
-                     sources=[*source.rank_files.values(), *(source.strategy.sources if source.strategy else ())])
+        hold = claim(target, fingerprint, overwrite=overwrite, on_wait=on_wait, part=part,
+                     sources=[*map(str, source.rank_files.values()),
+                              *(source.strategy.sources if source.strategy else ())])
         try:
             if hold.complete:
-                return _summary(out, plans, None, started, already_complete=True)
+                return _summary(target, plans, None, started, part, already_complete=True)
             header = {**_source_header(source, choose.get("step")), "fingerprint": fingerprint}
-            manifest, copier = _write(hold, source, plans, codec, fmt, workers, verify_replicas, quiet, header,
-                                      checksum)
-            return _summary(out, plans, copier, started, manifest=manifest)
+            progress = Progress(sum(p.nbytes for p in plans), len(plans), desc=fmt if fmt == "index" else "convert",
+                                quiet=quiet)
+            copier = ChunkCopier(codec, verify_replicas, progress, source.files)
+            writer = writer_for(fmt, hold, copier, plans, checksum)
+            write_plan(target, fmt, plans, header, writer.extra(), part)
+            mine = my_share(writer, plans, part)
+            progress.total = sum(p.nbytes for p in mine)
+            try:
+                writer.prepare(mine)
+                order = sorted(mine, key=lambda p: -p.nbytes)  # big first: workers finish together
+                with ThreadPoolExecutor(workers) as pool:
+                    done = dict(zip((p.param.name for p in order), pool.map(writer.write_param, order)))
+                writer.finish_part(mine)
+            finally:
+                progress.close()
+            mark_done(target, part, fingerprint)
+            manifest = _commit_if_last(hold, done, fingerprint, on_wait)
+            return _summary(target, mine, copier, started, part, manifest=manifest)
         finally:
             hold.release()
     finally:
         source.close()
+
+
+def _commit_if_last(hold: Claim, done: Mapping[str, ParamManifest], fingerprint: str,
+                    on_wait: Callable[[str], None] | None) -> StoreManifest | None:
+    """Commit the store if every part has finished (always, for a conversion in one part)."""
+    target, part = hold.target, hold.part
+    if part.count == 1:
+        return commit(target, done, parts=1)  # this process holds the folder's lock for the whole run
+    lock = target.lock("lock", on_wait)
+    try:
+        if _committed(target, fingerprint):
+            return None
+        try:
+            return commit(target, done, parts=part.count)
+        except IncompleteStoreError:
+            if _committed(target, fingerprint):  # another part committed meanwhile (object storage)
+                return None
+            if any(target.size(Part(i, part.count).marker) is None for i in range(part.count)):
+                return None  # other parts are still running: the last one commits
+            raise
+    finally:
+        lock.release()
+
+
+def _committed(target: OutputTarget, fingerprint: str) -> bool:
+    manifest = target.manifest()
+    return manifest is not None and manifest.get("source", {}).get("fingerprint") == fingerprint
+
+
+def commit_store(out: str | os.PathLike[str], *, on_wait: Callable[[str], None] | None = None) -> bool:
+    """Commit a conversion done in parts whose last part did not (``ckptstore commit``).
+
+    Returns ``False`` when the store was already complete. Raises
+    :class:`~ckptstore.errors.IncompleteStoreError` naming the parts that have not finished.
+    """
+    target = open_target(out)
+    lock = target.lock("lock", on_wait)
+    try:
+        if target.manifest() is not None:
+            return False
+        commit(target)
+        return True
+    finally:
+        lock.release()
 
 
 def _options(fmt: str, compress: str | None, max_chunk_mb: int | None, workers: int) -> tuple[dict | None, int]:
@@ -164,45 +229,21 @@ def _options(fmt: str, compress: str | None, max_chunk_mb: int | None, workers: 
     return codec, (max_chunk_mb or (DEFAULT_COMPRESSED_CHUNK_MB if codec else DEFAULT_CHUNK_MB)) << 20
 
 
-def _write(hold: Claim, source: DistributedSource, plans: Sequence[ParamPlan], codec: dict | None, fmt: str,
-           workers: int, verify_replicas: bool, quiet: bool, header: dict[str, Any],
-           checksum: bool = True) -> tuple[StoreManifest, ChunkCopier]:
-    progress = Progress(sum(p.nbytes for p in plans), len(plans), desc=fmt if fmt == "index" else "convert",
-                        quiet=quiet)
-    copier = ChunkCopier(codec, verify_replicas, progress, source.files)
-    writer: StoreWriter
-    if fmt == "zarr":
-        writer = ZarrWriter(hold, copier)
-    elif fmt == "safetensors":
-        writer = SafetensorsWriter(hold, copier, plans)
-    else:
-        writer = IndexWriter(hold, copier, plans, checksum)
-    try:
-        order = sorted(plans, key=lambda p: -p.nbytes)  # big first: workers finish together
-        with ThreadPoolExecutor(workers) as pool:
-            done = dict(zip((p.param.name for p in order), pool.map(writer.write_param, order)))
-    finally:
-        progress.close()
-    manifest = StoreManifest({p.param.name: done[p.param.name] for p in plans}, header, backend=fmt,
-                             extra=writer.extra())
-    writer.commit(manifest)
-    return manifest, copier
-
-
-def _summary(out: Path, plans: Sequence[ParamPlan], copier: ChunkCopier | None, started: float, *,
-             manifest: StoreManifest | None = None, already_complete: bool = False) -> ConvertSummary:
+def _summary(target: OutputTarget, plans: Sequence[ParamPlan], copier: ChunkCopier | None, started: float,
+             part: Part, *, manifest: StoreManifest | None = None, already_complete: bool = False) -> ConvertSummary:
     chunks = sum(len(p.chunks) for p in plans)
     return ConvertSummary(
-        store=str(out), params=len(plans), chunks=chunks,
+        store=str(getattr(target, "root", target.url)), params=len(plans), chunks=chunks,
         chunks_written=copier.chunks_written if copier else 0,
         chunks_resumed=copier.chunks_resumed if copier else chunks,
         params_resumed=copier.params_resumed if copier else len(plans),
         source_bytes=sum(sum(s.entry.nbytes * len(s.ranks) for s in p.param.slices) for p in plans),
         # a string value has no chunks (its text is in the manifest) but is still counted once
         unique_bytes=sum(p.param.slices[0].entry.nbytes if p.param.is_str else p.nbytes for p in plans),
-        stored_bytes=(sum(m.stored_bytes for m in manifest.params.values()) if manifest
-                      else sum(p.nbytes for p in plans)),
-        seconds=round(time.monotonic() - started, 3), already_complete=already_complete)
+        stored_bytes=(sum(m.stored_bytes for n, m in manifest.params.items() if n in {p.param.name for p in plans})
+                      if manifest else sum(p.nbytes for p in plans)),
+        seconds=round(time.monotonic() - started, 3), already_complete=already_complete,
+        part=str(part), committed=already_complete or manifest is not None)
 
 
 def _codec(compress: str | None) -> dict[str, Any] | None:
@@ -226,13 +267,12 @@ def _fingerprint(source: DistributedSource, plans: Sequence[ParamPlan], codec: M
     """What identifies this conversion, so a rerun resumes (or skips) only the same one.
 
     Each rank file counts with its size, modification time and *version* (device, inode and
-    status-change time): an edit in place changes the status-change time even when it restores
-    the modification time, so a rerun never mixes bytes of two versions of a file.
+    status-change time of a local file; an object's ETag): an edit in place changes the
+    status-change time even when it restores the modification time, so a rerun never mixes
+    bytes of two versions of a file. It does not depend on the number of parts: every part
+    computes the same one, and the store is the same, byte for byte, however it was split.
     """
-    files = {}
-    for r, p in source.rank_files.items():
-        st = os.stat(p)
-        files[r] = (os.path.abspath(p), st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino, st.st_ctime_ns)
+    files = {r: _identity(str(p)) for r, p in source.rank_files.items()}
     params = [(p.param.name, p.param.dtype.str if not p.param.is_str else "str", p.param.shape, p.chunk_shape)
               for p in plans]
     blob = json.dumps({"files": files, "params": params, "codec": codec, "format": fmt, "version": __version__,
@@ -240,10 +280,19 @@ def _fingerprint(source: DistributedSource, plans: Sequence[ParamPlan], codec: M
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _identity(path: str) -> tuple[Any, ...]:
+    if is_url(path):
+        source = open_location(path.rsplit("/", 1)[0])
+        st = source.stat(path.rsplit("/", 1)[1])
+        return (path, st.size, st.mtime_ns, st.version) if st else (path,)
+    st = os.stat(path)
+    return (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
 def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any]:
     return {
         "world_size": source.world_size,
-        "files": {str(r): os.path.abspath(p) for r, p in source.rank_files.items()},
+        "files": {str(r): str(p) if is_url(str(p)) else os.path.abspath(p) for r, p in source.rank_files.items()},
         "step": step,
         "strategy": None if source.strategy is None else source.strategy.summary(),
         "integrated_save": source.integrated_save,

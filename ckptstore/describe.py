@@ -16,10 +16,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .backends import read_manifest
 from .ckpt_reader import CkptIndex
-from .rank_files import scan_rank_file
 from .dtypes import dtype_name
+from .rank_files import scan_rank_file
 from .source import DistributedSource
+from .sources import is_url, open_location, open_user_file
 from .strategy import Strategy, layout_to_json
 
 if TYPE_CHECKING:
@@ -37,6 +39,15 @@ def sniff_kind(path: str | os.PathLike[str]) -> str:
     Strategy files and checkpoints are both protobuf and both often end in ``.ckpt``; their
     first byte tells them apart. JSON files are strategies; directories are stores.
     """
+    if is_url(path):
+        url = str(path)
+        if url.endswith(".json"):
+            return "strategy"
+        if read_manifest(open_location(url)) is not None:
+            return "store"
+        f = open_user_file(url)
+        first = f.pread(0, 1)
+        return "strategy" if first and first[0] == _STRATEGY_FIRST_BYTE else "checkpoint"
     p = Path(path)
     if p.is_dir():
         return "store"

@@ -148,3 +148,11 @@ class ParameterNotFoundError(CkptStoreError, KeyError):
 
 class InvalidIndexError(CkptStoreError, IndexError):
     """An index that does not select a box of the parameter (out of bounds, a step, a list)."""
+
+
+class AccessDeniedError(FileAccessError):
+    """The object store refused the request (HTTP 401/403): credentials or permissions."""
+
+
+class UnsupportedLocationError(CkptStoreError, ValueError):
+    """A location with a URL scheme ckptstore does not read or write (only s3:// and obs://)."""

@@ -238,12 +238,20 @@ class RankView:
         return np.frombuffer(mm, dtype=info.np_dtype, count=box.size, offset=offset - base).reshape(box.shape)
 
 
-def rank_view(store: Store, strategy: StrategyLike = None, rank: int = 0, *,
-              names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
-              workers: int = DEFAULT_WORKERS) -> RankView:
-    """Plan what rank ``rank`` of ``strategy`` (the source layout when ``None``) needs from ``store``."""
-    target = resolve_target(store, strategy)
+def check_workers(workers: int | None, store: Store) -> int:
+    """The number of reading threads: ``workers`` when given, else what the store's byte source wants."""
+    if workers is None:
+        return store.data.default_workers or DEFAULT_WORKERS
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise InvalidOptionError(f"workers must be a positive integer, not {workers!r}")
+    return workers
+
+
+def rank_view(store: Store, strategy: StrategyLike = None, rank: int = 0, *,
+              names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
+              workers: int | None = None) -> RankView:
+    """Plan what rank ``rank`` of ``strategy`` (the source layout when ``None``) needs from ``store``."""
+    target = resolve_target(store, strategy)
+    workers = check_workers(workers, store)
     return RankView(store, target_boxes(store, target, rank, name_patterns(names)), float_dtype(dtype),
                     verify, workers)

@@ -28,10 +28,10 @@ import numpy as np
 from .dtypes import is_float, lookup, mindspore_name
 from .errors import InvalidOptionError, LayoutMismatchError
 from .loader import (
-    DEFAULT_WORKERS,
     RankView,
     StrategyLike,
     check_rank,
+    check_workers,
     float_dtype,
     rank_view,
     resolve_target,
@@ -228,13 +228,14 @@ def _as_store(store: Store | str | os.PathLike[str]) -> Store:
 
 def load_rank(store: Store | str | os.PathLike[str], strategy: StrategyLike = None, rank: int = 0, *,
               names: str | Sequence[str] | None = None, dtype: Any = None, copy: bool = True, verify: bool = False,
-              workers: int = DEFAULT_WORKERS) -> RankParameters:
+              workers: int | None = None) -> RankParameters:
     """The ``mindspore.Parameter``\\ s rank ``rank`` of ``strategy`` holds, built lazily from ``store``.
 
     ``strategy`` is the target's strategy file(s) or a :class:`~ckptstore.strategy.Strategy`;
     ``None`` means the store's source layout. ``names`` are globs; ``dtype`` (e.g.
     ``mindspore.float16``) converts floating-point parameters while reading, chunk by chunk;
-    ``verify`` checks each touched chunk's CRC-32C; ``workers`` threads read. Values equal what
+    ``verify`` checks each touched chunk's CRC-32C; ``workers`` threads read (by default 2-4 for
+    local stores, 16 for object storage). Values equal what
     ``mindspore.transform_checkpoints`` followed by ``load_checkpoint`` gives for that rank;
     parameters the target does not describe come whole. The result is a ``dict`` that
     ``mindspore.load_param_into_net`` accepts.
@@ -277,7 +278,7 @@ def net_strategy(net: Any, store: Store) -> Strategy | None:
 
 def load_into_net(net: Any, store: Store | str | os.PathLike[str], strategy: StrategyLike = None,
                   rank: int | None = None, *, strict: bool = False, strict_load: bool = False, dtype: Any = None,
-                  verify: bool = False, workers: int = DEFAULT_WORKERS) -> tuple[list[str], list[str]]:
+                  verify: bool = False, workers: int | None = None) -> tuple[list[str], list[str]]:
     """Load this rank's slices from a store into a MindSpore Cell, as ``load_param_into_net`` would.
 
     The target layout is ``strategy`` when given, else the network's own layouts when it was
@@ -317,7 +318,7 @@ def load_into_net(net: Any, store: Store | str | os.PathLike[str], strategy: Str
     if strict and param_not_load:
         raise LayoutMismatchError(f"{len(param_not_load)} network parameters are not in the store {st.location.url}: "
                                   + ", ".join(param_not_load[:10]) + (" ..." if len(param_not_load) > 10 else ""))
-    _NetLoader(st, available, float_dtype(dtype), verify, strict_load, workers).load(loads, rank)
+    _NetLoader(st, available, float_dtype(dtype), verify, strict_load, check_workers(workers, st)).load(loads, rank)
     return param_not_load, ckpt_not_load
 
 

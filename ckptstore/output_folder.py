@@ -1,154 +1,130 @@
-"""The output folder of a conversion: its state, its owner, and what ckptstore may delete in it.
+"""The output of a conversion: its state, its owner, and what ckptstore may delete in it.
 
-A folder is *new* (absent or empty), *unfinished* (it has a work directory: a conversion was
-interrupted or is running), *complete* (its manifest exists) or *foreign* (anything else: it is
-refused). :func:`claim` takes the folder's lock first and decides under it: a complete store
-of the same conversion is left as it is (a rerun is a no-op); an unfinished one of the same
-conversion is resumed; anything else needs ``overwrite``, which deletes only what ckptstore
-wrote (the manifest, the work directory, Zarr array folders, ``model-*.safetensors`` files),
-never other files, and never a folder that holds the source checkpoint.
+An output (a folder, or an object-store prefix; see :mod:`ckptstore.output_target`) is *new*
+(absent or empty), *unfinished* (it has a work folder: a conversion was interrupted or is
+running), *complete* (its manifest exists) or *foreign* (anything else: it is refused).
+:func:`claim` takes the folder's lock first and decides under it: a complete store of the same
+conversion is left as it is (a rerun is a no-op); an unfinished one of the same conversion is
+resumed; anything else needs ``overwrite``, which deletes only what ckptstore wrote (the
+manifest, the work folder, Zarr array folders, ``model-*.safetensors`` files), never other
+files, and never a folder that holds the source checkpoint.
+
+A conversion in parts (:mod:`ckptstore.parts`) holds the folder's lock only while it decides
+(and later while it commits); for its run it holds a lock of its own part, and a different
+conversion may not clear the folder while any part's lock is held. With parts, ``overwrite``
+replaces a store or an unfinished conversion of *other* files or options, never the one the
+parts are running.
 """
 from __future__ import annotations
 
-import errno
-import os
-import re
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
-from .atomic_file import write_atomic
-from .backends import MANIFEST, ROOT_METADATA, WORK_DIR, read_manifest
-from .errors import CkptStoreError, StoreExistsError, StoreWriteError
-from .output_lock import OutputLock
-from .sources import LocalSource
+from .backends import WORK_DIR
+from .errors import ConversionInProgressError, StoreExistsError
+from .output_target import OutputTarget, write_error
+from .parts import Part
 
-FINGERPRINT = "fingerprint"
-_SAFETENSORS_FILE = re.compile(r"^model-\d+-of-\d+\.safetensors(\.partial)?$")
+FINGERPRINT = f"{WORK_DIR}/fingerprint"
+
+__all__ = ["Claim", "claim", "write_error"]
 
 
 @dataclass
 class Claim:
-    """This process's hold on an output folder (release it when done)."""
+    """This process's hold on an output (release it when done)."""
 
-    out: Path
-    work: Path
-    lock: OutputLock
+    target: OutputTarget
+    lock: Any
     complete: bool  # the same conversion is already complete: nothing to write
+    part: Part = Part()
+
+    @property
+    def out(self) -> Any:
+        """The local folder (a ``Path``), or the URL of an object-store prefix."""
+        return getattr(self.target, "root", self.target.url)
 
     def release(self) -> None:
         self.lock.release()
 
-    def drop_work(self) -> None:
-        """Remove the work directory (after a commit, or when there was nothing to do)."""
-        shutil.rmtree(self.work, ignore_errors=True)
 
-
-def write_error(e: OSError, path: Path | str, param: str | None = None) -> StoreWriteError:
-    """A :class:`StoreWriteError` that says what failed and that a rerun resumes."""
-    what = "no space left on the device" if e.errno == errno.ENOSPC else e.strerror or str(e)
-    where = f" (parameter {param!r})" if param else ""
-    return StoreWriteError(e.errno or 0, f"{what} while writing {path}{where}; free space or fix the "
-                           "problem, then rerun the same command to resume")
-
-
-def claim(out: Path, fingerprint: str, *, overwrite: bool, sources: Iterable[str],
-          on_wait: Callable[[str], None] | None = None) -> Claim:
-    """Lock ``out`` for this conversion and make it ready to write (see the module docstring).
+def claim(target: OutputTarget, fingerprint: str, *, overwrite: bool, sources: Iterable[str],
+          on_wait: Callable[[str], None] | None = None, part: Part = Part()) -> Claim:
+    """Own ``target`` for this conversion (or this part of it) and make it ready to write.
 
     ``sources`` are the source files (rank files, strategy files): a folder holding any of them
-    is never written into. Raises :class:`~ckptstore.errors.StoreExistsError` for a folder that
-    is not this conversion's and :class:`~ckptstore.errors.StoreWriteError` when it cannot be
-    written.
+    is never written into. Raises :class:`~ckptstore.errors.StoreExistsError` for an output that
+    is not this conversion's, :class:`~ckptstore.errors.ConversionInProgressError` when this
+    part is already being converted, and :class:`~ckptstore.errors.StoreWriteError` when it
+    cannot be written.
     """
-    _refuse_foreign(out, sources)
+    target.prepare(list(sources))
+    setup = target.lock("lock", on_wait)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise write_error(e, out) from e
-    work = out / WORK_DIR
-    lock = OutputLock(work, on_wait=on_wait).acquire()
-    try:
-        return _decide(out, work, lock, fingerprint, overwrite)
+        complete = _decide(target, fingerprint, overwrite, part)
+        if complete or part.count == 1:
+            return Claim(target, setup, complete, part)
+        mine = target.lock(f"lock.part-{part.index}", wait=False)
+        if mine is None:
+            raise ConversionInProgressError(f"part {part} of the conversion into {target.url} is already running in "
+                                            "another process")
     except BaseException:
-        lock.release()
+        if target.manifest() is not None:  # a complete store keeps no work folder made only for a lock
+            target.drop_idle_work()
+        setup.release()
         raise
+    setup.release()
+    return Claim(target, mine, False, part)
 
 
-def _decide(out: Path, work: Path, lock: OutputLock, fingerprint: str, overwrite: bool) -> Claim:
-    manifest = _manifest(out)
+def _decide(target: OutputTarget, fingerprint: str, overwrite: bool, part: Part) -> bool:
+    """Under the folder's lock: is the store already complete? Clear or check what is there."""
+    manifest = target.manifest()
     if manifest is not None:
+        same = manifest.get("source", {}).get("fingerprint") == fingerprint
+        if same and (not overwrite or part.count > 1):
+            if not target.remote:
+                target.drop_work()  # the lock file we waited on; the store itself is untouched
+            return True
         if not overwrite:
-            if manifest.get("source", {}).get("fingerprint") == fingerprint:
-                c = Claim(out, work, lock, complete=True)
-                c.drop_work()  # the lock file we waited on; the store itself is untouched
-                return c
-            _drop_lock_dir(work)
-            raise StoreExistsError(f"{out} already holds a complete store of other files or options; pass "
+            raise StoreExistsError(f"{target.url} already holds a complete store of other files or options; pass "
                                    "--overwrite to replace it")
-        clear_store(out)
-    elif overwrite:
-        clear_store(out)  # start an unfinished conversion over, even the same one
+        _refuse_running_parts(target)
+        target.clear_store()
     else:
-        previous = _read_fingerprint(work)
+        previous = _read_fingerprint(target)
         if previous is not None and previous != fingerprint:
-            raise StoreExistsError(f"{out} holds an unfinished conversion of other files or options; rerun "
-                                   "that command to finish it, or pass --overwrite to start again")
+            if not overwrite:
+                raise StoreExistsError(f"{target.url} holds an unfinished conversion of other files or options; rerun "
+                                       "that command to finish it, or pass --overwrite to start again")
+            _refuse_running_parts(target)
+            target.clear_store()
+        elif overwrite and part.count == 1:
+            target.clear_store()  # start an unfinished conversion over, even the same one
+    if target.remote:
+        if not target.write(FINGERPRINT, fingerprint.encode(), create=True) and _read_fingerprint(target) != fingerprint:
+            raise StoreExistsError(f"another conversion of other files or options started writing into {target.url} "
+                                   "at the same time; let it finish, or pass --overwrite once it has stopped")
+    else:
+        target.write(FINGERPRINT, fingerprint.encode())
+    return False
+
+
+def _refuse_running_parts(target: OutputTarget) -> None:
+    """Clearing under the parts of a running conversion would destroy their work: refuse."""
+    for key in target.keys(WORK_DIR):
+        name = key.rsplit("/", 1)[-1]
+        if name.startswith("lock.part-"):
+            held = target.lock(name, wait=False)
+            if held is None:
+                raise ConversionInProgressError(f"a conversion in parts is running into {target.url} ({name} is "
+                                                "held); wait for it to finish")
+            held.release()
+
+
+def _read_fingerprint(target: OutputTarget) -> str | None:
     try:
-        (work / "done").mkdir(parents=True, exist_ok=True)
-        write_atomic(work / FINGERPRINT, fingerprint.encode())
-    except OSError as e:
-        raise write_error(e, out) from e
-    return Claim(out, work, lock, complete=False)
-
-
-def _drop_lock_dir(work: Path) -> None:
-    # We created the work directory only to hold the lock; a complete store keeps no work files.
-    if work.is_dir() and {p.name for p in work.iterdir()} <= {"lock"}:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _manifest(out: Path) -> dict | None:
-    try:
-        doc = read_manifest(LocalSource(out))
-    except CkptStoreError:
+        raw = target.read(FINGERPRINT)
+        return raw.decode() if raw is not None else None
+    except (UnicodeDecodeError, NotADirectoryError, OSError):
         return None
-    return doc if isinstance(doc, dict) and doc.get("complete") is True else None
-
-
-def _read_fingerprint(work: Path) -> str | None:
-    try:
-        return (work / FINGERPRINT).read_text()
-    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
-        return None
-
-
-def _refuse_foreign(out: Path, sources: Iterable[str]) -> None:
-    if out.exists() and not out.is_dir():
-        raise StoreExistsError(f"output path {out} is a file, not a folder; choose another --out")
-    root = os.path.realpath(out)
-    for src in sources:
-        if os.path.commonpath([root, os.path.realpath(src)]) == root:
-            raise StoreExistsError(f"output folder {out} contains the source checkpoint ({src}); choose an output "
-                                   "folder outside it")
-    if not out.is_dir() or not any(out.iterdir()):
-        return
-    if (out / WORK_DIR).is_dir() or _manifest(out) is not None:
-        return
-    raise StoreExistsError(f"output folder {out} is not empty and is not a ckptstore store; choose an empty or "
-                           "new folder")
-
-
-def clear_store(out: Path) -> None:
-    """Delete what a conversion writes in ``out`` (keeping the lock file), and nothing else."""
-    for child in out.iterdir():
-        if child.name == WORK_DIR and child.is_dir() and not child.is_symlink():
-            for sub in child.iterdir():
-                if sub.name != "lock":
-                    shutil.rmtree(sub) if sub.is_dir() and not sub.is_symlink() else sub.unlink()
-        elif child.name in (ROOT_METADATA, MANIFEST) or _SAFETENSORS_FILE.match(child.name):
-            if not child.is_dir():
-                child.unlink()
-        elif child.is_dir() and not child.is_symlink() and (child / ROOT_METADATA).is_file():
-            shutil.rmtree(child)  # a Zarr array folder

@@ -48,6 +48,21 @@ class OutputLock:
                 return self
             os.close(fd)  # the holder committed and removed the file: lock a fresh one
 
+    def try_acquire(self) -> "OutputLock | None":
+        """Take the lock if no one holds it; ``None`` if someone does."""
+        while True:
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            if self._still_named(fd):
+                self._fd = fd
+                self._describe_self()
+                return self
+            os.close(fd)
+
     def release(self) -> None:
         fd, self._fd = self._fd, -1
         if fd >= 0:

@@ -11,26 +11,59 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Sequence
 
 from .ckpt_reader import CkptIndex, open_file, scan_checkpoint
 from .errors import InvalidOptionError, LayoutMismatchError, MissingRankError
 from .limits import MAX_WORLD
 from .safetensors_reader import is_safetensors, scan_safetensors
 from .sources.base import ReadableFile
+from .sources.locations import is_url, open_location
 
 FORMATS = ("ckpt", "safetensors")
 _RANK_DIR = re.compile(r"^rank_(\d+)$")
 _STEP_SUFFIX = re.compile(r"-(\d+)_(\d+)(?:_breakpoint)?\.(?:ckpt|safetensors)$")
 
 
-def _step_key(path: Path) -> tuple[int, int] | None:
-    m = _STEP_SUFFIX.search(path.name)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def _check_format(fmt: str | None) -> None:
     if fmt is not None and fmt not in FORMATS:
         raise InvalidOptionError(f"unknown checkpoint format {fmt!r}; choose ckpt or safetensors")
+
+
+def _step_of(name: str) -> tuple[int, int] | None:
+    m = _STEP_SUFFIX.search(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def choose_rank_file(folder: str, names: Sequence[str], *, step: int | None = None, prefix: str | None = None,
+                     fmt: str | None = None) -> str:
+    """The file name to take among ``names`` (the files of rank folder ``folder``); see :func:`pick_rank_file`."""
+    _check_format(fmt)
+    exts = (f".{fmt}",) if fmt else (".ckpt", ".safetensors")
+    files = sorted(n for n in names if n.endswith(exts))
+    if prefix is not None:
+        files = [n for n in files if n.startswith(prefix)]
+    if step is not None:
+        files = [n for n in files if (_step_of(n) or (None, None))[1] == step]
+    if not files:
+        what = " and ".join(x for x in [f"prefix {prefix!r}" if prefix else "", f"step {step}" if step is not None
+                                         else ""] if x) or "any name"
+        kinds = " or ".join(exts)
+        raise MissingRankError(f"no {kinds} file with {what} in {folder}")
+    if len(files) == 1:
+        return files[0]
+    keyed = [(k, n) for n in files if (k := _step_of(n)) is not None]
+    if len(keyed) != len(files):
+        raise LayoutMismatchError(f"{folder} holds several checkpoints ({', '.join(files)}) "
+                                  "and not all are named <prefix>-<epoch>_<step>.ckpt; pick one with --prefix")
+    keyed.sort()
+    newest = [n for k, n in keyed if k == keyed[-1][0]]
+    if len(newest) > 1:
+        suffixes = {os.path.splitext(n)[1] for n in newest}
+        how = ("pick the format with --src-format ckpt or --src-format safetensors" if len(suffixes) > 1
+               else "pick one with --prefix")
+        raise LayoutMismatchError(f"{folder} holds {' and '.join(newest)} for the same step; {how}")
+    return newest[0]
 
 
 def pick_rank_file(rank_dir: Path, *, step: int | None = None, prefix: str | None = None,
@@ -43,45 +76,11 @@ def pick_rank_file(rank_dir: Path, *, step: int | None = None, prefix: str | Non
     :class:`~ckptstore.errors.LayoutMismatchError` when the choice is ambiguous (several files
     not named by step, or one step saved in both formats).
     """
-    _check_format(fmt)
-    exts = [f".{fmt}"] if fmt else [".ckpt", ".safetensors"]
-    files = sorted(p for p in rank_dir.iterdir() if p.suffix in exts and p.is_file())
-    if prefix is not None:
-        files = [p for p in files if p.name.startswith(prefix)]
-    if step is not None:
-        files = [p for p in files if (_step_key(p) or (None, None))[1] == step]
-    if not files:
-        what = " and ".join(x for x in [f"prefix {prefix!r}" if prefix else "", f"step {step}" if step is not None
-                                         else ""] if x) or "any name"
-        kinds = " or ".join(exts)
-        raise MissingRankError(f"no {kinds} file with {what} in {rank_dir}")
-    if len(files) == 1:
-        return files[0]
-    keyed = [(k, p) for p in files if (k := _step_key(p)) is not None]
-    if len(keyed) != len(files):
-        raise LayoutMismatchError(f"{rank_dir} holds several checkpoints ({', '.join(p.name for p in files)}) "
-                                  "and not all are named <prefix>-<epoch>_<step>.ckpt; pick one with --prefix")
-    keyed.sort()
-    newest = [p for k, p in keyed if k == keyed[-1][0]]
-    if len(newest) > 1:
-        suffixes = {p.suffix for p in newest}
-        how = ("pick the format with --src-format ckpt or --src-format safetensors" if len(suffixes) > 1
-               else "pick one with --prefix")
-        raise LayoutMismatchError(f"{rank_dir} holds {' and '.join(p.name for p in newest)} for the same step; {how}")
-    return newest[0]
+    names = [p.name for p in rank_dir.iterdir() if p.is_file()]
+    return rank_dir / choose_rank_file(str(rank_dir), names, step=step, prefix=prefix, fmt=fmt)
 
 
-def find_rank_files(src: str | os.PathLike[str], *, step: int | None = None, prefix: str | None = None,
-                    fmt: str | None = None) -> dict[int, Path]:
-    """Map each rank to its checkpoint file under ``src/rank_<i>/`` (see :func:`pick_rank_file`).
-
-    Raises :class:`~ckptstore.errors.MissingRankError` when ``src`` has no rank folders or the
-    rank numbers have a gap (a rank folder was not copied).
-    """
-    root = Path(src)
-    if not root.is_dir():
-        raise MissingRankError(f"{root} is not a directory of rank_<i>/ folders")
-    ranks = {int(m.group(1)): p for p in root.iterdir() if p.is_dir() and (m := _RANK_DIR.match(p.name))}
+def _check_ranks(root: str, ranks: Sequence[int]) -> None:
     if not ranks:
         raise MissingRankError(f"{root} has no rank_<i>/ folders (MindSpore saves each rank's checkpoint in "
                                "rank_<i>/); pass the folder that contains them")
@@ -92,6 +91,29 @@ def find_rank_files(src: str | os.PathLike[str], *, step: int | None = None, pre
     if missing:
         shown = ", rank_".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
         raise MissingRankError(f"{root} has rank folders up to rank_{max(ranks)} but rank_{shown} missing")
+
+
+def find_rank_files(src: str | os.PathLike[str], *, step: int | None = None, prefix: str | None = None,
+                    fmt: str | None = None) -> dict[int, Path | str]:
+    """Map each rank to its checkpoint file under ``src/rank_<i>/`` (see :func:`pick_rank_file`).
+
+    ``src`` may be a folder or an object-store URL (``s3://bucket/prefix``; files are then URLs).
+    Raises :class:`~ckptstore.errors.MissingRankError` when ``src`` has no rank folders or the
+    rank numbers have a gap (a rank folder was not copied).
+    """
+    if is_url(src):
+        source = open_location(src)
+        folders = {int(m.group(1)): f for f in source.list()[0] if (m := _RANK_DIR.match(f))}
+        _check_ranks(source.url, sorted(folders))
+        return {r: f"{source.url}/{folders[r]}/" + choose_rank_file(source.key_url(folders[r]),
+                                                                     source.list(folders[r])[1], step=step,
+                                                                     prefix=prefix, fmt=fmt)
+                for r in sorted(folders)}
+    root = Path(src)
+    if not root.is_dir():
+        raise MissingRankError(f"{root} is not a directory of rank_<i>/ folders")
+    ranks = {int(m.group(1)): p for p in root.iterdir() if p.is_dir() and (m := _RANK_DIR.match(p.name))}
+    _check_ranks(str(root), sorted(ranks))
     return {r: pick_rank_file(ranks[r], step=step, prefix=prefix, fmt=fmt) for r in sorted(ranks)}
 
 

@@ -22,7 +22,7 @@ import crc32c
 import numpy as np
 
 from .codecs import decode
-from .errors import FileAccessError, MissingFileError, ShortReadError, StoreCorruptError
+from .errors import AccessDeniedError, FileAccessError, MissingFileError, ShortReadError, StoreCorruptError
 from .planner import ParamReadPlan, ReadGroup
 from .sources.base import ByteSource
 
@@ -168,12 +168,20 @@ class Executor:
     def _read(self, plan: ParamReadPlan, r: _Ranges, flat: np.ndarray) -> None:
         """Read ranges into ``flat`` (uint8): one vectored call per run that is contiguous in a file."""
         n = len(r.lengths)
-        breaks = (r.files[1:] != r.files[:-1]) | (r.offsets[:-1] + r.lengths[:-1] != r.offsets[1:])
+        breaks = r.files[1:] != r.files[:-1]
+        if not self.source.coalesces:
+            breaks = breaks | (r.offsets[:-1] + r.lengths[:-1] != r.offsets[1:])
         cuts = [0, *(np.flatnonzero(breaks) + 1).tolist(), n]
         for a, b in zip(cuts[:-1], cuts[1:]):
             key = plan.keys[int(r.files[a])]
             try:
-                self.source.open(key).readv(int(r.offsets[a]), _buffers(flat, r.dests[a:b], r.lengths[a:b]))
+                buffers = _buffers(flat, r.dests[a:b], r.lengths[a:b])
+                if self.source.coalesces:  # every range of the file in one call: near ones share a request
+                    self.source.open(key).read_requests(list(zip(r.offsets[a:b].tolist(), buffers)))
+                else:
+                    self.source.open(key).readv(int(r.offsets[a]), buffers)
+            except AccessDeniedError:
+                raise
             except (ShortReadError, MissingFileError, FileAccessError) as e:
                 raise StoreCorruptError(f"cannot read parameter {plan.name!r}: {e}. The store is damaged or "
                                         "incomplete; run 'ckptstore verify' on it") from None

@@ -13,7 +13,8 @@ import errno
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -24,6 +25,8 @@ from .rank_files import find_rank_files, pick_rank_file, scan_rank_file  # noqa:
 from .source_files import SourceFiles
 from .errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
 from .strategy import Strategy, load_strategy
+from .sources.locations import is_url
+from .sources.s3 import READ_CONCURRENCY as S3_READ_CONCURRENCY
 
 
 
@@ -100,6 +103,16 @@ class DistributedSource:
         self.files.close()
 
 
+def _scan_all(files: Mapping[int, str], verify_crc: bool) -> dict[int, CkptIndex]:
+    """Every rank file's index; files in object storage are scanned many at once (each header
+    read is a round trip there)."""
+    if not any(is_url(p) for p in files.values()) or len(files) == 1:
+        return {r: scan_rank_file(p, verify_crc=verify_crc) for r, p in files.items()}
+    with ThreadPoolExecutor(min(len(files), S3_READ_CONCURRENCY), thread_name_prefix="ckptstore-scan") as pool:
+        done = {r: pool.submit(scan_rank_file, p, verify_crc=verify_crc) for r, p in files.items()}
+        return {r: f.result() for r, f in done.items()}
+
+
 def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Strategy | None, *,
                 verify_crc: bool = False, check_layout: bool = True) -> DistributedSource:
     """Scan every rank file and resolve each parameter's global shape and slices.
@@ -120,7 +133,7 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
         culprit = (f"no checkpoint file for rank(s) {_ranges(missing)} (rank_{missing[0]}/ is missing)" if missing
                    else f"rank(s) {_ranges(extra)} are not in it ({files[extra[0]]}{', ...' if len(extra) > 1 else ''})")
         raise MissingRankError(f"{told}: {culprit}; strategy file(s): {', '.join(strategy.sources)}")
-    indexes = {r: scan_rank_file(p, verify_crc=verify_crc) for r, p in files.items()}
+    indexes = _scan_all(files, verify_crc)
     names = list(dict.fromkeys(n for idx in indexes.values() for n in idx.entries))
     if strategy is not None:
         absent = [n for n in strategy.names() if n not in names]
@@ -311,6 +324,15 @@ def resolve_source(src: str | os.PathLike[str], strategy: Sequence[str | os.Path
     """Open ``src`` (a folder of ``rank_<i>/`` or one ``.ckpt``/``.safetensors`` file) with its
     strategy files; ``step``, ``prefix`` and ``src_format`` choose each rank's file."""
     strat: Strategy | None = load_strategy(list(strategy)) if strategy else None
+    if is_url(src):
+        if str(src).endswith((".ckpt", ".safetensors")):
+            p: Any = str(src)
+            if strat is not None and strat.world_size != 1:
+                raise LayoutMismatchError(f"{p} is a single checkpoint file but the strategy describes "
+                                          f"{strat.world_size} ranks; pass the prefix that holds rank_<i>/ instead")
+            return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout)
+        return open_source(find_rank_files(src, step=step, prefix=prefix, fmt=src_format), strat,
+                           verify_crc=verify_crc, check_layout=check_layout)
     p = Path(src)
     if p.is_file():
         if strat is not None and strat.world_size != 1:

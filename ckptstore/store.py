@@ -26,7 +26,7 @@ from .errors import (
 from .manifest import ParamManifest, StoreManifest
 from .planner import ParamReadPlan, plan_param
 from .reader import execute
-from .sources import ByteSource, LocalSource
+from .sources import ByteSource, LocalSource, open_location
 
 Index = Any  # an int, a slice, or a tuple of them
 
@@ -136,11 +136,6 @@ def _index_to_box(index: Index, shape: Sequence[int], name: str) -> tuple[Box, l
         else:
             raise InvalidIndexError(f"unsupported index {item!r} for {name!r}: use ints and slices")
     return Box(tuple(start), tuple(stop)), squeeze
-
-
-def open_location(path: str | os.PathLike[str]) -> ByteSource:
-    """The byte source for a store or checkpoint location given by the user."""
-    return LocalSource(path)
 
 
 def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name is ckptstore.open

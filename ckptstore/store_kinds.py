@@ -15,23 +15,28 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
-from typing import Any, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Mapping, Sequence
 
 import crc32c
 
-from .atomic_file import write_atomic
-from .backends import MANIFEST, ROOT_METADATA
+from .backends import MANIFEST, ROOT_METADATA, WORK_DIR
 from .backends import index_backend as ib
 from .backends import safetensors_backend as sb
 from .backends import zarr_backend as zb
 from .chunk_plan import ParamPlan
+from .errors import CkptStoreError, IncompleteStoreError, InvalidOptionError
 from .manifest import ChunkTable, ParamManifest, StoreManifest, dtype_label
 from .output_folder import Claim, write_error
-from .store_writer import BLOCK, ChunkCopier, load_done, str_manifest, write_dense_param, write_zarr_param
+from .output_target import OutputTarget
+from .parts import Part, assign
+from .sources import open_location
+from .store_writer import BLOCK, ChunkCopier, str_manifest, stream_zarr_param, write_dense_param, write_zarr_param
 
 #: Test hook: SIGKILL this process at a named point ("commit": data files final, manifest not written).
 KILL_AT_ENV = "CKPTSTORE_KILL_AT"
+#: What every part of a conversion needs to commit it: written once, by the first part to start.
+PLAN_FILE = f"{WORK_DIR}/plan.json"
 
 
 def _kill_point(name: str) -> None:
@@ -39,28 +44,40 @@ def _kill_point(name: str) -> None:
         os.kill(os.getpid(), 9)
 
 
+def done_key(name: str) -> str:
+    """Where the manifest of a finished parameter is recorded until the commit."""
+    return f"{WORK_DIR}/done/{zb.array_path(name)}.json"
+
+
+def load_done(target: OutputTarget, name: str) -> ParamManifest | None:
+    """The manifest an earlier run (or another part) recorded for a finished parameter, if any (a
+    record that does not parse is ignored: the parameter is written again)."""
+    try:
+        raw = target.read(done_key(name))
+        return None if raw is None else ParamManifest.from_json(name, json.loads(raw))
+    except (ValueError, CkptStoreError, OSError):
+        return None
+
+
 class StoreWriter:
     """Writes parameters (shared by the worker threads), remembering finished ones for a rerun."""
 
     def __init__(self, hold: Claim, copier: ChunkCopier) -> None:
-        self.hold, self.out, self.work, self.copier = hold, hold.out, hold.work, copier
-
-    def _done_path(self, name: str) -> Path:
-        return self.work / "done" / f"{zb.array_path(name)}.json"
+        self.hold, self.target, self.copier = hold, hold.target, copier
+        self.out = hold.out
 
     def write_param(self, plan: ParamPlan) -> ParamManifest:
         name = plan.param.name
-        done = self._done_path(name)
-        finished = load_done(done, name)
+        finished = load_done(self.target, name)
         if finished is not None and self._still_there(finished):
             self.copier.count(resumed=len(plan.chunks), params_resumed=1)
             self.copier.progress.add(plan.nbytes, 1)
             return finished
         try:
             manifest = str_manifest(plan, zb.array_path(name), self.copier) if plan.param.is_str else self._write(plan)
-            write_atomic(done, json.dumps(manifest.to_json()).encode(), sync_folder=False)
+            self.target.write(done_key(name), json.dumps(manifest.to_json()).encode())
         except OSError as e:
-            raise write_error(e, self.out / zb.array_path(name), name) from e
+            raise write_error(e, self.target.key_url(zb.array_path(name)), name) from e
         self.copier.progress.add(0, 1)
         return manifest
 
@@ -71,72 +88,163 @@ class StoreWriter:
     def _write(self, plan: ParamPlan) -> ParamManifest:
         raise NotImplementedError
 
+    def prepare(self, plans: Sequence[ParamPlan]) -> None:
+        """Get ready to write ``plans`` (this process's share)."""
+
+    def units(self, plans: Sequence[ParamPlan]) -> list[list[ParamPlan]]:
+        """The work units a conversion in parts deals out: one parameter each by default."""
+        return [[p] for p in plans]
+
     def extra(self) -> dict[str, Any]:
         """Manifest fields this kind adds (an index's record of the rank files)."""
         return {}
 
-    def commit(self, manifest: StoreManifest) -> None:
-        """Make the store complete: data files final and synced, the manifest last, the work folder gone."""
-        raise NotImplementedError
+    def finish_part(self, plans: Sequence[ParamPlan]) -> None:
+        """Make this part's data final (before its marker says it is done)."""
 
-    def _commit(self, name: str, data: bytes) -> None:
+
+def writer_for(fmt: str, hold: Claim, copier: ChunkCopier, plans: Sequence[ParamPlan], checksum: bool) -> StoreWriter:
+    """The writer of store kind ``fmt``."""
+    if fmt == "zarr":
+        return ZarrWriter(hold, copier)
+    if fmt == "safetensors":
+        return SafetensorsWriter(hold, copier, plans)
+    return IndexWriter(hold, copier, plans, checksum)
+
+
+def my_share(writer: StoreWriter, plans: Sequence[ParamPlan], part: Part) -> list[ParamPlan]:
+    """The plans part ``part`` converts: its byte-balanced share of the writer's work units."""
+    if part.count == 1:
+        return list(plans)
+    units = writer.units(plans)
+    owner = assign([sum(p.nbytes for p in u) or 1 for u in units], part.count)
+    return [p for u, o in zip(units, owner) if o == part.index for p in u]
+
+
+def write_plan(target: OutputTarget, fmt: str, plans: Sequence[ParamPlan], header: Mapping[str, Any],
+               extra: Mapping[str, Any], part: Part) -> None:
+    """Record what the commit needs (parameter order, header, kind, parts), once per conversion."""
+    doc = {"format": fmt, "names": [p.param.name for p in plans], "source": dict(header), "extra": dict(extra),
+           "parts": part.count}
+    target.write(PLAN_FILE, json.dumps(doc).encode(), create=True)
+
+
+def mark_done(target: OutputTarget, part: Part, fingerprint: str) -> None:
+    """Say that ``part`` has written all its parameters."""
+    target.write(part.marker, fingerprint.encode())
+
+
+def commit(target: OutputTarget, known: Mapping[str, ParamManifest] | None = None, *,
+           parts: int | None = None) -> StoreManifest:
+    """Make the store complete from the work folder: every part's records, then the manifest last.
+
+    ``known`` are manifests this process has in memory (the others are read from the records).
+    The store is complete when every parameter has its record (a record is written after the
+    parameter's data) and, with ``parts``, every part of that many has said it finished.
+    Raises :class:`~ckptstore.errors.IncompleteStoreError` naming what has not finished.
+    Running it twice, or in two processes at once, writes the same manifest.
+    """
+    raw = target.read(PLAN_FILE)
+    if raw is None:
+        raise IncompleteStoreError(f"{target.url} has no unfinished conversion to commit (no {PLAN_FILE}); run "
+                                   "'ckptstore convert' first")
+    plan = json.loads(raw)
+    count = parts or 1
+    missing = [i for i in range(count) if target.size(Part(i, count).marker) is None] if parts else []
+    if missing:
+        shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
+        raise IncompleteStoreError(f"the conversion into {target.url} is not finished: part(s) {shown} of {count} "
+                                   "have not finished; run them (convert --part I/N), then commit")
+    known = dict(known or {})
+    todo = [n for n in plan["names"] if n not in known]
+    with ThreadPoolExecutor(16 if target.remote else 1) as pool:
+        found = dict(zip(todo, pool.map(lambda n: load_done(target, n), todo)))
+    lost = [n for n, m in found.items() if m is None]
+    if lost:
+        raise IncompleteStoreError(f"the conversion into {target.url} is not finished: parameter {lost[0]!r}"
+                                   f"{f' (and {len(lost) - 1} more)' if len(lost) > 1 else ''} not written yet; "
+                                   "run (or rerun) the parts that convert them, then commit")
+    known.update(found)  # type: ignore[arg-type]
+    manifest = StoreManifest({n: known[n] for n in plan["names"]}, plan["source"], backend=plan["format"],
+                             extra=plan["extra"])
+    if manifest.backend == "safetensors" and not target.remote:
+        tensors = [(p.name, p.np_dtype, p.shape) for p in manifest.params.values() if not p.is_str]
         try:
-            os.sync()  # every data file's rename is durable before the manifest that names it
-            _kill_point("commit")
-            write_atomic(self.out / name, data)
+            for f in sb.plan_files(tensors):
+                sb.finish_file(target.root, f)  # type: ignore[attr-defined]
         except OSError as e:
-            raise write_error(e, self.out / name) from e
-        self.hold.drop_work()
+            raise write_error(e, target.url) from e
+    data = (zb.group_metadata({"ckptstore": manifest.to_json()}) if manifest.backend == "zarr"
+            else manifest.dumps().encode())
+    name = ROOT_METADATA if manifest.backend == "zarr" else MANIFEST
+    if not target.remote:
+        os.sync()  # every data file's rename is durable before the manifest that names it
+    _kill_point("commit")
+    target.write(name, data)
+    target.drop_work()
+    return manifest
 
 
 class ZarrWriter(StoreWriter):
     def _write(self, plan: ParamPlan) -> ParamManifest:
-        return write_zarr_param(plan, self.out, zb.array_path(plan.param.name), self.copier)
+        path = zb.array_path(plan.param.name)
+        if self.target.remote:
+            return stream_zarr_param(plan, self.target, path, self.copier)  # type: ignore[arg-type]
+        return write_zarr_param(plan, self.out, path, self.copier)
 
     def _still_there(self, finished: ParamManifest) -> bool:
-        if finished.is_str:
-            return True
         sizes: dict[str, int] = {}
         for f, o, n in zip(finished.chunks.files, finished.chunks.offsets, finished.chunks.nbytes):
             sizes[f] = max(sizes.get(f, 0), o + n)
-        return all((self.out / f).is_file() and (self.out / f).stat().st_size >= n for f, n in sizes.items())
-
-    def commit(self, manifest: StoreManifest) -> None:
-        self._commit(ROOT_METADATA, zb.group_metadata({"ckptstore": manifest.to_json()}))
+        return all((self.target.size(f) or 0) >= n for f, n in sizes.items())
 
 
 class SafetensorsWriter(StoreWriter):
     def __init__(self, hold: Claim, copier: ChunkCopier, plans: Sequence[ParamPlan]) -> None:
         super().__init__(hold, copier)
+        if self.target.remote:
+            raise InvalidOptionError(f"a safetensors store cannot be written to object storage ({self.target.url}) yet: "
+                                     "write a Zarr store (the default) or an index there, or convert into a local or "
+                                     "shared folder")
         tensors = [(p.param.name, p.param.dtype, p.param.shape) for p in plans if not p.param.is_str]
         self.files = sb.plan_files(tensors)
         self.slots = {s.name: s for f in self.files for s in f.slots}
+
+    def units(self, plans: Sequence[ParamPlan]) -> list[list[ParamPlan]]:
+        by_name = {p.param.name: p for p in plans}
+        in_files = [[by_name[s.name] for s in f.slots] for f in self.files]
+        return in_files + [[p] for p in plans if p.param.is_str]
+
+    def _files_of(self, plans: Sequence[ParamPlan]) -> list[sb.FileLayout]:
+        names = {p.param.name for p in plans}
+        return [f for f in self.files if any(s.name in names for s in f.slots)]
+
+    def prepare(self, plans: Sequence[ParamPlan]) -> None:
         try:
-            for f in self.files:
+            for f in self._files_of(plans):
                 if not sb.reuse_file(self.out, f):
                     # a new (zero-filled) data file: nothing recorded for its tensors holds any more
+                    self.target.delete([done_key(slot.name) for slot in f.slots])
                     for slot in f.slots:
-                        self._done_path(slot.name).unlink(missing_ok=True)
                         self._journal(slot.name).unlink(missing_ok=True)
         except OSError as e:
             raise write_error(e, self.out) from e
 
-    def _journal(self, name: str) -> Path:
-        return self.work / "journal" / f"{zb.array_path(name)}.journal"
+    def _journal(self, name: str) -> Any:
+        return self.out / WORK_DIR / "journal" / f"{zb.array_path(name)}.journal"
 
     def _write(self, plan: ParamPlan) -> ParamManifest:
         slot = self.slots[plan.param.name]
         return write_dense_param(plan, slot, sb.partial(self.out, slot.file), self._journal(slot.name), self.copier)
 
-    def commit(self, manifest: StoreManifest) -> None:
+    def finish_part(self, plans: Sequence[ParamPlan]) -> None:
+        if self.hold.part.count == 1:
+            return  # the commit finishes every file
         try:
-            for f in self.files:
+            for f in self._files_of(plans):
                 sb.finish_file(self.out, f)
         except OSError as e:
             raise write_error(e, self.out) from e
-        self._commit(MANIFEST, manifest.dumps().encode())
-
-
 
 
 class IndexWriter(StoreWriter):
@@ -145,12 +253,7 @@ class IndexWriter(StoreWriter):
     def __init__(self, hold: Claim, copier: ChunkCopier, plans: Sequence[ParamPlan], checksum: bool) -> None:
         super().__init__(hold, copier)
         self.checksum = checksum
-        real = {c.path: os.path.realpath(c.path) for p in plans for c in p.chunks}
-        # the rank files' folder: where they really are, so no key crosses a symbolic link
-        self.source_root = Path(os.path.commonpath([os.path.dirname(r) for r in real.values()])) if real \
-            else Path(hold.out)
-        self.keys = {path: os.path.relpath(r, self.source_root) for path, r in real.items()}
-
+        self.source_root, self.keys = ib.common_folder([c.path for p in plans for c in p.chunks], str(hold.out))
     def _write(self, plan: ParamPlan) -> ParamManifest:
         p = plan.param
         files, offsets, nbytes, crcs, pieces = [], [], [], [], {}
@@ -180,7 +283,4 @@ class IndexWriter(StoreWriter):
         return crc
 
     def extra(self) -> dict[str, Any]:
-        return ib.extra_fields(self.out, self.source_root, sorted(set(self.keys.values())))
-
-    def commit(self, manifest: StoreManifest) -> None:
-        self._commit(MANIFEST, manifest.dumps().encode())
+        return ib.extra_fields(str(self.out), open_location(self.source_root), sorted(set(self.keys.values())))

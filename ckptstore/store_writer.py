@@ -9,7 +9,6 @@ the last good one.
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 from pathlib import Path
@@ -26,7 +25,7 @@ from .backends.safetensors_backend import TensorSlot
 from .boxes import Box, byte_pieces
 from .chunk_plan import ChunkSource, ParamPlan
 from .ckpt_reader import read_str
-from .errors import CkptStoreError, ReplicaMismatchError
+from .errors import ReplicaMismatchError
 from .journal import JournalEntry, JournalWriter, good_prefix, read_journal
 from .manifest import ChunkTable, ParamManifest, dtype_label
 from .progress import Progress
@@ -95,6 +94,20 @@ class ChunkCopier:
             self.progress.add(n)
         self._check_replicas(chunk, crc)
         return crc
+
+    def blocks(self, chunk: ChunkSource, crc_out: list[int]) -> Any:
+        """A raw chunk's bytes as fresh blocks (a streamed upload may keep each one until it is
+        sent); its CRC-32C is left in ``crc_out[0]`` once the last block was taken."""
+        crc, done = 0, 0
+        while done < chunk.nbytes:
+            buf = bytearray(min(BLOCK, chunk.nbytes - done))
+            self.files.read(chunk.path, chunk.entry, chunk.byte_start + done, memoryview(buf))
+            crc = crc32c.crc32c(buf, crc)
+            done += len(buf)
+            self.progress.add(len(buf))
+            yield buf
+        self._check_replicas(chunk, crc)
+        crc_out[0] = crc
 
     def compressed(self, chunk: ChunkSource) -> bytes:
         """A chunk's bytes, encoded with the store's codec (one chunk in memory)."""
@@ -189,6 +202,41 @@ def write_zarr_param(plan: ParamPlan, out: Path, path: str, copier: ChunkCopier)
                          _table([key] * len(entries), entries, plan), copier.codec)
 
 
+def stream_zarr_param(plan: ParamPlan, target: Any, path: str, copier: ChunkCopier) -> ParamManifest:
+    """Write one parameter as a Zarr array into object storage: metadata, then its data object.
+
+    The data object is one streamed (multipart) upload of the chunks in order, then the shard
+    index; it becomes visible only when complete. An object upload cannot be resumed half way,
+    so a rerun rewrites an unfinished parameter whole (finished ones are skipped).
+    """
+    p = plan.param
+    target.write(f"{path}/{ROOT_METADATA}", zb.array_metadata(p.shape, dtype_label(p.dtype), plan.chunk_shape,
+                                                              copier.codec))
+    key = zb.chunk_key(path, len(p.shape))
+    entries: list[JournalEntry] = []
+
+    def pieces() -> Any:
+        offset = 0
+        for chunk in plan.chunks:
+            if copier.codec is None:
+                crc = [0]
+                yield from copier.blocks(chunk, crc)
+                crc_value, nbytes = crc[0], chunk.nbytes
+            else:
+                data = copier.compressed(chunk)
+                yield data
+                crc_value, nbytes = crc32c.crc32c(data), len(data)
+            entries.append(JournalEntry(chunk.index, offset, nbytes, crc_value, chunk.rank))
+            offset += nbytes
+            copier.count(written=1)
+        if zb.is_sharded(len(plan.chunks)):
+            yield zb.shard_index([e.offset for e in entries], [e.nbytes for e in entries])
+
+    target.source.put_stream(key, pieces())
+    return ParamManifest(p.name, path, dtype_label(p.dtype), p.shape, plan.chunk_shape,
+                         _table([key] * len(entries), entries, plan), copier.codec)
+
+
 def write_dense_param(plan: ParamPlan, slot: TensorSlot, data_file: Path, journal: Path,
                       copier: ChunkCopier) -> ParamManifest:
     """Fill one parameter's whole-tensor region of a (pre-sized) safetensors file."""
@@ -214,14 +262,3 @@ def write_dense_param(plan: ParamPlan, slot: TensorSlot, data_file: Path, journa
         log.close()
     return ParamManifest(p.name, slot.file, dtype_label(p.dtype), p.shape, plan.chunk_shape,
                          _table([slot.file] * len(entries), entries, plan), None, None, "dense", slot.data_offset)
-
-
-def load_done(done: Path, name: str) -> ParamManifest | None:
-    """The manifest recorded when a parameter was finished by an earlier run, if any (a record
-    that does not parse is ignored: the parameter is written again)."""
-    try:
-        return ParamManifest.from_json(name, json.loads(done.read_text()))
-    except FileNotFoundError:
-        return None
-    except (ValueError, CkptStoreError, OSError):
-        return None

@@ -20,13 +20,13 @@ import json
 import os
 from dataclasses import dataclass, field
 from math import prod
-from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from . import protowire
 from .boxes import Box, even_part
 from .errors import MissingFileError, StoreCorruptError, StrategyError
 from .limits import MAX_METADATA_BYTES, MAX_NDIM, MAX_WORLD
+from .sources.locations import is_url, open_user_file
 
 #: A tensor axis is split by no device axis (-1), one, or several (MindSpore's nested "layout").
 AxisMap = tuple[int, ...]
@@ -452,9 +452,19 @@ def _split_merged_name(name: str) -> tuple[int | None, str]:
     return None, name
 
 
+def _read_url(url: str) -> bytes:
+    f = open_user_file(url)
+    if f.size > MAX_METADATA_BYTES:
+        raise StrategyError(f"strategy file {url} is larger than {MAX_METADATA_BYTES} bytes")
+    return f.pread(0, f.size)
+
+
 def read_strategy_file(path: str | os.PathLike[str]) -> _StageFile:
     """Parse one strategy file (protobuf, or JSON when it ends in ``.json``)."""
     p = os.fspath(path)
+    if is_url(p):
+        data = _read_url(p)
+        return _read_json(p, data) if p.endswith(".json") else _read_proto(p, data)
     try:
         with open(p, "rb") as f:
             if os.fstat(f.fileno()).st_size > MAX_METADATA_BYTES:

@@ -101,3 +101,47 @@ def private_layout(saved_layout, tmp_path: Path) -> Callable[..., SavedLayout]:
         return copy_layout(saved_layout(kind, strategy_format), tmp_path / f"private_{kind}_{strategy_format}")
 
     return get
+
+
+# ---------------------------------------------------------------------------------------------
+# object storage: a real S3 server (moto) on loopback, behind a counting, fault-injecting proxy
+
+
+@dataclass
+class Bucket:
+    """A fresh bucket on the test S3 server; the environment points the client at the proxy."""
+
+    name: str
+    env: dict[str, str]
+    proxy: object
+
+    def url(self, prefix: str = "") -> str:
+        return f"s3://{self.name}/{prefix}" if prefix else f"s3://{self.name}"
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """``(server, proxy)``: moto in server mode and the proxy in front of it, for the session."""
+    pytest.importorskip("obstore")
+    pytest.importorskip("moto.server")
+    import s3_server as S
+
+    yield from S.iter_servers()
+
+
+_BUCKETS = iter(range(1 << 30))
+
+
+@pytest.fixture
+def bucket(s3_server, monkeypatch) -> Bucket:
+    """A new bucket for this test, with AWS_* set (in this process) to reach it through the proxy."""
+    import s3_server as S
+
+    server, proxy = s3_server
+    name = f"ckptstore-test-{next(_BUCKETS)}"
+    server.create_bucket(name)
+    env = S.env_for(proxy.url)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    proxy.reset()
+    return Bucket(name, env, proxy)

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 

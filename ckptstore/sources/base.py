@@ -63,6 +63,9 @@ class ReadableFile(ABC):
 
     key: str
     size: int
+    #: Bytes a header scan reads ahead (``None``: the scanner's own small window). An object
+    #: store pays per request, not per byte, so it reads ahead further.
+    read_ahead: int | None = None
 
     @property
     @abstractmethod
@@ -100,6 +103,12 @@ class ReadableFile(ABC):
 
 class ByteSource(ABC):
     """A folder of files addressed by keys; see the module docstring."""
+
+    #: Threads a load reads with by default (an object store wants many requests in flight).
+    default_workers: int | None = None
+    #: Whether a file of this source wants all the ranges of a read in one call: an object store
+    #: merges near ranges into one request, where a local file reads contiguous runs.
+    coalesces: bool = False
 
     @property
     @abstractmethod
