@@ -53,9 +53,15 @@ def _friendly_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except BrokenPipeError:  # the reader of our output went away (| head): not an error of ours
+            sys.stderr.close()
+            sys.exit(0)
         except (CkptStoreError, OSError) as e:
             kind = type(e).__name__
-            msg = str(e) if isinstance(e, CkptStoreError) else f"{e.strerror or e}: {e.filename}"
+            if isinstance(e, CkptStoreError):  # our messages say everything; no "[Errno 13]" prefix
+                msg = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            else:
+                msg = f"{e.strerror or e}: {e.filename}"
             click.echo(f"ckptstore: error: {msg} [{kind}]", err=True)
             sys.exit(2)
     return wrapper  # type: ignore[return-value]

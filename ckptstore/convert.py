@@ -154,7 +154,7 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
             writer = writer_for(fmt, hold, copier, plans, checksum)
             write_plan(target, fmt, plans, header, writer.extra(), part)
             mine = my_share(writer, plans, part)
-            progress.total = sum(p.nbytes for p in mine)
+            progress.resize(sum(p.nbytes for p in mine), len(mine))
             try:
                 writer.prepare(mine)
                 order = sorted(mine, key=lambda p: -p.nbytes)  # big first: workers finish together
@@ -181,6 +181,7 @@ def _commit_if_last(hold: Claim, done: Mapping[str, ParamManifest], fingerprint:
     lock = target.lock("lock", on_wait)
     try:
         if _committed(target, fingerprint):
+            target.drop_idle_work()
             return None
         try:
             return commit(target, done, parts=part.count)
@@ -209,6 +210,7 @@ def commit_store(out: str | os.PathLike[str], *, on_wait: Callable[[str], None] 
     lock = target.lock("lock", on_wait)
     try:
         if target.manifest() is not None:
+            target.drop_idle_work()  # the lock file this process waited on
             return False
         commit(target)
         return True

@@ -30,6 +30,14 @@ class Progress:
             self._bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
                              file=self._stream, dynamic_ncols=True)
 
+    def resize(self, total_bytes: int, total_items: int) -> None:
+        """New totals, before anything is counted (a part of a conversion does a share of it)."""
+        with self._lock:
+            self.total_bytes, self.total_items = total_bytes, total_items
+            if self._bar is not None:
+                self._bar.total = total_bytes
+                self._bar.refresh()
+
     def add(self, nbytes: int = 0, items: int = 0) -> None:
         with self._lock:
             self.done_bytes += nbytes

@@ -1,6 +1,6 @@
 """Stores and rank files on object storage: a real S3 server (moto) on loopback, no mocked client.
 
-Every request goes through the counting proxy of :mod:`s3_server`, so request counts, ranges and
+Every request goes through the counting proxy of :mod:`benchmarks.s3_server`, so request counts, ranges and
 bytes transferred are what the server saw. Values are compared with MindSpore's
 ``transform_checkpoints`` (the ``load_env`` oracle), and stores written to S3 with the same
 conversion written to a local folder, byte for byte.
@@ -19,7 +19,7 @@ pytest.importorskip("obstore")
 pytestmark = pytest.mark.mindspore
 
 import ckptstore  # noqa: E402
-import s3_server as S  # noqa: E402
+from benchmarks import s3_server as S  # noqa: E402
 from ckptstore.backends import ROOT_METADATA  # noqa: E402
 from ckptstore.errors import (  # noqa: E402
     AccessDeniedError,

@@ -1,4 +1,4 @@
-"""A real S3 server on loopback for the object-storage tests, and a proxy that watches it.
+"""A real S3 server on loopback (for the object-storage tests and benchmarks), and a proxy that watches it.
 
 ``moto`` in server mode (``python -m moto.server``) is a real HTTP S3 endpoint, started here as
 a subprocess; nothing in the client is mocked. Between ckptstore and the server sits
