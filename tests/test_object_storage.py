@@ -255,3 +255,11 @@ def test_a_prefix_holding_other_objects_is_not_written_into(bucket, load_env):
     obstore.put(S3Store(bucket.name), "busy/notes.txt", b"not a store")
     with pytest.raises(StoreExistsError, match="is not empty and is not a ckptstore store"):
         ckptstore.convert(layout.root, bucket.url("busy"), strategy=layout.strategy_files)
+
+
+def test_obs_urls_are_s3_through_the_same_client(bucket, load_env):
+    """ModelArts names checkpoints obs://bucket/...: the same protocol, endpoint from the environment."""
+    layout = load_env.saved_layout("dp2_mp4")
+    ckptstore.convert(layout.root, f"obs://{bucket.name}/model.zarr", strategy=layout.strategy_files)
+    with ckptstore.open(f"obs://{bucket.name}/model.zarr") as a, ckptstore.open(bucket.url("model.zarr")) as b:
+        assert a.read("layer0.w").tobytes() == b.read("layer0.w").tobytes() == layout.tensors["layer0.w"].tobytes()

@@ -21,6 +21,7 @@ zarr-python's object store uses.
 from __future__ import annotations
 
 import errno
+import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -126,6 +127,29 @@ def _client_error(e: BaseException, url: str, action: str) -> Exception:
     return e if isinstance(e, Exception) else RuntimeError(str(e))
 
 
+_CLIENTS: dict[tuple[str, ...], Any] = {}
+_CLIENT_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
+               "AWS_DEFAULT_REGION", "AWS_ALLOW_HTTP", "AWS_PROFILE")
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _client(bucket: str, url: str) -> Any:
+    # keyed by the environment too: a process may point AWS_ENDPOINT_URL elsewhere later
+    key = (bucket, *(os.environ.get(v, "") for v in _CLIENT_ENV))
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            from obstore.store import S3Store
+
+            try:
+                # client options (time-outs, AWS_ALLOW_HTTP, proxies) stay the environment's
+                client = _CLIENTS[key] = S3Store(bucket, retry_config=RETRY)
+            except Exception as e:  # configuration errors: a bad endpoint or region
+                raise FileAccessError(errno.EINVAL, f"cannot set up the object store client for {url} "
+                                      f"({type(e).__name__}); check the AWS_* environment variables") from None
+        return client
+
+
 def _coalesce(requests: Sequence[Request]) -> list[tuple[int, int, list[Request]]]:
     """``(start, end, requests)`` per GET: sorted requests merged while the gaps stay cheap."""
     ordered = sorted((r for r in requests if len(r[1])), key=lambda r: r[0])
@@ -229,17 +253,11 @@ class S3Source(ByteSource):
 
     @property
     def store(self) -> Any:
-        """The obstore client (made on first use, from the environment)."""
+        """The obstore client of this bucket (shared with other sources of the same bucket and
+        environment, so rank files opened one by one share its connections)."""
         with self._lock:
             if self._store is None:
-                from obstore.store import S3Store
-
-                try:
-                    # client options (time-outs, AWS_ALLOW_HTTP, proxies) stay the environment's
-                    self._store = S3Store(self.bucket, retry_config=RETRY)
-                except Exception as e:  # configuration errors: a bad endpoint or region
-                    raise FileAccessError(errno.EINVAL, f"cannot set up the object store client for {self._url} "
-                                          f"({type(e).__name__}); check the AWS_* environment variables") from None
+                self._store = _client(self.bucket, self._url)
             return self._store
 
     @property
