@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
 import crc32c
@@ -25,13 +26,22 @@ from .backends import index_backend as ib
 from .backends import safetensors_backend as sb
 from .backends import zarr_backend as zb
 from .chunk_plan import ParamPlan
-from .errors import CkptStoreError, IncompleteStoreError, InvalidOptionError
+from .errors import CkptStoreError, IncompleteStoreError
 from .manifest import ChunkTable, ParamManifest, StoreManifest, dtype_label
 from .output_folder import Claim, write_error
 from .output_target import OutputTarget
 from .parts import Part, assign
 from .sources import open_location
-from .store_writer import BLOCK, ChunkCopier, str_manifest, stream_zarr_param, write_dense_param, write_zarr_param
+from .store_writer import (
+    BLOCK,
+    ChunkCopier,
+    dense_manifest,
+    dense_rows,
+    str_manifest,
+    stream_zarr_param,
+    write_dense_param,
+    write_zarr_param,
+)
 
 #: Test hook: SIGKILL this process at a named point ("commit": data files final, manifest not written).
 KILL_AT_ENV = "CKPTSTORE_KILL_AT"
@@ -200,15 +210,17 @@ class ZarrWriter(StoreWriter):
 
 
 class SafetensorsWriter(StoreWriter):
+    """Whole global tensors in pre-sized files, filled chunk by chunk; in object storage each
+    file is one streamed upload of its header and tensors, assembled a block of rows at a time."""
+
     def __init__(self, hold: Claim, copier: ChunkCopier, plans: Sequence[ParamPlan]) -> None:
         super().__init__(hold, copier)
-        if self.target.remote:
-            raise InvalidOptionError(f"a safetensors store cannot be written to object storage ({self.target.url}) yet: "
-                                     "write a Zarr store (the default) or an index there, or convert into a local or "
-                                     "shared folder")
         tensors = [(p.param.name, p.param.dtype, p.param.shape) for p in plans if not p.param.is_str]
         self.files = sb.plan_files(tensors)
         self.slots = {s.name: s for f in self.files for s in f.slots}
+        self.plans = {p.param.name: p for p in plans}
+        self._uploads: dict[str, Future[dict[str, ParamManifest]]] = {}
+        self._lock = threading.Lock()
 
     def units(self, plans: Sequence[ParamPlan]) -> list[list[ParamPlan]]:
         by_name = {p.param.name: p for p in plans}
@@ -220,6 +232,8 @@ class SafetensorsWriter(StoreWriter):
         return [f for f in self.files if any(s.name in names for s in f.slots)]
 
     def prepare(self, plans: Sequence[ParamPlan]) -> None:
+        if self.target.remote:
+            return
         try:
             for f in self._files_of(plans):
                 if not sb.reuse_file(self.out, f):
@@ -235,10 +249,44 @@ class SafetensorsWriter(StoreWriter):
 
     def _write(self, plan: ParamPlan) -> ParamManifest:
         slot = self.slots[plan.param.name]
+        if self.target.remote:
+            return self._upload(slot.file)[slot.name]
         return write_dense_param(plan, slot, sb.partial(self.out, slot.file), self._journal(slot.name), self.copier)
 
+    def _still_there(self, finished: ParamManifest) -> bool:
+        if not self.target.remote or finished.is_str:
+            return True  # a local file is checked when it is reopened (prepare)
+        layout = next(f for f in self.files if f.name == finished.path)
+        return self.target.size(layout.name) == layout.size
+
+    def _upload(self, name: str) -> dict[str, ParamManifest]:
+        """Upload file ``name`` once (the first of its tensors' writers does it, the others wait)."""
+        with self._lock:
+            job = self._uploads.get(name)
+            mine = job is None
+            if mine:
+                job = self._uploads[name] = Future()
+        if mine:
+            try:
+                job.set_result(self._stream_file(next(f for f in self.files if f.name == name)))
+            except BaseException as e:
+                job.set_exception(e)
+        return job.result()
+
+    def _stream_file(self, layout: sb.FileLayout) -> dict[str, ParamManifest]:
+        crcs: dict[str, dict[int, int]] = {}
+
+        def pieces() -> Any:
+            yield layout.header
+            for slot in layout.slots:
+                crcs[slot.name] = yield from dense_rows(self.plans[slot.name], self.copier)
+                self.copier.count(written=len(self.plans[slot.name].chunks))
+
+        self.target.source.put_stream(layout.name, pieces())  # type: ignore[attr-defined]
+        return {s.name: dense_manifest(self.plans[s.name], s, crcs[s.name]) for s in layout.slots}
+
     def finish_part(self, plans: Sequence[ParamPlan]) -> None:
-        if self.hold.part.count == 1:
+        if self.hold.part.count == 1 or self.target.remote:
             return  # the commit finishes every file
         try:
             for f in self._files_of(plans):

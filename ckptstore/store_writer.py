@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from math import prod
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -235,6 +236,58 @@ def stream_zarr_param(plan: ParamPlan, target: Any, path: str, copier: ChunkCopi
     target.source.put_stream(key, pieces())
     return ParamManifest(p.name, path, dtype_label(p.dtype), p.shape, plan.chunk_shape,
                          _table([key] * len(entries), entries, plan), copier.codec)
+
+
+#: Bytes of one row block when a whole tensor is assembled in memory to be streamed out.
+ROW_BLOCK = 64 << 20
+
+
+def dense_rows(plan: ParamPlan, copier: ChunkCopier) -> Any:
+    """A parameter's whole tensor in C order, assembled from its chunks a block of rows at a time.
+
+    Rows ``[a, b)`` of a chunk are one contiguous run of its bytes, so each block reads one range
+    per chunk it crosses; memory stays at one block (about :data:`ROW_BLOCK`, at least one row).
+    Each chunk's CRC-32C is accumulated in its byte order; returns ``{chunk index: crc}`` once
+    the generator is exhausted (as its ``StopIteration`` value).
+    """
+    p, chunks = plan.param, plan.chunks
+    item = p.dtype.itemsize
+    shape = tuple(p.shape) or (1,)  # a scalar is one row of one element
+    row_bytes = prod(shape[1:]) * item
+    starts = [c.box.start[0] if p.shape else 0 for c in chunks]
+    stops = [c.box.stop[0] if p.shape else 1 for c in chunks]
+    cuts = sorted({0, shape[0], *starts, *stops})
+    step = max(1, ROW_BLOCK // max(1, row_bytes))
+    crcs = {c.index: 0 for c in chunks}
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        for r0 in range(lo, hi, step):
+            r1 = min(hi, r0 + step)
+            block = np.empty((r1 - r0, *shape[1:], item), dtype=np.uint8)
+            for c, c0, c1 in zip(chunks, starts, stops):
+                if c1 <= r0 or c0 >= r1:
+                    continue
+                inner = (c.box.shape[1:] if p.shape else ())
+                chunk_row = prod(inner) * item
+                part = bytearray((r1 - r0) * chunk_row)
+                copier.files.read(c.path, c.entry, c.byte_start + (r0 - c0) * chunk_row, memoryview(part))
+                crcs[c.index] = crc32c.crc32c(part, crcs[c.index])
+                where = tuple(slice(a, b) for a, b in zip(c.box.start[1:], c.box.stop[1:])) if p.shape else ()
+                block[(slice(None), *where)] = np.frombuffer(part, dtype=np.uint8).reshape((r1 - r0, *inner, item))
+            copier.progress.add(block.nbytes)
+            yield block.reshape(-1)
+    for c in chunks:
+        copier._check_replicas(c, crcs[c.index])
+    return crcs
+
+
+def dense_manifest(plan: ParamPlan, slot: TensorSlot, crcs: Mapping[int, int]) -> ParamManifest:
+    """The manifest of a parameter written whole into ``slot`` of a safetensors file."""
+    p = plan.param
+    whole = Box.full(p.shape)
+    entries = [JournalEntry(c.index, byte_pieces(c.box, whole, p.dtype.itemsize, slot.data_offset)[0][0], c.nbytes,
+                            crcs[c.index], c.rank) for c in plan.chunks]
+    return ParamManifest(p.name, slot.file, dtype_label(p.dtype), p.shape, plan.chunk_shape,
+                         _table([slot.file] * len(entries), entries, plan), None, None, "dense", slot.data_offset)
 
 
 def write_dense_param(plan: ParamPlan, slot: TensorSlot, data_file: Path, journal: Path,

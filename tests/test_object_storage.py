@@ -24,7 +24,6 @@ from ckptstore.backends import ROOT_METADATA  # noqa: E402
 from ckptstore.errors import (  # noqa: E402
     AccessDeniedError,
     IncompleteStoreError,
-    InvalidOptionError,
     SourceChangedError,
     StoreExistsError,
     StoreNotFoundError,
@@ -241,10 +240,14 @@ def test_an_index_in_a_bucket_refuses_a_rank_object_that_changed(bucket, load_en
         ckptstore.open(url)
 
 
-def test_a_safetensors_store_cannot_be_written_to_a_bucket_yet(bucket, load_env):
-    layout = load_env.saved_layout("dp2_mp4")
-    with pytest.raises(InvalidOptionError, match="safetensors store cannot be written to object storage"):
-        ckptstore.convert(layout.root, bucket.url("st"), strategy=layout.strategy_files, fmt="safetensors")
+def test_a_safetensors_store_in_a_bucket_is_the_one_written_to_a_folder(bucket, load_env, tmp_path, monkeypatch):
+    from ckptstore import store_writer
+
+    monkeypatch.setattr(store_writer, "ROW_BLOCK", 256)  # many row blocks per tensor: the assembly is exercised
+    layout = load_env.saved_layout("mixed_dtypes")
+    ckptstore.convert(layout.root, tmp_path / "local", strategy=layout.strategy_files, fmt="safetensors")
+    ckptstore.convert(layout.root, bucket.url("st"), strategy=layout.strategy_files, fmt="safetensors")
+    assert S.objects(bucket.url("st")) == store_files(tmp_path / "local")
 
 
 def test_a_prefix_holding_other_objects_is_not_written_into(bucket, load_env):
