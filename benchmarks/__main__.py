@@ -4,8 +4,10 @@
                              [--cold-load] [--scaling] [--out benchmarks/results]
 
 Default: a 1 GB PanGu-shaped checkpoint on 8 ranks (dp2×mp4) loaded as rank 0 of 4 (dp1×mp4),
-3 repetitions; conversion of the same files; 8 concurrent loaders of a 0.5 GB checkpoint
-8 → 8; under 15 minutes on a 2-core machine once the synthetic checkpoints are cached.
+3 repetitions; conversion (and indexing) of the same files; 8 concurrent loaders of a 0.5 GB
+checkpoint 8 → 8; ``ckptstore.index`` of a sparse 130B-shaped checkpoint on 128 ranks (headers
+only: 2.3 TiB apparent, 1.7 GiB on disk); under 25 minutes on a 2-core machine once the synthetic
+checkpoints are cached.
 ``--quick`` is a smoke test (tiny sizes, one repetition, about 1.5 minutes). ``--cold-load`` also
 runs the load scenario with the page cache dropped before every measured run (root only). ``--scaling`` adds
 the load and convert scenarios over model sizes and source world sizes, with PNG plots.
@@ -50,7 +52,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     r.add_argument("--node-src-world", default="8")
     r.add_argument("--node-dst-world", default="8", help="loaders started at once (one per target rank)")
     r.add_argument("--node-reps", type=int, default=2)
-    r.add_argument("--scenarios", default="load,reach,convert,node", help="comma-separated subset to run")
+    r.add_argument("--index-model", default="130B", help="model of the index scenario's sparse checkpoint")
+    r.add_argument("--index-world", default="128", help="its source ranks (128 = dp16×mp8) or DPxMP")
+    r.add_argument("--index-dst-world", default="8x8", help="target of its plan row (DPxMP)")
+    r.add_argument("--index-reps", type=int, default=3)
+    r.add_argument("--scenarios", default="load,reach,convert,node,index", help="comma-separated subset to run")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder (JSON, Markdown, plots)")
     rp = sub.add_parser("report", help="write REPORT.md again from the latest results in --out (runs nothing)")
@@ -83,7 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         node_reps=args.node_reps, scaling=args.scaling, scaling_sizes=_sizes(args.scaling_sizes),
         scaling_worlds=[int(w) for w in args.scaling_worlds.split(",") if w.strip()],
         scaling_world_size=parse_size(args.scaling_world_size), scaling_reps=args.scaling_reps,
-        scenarios=scenarios, quick=args.quick, seed=args.seed, out=args.out, cold_load=args.cold_load)
+        scenarios=scenarios, quick=args.quick, seed=args.seed, out=args.out, cold_load=args.cold_load,
+        index_model=args.index_model, index_src=parse_mesh(args.index_world, source=True),
+        index_dst=parse_mesh(args.index_dst_world, source=False), index_reps=args.index_reps)
     if not 0 <= cfg.rank < cfg.dst.world:
         print(f"error: --rank {cfg.rank} is outside the {cfg.dst.world} target ranks", file=sys.stderr)
         return 2
@@ -93,6 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cold_unavailable():
             print(f"error: {cold_unavailable()}", file=sys.stderr)
             return 2
+    from benchmarks.bench_index import MODELS
+
+    if cfg.index_model not in MODELS:
+        print(f"error: unknown --index-model {cfg.index_model!r}; known: {', '.join(MODELS)}", file=sys.stderr)
+        return 2
     if cfg.quick:
         cfg = quick_config(cfg)
     records = run_suite(cfg, command_line("benchmarks", argv))

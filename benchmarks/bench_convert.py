@@ -5,6 +5,9 @@
 Contenders, each in a fresh process, each writing into an empty folder:
 
 * ``ckptstore convert``: ``ckptstore.convert`` into a Zarr store of global tensors;
+* ``ckptstore index``: ``ckptstore.index`` (no checksums): a store that copies no payload, only a
+  manifest (``ckptstore.json``) of byte ranges in the rank files; ``ckptstore index --checksum``:
+  the same, reading every slice once to record its CRC-32C;
 * ``cp -r``: a plain copy of the same rank folders (every byte read and written once);
 * ``mindspore.transform_checkpoints``: every rank file of the target layout;
 * ``mindspore.ckpt_to_safetensors + unified_safetensors``: MindSpore's route to global tensors
@@ -13,7 +16,9 @@ Contenders, each in a fresh process, each writing into an empty folder:
 Every call ends with ``os.sync()`` (ckptstore fsyncs its files; the others would otherwise leave
 their writing to the kernel), and dirty pages are written back before each measurement.
 Memory is the process tree's: MindSpore's ``ckpt_to_safetensors`` works in a pool process and
-``cp`` is a child, so children are sampled too.
+``cp`` is a child, so children are sampled too. Every contender's output folder is measured after
+the call (``store size``), and for ckptstore's stores their metadata (the JSON files: Zarr's
+``zarr.json`` files, an index's ``ckptstore.json``) as a share of the rank files' bytes.
 """
 from __future__ import annotations
 
@@ -32,6 +37,8 @@ from benchmarks.synth import Mesh, Synth
 
 NAME = "convert"
 CKPTSTORE = "ckptstore convert"
+INDEX = "ckptstore index"
+INDEX_CRC = "ckptstore index --checksum"
 COPY = "cp -r (rank files)"
 MS_SAFETENSORS = "mindspore.ckpt_to_safetensors + unified_safetensors"
 LABELS = {CKPTSTORE: "ckptstore", COPY: "cp"}
@@ -66,6 +73,15 @@ def _ckptstore(st: ConvertSetup) -> Contender:
     return Contender(CKPTSTORE, MODULE, "ckptstore_convert",
                      {"src_dir": str(st.synth.ckpt_dir), "strategy": str(st.synth.strategy), "out": st.out(CKPTSTORE)},
                      preimport=("ckptstore",), track_children=True)
+
+
+@register("convert")
+def _ckptstore_index(st: ConvertSetup) -> list[Contender]:
+    args = {"src_dir": str(st.synth.ckpt_dir), "strategy": str(st.synth.strategy)}
+    return [Contender(INDEX, MODULE, "ckptstore_index", {**args, "out": st.out(INDEX)},
+                      preimport=("ckptstore",), track_children=True),
+            Contender(INDEX_CRC, MODULE, "ckptstore_index", {**args, "out": st.out(INDEX_CRC), "checksum": True},
+                      preimport=("ckptstore",), track_children=True)]
 
 
 @register("convert")
@@ -132,16 +148,35 @@ COLUMNS = (Column("wall_s", "wall", "s"), Column("mb_per_s", "MB/s of rank files
            Column("rchar", "bytes read (rchar)", "B", ratio=False))
 
 
-def output_cell(record: Mapping[str, Any]) -> Any:
-    outs: dict[str, int] = {}
+def _returned(record: Mapping[str, Any], key: str) -> dict[str, int]:
+    """Per contender, the largest ``returned[key]`` over its runs (sizes are the same every run)."""
+    out: dict[str, int] = {}
     for s in record["samples"]:
-        if isinstance(s.get("returned"), dict) and "output_bytes" in s["returned"]:
-            outs[s["contender"]] = s["returned"]["output_bytes"]
+        if isinstance(s.get("returned"), dict) and key in s["returned"]:
+            out[s["contender"]] = max(out.get(s["contender"], 0), s["returned"][key])
+    return out
+
+
+def output_cell(record: Mapping[str, Any]) -> Any:
+    """Column function: bytes of the contender's output folder (and the share of the rank files')."""
+    from benchmarks.report import format_bytes
+
+    outs, files = _returned(record, "output_bytes"), record["params"]["rank_file_bytes"]
 
     def cell(name: str) -> str:
-        from benchmarks.report import format_bytes
+        return f"{format_bytes(outs[name])} ({outs[name] / files:.3g}×)" if name in outs else "–"
 
-        return format_bytes(outs[name]) if name in outs else "–"
+    return cell
+
+
+def metadata_cell(record: Mapping[str, Any]) -> Any:
+    """Column function: bytes of a ckptstore store's metadata (JSON files) and their share of the rank files."""
+    from benchmarks.report import format_bytes
+
+    meta, files = _returned(record, "metadata_bytes"), record["params"]["rank_file_bytes"]
+
+    def cell(name: str) -> str:
+        return f"{format_bytes(meta[name])} = {meta[name] / files:.4%}" if name in meta else "–"
 
     return cell
 
@@ -149,7 +184,15 @@ def output_cell(record: Mapping[str, Any]) -> Any:
 def table(record: Mapping[str, Any]) -> str:
     bases = [b for b in (CKPTSTORE, COPY) if b in record["summary"]]
     return markdown_table(record, columns=COLUMNS, baselines=bases, labels=LABELS,
-                          extra={"written": output_cell(record)})
+                          extra={"store size (output folder, × rank files)": output_cell(record),
+                                 "metadata (JSON files, share of rank files)": metadata_cell(record)})
+
+
+def verdict_lines(record: Mapping[str, Any]) -> list[str]:
+    """The index targets judged on this run (3 GB in < 1 s warm: only when the run is at 3 GB)."""
+    from benchmarks import targets
+
+    return ["Index targets (this run):", "", targets.markdown(targets.index_convert_verdicts(record, INDEX))]
 
 
 def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:
@@ -169,7 +212,11 @@ def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:
         "",
         "MB/s = rank-file bytes (10^6) per second of wall time. Every call ends with `os.sync()`; "
         "peaks include the processes a call starts (sampled every 50 ms; each child's growth "
-        "since it appeared, so pages a forked pool worker shares with its parent are not counted twice).",
+        "since it appeared, so pages a forked pool worker shares with its parent are not counted twice). "
+        "Store size: every file of the output folder after the call; metadata: a ckptstore store's JSON "
+        "files (an index is nothing else: its chunks are byte ranges in the rank files, read from there).",
+        "",
+        *verdict_lines(record),
     ]
     if split:
         a = sorted(x["ckpt_to_safetensors_s"] for x in split)[len(split) // 2]

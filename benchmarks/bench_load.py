@@ -12,6 +12,9 @@ timed). What each row times (:data:`TIMED_SPANS` has the one-line version the re
 * ``ckptstore.load_rank (Parameters built)``: ``load_rank(store, strategy, rank, workers=W)``
   then ``.materialize()`` (reads with ``W`` threads, builds each Parameter as its reads finish);
   ``W`` = ckptstore's default, and again with ``W`` = 1, 2, 4 (the workers curve);
+* ``ckptstore.load_rank from an index (Parameters built)``: the same call on an *index* of the
+  rank files (``ckptstore.index``: a manifest of byte ranges, no payload copied), which reads
+  the slices straight from the rank files; its values must equal the converted store's;
 * ``ckptstore.load_into_net (into a prebuilt Cell)``: ``load_into_net(net, store, strategy=...,
   rank=...)`` into a Cell built in the setup with the rank's Parameters, zero-filled;
 * ``ckptstore.loader.rank_view().read_many (numpy)``: the same slices as numpy arrays;
@@ -54,6 +57,7 @@ from benchmarks.synth import Mesh, Synth
 NAME = "load"
 COLD_NAME = "load-cold"  # results of --cold runs: a record of their own
 CKPTSTORE = "ckptstore.load_rank (Parameters built)"
+INDEX = "ckptstore.load_rank from an index (Parameters built)"
 INTO_NET = "ckptstore.load_into_net (into a prebuilt Cell)"
 RANK_VIEW = "ckptstore.loader.rank_view().read_many (numpy)"
 BOUND = "lower bound: numpy preadv"
@@ -75,6 +79,9 @@ TIMED_SPANS = {
     CKPTSTORE: "`ckptstore.load_rank(store, strategy, rank, workers=W)` + `.materialize()` (the reads, with W "
                "threads, and building every `mindspore.Parameter`); W = ckptstore's default here, other W: the "
                "rows `(Parameters built, workers=W)`; no setup",
+    INDEX: "the same call as the `load_rank` row, default workers, on an index of the rank files "
+           "(`ckptstore.index(src, out, strategy=[...])`, no checksums; made once, cached beside the converted "
+           "store): its chunks are byte ranges in the rank files, read from there; no setup",
     INTO_NET: "`ckptstore.load_into_net(net, store, strategy=..., rank=...)` (default workers); setup: a Cell with "
               "the rank's Parameters (names, local shapes, dtypes), zero-filled (memory touched)",
     RANK_VIEW: "`view = rank_view(ckptstore.open(store), strategy, rank); view.read_many(view.names())` (numpy "
@@ -162,6 +169,19 @@ def _ckptstore_load_rank(st: LoadSetup) -> Contender:
 
 
 @register("load")
+def _ckptstore_load_rank_index(st: LoadSetup) -> Contender:
+    """``load_rank`` as the main row, on an index of the same rank files instead of the converted store."""
+    try:
+        index = str(st.synth.index_store())
+    except Exception as e:  # ckptstore refused to index the files: say so in the table
+        return Contender(INDEX, MODULE, "ckptstore_load_rank", unavailable=(
+            f"ckptstore.index of the rank files failed: {type(e).__name__}: {e}"))
+    return Contender(INDEX, MODULE, "ckptstore_load_rank",
+                     {**_ckptstore_args(st, workers=default_workers()), "store": index},
+                     preimport=CKPTSTORE_PREIMPORT, check="check_ckptstore")
+
+
+@register("load")
 def _ckptstore_load_rank_workers(st: LoadSetup) -> list[Contender]:
     """The workers curve: ``load_rank`` with 1, 2 and 4 threads (the default's row is the main one)."""
     return [Contender(workers_name(w), MODULE, "ckptstore_load_rank", _ckptstore_args(st, workers=w),
@@ -242,10 +262,33 @@ def quick_skipped() -> tuple[str, ...]:
 
 
 def read_paths(st: LoadSetup, contenders: Sequence[Contender]) -> list[str]:
-    """Every file a contender reads: warmed once before a warm run, so no one pays a cold read."""
-    roots = [st.store, *(c.args[k] for c in contenders for k in ("ckpt", "unified_dir") if k in c.args)]
+    """Every file a contender reads: warmed once before a warm run, so no one pays a cold read.
+
+    That is the rank files, the flat file, every store a contender names (the converted store,
+    the index) and the peers' checkpoints; for an index, also every rank file it points into
+    (the synthetic checkpoint's own rank files, unless the index was made elsewhere)."""
+    roots = [st.store, *(c.args[k] for c in contenders for k in ("store", "ckpt", "unified_dir") if k in c.args)]
+    roots = list(dict.fromkeys(roots))
     files = [str(p) for r in roots for p in sorted(Path(r).rglob("*")) if p.is_file()]
-    return [*st.rank_files, st.flat_file, *dict.fromkeys(files)]
+    pointed = [f for r in roots for f in index_source_files(r)]
+    return list(dict.fromkeys([*st.rank_files, st.flat_file, *files, *pointed]))
+
+
+def index_source_files(store: str | os.PathLike[str]) -> list[str]:
+    """The rank files an index store reads from (its ``source_root`` + ``source_files``); ``[]``
+    for any other store."""
+    import json
+
+    manifest = Path(store) / "ckptstore.json"
+    try:
+        doc = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if doc.get("backend") != "index" or "://" in str(doc.get("source_root", "://")):
+        return []  # not an index, or rank files in a bucket (nothing to warm here)
+    root = Path(doc["source_root"])
+    root = root if root.is_absolute() else Path(store).resolve() / root
+    return [os.path.normpath(root / key) for key in doc.get("source_files", {})]
 
 
 def run(st: LoadSetup, *, reps: int, baseline_reps: int | None, command: str, results_dir: Path | None,
@@ -346,6 +389,7 @@ def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:
         "ckptstore's routes from their read plan; the safetensors route maps every file it reads, so its "
         "`rchar` is only headers).",
         "",
+        *index_lines(record),
         *workers_curve(record),
         *timed_span_lines(record),
     ]
@@ -355,6 +399,28 @@ def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:
         lines += ["", *mindspore_notes()]
     lines += not_run_notes(record)
     return "\n".join(lines) + "\n"
+
+
+def index_ratio(record: Mapping[str, Any]) -> tuple[float, float] | None:
+    """Median walls of ``load_rank`` from the index and from the converted store, if both ran."""
+    s = record["summary"]
+    if INDEX not in s or CKPTSTORE not in s:
+        return None
+    return s[INDEX]["wall_s"]["median"], s[CKPTSTORE]["wall_s"]["median"]
+
+
+def index_lines(record: Mapping[str, Any]) -> list[str]:
+    """One line: ``load_rank`` from an index vs from the converted store (time ratio, same values?)."""
+    walls = index_ratio(record)
+    if walls is None:
+        return []
+    a, b = walls
+    checks = record.get("checks", {})
+    same = checks.get(INDEX, {}).get("digest") is not None and \
+        checks.get(INDEX, {}).get("digest") == checks.get(CKPTSTORE, {}).get("digest")
+    return [f"Index vs converted store: `{INDEX}` {format_seconds(a)} vs `{CKPTSTORE}` {format_seconds(b)} "
+            f"(medians) = **{a / b:.3f}×**; values {'identical' if same else '**different**'} "
+            f"(digest of every tensor of the rank).", ""]
 
 
 def curve_points(record: Mapping[str, Any]) -> list[tuple[int, str]]:

@@ -461,13 +461,55 @@ def _tree_bytes(path: str) -> int:
     return total
 
 
+def metadata_bytes(store: str) -> int:
+    """Bytes of a ckptstore store's metadata: its JSON files (the root ``zarr.json`` with the
+    manifest and one ``zarr.json`` per array; an index's ``ckptstore.json``, which is all of it)."""
+    total = 0
+    for root, _, files in os.walk(store):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files if f.endswith(".json"))
+    return total
+
+
 def ckptstore_convert(src_dir: str, strategy: str, out: str, workers: int = 4) -> dict[str, Any]:
     """``ckptstore.convert`` (what ``ckptstore convert SRC --strategy S --out STORE`` runs)."""
     import ckptstore
 
     summary = ckptstore.convert(src_dir, out, strategy=[strategy], workers=workers)
     os.sync()
-    return {"output_bytes": _tree_bytes(out), "chunks": summary.chunks}
+    return {"output_bytes": _tree_bytes(out), "metadata_bytes": metadata_bytes(out), "chunks": summary.chunks}
+
+
+def ckptstore_index(src_dir: str, strategy: str, out: str, checksum: bool = False, workers: int = 4) -> dict[str, Any]:
+    """``ckptstore.index`` (what ``ckptstore index SRC -s S --out STORE [--checksum]`` runs): a store
+    that copies no payload, only a manifest of byte ranges in the rank files."""
+    import ckptstore
+
+    summary = ckptstore.index(src_dir, out, strategy=[strategy], checksum=checksum, workers=workers)
+    os.sync()
+    return {"output_bytes": _tree_bytes(out), "metadata_bytes": metadata_bytes(out), "chunks": summary.chunks}
+
+
+def ckptstore_open(store: str) -> Any:
+    """``ckptstore.open(store)``: read, parse and validate the manifest (an index also stats its rank files)."""
+    import ckptstore
+
+    return ckptstore.open(store)
+
+
+def setup_open_store(store: str, strategy: str, rank: int) -> dict[str, Any]:
+    """Unmeasured: the store opened and the target strategy read, for :func:`ckptstore_plan_rank`."""
+    import ckptstore
+
+    return {"store": ckptstore.open(store), "strategy": ckptstore.strategy.load_strategy(strategy), "rank": rank}
+
+
+def ckptstore_plan_rank(state: Mapping[str, Any]) -> dict[str, Any]:
+    """``rank_view(store, strategy, rank).plan``: what ``load_rank`` works out before it reads a byte."""
+    import ckptstore
+
+    plan = ckptstore.loader.rank_view(state["store"], state["strategy"], state["rank"]).plan
+    return {"rank_bytes": int(plan.nbytes), "params": len(plan.params),
+            "chunk_reads": sum(len(p.chunks) for p in plan.params.values())}
 
 
 def cp_r(src_dir: str, out: str) -> dict[str, Any]:

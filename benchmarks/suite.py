@@ -3,8 +3,9 @@
 Scenarios, in order: ``load`` (one target rank, every route; with ``--cold-load`` again with
 the page cache dropped before every measured run, as the record ``load-cold``), ``reach``
 (which target ranks the MindSpore routes load correctly, on a small model), ``convert``,
-``node`` (8 loaders at once) and, with ``--scaling``, the load and convert scenarios again over
-model sizes and source world sizes. Each writes ``<out>/<name>.json`` (runs appended) and ``<out>/<name>.md``; the suite
+``node`` (8 loaders at once), ``index`` (``ckptstore.index`` of a sparse 130B-shaped checkpoint
+on 128 ranks, from its headers: :mod:`benchmarks.bench_index`) and, with ``--scaling``, the load
+and convert scenarios again over model sizes and source world sizes. Each writes ``<out>/<name>.json`` (runs appended) and ``<out>/<name>.md``; the suite
 writes ``<out>/REPORT.md`` with every table, the targets of DESIGN.md judged on this run, and
 the plots.
 """
@@ -17,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from benchmarks import bench_convert, bench_load, bench_node, targets
+from benchmarks import bench_convert, bench_index, bench_load, bench_node, targets
 from benchmarks.harness import append_result, environment
 from benchmarks.report import format_bytes, format_seconds, machine_line
 from benchmarks.synth import Mesh, source_mesh, synth
 
-SCENARIOS = ("load", "reach", "convert", "node")
+SCENARIOS = ("load", "reach", "convert", "node", "index")
 REACH_SIZE = 8_000_000
 QUICK_SIZE = 8_000_000
 
@@ -52,6 +53,10 @@ class SuiteConfig:
     out: Path = Path("benchmarks/results")
     reach_ranks: Sequence[int] | None = None
     cold_load: bool = False  # also run the load scenario with the page cache dropped before every run
+    index_model: str = "130B"  # the index scenario's sparse checkpoint (bench_index.MODELS)
+    index_src: Mesh = Mesh(16, 8)
+    index_dst: Mesh = Mesh(8, 8)  # target of its plan row
+    index_reps: int = 3
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -63,6 +68,8 @@ def quick_config(cfg: SuiteConfig) -> SuiteConfig:
     cfg.scaling_sizes = (4_000_000, QUICK_SIZE)
     cfg.scaling_worlds = (4, 8)
     cfg.reach_ranks = [cfg.dst.world - 1]
+    cfg.index_model, cfg.index_src, cfg.index_dst = bench_index.QUICK
+    cfg.index_reps = 1
     return cfg
 
 
@@ -78,7 +85,7 @@ def run_suite(cfg: SuiteConfig, command: str, log: Callable[[str], None] | None 
     started = time.monotonic()
     records: dict[str, Any] = {"errors": {}}
     steps = [(name, step) for name, step in (("load", _load), ("reach", _reach), ("convert", _convert),
-                                             ("node", _node)) if name in cfg.scenarios]
+                                             ("node", _node), ("index", _index)) if name in cfg.scenarios]
     if cfg.cold_load:
         steps.insert(1 if "load" in cfg.scenarios else 0, (bench_load.COLD_NAME, _load_cold))
     if cfg.scaling:
@@ -145,6 +152,13 @@ def _node(cfg: SuiteConfig, command: str, log: Callable[[str], None]) -> dict[st
     return rec
 
 
+def _index(cfg: SuiteConfig, command: str, log: Callable[[str], None]) -> dict[str, Any]:
+    st = bench_index.make_setup(cfg.index_model, cfg.index_src, cfg.index_dst, 0, log=log)
+    rec = bench_index.run(st, reps=cfg.index_reps, command=command, results_dir=cfg.out, quick=cfg.quick, log=log)
+    _write(Path(cfg.out) / f"{bench_index.NAME}.md", bench_index.render(rec))
+    return rec
+
+
 def run_scaling(cfg: SuiteConfig, command: str, log: Callable[[str], None]) -> dict[str, Any]:
     """Load and convert over model sizes (source = ``cfg.src``) and source world sizes."""
     points = [("size", size, cfg.src, size) for size in cfg.scaling_sizes]
@@ -186,7 +200,10 @@ def report(records: Mapping[str, Any], cfg: SuiteConfig, command: str) -> str:
     lines += [_load_line(records), "", (took + quick).strip(), ""]
     verdicts = (targets.load_verdicts(records.get("load"), bench_load.CKPTSTORE, bench_load.BOUND,
                                       into_net=bench_load.INTO_NET, cold=records.get(bench_load.COLD_NAME))
+                + targets.index_load_verdicts(records.get("load"), bench_load.INDEX, bench_load.CKPTSTORE)
                 + targets.convert_verdicts(records.get("convert"), bench_convert.CKPTSTORE, bench_convert.MS_SAFETENSORS)
+                + targets.index_convert_verdicts(records.get("convert"), bench_convert.INDEX)
+                + targets.sparse_index_verdicts(records.get("index"), bench_index.INDEX)
                 + targets.node_verdicts(records.get("node"), bench_node.CKPTSTORE))
     lines += ["## Targets from DESIGN.md", "", targets.markdown(verdicts), ""]
     lines += _design_context(records.get("load"))
@@ -211,6 +228,8 @@ def report(records: Mapping[str, Any], cfg: SuiteConfig, command: str) -> str:
         lines += [_demote(bench_convert.render(records["convert"], standalone=False)), ""]
     if "node" in records:
         lines += [_demote(bench_node.render(records["node"], standalone=False)), ""]
+    if "index" in records:
+        lines += [_demote(bench_index.render(records["index"], standalone=False)), ""]
     if "scaling" in records:
         lines += _scaling_section(records["scaling"])
     elif (Path(cfg.out) / "scaling" / "scaling.json").exists():
@@ -226,7 +245,7 @@ def report(records: Mapping[str, Any], cfg: SuiteConfig, command: str) -> str:
 
 def _load_line(records: Mapping[str, Any]) -> str:
     parts = []
-    for name in ("load", bench_load.COLD_NAME, "convert", "node"):
+    for name in ("load", bench_load.COLD_NAME, "convert", "node", "index"):
         r = records.get(name)
         if r and "foreign_cpu_cores" in r:
             parts.append(f"{name} {r['foreign_cpu_cores']:.2f}")

@@ -15,7 +15,8 @@ byte for byte what one ``save_distributed`` call on all parameters writes (check
 whole model plus every rank's slices.
 
 Everything derived from the checkpoint is cached next to it on first use: target strategies
-(:meth:`Synth.target_strategy`), the ckptstore store (:meth:`Synth.store`), the flat file of
+(:meth:`Synth.target_strategy`), the ckptstore store (:meth:`Synth.store`) and an index of the
+rank files (:meth:`Synth.index_store`), the flat file of
 one target rank's bytes for the lower bound (:meth:`Synth.flat_file`), and MindSpore's unified
 safetensors (:meth:`Synth.unified_dir`). The cache key holds every parameter (size, meshes,
 seed, generator version); a directory only gets its final name once complete.
@@ -219,6 +220,21 @@ class Synth:
             except Exception:  # missing, or written by an older ckptstore: convert again
                 shutil.rmtree(path, ignore_errors=True)
                 ckptstore.convert(self.ckpt_dir, path, strategy=[self.strategy], overwrite=True)
+        return path
+
+    def index_store(self) -> Path:
+        """The ckptstore *index* of the rank files (``ckptstore.index``, no checksums): a store
+        holding only a manifest of byte ranges in the rank files, made once, beside :meth:`store`.
+        Made again when it no longer opens (e.g. the rank files were written anew)."""
+        import ckptstore
+
+        path = self.root / "index.ckptstore"
+        with cache_lock(self.root):
+            try:
+                ckptstore.open(path).close()
+            except Exception:  # missing, stale (rank files changed) or written by an older ckptstore
+                shutil.rmtree(path, ignore_errors=True)
+                ckptstore.index(self.ckpt_dir, path, strategy=[self.strategy], overwrite=True)
         return path
 
     def rank_nbytes(self, mesh: Mesh, rank: int) -> int:

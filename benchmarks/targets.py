@@ -19,6 +19,12 @@ LOAD_VS_BOUND = 1.1  # ... and ≤ 1.1× the single-thread numpy pread bound
 INTO_NET_VS_DCP = 0.7  # load_into_net ≤ 0.7× DCP's dcp.load
 PEAK_VS_RANK = 1.02
 READ_VS_RANK = 1.01
+INDEX_VS_STORE = 1.1  # load_rank from an index ≤ 1.1× from the converted store (same run)
+INDEX_3GB_S = 1.0  # index the 3 GB checkpoint in < 1 s (warm)
+INDEX_3GB_SIZE = 3_000_000_000  # the checkpoint that target is about (`--size 3GB`)
+INDEX_SPARSE_S = 30.0  # index the 128-file sparse 130B checkpoint in < 30 s
+INDEX_METADATA_SHARE = 0.001  # an index's metadata < 0.1% of the rank files' bytes
+INDEX_METADATA_MIN_SIZE = 1_000_000_000  # judged from the 1 GB checkpoint up (--quick's 8 MB: not judged)
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,82 @@ def convert_verdicts(rec: Mapping[str, Any] | None, ours: str, ms_route: str) ->
     out.append(Verdict("Convert: peak RSS < 0.5 GB whatever the checkpoint size",
                        f"worst {format_bytes(peak)} ({peak / 1e9:.3f} GB) for "
                        f"{format_bytes(rec['params']['rank_file_bytes'])} of rank files", peak < CONVERT_PEAK_LIMIT))
+    return out
+
+
+def index_load_verdicts(rec: Mapping[str, Any] | None, index: str, store: str) -> list[Verdict]:
+    """Loading from an index: the same values as from the converted store, in ≤ 1.1× its time (same run)."""
+    same_title = "Loading from an index: identical values to the converted store"
+    time_title = f"Loading from an index: time within {INDEX_VS_STORE}× of the converted store (same run)"
+    if rec is None:
+        return [Verdict(same_title, "the load scenario did not run", None),
+                Verdict(time_title, "the load scenario did not run", None)]
+    checks = rec.get("checks", {})
+    mine, ref = checks.get(index, {}).get("digest"), checks.get(store, {}).get("digest")
+    if mine is None or ref is None:
+        same = Verdict(same_title, f"`{index if mine is None else store}` did not run (or was not checked)", None)
+    else:
+        c = checks[index]
+        same = Verdict(same_title, f"digest {mine} vs {ref} over {c.get('tensors', '?')} tensors, "
+                                   f"{format_bytes(c.get('bytes', 0))}",
+                       mine == ref and not c.get("missing_or_misshapen"))
+    return [same, _vs(time_title, rec["summary"], index, store, INDEX_VS_STORE, f"`{store}` did not run: not judged")]
+
+
+def index_convert_verdicts(rec: Mapping[str, Any] | None, index: str) -> list[Verdict]:
+    """The index targets judged in the convert scenario: the 3 GB checkpoint indexed in < 1 s warm
+    (judged only when this run's checkpoint is the 3 GB one), metadata < 0.1% of the rank files
+    (judged from 1 GB up: a manifest's size follows the number of chunks, so a tiny checkpoint's
+    share says nothing about the target)."""
+    t_title = f"Index the 3 GB checkpoint in < {INDEX_3GB_S:g} s (warm page cache)"
+    m_title = f"Index: metadata < {INDEX_METADATA_SHARE:.1%} of the rank files"
+    if rec is None or index not in rec["summary"]:
+        why = "the convert scenario did not run" if rec is None else f"`{index}` did not run"
+        return [Verdict(t_title, why, None), Verdict(m_title, why, None)]
+    s, p = rec["summary"], rec["params"]
+    wall = s[index]["wall_s"]["median"]
+    size = p.get("size_requested")
+    if size == INDEX_3GB_SIZE and rec.get("cache", "warm") == "warm":
+        timed = Verdict(t_title, f"{format_seconds(wall)} (median of {s[index]['wall_s']['n']}) for "
+                                 f"{format_bytes(p['rank_file_bytes'])} of rank files", wall < INDEX_3GB_S)
+    else:
+        timed = Verdict(t_title, f"not judged: this run's checkpoint is {size / 1e9:g} GB (the target is about "
+                                 f"`--size 3GB`); here {format_seconds(wall)} (median) for "
+                                 f"{format_bytes(p['rank_file_bytes'])} of rank files", None)
+    meta = [x["returned"]["metadata_bytes"] for x in rec["samples"]
+            if x["contender"] == index and isinstance(x.get("returned"), dict) and "metadata_bytes" in x["returned"]]
+    if not meta:
+        return [timed, Verdict(m_title, "the index's size was not recorded", None)]
+    worst, files = max(meta), p["rank_file_bytes"]
+    measured = (f"{format_bytes(worst)} of `ckptstore.json` = {worst / files:.4%} of the {format_bytes(files)} "
+                "of rank files")
+    if not size or size < INDEX_METADATA_MIN_SIZE:  # the manifest grows with the chunks, not the bytes
+        return [timed, Verdict(m_title, f"not judged below 1 GB (the targets are about the 1 GB and 3 GB "
+                                        f"checkpoints): {measured}", None)]
+    return [timed, Verdict(m_title, measured, worst < INDEX_METADATA_SHARE * files)]
+
+
+def sparse_index_verdicts(rec: Mapping[str, Any] | None, index: str) -> list[Verdict]:
+    """The sparse 130B checkpoint (128 rank files): indexed in < 30 s, metadata < 0.1% of the rank files.
+    Judged only on that checkpoint (``params["judged"]``); a quick run says "not judged"."""
+    t_title = f"Index the sparse 130B checkpoint (128 rank files) in < {INDEX_SPARSE_S:g} s"
+    m_title = f"Index of the sparse 130B checkpoint: metadata < {INDEX_METADATA_SHARE:.1%} of the rank files"
+    if rec is None or index not in rec["summary"]:
+        why = "the index scenario did not run" if rec is None else f"`{index}` did not run"
+        return [Verdict(t_title, why, None), Verdict(m_title, why, None)]
+    p, st = rec["params"], rec["summary"][index]
+    wall = st["wall_s"]["median"]
+    files = p["rank_file_bytes"]
+    meta = p.get("manifest_bytes")
+    judged = bool(p.get("judged"))
+    note = "" if judged else f"not judged: this run's checkpoint is `{p.get('model_key')}` on {p.get('world')} ranks; "
+    out = [Verdict(t_title, f"{note}{format_seconds(wall)} (median of {st['wall_s']['n']}) for {p['rank_files']} "
+                            f"files, {format_bytes(files)}", (wall < INDEX_SPARSE_S) if judged else None)]
+    if meta is None:
+        out.append(Verdict(m_title, "the manifest's size was not recorded", None))
+    else:
+        out.append(Verdict(m_title, f"{note}{format_bytes(meta)} = {meta / files:.5%} of {format_bytes(files)}",
+                           (meta < INDEX_METADATA_SHARE * files) if judged else None))
     return out
 
 

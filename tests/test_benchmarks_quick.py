@@ -18,7 +18,7 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.mindspore]
 
 REPO = Path(__file__).resolve().parents[1]
-SCENARIOS = ("load", "convert", "node")
+SCENARIOS = ("load", "convert", "node", "index")
 
 
 def test_quick_suite_writes_a_well_formed_report(tmp_path: Path) -> None:
@@ -45,13 +45,17 @@ def test_quick_suite_writes_a_well_formed_report(tmp_path: Path) -> None:
     assert report.startswith("# ckptstore benchmarks")
     assert "Command: `python -m benchmarks run --quick" in report
     for heading in ("## Targets from DESIGN.md", "### Load one target rank", "### Convert", "### One node",
-                    "### Which target ranks each MindSpore route reaches"):
+                    "### Which target ranks each MindSpore route reaches", "### Index a sparse checkpoint"):
         assert heading in report, heading
     assert "× ckptstore" in report and "× bound" in report  # ratios against ckptstore and the lower bound
     verdicts = _table_rows(report, "target")
     assert len(verdicts) >= 6
     assert all(v[-1] in ("**met**", "**not met**", "not judged") for v in verdicts), verdicts
+    targets = {v[0] for v in verdicts}
+    assert "Loading from an index: time within 1.1× of the converted store (same run)" in targets
+    assert any(t.startswith("Index the 3 GB checkpoint") for t in targets)
     _check_load_scenario(tmp_path, report)
+    _check_index_rows(tmp_path, report)
 
 
 def _check_load_scenario(out: Path, report: str) -> None:
@@ -63,7 +67,8 @@ def _check_load_scenario(out: Path, report: str) -> None:
     summary, checks = record["summary"], record["checks"]
     default = record["params"]["default_workers"]
     curve = [bench_load.workers_name(w) for w in bench_load.WORKERS_CURVE if w != default]
-    for name in (bench_load.CKPTSTORE, bench_load.INTO_NET, bench_load.RANK_VIEW, bench_load.BOUND, *curve):
+    for name in (bench_load.CKPTSTORE, bench_load.INDEX, bench_load.INTO_NET, bench_load.RANK_VIEW, bench_load.BOUND,
+                 *curve):
         assert name in summary, f"{name} did not run: {record['failed'].get(name)}"
         assert checks[name]["digest"] == checks[bench_load.CKPTSTORE]["digest"], name
     into_net = checks[bench_load.INTO_NET]
@@ -79,6 +84,29 @@ def _check_load_scenario(out: Path, report: str) -> None:
     assert [r[0].split()[0] for r in curve_rows] == [str(w) for w in sorted(bench_load.WORKERS_CURVE)], curve_rows
     assert any("(default)" in r[0] for r in curve_rows)
     assert all(r[1] != "–" for r in curve_rows)
+
+
+def _check_index_rows(out: Path, report: str) -> None:
+    """The index: loading from one (ratio stated), the convert rows with their store sizes, the sparse scenario."""
+    from benchmarks import bench_convert, bench_index, bench_load
+
+    assert "Index vs converted store:" in report and "values identical" in report
+    convert = _last_run(out / "convert.json")
+    sizes = {s["contender"]: s["returned"] for s in convert["samples"] if isinstance(s.get("returned"), dict)}
+    for name in (bench_convert.CKPTSTORE, bench_convert.INDEX, bench_convert.INDEX_CRC):
+        assert name in convert["summary"], f"{name} did not run: {convert['failed'].get(name)}"
+        assert sizes[name]["metadata_bytes"] > 0, name
+    for name in (bench_convert.INDEX, bench_convert.INDEX_CRC):  # an index is nothing but its manifest
+        assert sizes[name]["output_bytes"] == sizes[name]["metadata_bytes"], name
+    assert sizes[bench_convert.INDEX]["output_bytes"] < convert["params"]["rank_file_bytes"] / 100
+    assert "store size (output folder" in report and "Index targets (this run)" in report
+    index = _last_run(out / "index.json")
+    p = index["params"]
+    assert p["rank_files"] == bench_index.QUICK[1].world and p["allocated_bytes"] < p["rank_file_bytes"] / 100
+    assert 0 < p["manifest_bytes"] < p["rank_file_bytes"] / 1000
+    for name in (bench_index.INDEX, bench_index.OPEN, bench_index.PLAN):
+        assert name in index["summary"], f"{name} did not run: {index['failed'].get(name)}"
+    assert bench_load.INDEX in _last_run(out / "load.json")["summary"]
 
 
 def setup_sleep(delay: float) -> dict:
