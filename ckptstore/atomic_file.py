@@ -55,10 +55,11 @@ class AtomicFile:
     whole file system once before they commit (a store's many data files).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, resume: bool = False, sync_folder: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, resume: bool = False, sync_folder: bool = True,
+                 durable: bool = True) -> None:
         self.path = Path(path)
         self.partial = partial_path(self.path)
-        self.resume, self.sync_folder = resume, sync_folder
+        self.resume, self.sync_folder, self.durable = resume, sync_folder and durable, durable
         flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (0 if resume else os.O_TRUNC)
         self.fd = os.open(self.partial, flags, 0o644)
         self._f: BinaryIO = os.fdopen(self.fd, "r+b", closefd=True)
@@ -74,7 +75,8 @@ class AtomicFile:
         """Finish, fsync and move the file into place."""
         self._finish()
         self._f.flush()
-        os.fsync(self.fd)
+        if self.durable:
+            os.fsync(self.fd)
         self._f.close()
         os.replace(self.partial, self.path)
         if self.sync_folder:
@@ -96,7 +98,11 @@ class AtomicFile:
             self.abort()
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes, *, sync_folder: bool = True) -> None:
-    """Write ``data`` to ``path`` atomically (small files: metadata, markers)."""
-    with AtomicFile(path, sync_folder=sync_folder) as f:
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, sync_folder: bool = True, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically (small files: metadata, markers).
+
+    ``durable=False`` skips the fsyncs: after a power loss the file may be missing or empty, which
+    suits records that only save work on a rerun (it is redone when they are lost).
+    """
+    with AtomicFile(path, sync_folder=sync_folder, durable=durable) as f:
         f.file.write(data)

@@ -118,6 +118,14 @@ class _Window:
                     path=self.path, param=self.param, offset=self.pos)
         return memoryview(self._buf)[lo:lo + n]
 
+    def ahead(self) -> bytes:
+        """The bytes buffered from the cursor on (read ahead first if little is left)."""
+        lo = self.pos - self._buf_at
+        if lo < 0 or len(self._buf) - lo < 512:
+            self._buf = self.f.pread(self.pos, self.f.read_ahead or _WINDOW)
+            self._buf_at, lo = self.pos, 0
+        return self._buf[lo:] if lo else self._buf
+
     def varint(self, limit: int) -> int:
         avail = min(protowire.MAX_VARINT_BYTES, limit - self.pos)
         if avail <= 0:
@@ -248,12 +256,98 @@ def _crc_trailer(f: ReadableFile) -> int | None:
     return int.from_bytes(tail[len(CRC_MAGIC):], "big")
 
 
+class _Irregular(Exception):
+    """The fast path met something it does not handle: the general parser takes the record."""
+
+
+def _uvarint(b: bytes, p: int) -> tuple[int, int]:
+    x = b[p]
+    if x < 0x80:
+        return x, p + 1
+    value, shift = x & 0x7F, 7
+    while True:
+        p += 1
+        x = b[p]
+        value |= (x & 0x7F) << shift
+        if x < 0x80:
+            return value, p + 1
+        shift += 7
+        if shift > 63:
+            raise _Irregular
+
+
+def _fast_record(b: bytes, base: int, size: int) -> _Record:
+    """The record at the start of ``b`` (the file's bytes from offset ``base``), when it has the
+    shape ``mindspore.save_checkpoint`` writes: name, then a tensor of dims, type and content,
+    each field once and in that order, all headers inside ``b``.
+
+    Raises :class:`_Irregular` for anything else (other field orders, extra fields, a header
+    that runs past ``b``, a record past the end of the file): the general parser, which says
+    what is wrong with a damaged record, takes over. Parsing MindSpore's own records in one
+    function, without the window's per-field bounds checks, is what makes a header scan of a
+    128-rank job (445,696 records) fast.
+    """
+    try:
+        if b[0] != _VALUE_KEY:
+            raise _Irregular
+        length, p = _uvarint(b, 1)
+        end = p + length
+        if base + end > size or b[p] != 0x0A:
+            raise _Irregular
+        n, p = _uvarint(b, p + 1)
+        if n > MAX_NAME_BYTES or p + n > len(b):
+            raise _Irregular
+        tag = b[p:p + n].decode("utf-8")
+        p += n
+        if b[p] != 0x12:
+            raise _Irregular
+        n, p = _uvarint(b, p + 1)
+        if p + n != end:
+            raise _Irregular
+        rec = _Record(tag=tag)
+        dims = rec.dims
+        while True:
+            key = b[p]
+            if key == 0x08:
+                d, p = _uvarint(b, p + 1)
+                dims.append(d - (1 << 64) if d >= 1 << 63 else d)
+                if len(dims) > MAX_NDIM:
+                    raise _Irregular
+            elif key == 0x12 and rec.tensor_type is None:
+                n, p = _uvarint(b, p + 1)
+                if n > MAX_NAME_BYTES or p + n > len(b):
+                    raise _Irregular
+                rec.tensor_type = b[p:p + n].decode("utf-8")
+                p += n
+            elif key == 0x1A:
+                n, p = _uvarint(b, p + 1)
+                if p + n != end:
+                    raise _Irregular  # content is the last field, and ends the record
+                rec.content = (base + p, n)
+                break
+            else:
+                raise _Irregular
+        rec.offset, rec.end = base, base + end
+        return rec
+    except (IndexError, UnicodeDecodeError):
+        raise _Irregular from None
+
+
 def _iter_records(f: ReadableFile) -> Iterator[_Record]:
     w = _Window(f, f.size)
     size = f.size
     while w.pos < size:
         w.param = None
         start = w.pos
+        try:
+            rec = _fast_record(w.ahead(), start, size)
+        except _Irregular:
+            pass
+        else:
+            _check_record(rec, f.url, start)
+            yield rec
+            w.pos = rec.end
+            continue
         first = w._need(1)[0]
         if first != _VALUE_KEY:
             _explain_non_record(f, start, first)

@@ -71,8 +71,12 @@ class OutputTarget(ABC):
         return doc if isinstance(doc, dict) and doc.get("complete") is True else None
 
     @abstractmethod
-    def write(self, key: str, data: bytes, *, create: bool = False) -> bool:
-        """Write a small file whole; with ``create``, only if it is absent. Returns whether it wrote."""
+    def write(self, key: str, data: bytes, *, create: bool = False, durable: bool = True) -> bool:
+        """Write a small file whole; with ``create``, only if it is absent. Returns whether it wrote.
+
+        ``durable=False`` (work-folder records, which a rerun redoes if they are lost) skips the
+        fsyncs a local file would otherwise cost: thousands of parameters, thousands of fsyncs.
+        """
 
     @abstractmethod
     def size(self, key: str) -> int | None:
@@ -113,7 +117,7 @@ class LocalTarget(OutputTarget):
         self.root = Path(root)
         self.source = LocalSource(self.root)
 
-    def write(self, key: str, data: bytes, *, create: bool = False) -> bool:
+    def write(self, key: str, data: bytes, *, create: bool = False, durable: bool = True) -> bool:
         path = self.root / key
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +125,7 @@ class LocalTarget(OutputTarget):
                 if path.exists():
                     return False
                 tmp = path.with_name(f"{path.name}.{os.getpid()}.new")
-                write_atomic(tmp, data, sync_folder=False)
+                write_atomic(tmp, data, sync_folder=False, durable=durable)
                 try:
                     os.link(tmp, path)  # fails if another writer got there first
                 except FileExistsError:
@@ -129,7 +133,7 @@ class LocalTarget(OutputTarget):
                 finally:
                     tmp.unlink(missing_ok=True)
                 return True
-            write_atomic(path, data, sync_folder=key in (MANIFEST, ROOT_METADATA))
+            write_atomic(path, data, sync_folder=key in (MANIFEST, ROOT_METADATA), durable=durable)
         except OSError as e:
             raise write_error(e, path) from e
         return True
@@ -209,7 +213,7 @@ class ObjectTarget(OutputTarget):
     def __init__(self, url: str) -> None:
         self.source = S3Source(url)
 
-    def write(self, key: str, data: bytes, *, create: bool = False) -> bool:
+    def write(self, key: str, data: bytes, *, create: bool = False, durable: bool = True) -> bool:
         if create:
             return self.source.put_if_absent(key, data)
         self.source.put(key, data)

@@ -85,7 +85,7 @@ class StoreWriter:
             return finished
         try:
             manifest = str_manifest(plan, zb.array_path(name), self.copier) if plan.param.is_str else self._write(plan)
-            self.target.write(done_key(name), json.dumps(manifest.to_json()).encode())
+            self.target.write(done_key(name), json.dumps(manifest.to_json()).encode(), durable=False)
         except OSError as e:
             raise write_error(e, self.target.key_url(zb.array_path(name)), name) from e
         self.copier.progress.add(0, 1)
@@ -136,12 +136,12 @@ def write_plan(target: OutputTarget, fmt: str, plans: Sequence[ParamPlan], heade
     """Record what the commit needs (parameter order, header, kind, parts), once per conversion."""
     doc = {"format": fmt, "names": [p.param.name for p in plans], "source": dict(header), "extra": dict(extra),
            "parts": part.count}
-    target.write(PLAN_FILE, json.dumps(doc).encode(), create=True)
+    target.write(PLAN_FILE, json.dumps(doc).encode(), create=True, durable=False)
 
 
 def mark_done(target: OutputTarget, part: Part, fingerprint: str) -> None:
     """Say that ``part`` has written all its parameters."""
-    target.write(part.marker, fingerprint.encode())
+    target.write(part.marker, fingerprint.encode(), durable=False)
 
 
 def commit(target: OutputTarget, known: Mapping[str, ParamManifest] | None = None, *,

@@ -16,6 +16,7 @@ prefixed ``"<stage>-"``).
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -174,7 +175,9 @@ class Layout:
 
     def box(self, rank: int, global_shape: Sequence[int]) -> Box:
         """The global box rank ``rank`` (numbered within its stage) holds of a tensor of ``global_shape``."""
-        shape = tuple(int(s) for s in global_shape)
+        return _layout_box(self, rank, tuple(int(s) for s in global_shape))
+
+    def _box(self, rank: int, shape: tuple[int, ...]) -> Box:
         if len(shape) != len(self.tensor_map):
             raise StrategyError(f"tensor map {self.pretty_map()} has {len(self.tensor_map)} axes but the "
                                 f"tensor has shape {list(shape)}")
@@ -213,6 +216,12 @@ class Layout:
         if self.opt_sharded and shape:
             shape[0] *= self.opt_shard_parts()
         return tuple(shape)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _layout_box(layout: Layout, rank: int, shape: tuple[int, ...]) -> Box:
+    # A 128-rank job has a few dozen distinct (layout, shape) pairs over thousands of parameters.
+    return layout._box(rank, shape)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ def common_folder(paths: Sequence[str], fallback: str) -> tuple[str, dict[str, s
     Local files are taken where they really are, so no key crosses a symbolic link; object URLs
     must share one bucket.
     """
+    paths = sorted(set(paths))  # a few files, many chunks each
     if not paths:
         return fallback, {}
     if any(is_url(p) for p in paths):
