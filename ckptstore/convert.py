@@ -160,7 +160,7 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                 order = sorted(mine, key=lambda p: -p.nbytes)  # big first: workers finish together
                 with ThreadPoolExecutor(workers) as pool:
                     done = dict(zip((p.param.name for p in order), pool.map(writer.write_param, order)))
-                writer.finish_part(mine)
+                writer.finish_part(mine, done)
             finally:
                 progress.close()
             mark_done(target, part, fingerprint)
@@ -242,8 +242,8 @@ def _summary(target: OutputTarget, plans: Sequence[ParamPlan], copier: ChunkCopi
         source_bytes=sum(sum(s.entry.nbytes * len(s.ranks) for s in p.param.slices) for p in plans),
         # a string value has no chunks (its text is in the manifest) but is still counted once
         unique_bytes=sum(p.param.slices[0].entry.nbytes if p.param.is_str else p.nbytes for p in plans),
-        stored_bytes=(sum(m.stored_bytes for n, m in manifest.params.items() if n in {p.param.name for p in plans})
-                      if manifest else sum(p.nbytes for p in plans)),
+        stored_bytes=(sum(manifest.params[p.param.name].stored_bytes for p in plans) if manifest
+                      else sum(p.nbytes for p in plans)),
         seconds=round(time.monotonic() - started, 3), already_complete=already_complete,
         part=str(part), committed=already_complete or manifest is not None)
 

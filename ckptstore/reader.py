@@ -24,7 +24,7 @@ import numpy as np
 from .codecs import decode
 from .errors import AccessDeniedError, FileAccessError, MissingFileError, ShortReadError, StoreCorruptError
 from .planner import ParamReadPlan, ReadGroup
-from .sources.base import ByteSource
+from .sources.base import ByteSource, worth_merging
 
 #: Bytes per unit of work handed to a thread: big enough that a unit's system calls dominate
 #: its scheduling cost, small enough that the threads finish together.
@@ -93,7 +93,7 @@ class _Ranges:
     lengths: np.ndarray
     dests: np.ndarray
 
-    def __getitem__(self, s: slice) -> "_Ranges":
+    def __getitem__(self, s: slice | np.ndarray) -> "_Ranges":
         return _Ranges(self.files[s], self.offsets[s], self.lengths[s], self.dests[s])
 
 
@@ -106,10 +106,10 @@ class Executor:
     """
 
     def __init__(self, source: ByteSource, *, workers: int = 1, max_inflight: int = MAX_INFLIGHT,
-                 unit_bytes: int = UNIT_BYTES, pool_min_bytes: int = POOL_MIN_BYTES) -> None:
+                 unit_bytes: int | None = None, pool_min_bytes: int = POOL_MIN_BYTES) -> None:
         self.source = source
         self.workers = max(1, int(workers))
-        self.unit_bytes = max(1, unit_bytes)
+        self.unit_bytes = max(1, unit_bytes or source.unit_bytes or UNIT_BYTES)
         self.pool_min_bytes = pool_min_bytes
         self._budget = _Budget(max_inflight)
         self._pool: ThreadPoolExecutor | None = None
@@ -160,6 +160,8 @@ class Executor:
         r = _split_long(_Ranges(g.files, g.offsets, g.lengths, g.dests), self.unit_bytes)
         if not len(r.lengths):
             return []
+        if self.source.coalesces:
+            return _request_units(r, self.unit_bytes, self.source.gap_fraction)
         before = np.cumsum(r.lengths) - r.lengths  # bytes before each range
         ids = before // self.unit_bytes
         cuts = [0, *(np.flatnonzero(np.diff(ids)) + 1).tolist(), len(ids)]
@@ -233,6 +235,27 @@ def _split_long(r: _Ranges, unit: int) -> _Ranges:
     shift = step * unit
     lengths = np.minimum(unit, r.lengths[index] - shift)
     return _Ranges(r.files[index], r.offsets[index] + shift, lengths, r.dests[index] + shift)
+
+
+def _request_units(r: _Ranges, most: int, fraction: float) -> list[_Ranges]:
+    """For a source that pays per request: units that are one request each (ranges of one file,
+    near enough that the bytes between them cost at most ``fraction`` more, spanning at most
+    ``most`` bytes), so the requests issued are exactly the merged ranges."""
+    order = np.lexsort((r.offsets, r.files))
+    files, offsets, lengths = r.files[order].tolist(), r.offsets[order].tolist(), r.lengths[order].tolist()
+    cuts = [0]
+    start, stop, wanted = offsets[0], offsets[0] + lengths[0], lengths[0]
+    for i in range(1, len(files)):
+        off, n = offsets[i], lengths[i]
+        end = max(stop, off + n)
+        if (files[i] == files[i - 1] and end - start <= most
+                and worth_merging(stop - start, wanted, off - stop, n, fraction)):
+            stop, wanted = end, wanted + n
+        else:
+            cuts.append(i)
+            start, stop, wanted = off, off + n, n
+    cuts.append(len(files))
+    return [r[order[a:b]] for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def _buffers(flat: np.ndarray, dests: np.ndarray, lengths: np.ndarray) -> list[Any]:

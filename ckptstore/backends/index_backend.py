@@ -86,6 +86,8 @@ class IndexSource(ByteSource):
         self.records = records
         self.default_workers = inner.default_workers
         self.coalesces = inner.coalesces
+        self.unit_bytes = inner.unit_bytes
+        self.gap_fraction = inner.gap_fraction
 
     @property
     def url(self) -> str:

@@ -38,6 +38,13 @@ class FileStat:
     version: str
 
 
+def worth_merging(span: int, wanted: int, gap: int, length: int, fraction: float) -> bool:
+    """Whether one request should also cover the next range: a span of ``span`` bytes holding
+    ``wanted`` wanted ones, then ``gap`` bytes to skip and ``length`` more wanted. Yes while the
+    bytes fetched but not wanted stay within ``fraction`` of the bytes wanted."""
+    return (span - wanted) + max(0, gap) <= fraction * (wanted + length)
+
+
 def check_key(key: object, where: str = "") -> str:
     """Return ``key`` if it is a safe relative key, else raise :class:`UnsafePathError`.
 
@@ -109,6 +116,11 @@ class ByteSource(ABC):
     #: Whether a file of this source wants all the ranges of a read in one call: an object store
     #: merges near ranges into one request, where a local file reads contiguous runs.
     coalesces: bool = False
+    #: Bytes per unit of work of a parallel read (``None``: the reader's default); a longer range
+    #: is cut into pieces read at once.
+    unit_bytes: int | None = None
+    #: With ``coalesces``: the share of extra bytes one request may fetch to cover several ranges.
+    gap_fraction: float = 0.0
 
     @property
     @abstractmethod

@@ -29,7 +29,7 @@ from datetime import timedelta
 from typing import Any, Iterable, Iterator, Sequence
 
 from ..errors import AccessDeniedError, CkptStoreError, FileAccessError, MissingFileError, ShortReadError, UnsupportedLocationError
-from .base import ByteSource, FileStat, ReadableFile, Request, check_key
+from .base import ByteSource, FileStat, ReadableFile, Request, check_key, worth_merging
 
 SCHEMES = ("s3", "obs")
 #: Extra bytes one coalesced GET may fetch between wanted ranges, as a fraction of the bytes wanted.
@@ -42,6 +42,9 @@ READ_CONCURRENCY = 16
 #: The client's retries: 5xx answers, connection errors and time-outs, with backoff and jitter.
 RETRY = {"max_retries": 8, "retry_timeout": timedelta(seconds=120),
          "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=5), "base": 2}}
+#: The longest ranged GET: longer runs are fetched as pieces of this size, several at once (one
+#: connection's throughput is what limits a big GET; a request costs little beside 64 MiB).
+GET_PIECE = 64 << 20
 #: Parts of a multipart upload (S3 needs at least 5 MiB per part but the last).
 UPLOAD_PART = 16 << 20
 
@@ -159,8 +162,7 @@ def _coalesce(requests: Sequence[Request]) -> list[tuple[int, int, list[Request]
         end = off + len(buf)
         if out:
             start, stop, group = out[-1]
-            gap = max(0, off - stop)
-            if gap <= MAX_GAP_FRACTION * (wanted + len(buf)) - (stop - start - wanted):
+            if worth_merging(stop - start, wanted, off - stop, len(buf), MAX_GAP_FRACTION):
                 group.append((off, buf))
                 out[-1] = (start, max(stop, end), group)
                 wanted += len(buf)
@@ -244,6 +246,8 @@ class S3Source(ByteSource):
 
     default_workers = READ_CONCURRENCY
     coalesces = True
+    unit_bytes = GET_PIECE
+    gap_fraction = MAX_GAP_FRACTION
 
     def __init__(self, url: str) -> None:
         self.scheme, self.bucket, self.prefix = split_url(url)
