@@ -13,6 +13,8 @@ straight from the recorded offsets into the caller's buffer.
 """
 from __future__ import annotations
 
+import functools
+
 import os
 import zlib
 from dataclasses import dataclass, field
@@ -68,7 +70,7 @@ class CkptEntry:
             return np.dtype(f"<U{max(self.nbytes // 4, 1)}")
         return lookup(self.tensor_type).numpy
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return sum(length for _, length in self.pieces)
 

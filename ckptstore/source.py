@@ -24,7 +24,7 @@ from .layout_check import Sampler, check_against_strategy
 from .rank_files import find_rank_files, pick_rank_file, scan_rank_file  # noqa: F401 (re-exported)
 from .source_files import SourceFiles
 from .errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
-from .strategy import Strategy, load_strategy
+from .strategy import Layout, Strategy, load_strategy
 from .sources.locations import is_url
 from .sources.s3 import READ_CONCURRENCY as S3_READ_CONCURRENCY
 
@@ -290,14 +290,18 @@ def _global_shape(name: str, holders: Mapping[int, CkptEntry], indexes: Mapping[
                   strategy: Strategy, first_rank: int) -> tuple[int, ...]:
     """The global shape every holder's local shape gives under its stage's layout (they must agree)."""
     shapes = {}
+    seen: dict[tuple[Layout | None, tuple[int, ...]], tuple[int, ...]] = {}  # a few pairs, many ranks
     for r, entry in holders.items():
         layout = strategy.layout(name, r)
         if layout is None:
             raise LayoutMismatchError(f"parameter {name!r}: the strategy gives rank {r} no layout")
-        try:
-            shapes[r] = layout.global_shape(entry.shape)
-        except StrategyError as e:
-            raise LayoutMismatchError(f"parameter {name!r} in {indexes[r].path} (rank {r}): {e}") from None
+        key = (layout, entry.shape)
+        if key not in seen:
+            try:
+                seen[key] = layout.global_shape(entry.shape)
+            except StrategyError as e:
+                raise LayoutMismatchError(f"parameter {name!r} in {indexes[r].path} (rank {r}): {e}") from None
+        shapes[r] = seen[key]
     shape = shapes[first_rank]
     for r, other in shapes.items():
         if other != shape:

@@ -51,6 +51,14 @@ class LocalFile(ReadableFile):
     def url(self) -> str:
         return self._url
 
+    def pread(self, offset: int, nbytes: int) -> bytes:
+        # one system call for the small reads of a header scan (hundreds of thousands of them)
+        try:
+            data = os.pread(self.fd, max(0, min(nbytes, self.size - offset)), offset)
+        except OSError as e:
+            raise FileAccessError(e.errno, f"cannot read {self.url} at byte offset {offset}: {e.strerror}") from None
+        return data
+
     def read_requests(self, requests: Sequence[Request]) -> None:
         i, n = 0, len(requests)
         while i < n:
