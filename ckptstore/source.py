@@ -10,11 +10,11 @@ between ranks. The result is pure metadata; no payload byte is read.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -104,44 +104,19 @@ class DistributedSource:
         self.files.close()
 
 
-#: Rank files from which a local scan is spread over processes (the parse is Python, one core
-#: per process; a 128-rank job's 445,696 record headers take 17 s on one core here, where starting
-#: the processes costs about half a second).
-PARALLEL_SCAN_FILES = 32
-
-
 def _scan_all(files: Mapping[int, str], verify_crc: bool) -> dict[int, CkptIndex]:
-    """Every rank file's index. Files in object storage are scanned by many threads at once (each
-    header read is a round trip); many local files by one process per core."""
-    if any(is_url(p) for p in files.values()) and len(files) > 1:
-        with ThreadPoolExecutor(min(len(files), S3_READ_CONCURRENCY), thread_name_prefix="ckptstore-scan") as pool:
-            done = {r: pool.submit(scan_rank_file, p, verify_crc=verify_crc) for r, p in files.items()}
-            return {r: f.result() for r, f in done.items()}
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    found: dict[int, CkptIndex | None] = {}
-    if len(files) >= PARALLEL_SCAN_FILES and cores > 1 and not verify_crc:
-        found = _scan_in_processes(files, min(cores, len(files), 32))
-    # a file a worker could not index (or all of them, scanned here) is scanned in this process,
-    # which raises the error that names what is wrong with it
-    return {r: found.get(r) or scan_rank_file(p, verify_crc=verify_crc) for r, p in files.items()}
+    """Every rank file's index; files in object storage are scanned many at once (each header
+    read is a round trip there).
 
-
-def _scan_in_processes(files: Mapping[int, str], workers: int) -> dict[int, CkptIndex | None]:
-    import multiprocessing
-
-    try:
-        # spawn, not fork: the caller may have threads (MindSpore's) that a fork would copy mid-flight
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            return dict(zip(files, pool.map(_scan_or_none, files.values(), chunksize=1)))
-    except (OSError, RuntimeError, BrokenProcessPool):  # no processes to be had: scan here
-        return {}
-
-
-def _scan_or_none(path: str) -> CkptIndex | None:
-    try:
-        return scan_rank_file(path)
-    except Exception:  # the parent scans it again and raises the error itself (exceptions with
-        return None    # keyword arguments do not survive pickling)
+    Local files are scanned one after another: spreading them over processes would need
+    ``spawn``, which re-imports the caller's main module (a training script without a
+    ``__main__`` guard would run again), and saved only 2 of 12 s on the 128-file benchmark here.
+    """
+    if not any(is_url(p) for p in files.values()) or len(files) == 1:
+        return {r: scan_rank_file(p, verify_crc=verify_crc) for r, p in files.items()}
+    with ThreadPoolExecutor(min(len(files), S3_READ_CONCURRENCY), thread_name_prefix="ckptstore-scan") as pool:
+        done = {r: pool.submit(scan_rank_file, p, verify_crc=verify_crc) for r, p in files.items()}
+        return {r: f.result() for r, f in done.items()}
 
 
 def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Strategy | None, *,
@@ -261,7 +236,8 @@ def _resolve_laid_out(name: str, holders: Mapping[int, CkptEntry], indexes: Mapp
     checked against it.
     """
     expected = strategy.ranks_holding(name)
-    extra = [r for r in holders if r not in expected]
+    placed = set(expected)
+    extra = [r for r in holders if r not in placed]
     if extra:
         r = extra[0]
         raise LayoutMismatchError(
@@ -277,22 +253,20 @@ def _resolve_laid_out(name: str, holders: Mapping[int, CkptEntry], indexes: Mapp
         raise LayoutMismatchError(f"parameter {name!r} is a string value but the strategy splits it")
     shape = _global_shape(name, holders, indexes, strategy, first_rank)
     stages: dict[int, dict[Box, list[int]]] = {}
-    for r in expected:
+    sd = strategy.stage_devices
+    for stage in sorted(strategy.layouts[name]):
+        layout = strategy.layouts[name][stage]
         try:
-            box = strategy.box(name, r, shape)
+            boxes, groups = _stage_slices(layout, shape, sd)
         except StrategyError as e:
             raise LayoutMismatchError(f"parameter {name!r} of global shape {list(shape)}: {e}") from None
-        if box is None:
-            raise LayoutMismatchError(f"parameter {name!r}: the strategy places it on rank {r} but gives it no slice")
-        try:
-            strategy.layout(name, r).check_local_shape(box)  # type: ignore[union-attr]
-        except StrategyError as e:
-            raise LayoutMismatchError(f"parameter {name!r} of global shape {list(shape)}: {e}") from None
-        if r in holders and box.shape != holders[r].shape:
-            raise LayoutMismatchError(
-                f"parameter {name!r} in {indexes[r].path} (rank {r}) has shape {list(holders[r].shape)} but the "
-                f"strategy gives rank {r} a slice of shape {list(box.shape)}")
-        stages.setdefault(strategy.stage_of(r), {}).setdefault(box, []).append(r)
+        base = stage * sd
+        for r in range(base, base + sd):
+            if r in holders and boxes[r - base].shape != holders[r].shape:
+                raise LayoutMismatchError(
+                    f"parameter {name!r} in {indexes[r].path} (rank {r}) has shape {list(holders[r].shape)} but the "
+                    f"strategy gives rank {r} a slice of shape {list(boxes[r - base].shape)}")
+        stages[stage] = {b: [base + i for i in members] for b, members in groups}
 
     def held(groups: Mapping[Box, list[int]]) -> tuple[SourceSlice, ...]:
         out = []
@@ -315,6 +289,23 @@ def _resolve_laid_out(name: str, holders: Mapping[int, CkptEntry], indexes: Mapp
     supplier = complete[0]
     copies = tuple(sl for s, groups in sorted(stages.items()) if s != supplier for sl in held(groups))
     return SourceParam(name, first.tensor_type, first.dtype, shape, held(stages[supplier]), True, copies)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_slices(layout: Layout, shape: tuple[int, ...],
+                  devices: int) -> tuple[tuple[Box, ...], tuple[tuple[Box, tuple[int, ...]], ...]]:
+    """Each rank's box (by rank within the stage) and the distinct boxes with their ranks.
+
+    A 128-rank job has a few dozen distinct (layout, shape) pairs over thousands of parameters:
+    worked out once each, not once per parameter and rank.
+    """
+    boxes = tuple(layout.box(i, shape) for i in range(devices))
+    groups: dict[Box, list[int]] = {}
+    for i, b in enumerate(boxes):
+        groups.setdefault(b, []).append(i)
+    for b in groups:
+        layout.check_local_shape(b)
+    return boxes, tuple((b, tuple(members)) for b, members in groups.items())
 
 
 def _global_shape(name: str, holders: Mapping[int, CkptEntry], indexes: Mapping[int, CkptIndex],

@@ -62,34 +62,6 @@ def test_the_intact_fixture_opens(dp2_mp4):
     assert not source.params["global_step"].in_strategy
 
 
-def test_many_rank_files_are_scanned_by_several_processes_with_the_same_result(dp2_mp4, monkeypatch):
-    from ckptstore import source as source_module
-
-    one = _open(dp2_mp4)
-    monkeypatch.setattr(source_module, "PARALLEL_SCAN_FILES", 2)
-    scanned = []
-    real = source_module._scan_in_processes
-    monkeypatch.setattr(source_module, "_scan_in_processes",
-                        lambda files, workers: scanned.append(workers) or real(files, workers))
-    many = _open(dp2_mp4)
-    assert scanned == [2]  # two cores here: two processes
-    for name, p in one.params.items():
-        q = many.params[name]
-        assert (p.shape, p.dtype, [(s.box, s.ranks, s.entries) for s in p.slices]) == \
-            (q.shape, q.dtype, [(s.box, s.ranks, s.entries) for s in q.slices]), name
-
-
-def test_a_damaged_file_among_many_is_named_as_when_scanned_alone(dp2_mp4, monkeypatch):
-    from ckptstore import source as source_module
-    from ckptstore.errors import TruncatedCheckpointError
-
-    path = dp2_mp4.rank_file(5)
-    path.write_bytes(path.read_bytes()[:-100])
-    monkeypatch.setattr(source_module, "PARALLEL_SCAN_FILES", 2)
-    with pytest.raises(TruncatedCheckpointError, match="rank_5/net-1_1.ckpt"):
-        _open(dp2_mp4)
-
-
 # ---- missing ranks -----------------------------------------------------------------------------
 
 def test_a_missing_rank_folder_is_named(dp2_mp4):
