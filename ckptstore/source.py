@@ -313,8 +313,9 @@ def _global_shape(name: str, holders: Mapping[int, CkptEntry], indexes: Mapping[
     """The global shape every holder's local shape gives under its stage's layout (they must agree)."""
     shapes = {}
     seen: dict[tuple[Layout | None, tuple[int, ...]], tuple[int, ...]] = {}  # a few pairs, many ranks
+    layouts, sd = strategy.layouts[name], strategy.stage_devices  # holders are ranks of the strategy
     for r, entry in holders.items():
-        layout = strategy.layout(name, r)
+        layout = layouts.get(r // sd)
         if layout is None:
             raise LayoutMismatchError(f"parameter {name!r}: the strategy gives rank {r} no layout")
         key = (layout, entry.shape)

@@ -102,7 +102,9 @@ class StoreWriter:
     def write_param(self, plan: ParamPlan) -> ParamManifest:
         name = plan.param.name
         if not self.records_each:
-            return str_manifest(plan, zb.array_path(name), self.copier) if plan.param.is_str else self._write(plan)
+            manifest = str_manifest(plan, zb.array_path(name), self.copier) if plan.param.is_str else self._write(plan)
+            self.copier.progress.add(0, 1)
+            return manifest
         finished = load_done(self.target, name) if done_key(name) in self._recorded else None
         if finished is not None and self._still_there(finished):
             self.copier.count(resumed=len(plan.chunks), params_resumed=1)

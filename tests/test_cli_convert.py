@@ -187,3 +187,13 @@ def test_verify_of_a_missing_store_exits_2(tmp_path):
     r = run_cli("verify", tmp_path / "nothing.zarr")
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("command", ["convert", "index"])
+def test_the_progress_line_counts_every_parameter(saved_layout, tmp_path, command):
+    layout = saved_layout("dp2_mp4")
+    r = run_cli(command, layout.root, *strategy_args(layout), "--out", tmp_path / "s")
+    assert r.returncode == 0, r.stderr
+    params = len(expected_for(layout).shapes)
+    last = r.stderr.strip().splitlines()[-1]  # not a terminal: a final plain progress line
+    assert f": {params}/{params} params, " in last, last
