@@ -9,7 +9,7 @@ checkpoint 8 → 8; ``ckptstore.index`` of a sparse 130B-shaped checkpoint on 12
 only: 2.3 TiB apparent, 1.7 GiB on disk); under 25 minutes on a 2-core machine once the synthetic
 checkpoints are cached.
 ``--quick`` is a smoke test (tiny sizes, one repetition, about 1.5 minutes). ``--cold-load`` also
-runs the load scenario with the page cache dropped before every measured run (root only). ``--scaling`` adds
+runs the load scenario with the page cache dropped before every measured run. ``--scaling`` adds
 the load and convert scenarios over model sizes and source world sizes, with PNG plots.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     r.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, one repetition (about 1.5 minutes)")
     r.add_argument("--cold-load", action="store_true",
                    help="also run the load scenario with the page cache dropped before every measured run "
-                        "(root and a writable /proc/sys only): load-cold.json, a section of REPORT.md")
+                        "(all of it as root, else every file read, with posix_fadvise): load-cold.json, a section of REPORT.md")
     r.add_argument("--scaling", action="store_true", help="also sweep model sizes and source world sizes (plots)")
     r.add_argument("--scaling-sizes", default="0.25GB,0.5GB,1GB", help="model sizes of the size sweep")
     r.add_argument("--scaling-worlds", default="4,8,16,32", help="source world sizes of the world sweep")

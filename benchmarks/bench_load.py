@@ -32,7 +32,8 @@ timed). What each row times (:data:`TIMED_SPANS` has the one-line version the re
   Orbax's restore.
 
 Warm by default (every file any contender reads is read once first); ``--cold`` drops the page
-cache before every measured run (root and a writable ``/proc/sys/vm/drop_caches``) and writes
+cache before every measured run (all of it where ``/proc/sys/vm/drop_caches`` is writable, else
+every file a contender reads, with ``posix_fadvise(DONTNEED)``) and writes
 ``load-cold.json``/``load-cold.md`` instead. Every route's values are digested after its
 measurement and compared with ckptstore's.
 """
@@ -304,6 +305,7 @@ def run(st: LoadSetup, *, reps: int, baseline_reps: int | None, command: str, re
     try:
         return run_benchmark(COLD_NAME if cold else NAME, contenders, reps=reps, cold=cold,
                              warm_paths=[] if cold else read_paths(st, contenders),
+                             evict_paths=read_paths(st, contenders) if cold else (),
                              params={**st.params(), "quick": quick, "quick_skipped": skipped,
                                      "default_workers": default_workers()},
                              command=command, results_dir=results_dir, keep_going=True, timeout=1800)
@@ -363,7 +365,8 @@ def table(record: Mapping[str, Any]) -> str:
 def cache_phrase(record: Mapping[str, Any]) -> str:
     """``warm page cache`` or ``cold page cache``, as the heading of a load section says it."""
     if record.get("cache") == "cold":
-        return "cold page cache (dropped before every measured run)"
+        how = record.get("cold_method") or "drop_caches"
+        return f"cold page cache (dropped before every measured run: {how})"
     return "warm page cache (every file read once before the runs)"
 
 
@@ -538,17 +541,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add_load_args(ap)
     ap.add_argument("--baseline-reps", type=int, default=None, help="cap the MindSpore routes' repetitions")
     ap.add_argument("--cold", action="store_true",
-                    help="drop the page cache before every measured run (root and a writable /proc/sys only); "
+                    help="drop the page cache before every measured run (every file read, with posix_fadvise, "
+                         "where /proc/sys/vm/drop_caches is not writable); "
                          "writes load-cold.json / load-cold.md")
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     return ap.parse_args(argv)
 
 
 def cold_unavailable() -> str | None:
-    """Why ``--cold`` cannot run here (``/proc/sys/vm/drop_caches`` not writable), or ``None``."""
-    path = "/proc/sys/vm/drop_caches"
-    if not os.access(path, os.W_OK):
-        return f"--cold needs to write {path} (root, /proc/sys mounted read-write); run warm instead"
+    """Why ``--cold`` cannot run here, or ``None``: it drops the whole page cache where
+    ``/proc/sys/vm/drop_caches`` is writable, else evicts the files the contenders read with
+    ``posix_fadvise(DONTNEED)``, which any user may do on files they can open."""
+    if not os.access("/proc/sys/vm/drop_caches", os.W_OK) and not hasattr(os, "posix_fadvise"):
+        return "--cold needs a writable /proc/sys/vm/drop_caches or posix_fadvise; run warm instead"
     return None
 
 

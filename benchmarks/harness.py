@@ -277,6 +277,7 @@ def run_benchmark(
     reps: int = 3,
     cold: bool = False,
     warm_paths: Sequence[str | os.PathLike[str]] = (),
+    evict_paths: Sequence[str | os.PathLike[str]] = (),
     params: Mapping[str, Any] | None = None,
     command: str = "",
     timeout: float | None = None,
@@ -288,9 +289,10 @@ def run_benchmark(
 ) -> dict[str, Any]:
     """Measure every contender ``reps`` times in alternating order and return the run record.
 
-    ``cold`` drops the page cache before every measurement (raises :class:`BenchmarkError`
-    where that is not allowed); otherwise ``warm_paths`` are read once first so every contender
-    starts warm. ``sync_before`` writes dirty pages back before each measurement (for
+    ``cold`` drops the page cache before every measurement: all of it where
+    ``/proc/sys/vm/drop_caches`` is writable, else the pages of ``evict_paths`` (every file a
+    contender reads) with ``posix_fadvise(DONTNEED)``; :class:`BenchmarkError` when neither is
+    possible. Otherwise ``warm_paths`` are read once first so every contender starts warm. ``sync_before`` writes dirty pages back before each measurement (for
     benchmarks that write, so one contender's write-back is not charged to the next).
     ``before_each`` runs before each measurement (e.g. to remove a previous output). With
     ``keep_going`` a failing contender is recorded under ``failed`` (with its error) and the
@@ -299,10 +301,16 @@ def run_benchmark(
     ``results_dir/<name>.json`` unless ``results_dir`` is None.
     """
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    cold_method = None
     if cold:
         ok, why = procfs.drop_page_cache()
-        if not ok:
-            raise BenchmarkError(f"--cold needs a writable /proc/sys/vm/drop_caches ({why}); run warm instead")
+        if ok:
+            cold_method = "drop_caches"
+        elif evict_paths:
+            cold_method = f"posix_fadvise(DONTNEED) of the {len(evict_paths)} files the contenders read"
+        else:
+            raise BenchmarkError(f"--cold needs a writable /proc/sys/vm/drop_caches ({why}) or the files to "
+                                 "evict; run warm instead")
     else:
         warm_page_cache(warm_paths)
     unavailable = {c.name: c.unavailable for c in contenders if c.unavailable}
@@ -317,8 +325,10 @@ def run_benchmark(
             before_each(c)
         if sync_before:
             os.sync()
-        if cold:
+        if cold_method == "drop_caches":
             procfs.drop_page_cache()
+        elif cold_method:
+            procfs.evict_files(evict_paths)
         try:
             m = run_contender(c, timeout=timeout)
         except BenchmarkError as e:
@@ -336,6 +346,7 @@ def run_benchmark(
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
         "cache": "cold" if cold else "warm",
+        "cold_method": cold_method,
         "reps": reps,
         "params": dict(params or {}),
         "environment": environment(),

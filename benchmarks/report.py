@@ -29,7 +29,9 @@ def format_seconds(s: float) -> str:
         return f"{s * 1e6:.0f} µs"
     if s < 1:
         return f"{s * 1e3:.3g} ms"
-    return f"{s:.3g} s"
+    if s < 1000:
+        return f"{s:.3g} s"
+    return f"{s:.0f} s ({s / 60:.1f} min)"  # not "1.29e+03 s"
 
 
 def format_bytes(n: float) -> str:

@@ -236,11 +236,25 @@ def report(records: Mapping[str, Any], cfg: SuiteConfig, command: str) -> str:
         lines += _linked_scaling(Path(cfg.out) / "scaling")
     for name, tb in records.get("errors", {}).items():
         lines += [f"## Scenario `{name}` failed", "", "```", tb.rstrip(), "```", ""]
-    scan = Path(cfg.out) / "scan.md"
-    if scan.exists():
-        lines += [_demote(scan.read_text(encoding="utf-8")).replace("## Scan a", "## Scan (run separately): a", 1),
-                  ""]
+    lines += _separate_runs(Path(cfg.out))
     return "\n".join(lines).rstrip() + "\n"
+
+
+#: Benchmarks run on their own (each section gives its command), included in REPORT.md when present.
+SEPARATE = ("s3", "parts", "scan")
+
+
+def _separate_runs(out: Path) -> list[str]:
+    """The sections of :data:`SEPARATE` benchmarks found in ``out``, headings marked "run separately"."""
+    lines = []
+    for name in SEPARATE:
+        path = out / f"{name}.md"
+        if path.exists():
+            text = _demote(path.read_text(encoding="utf-8").replace("# ", "## ", 1) if name == "scan"
+                           else path.read_text(encoding="utf-8"))
+            head, _, rest = text.partition("\n")
+            lines += [f"{head} (run separately)\n{rest}", ""]
+    return lines
 
 
 def _load_line(records: Mapping[str, Any]) -> str:

@@ -31,7 +31,8 @@ from .strategy import Strategy, load_strategy, strategy_from_summary
 
 StrategyLike = Strategy | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None
 
-#: Threads that read one load by default: measured on 2 cores (benchmarks/results/workers.md).
+#: Threads that read one load by default: measured at 1, 2 and 4 on 2 cores (the workers rows of
+#: benchmarks/results/load.md: 2 beat 1 by 1.35x, 4 gained nothing).
 DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
 #: Parameters smaller than this are read by the thread that plans them, not handed to the pool.
 SMALL_READ_BYTES = 256 << 10
