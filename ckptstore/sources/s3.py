@@ -35,7 +35,7 @@ SCHEMES = ("s3", "obs")
 #: Extra bytes one coalesced GET may fetch between wanted ranges, as a fraction of the bytes wanted.
 MAX_GAP_FRACTION = 0.02
 #: Bytes streamed per piece of a GET (what one request holds in memory besides its destination).
-STREAM_CHUNK = 1 << 20
+STREAM_CHUNK = 256 << 10
 #: Threads that read one load from object storage by default: requests wait on the network, not
 #: on a core, so many are in flight at once.
 READ_CONCURRENCY = 16
