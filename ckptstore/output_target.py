@@ -156,7 +156,21 @@ class LocalTarget(OutputTarget):
             (self.root / k).unlink(missing_ok=True)
 
     def drop_work(self) -> None:
-        shutil.rmtree(self.root / WORK_DIR, ignore_errors=True)
+        work = self.root / WORK_DIR
+        try:
+            entries = list(work.iterdir())
+        except OSError:
+            return
+        # The lock files go last: a process that takes the lock while this runs then finds only
+        # lock files left and removes them itself (drop_idle_work), instead of leaving a fresh
+        # lock file behind in the complete store.
+        for p in entries:
+            if not p.name.startswith("lock"):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
 
     def drop_idle_work(self) -> None:
         work = self.root / WORK_DIR
