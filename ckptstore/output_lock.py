@@ -77,7 +77,14 @@ class OutputLock:
     def _open(self) -> int:
         try:
             while True:
-                self.work.mkdir(parents=True, exist_ok=True)
+                try:
+                    self.work.mkdir(parents=True, exist_ok=True)
+                except FileExistsError:
+                    # mkdir found the folder, then a committing holder removed it before mkdir
+                    # checked it was a folder: make it again (a file of that name is an error)
+                    if not self.work.is_dir() and (self.work.exists() or self.work.is_symlink()):
+                        raise
+                    continue
                 try:
                     return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
                 except FileNotFoundError:
