@@ -126,8 +126,9 @@ class LoadSetup:
                 "dst_strategy": self.dst_strategy}
 
 
-def make_setup(s: Synth, dst: Mesh, rank: int) -> LoadSetup:
-    """Prepare (and cache) the target strategy, store, names file and flat file for ``rank``."""
+def target_files(s: Synth, dst: Mesh, rank: int) -> tuple[str, str, Path]:
+    """The target strategy file, the converted store and the names file of ``rank`` (the
+    tensors it holds), made once and cached beside the checkpoint."""
     from benchmarks.contenders import write_names_file
     from benchmarks.synth import cache_lock
 
@@ -137,6 +138,12 @@ def make_setup(s: Synth, dst: Mesh, rank: int) -> LoadSetup:
     with cache_lock(s.root):
         if not names.exists():
             write_names_file(names, store, strategy, rank)
+    return strategy, store, names
+
+
+def make_setup(s: Synth, dst: Mesh, rank: int) -> LoadSetup:
+    """Prepare (and cache) the target strategy, store, names file and flat file for ``rank``."""
+    strategy, store, names = target_files(s, dst, rank)
     flat = s.flat_file(dst, rank)
     out_dir = s.root / f"out_{os.getpid()}"  # per run: two runs may share the cache
     out_dir.mkdir(exist_ok=True)
@@ -525,14 +532,20 @@ def not_run_notes(record: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def add_load_args(ap: argparse.ArgumentParser) -> None:
-    """The options of a load scenario: checkpoint size and layouts, target rank, repetitions."""
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The options every scenario on a synthetic checkpoint takes: its size and source layout,
+    the seed, repetitions."""
     ap.add_argument("--size", default="1GB", help="global tensor bytes of the model (1GB = 10^9 B)")
     ap.add_argument("--src-world", default="8", help="source ranks (8 = dp2×mp4) or DPxMP")
-    ap.add_argument("--dst-world", default="4", help="target ranks (4 = dp1×mp4) or DPxMP")
-    ap.add_argument("--rank", type=int, default=0, help="target rank to load")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reps", type=int, default=3)
+
+
+def add_load_args(ap: argparse.ArgumentParser) -> None:
+    """The options of a load scenario: :func:`add_model_args`, the target layout and rank."""
+    add_model_args(ap)
+    ap.add_argument("--dst-world", default="4", help="target ranks (4 = dp1×mp4) or DPxMP")
+    ap.add_argument("--rank", type=int, default=0, help="target rank to load")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -313,13 +313,12 @@ def render(record: Mapping[str, Any]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    from benchmarks.bench_load import add_model_args
+
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_parts", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="1GB", help="global tensor bytes of the model (1GB = 10^9 B)")
-    ap.add_argument("--src-world", default="8", help="source ranks (8 = dp2×mp4) or DPxMP")
+    add_model_args(ap)
     ap.add_argument("--parts", default="1,2,4", help="process counts to compare (1 is always included)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     ap.add_argument("--quick", action="store_true", help=f"smoke test: --size {QUICK_SIZE}, one repetition")
     return ap.parse_args(argv)

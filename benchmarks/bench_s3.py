@@ -136,15 +136,9 @@ def unit_bytes() -> int:
 def make_setup(s: Any, dst: Any, rank: int) -> S3Setup:
     """The cached store, target strategy and names file (shared with bench_load) and the plan's numbers."""
     import ckptstore
-    from benchmarks.contenders import write_names_file
-    from benchmarks.synth import cache_lock
+    from benchmarks.bench_load import target_files
 
-    strategy = str(s.target_strategy(dst))
-    store = str(s.store())
-    names = s.root / "flat" / f"{dst.tag}_rank{rank}.names.json"
-    with cache_lock(s.root):
-        if not names.exists():
-            write_names_file(names, store, strategy, rank)
+    strategy, store, names = target_files(s, dst, rank)
     plan = ckptstore.load_rank(store, strategy, rank).plan
     runs, unit = coalesced_runs(plan.ranges()), unit_bytes()
     manifest = Path(store) / "zarr.json"
@@ -368,14 +362,11 @@ def render(record: Mapping[str, Any]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    from benchmarks.bench_load import add_load_args
+
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_s3", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="1GB", help="global tensor bytes of the model (1GB = 10^9 B)")
-    ap.add_argument("--src-world", default="8", help="source ranks (8 = dp2×mp4) or DPxMP")
-    ap.add_argument("--dst-world", default="4", help="target ranks (4 = dp1×mp4) or DPxMP")
-    ap.add_argument("--rank", type=int, default=0, help="target rank to load")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--reps", type=int, default=3)
+    add_load_args(ap)
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     ap.add_argument("--quick", action="store_true", help=f"smoke test: --size {QUICK_SIZE}, one repetition")
     return ap.parse_args(argv)
