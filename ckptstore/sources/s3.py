@@ -20,6 +20,7 @@ zarr-python's object store uses.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -128,6 +129,23 @@ def _client_error(e: BaseException, url: str, action: str) -> Exception:
         return FileAccessError(errno.EIO, f"cannot {action} {url}{detail or f' ({kind})'}: the object store did not "
                                "answer successfully after retries; check AWS_ENDPOINT_URL and the network")
     return e if isinstance(e, Exception) else RuntimeError(str(e))
+
+
+@contextlib.contextmanager
+def _request(url: str, action: str, **counts: int) -> Iterator[None]:
+    """One call to object storage: counted in :data:`REQUEST_STATS` whether it was answered or
+    not, and any client error raised as ckptstore's typed error naming ``url`` (never the
+    client's own text). ckptstore's own errors pass through; a caller that expects an answer
+    (a 404, an existing object) catches it inside the block."""
+    try:
+        yield
+    except CkptStoreError:
+        raise
+    except Exception as e:
+        raise _client_error(e, url, action) from None
+    finally:
+        if counts:
+            REQUEST_STATS.add(**counts)
 
 
 _CLIENTS: dict[tuple[str, ...], Any] = {}
@@ -280,34 +298,26 @@ class S3Source(ByteSource):
     def stat(self, key: str) -> FileStat | None:
         import obstore
 
-        try:
-            meta = obstore.head(self.store, self.path(key))
-        except FileNotFoundError:
-            return None
-        except Exception as e:
-            raise _client_error(e, self.key_url(key), "look up") from None
-        finally:
-            REQUEST_STATS.add(heads=1)
+        with _request(self.key_url(key), "look up", heads=1):
+            try:
+                meta = obstore.head(self.store, self.path(key))
+            except FileNotFoundError:
+                return None
         return _stat(meta)
 
     def read_bytes(self, key: str, *, limit: int) -> bytes | None:
         import obstore
 
-        try:
-            result = obstore.get(self.store, self.path(key))
+        with _request(self.key_url(key), "read", gets=1):
+            try:
+                result = obstore.get(self.store, self.path(key))
+            except FileNotFoundError:
+                return None
             size = result.meta["size"]
             if size > limit:
                 raise FileAccessError(errno.EFBIG, f"{self.key_url(key)} is {size} bytes, more than the {limit} a "
                                       "metadata file may have")
             data = bytes(result.bytes())
-        except FileNotFoundError:
-            return None
-        except FileAccessError:
-            raise
-        except Exception as e:
-            raise _client_error(e, self.key_url(key), "read") from None
-        finally:
-            REQUEST_STATS.add(gets=1)
         REQUEST_STATS.add(bytes_in=len(data))
         return data
 
@@ -315,12 +325,8 @@ class S3Source(ByteSource):
         import obstore
 
         base = self.path(prefix) if prefix else self.prefix
-        try:
+        with _request(self.key_url(prefix) if prefix else self._url, "list", lists=1):
             listing = obstore.list_with_delimiter(self.store, base or None)
-        except Exception as e:
-            raise _client_error(e, self.key_url(prefix) if prefix else self._url, "list") from None
-        finally:
-            REQUEST_STATS.add(lists=1)
         cut = len(base) + 1 if base else 0
         folders = sorted(p[cut:].strip("/") for p in listing["common_prefixes"])
         files = sorted(o["path"][cut:] for o in listing["objects"])
@@ -332,13 +338,11 @@ class S3Source(ByteSource):
 
         base = self.path(prefix) if prefix else self.prefix
         cut = len(self.prefix) + 1 if self.prefix else 0
-        try:
+        with _request(self.key_url(prefix) if prefix else self._url, "list"):
             for batch in obstore.list(self.store, (base + "/") if base else None, chunk_size=1000):
-                REQUEST_STATS.add(lists=1)
+                REQUEST_STATS.add(lists=1)  # one request per page of the listing
                 for meta in batch:
                     yield meta["path"][cut:], _stat(meta)
-        except Exception as e:
-            raise _client_error(e, self.key_url(prefix) if prefix else self._url, "list") from None
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -346,12 +350,8 @@ class S3Source(ByteSource):
         """Write the object ``key`` whole (one PUT)."""
         import obstore
 
-        try:
+        with _request(self.key_url(key), "write", puts=1):
             obstore.put(self.store, self.path(key), data, use_multipart=False)
-        except Exception as e:
-            raise _client_error(e, self.key_url(key), "write") from None
-        finally:
-            REQUEST_STATS.add(puts=1)
         REQUEST_STATS.add(bytes_out=len(data))
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
@@ -359,14 +359,11 @@ class S3Source(ByteSource):
         import obstore
         import obstore.exceptions as oe
 
-        try:
-            obstore.put(self.store, self.path(key), data, mode="create")
-        except (FileExistsError, oe.AlreadyExistsError):
-            return False
-        except Exception as e:
-            raise _client_error(e, self.key_url(key), "write") from None
-        finally:
-            REQUEST_STATS.add(puts=1)
+        with _request(self.key_url(key), "write", puts=1):
+            try:
+                obstore.put(self.store, self.path(key), data, mode="create")
+            except (FileExistsError, oe.AlreadyExistsError):
+                return False
         REQUEST_STATS.add(bytes_out=len(data))
         return True
 
@@ -397,14 +394,11 @@ class S3Source(ByteSource):
 
         paths = [self.path(k) for k in keys]
         for i in range(0, len(paths), 1000):
-            try:
-                obstore.delete(self.store, paths[i:i + 1000])
-            except FileNotFoundError:
-                pass
-            except Exception as e:
-                raise _client_error(e, self._url, "delete objects in") from None
-            finally:
-                REQUEST_STATS.add(deletes=1)
+            with _request(self._url, "delete objects in", deletes=1):
+                try:
+                    obstore.delete(self.store, paths[i:i + 1000])
+                except FileNotFoundError:
+                    pass
 
 
 def _stat(meta: Any) -> FileStat:
