@@ -416,11 +416,9 @@ def _check_record(rec: _Record, path: str, at: int) -> None:
     if rec.tensor_type in UNSUPPORTED_TYPES:
         raise UnsupportedCheckpointError(UNSUPPORTED_TYPES[rec.tensor_type], path=path, param=rec.tag,
                                          offset=at)
-    if rec.tensor_type not in _GOOD_TYPES:
-        if rec.tensor_type != STR_TYPE and not _known_type(rec.tensor_type):
-            raise CorruptCheckpointError(f"unknown tensor type {rec.tensor_type!r}", path=path,
-                                         param=rec.tag, offset=at)
-        _GOOD_TYPES.add(rec.tensor_type)
+    if rec.tensor_type != STR_TYPE and not _known_type(rec.tensor_type):
+        raise CorruptCheckpointError(f"unknown tensor type {rec.tensor_type!r}", path=path,
+                                     param=rec.tag, offset=at)
     if rec.dims and min(rec.dims) < 0:
         raise CorruptCheckpointError(f"negative dimension in {rec.dims}", path=path, param=rec.tag,
                                      offset=at)
@@ -457,15 +455,13 @@ def _entry(records: Sequence[_Record], path: str, *, at_eof: bool = False) -> Ck
     return entry
 
 
-#: Tensor types already checked by _check_record (a handful per job, met 445k times in a 128-rank scan).
-_GOOD_TYPES: set[str] = set()
-
-
+# Both cached: a job has a handful of tensor types, met 445k times in a 128-rank header scan.
 @functools.lru_cache(maxsize=64)
 def _itemsize(tensor_type: str) -> int:
     return lookup(tensor_type).numpy.itemsize
 
 
+@functools.lru_cache(maxsize=64)
 def _known_type(tensor_type: str) -> bool:
     try:
         lookup(tensor_type)
