@@ -250,9 +250,10 @@ def _separate_runs(out: Path) -> list[str]:
     for name in SEPARATE:
         path = out / f"{name}.md"
         if path.exists():
-            text = _demote(path.read_text(encoding="utf-8").replace("# ", "## ", 1) if name == "scan"
-                           else path.read_text(encoding="utf-8"))
-            head, _, rest = text.partition("\n")
+            text = path.read_text(encoding="utf-8")
+            if text.startswith("# "):  # a standalone report (bench_scan) opens with a level-1 heading
+                text = _demote(text)
+            head, _, rest = _demote(text).partition("\n")
             lines += [f"{head} (run separately)\n{rest}", ""]
     return lines
 

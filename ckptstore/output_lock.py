@@ -34,11 +34,21 @@ class OutputLock:
 
     def acquire(self) -> "OutputLock":
         """Block until this process holds the lock."""
+        return self._take(wait=True)  # type: ignore[return-value]
+
+    def try_acquire(self) -> "OutputLock | None":
+        """Take the lock if no one holds it; ``None`` if someone does."""
+        return self._take(wait=False)
+
+    def _take(self, *, wait: bool) -> "OutputLock | None":
         while True:
             fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                if not wait:
+                    os.close(fd)
+                    return None
                 if self.on_wait is not None:
                     self.on_wait(self._holder(fd))
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -47,21 +57,6 @@ class OutputLock:
                 self._describe_self()
                 return self
             os.close(fd)  # the holder committed and removed the file: lock a fresh one
-
-    def try_acquire(self) -> "OutputLock | None":
-        """Take the lock if no one holds it; ``None`` if someone does."""
-        while True:
-            fd = self._open()
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                return None
-            if self._still_named(fd):
-                self._fd = fd
-                self._describe_self()
-                return self
-            os.close(fd)
 
     def release(self) -> None:
         fd, self._fd = self._fd, -1
