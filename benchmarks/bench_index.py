@@ -3,20 +3,20 @@
 ``python -m benchmarks.bench_index --model 130B --world 128 --reps 3`` (``--quick``: a small model
 on 16 ranks; ``--profile``: add where the time goes)
 
-The checkpoint is **sparse**: a PanGu-Alpha-shaped model (``ckptstore.sample.pangu_specs``:
+The checkpoint is **sparse**: a PanGu-Alpha-shaped model (``ckptstore.testing.sample.pangu_specs``:
 hidden 12288, 72 layers, vocab 50000, fp32 weights and both Adam moments) saved on 128 ranks as
 dp16 × mp8 with optimizer sharding. Its strategy file is written by
-``ckptstore.sample_checkpoint.write_strategy`` (as the parallel compiler writes it). Every rank
+``ckptstore.testing.sample_checkpoint.write_strategy`` (as the parallel compiler writes it). Every rank
 file is a valid MindSpore ``.ckpt``: one ``Checkpoint.value`` record per parameter, in spec order
 (as ``save_distributed`` saves them), each with the parameter's name, the full local dims, the
 tensor type (``Float32``, ``Int32``) and a ``tensor_content`` of the *local slice's* byte length;
 a slice over 512 MiB is cut into several consecutive records exactly as MindSpore's
-``_write_parameter_bytes_data`` does (``ckptstore.ckpt_writer.DEFAULT_SLICE_BYTES``). The local
+``_write_parameter_bytes_data`` does (``ckptstore.formats.ckpt_writer.DEFAULT_SLICE_BYTES``). The local
 shape of each rank is the box the strategy file gives it (``load_strategy(...).box(name, rank,
 global_shape)``). Only the record headers are written: each payload is skipped with a seek and the
 file is finished with ``os.truncate`` to its full size, so the payload is a hole (zeros) and the
 ~2.5 TB of rank files take a few MB each on disk. The writer is checked byte for byte, before the
-files are written, against ``mindspore.save_checkpoint`` and ``ckptstore.ckpt_writer`` on a small
+files are written, against ``mindspore.save_checkpoint`` and ``ckptstore.formats.ckpt_writer`` on a small
 model (zero-filled tensors). Cached under ``benchmarks/cache/`` keyed by every parameter.
 
 Measured, each in a fresh process (``benchmarks.harness``): ``ckptstore.index`` of the whole set
@@ -29,7 +29,7 @@ and plan rows use). Sizes: the manifest (``ckptstore.json``: the whole index) ag
 files' apparent size. Targets: index < 30 s, metadata < 0.1% of the rank files.
 
 The index samples a few KiB of each slice to check the strategy describes the files
-(``ckptstore.layout_check``); here those bytes are zeros, which it treats as uninformative and
+(``ckptstore.checkpoint.layout_check``); here those bytes are zeros, which it treats as uninformative and
 skips, as it would a fresh optimizer moment. When the index takes longer than the target (or with
 ``--profile``) the run also records where the time goes: wall time per phase (one more index
 run, ckptstore's functions wrapped with timers) and, with ``--profile``, a cProfile (one more; the
@@ -88,8 +88,8 @@ JUDGED = ("130B", Mesh(16, 8))
 def specs_for(model: Model, mesh: Mesh) -> list[Any]:
     """``pangu_specs`` on ``mesh`` (optimizer sharding on, Adam moments, counters), normalized as
     ``save_distributed`` normalizes them before saving."""
-    from ckptstore.sample import pangu_specs
-    from ckptstore.sample_checkpoint import normalize_spec
+    from ckptstore.testing.sample import pangu_specs
+    from ckptstore.testing.sample_checkpoint import normalize_spec
 
     return [normalize_spec(s) for s in pangu_specs(hidden=model.hidden, layers=model.layers, vocab=model.vocab,
                                                    seq=model.seq, dp=mesh.dp, mp=mesh.mp, opt_shard=True)]
@@ -100,7 +100,7 @@ def specs_for(model: Model, mesh: Mesh) -> list[Any]:
 
 
 def _varint(n: int) -> bytes:
-    from ckptstore.protowire import encode_varint
+    from ckptstore.formats.protowire import encode_varint
 
     return encode_varint(n)
 
@@ -166,13 +166,13 @@ def rank_records(specs: Sequence[Any], strategy: Any, rank: int, slice_bytes: in
 
 def check_wire_format(tmp: Path) -> None:
     """The header writer, byte for byte against ``mindspore.save_checkpoint`` and
-    ``ckptstore.ckpt_writer.CheckpointWriter`` (zero-filled tensors; a small slice size for the
+    ``ckptstore.formats.ckpt_writer.CheckpointWriter`` (zero-filled tensors; a small slice size for the
     latter, so a tensor cut into several records is compared too). Raises ``BenchmarkError``."""
     import numpy as np
 
-    from ckptstore import sample_checkpoint as testing
-    from ckptstore.ckpt_writer import CheckpointWriter
-    from ckptstore.strategy import load_strategy
+    from ckptstore.testing import sample_checkpoint as testing
+    from ckptstore.formats.ckpt_writer import CheckpointWriter
+    from ckptstore.checkpoint.strategy import load_strategy
 
     tmp.mkdir(parents=True, exist_ok=True)
     specs = specs_for(Model("wire check", 64, 1, 64, 8), Mesh(2, 2))
@@ -184,7 +184,7 @@ def check_wire_format(tmp: Path) -> None:
         zeros[s.name] = np.zeros(shape, s.np_dtype)
     ms = testing._ms()  # MindSpore, imported quietly
     ms.save_checkpoint([{"name": n, "data": ms.Tensor(a)} for n, a in zeros.items()], str(tmp / "ms.ckpt"))
-    from ckptstore.ckpt_writer import DEFAULT_SLICE_BYTES
+    from ckptstore.formats.ckpt_writer import DEFAULT_SLICE_BYTES
 
     write_sparse_file(tmp / "sparse.ckpt", rank_records(specs, strategy, rank, DEFAULT_SLICE_BYTES))
     small = 1000
@@ -238,8 +238,8 @@ class Sparse:
 
     def target_strategy(self, mesh: Mesh) -> Path:
         """The same parameters on ``mesh`` (``sample.relayout``, no optimizer sharding), cached."""
-        from ckptstore.sample import relayout
-        from ckptstore.sample_checkpoint import write_strategy
+        from ckptstore.testing.sample import relayout
+        from ckptstore.testing.sample_checkpoint import write_strategy
 
         path = self.root / "targets" / f"strategy_{mesh.tag}.ckpt"
         with cache_lock(self.root):
@@ -270,10 +270,10 @@ def _disk_needed(n_records: int) -> int:
 
 
 def _write_sparse(sp: Sparse, log: Callable[[str], None]) -> None:
-    from ckptstore.ckpt_writer import DEFAULT_SLICE_BYTES
-    from ckptstore.sample import model_bytes
-    from ckptstore.sample_checkpoint import write_strategy
-    from ckptstore.strategy import load_strategy
+    from ckptstore.formats.ckpt_writer import DEFAULT_SLICE_BYTES
+    from ckptstore.testing.sample import model_bytes
+    from ckptstore.testing.sample_checkpoint import write_strategy
+    from ckptstore.checkpoint.strategy import load_strategy
 
     t0 = time.perf_counter()
     sp.root.mkdir(parents=True, exist_ok=True)
@@ -414,20 +414,20 @@ def _profile(st: IndexSetup, index: Contender, kinds: Sequence[str]) -> dict[str
 #: missing one (ckptstore changed) is left out.
 PHASES = (
     ("ckptstore.convert", "resolve_source", "resolve_source (everything below)"),
-    ("ckptstore.source", "load_strategy", "  read the strategy file"),
-    ("ckptstore.source", "scan_rank_file", "  scan the rank files' headers (ckpt_reader)"),
-    ("ckptstore.source", "_resolve", "  resolve each parameter's global shape and slices"),
-    ("ckptstore.source", "_check_redundancy", "  redundancy check"),
-    ("ckptstore.source", "check_against_strategy", "  layout check (sampled bytes, layout_check)"),
+    ("ckptstore.checkpoint.source", "load_strategy", "  read the strategy file"),
+    ("ckptstore.checkpoint.source", "scan_rank_file", "  scan the rank files' headers (ckpt_reader)"),
+    ("ckptstore.checkpoint.source", "_resolve", "  resolve each parameter's global shape and slices"),
+    ("ckptstore.checkpoint.source", "_check_redundancy", "  redundancy check"),
+    ("ckptstore.checkpoint.source", "check_against_strategy", "  layout check (sampled bytes, layout_check)"),
     ("ckptstore.convert", "select_params", "select parameters"),
     ("ckptstore.convert", "_plan", "chunk plans (chunk_plan)"),
     ("ckptstore.convert", "_fingerprint", "fingerprint (stat every rank file)"),
     ("ckptstore.convert", "claim", "claim the output folder"),
     ("ckptstore.convert", "_write", "build the manifest + commit (everything below)"),
-    ("ckptstore.store_kinds", "IndexWriter.write_param", "  per-parameter chunk tables (worker threads: summed)"),
-    ("ckptstore.store_kinds", "IndexWriter.extra", "  stat the rank files for the manifest"),
-    ("ckptstore.store_kinds", "IndexWriter.commit", "  commit (dumps + write + sync)"),
-    ("ckptstore.manifest", "StoreManifest.dumps", "    manifest to JSON text (dumps)"),
+    ("ckptstore.write.store_kinds", "IndexWriter.write_param", "  per-parameter chunk tables (worker threads: summed)"),
+    ("ckptstore.write.store_kinds", "IndexWriter.extra", "  stat the rank files for the manifest"),
+    ("ckptstore.write.store_kinds", "IndexWriter.commit", "  commit (dumps + write + sync)"),
+    ("ckptstore.store.manifest", "StoreManifest.dumps", "    manifest to JSON text (dumps)"),
     ("ckptstore.convert", "_summary", "summary"),
 )
 
@@ -485,7 +485,7 @@ def profile_cprofile(src_dir: str, strategy: str, out: str) -> dict[str, Any]:
 
     threads: list[cProfile.Profile] = []
     try:
-        from ckptstore.store_kinds import IndexWriter
+        from ckptstore.write.store_kinds import IndexWriter
 
         original = IndexWriter.write_param
 

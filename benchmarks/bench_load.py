@@ -17,7 +17,7 @@ timed). What each row times (:data:`TIMED_SPANS` has the one-line version the re
   the slices straight from the rank files; its values must equal the converted store's;
 * ``ckptstore.load_into_net (into a prebuilt Cell)``: ``load_into_net(net, store, strategy=...,
   rank=...)`` into a Cell built in the setup with the rank's Parameters, zero-filled;
-* ``ckptstore.loader.rank_view().read_many (numpy)``: the same slices as numpy arrays;
+* ``ckptstore.read.loader.rank_view().read_many (numpy)``: the same slices as numpy arrays;
 * ``lower bound: numpy preadv``: one ``os.preadv`` of a file holding exactly the rank's bytes
   into one preallocated array, one thread, 4 KiB pages (``numpy preadv, 2 threads``: the same
   split over two threads);
@@ -60,7 +60,7 @@ COLD_NAME = "load-cold"  # results of --cold runs: a record of their own
 CKPTSTORE = "ckptstore.load_rank (Parameters built)"
 INDEX = "ckptstore.load_rank from an index (Parameters built)"
 INTO_NET = "ckptstore.load_into_net (into a prebuilt Cell)"
-RANK_VIEW = "ckptstore.loader.rank_view().read_many (numpy)"
+RANK_VIEW = "ckptstore.read.loader.rank_view().read_many (numpy)"
 BOUND = "lower bound: numpy preadv"
 BOUND_2T = "numpy preadv, 2 threads"
 MS_LDC = "mindspore.load_distributed_checkpoint"
@@ -71,7 +71,7 @@ LABELS = {CKPTSTORE: "ckptstore", BOUND: "bound"}
 MODULE = "benchmarks.contenders"
 MS = ("mindspore",)
 #: What ckptstore's contenders import before the measurement (its MindSpore adapter included).
-CKPTSTORE_PREIMPORT = ("mindspore", "ckptstore", "ckptstore.mindspore_adapter")
+CKPTSTORE_PREIMPORT = ("mindspore", "ckptstore", "ckptstore.mindspore")
 #: ``workers`` of the load_rank rows: the workers curve (the default's row is the main one).
 WORKERS_CURVE = (1, 2, 4)
 
@@ -151,8 +151,8 @@ def make_setup(s: Synth, dst: Mesh, rank: int) -> LoadSetup:
 
 
 def default_workers() -> int:
-    """ckptstore's default ``workers`` on this machine (``ckptstore.loader.DEFAULT_WORKERS``)."""
-    from ckptstore.loader import DEFAULT_WORKERS
+    """ckptstore's default ``workers`` on this machine (``ckptstore.read.loader.DEFAULT_WORKERS``)."""
+    from ckptstore.read.loader import DEFAULT_WORKERS
 
     return int(DEFAULT_WORKERS)
 
@@ -614,7 +614,7 @@ def reach(s: Synth, dst: Mesh, ranks: Sequence[int] | None = None, *,
     results: dict[str, dict[str, Any]] = {}
     for r in chosen:
         st = make_setup(s, dst, r)
-        view = ckptstore.loader.rank_view(ckptstore.open(st.store), st.dst_strategy, r)
+        view = ckptstore.read.loader.rank_view(ckptstore.open(st.store), st.dst_strategy, r)
         ref = check_params({n: view.read(n) for n in view.names()}, names_file=st.names_file)["digest"]
         for factory in routes:
             c = factory(st)

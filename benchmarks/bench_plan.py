@@ -2,16 +2,16 @@
 
 ``python -m benchmarks.bench_plan`` (about a minute here; ``--profile`` adds cProfile hot spots)
 
-Shapes only. For each model the source layout is ``ckptstore.sample.pangu_specs`` on mp 8 × dp 16
+Shapes only. For each model the source layout is ``ckptstore.testing.sample.pangu_specs`` on mp 8 × dp 16
 with optimizer sharding (Adam moments included); its strategy file is written by
-``ckptstore.sample_checkpoint.write_strategy`` (as the parallel compiler writes it) and read back by
+``ckptstore.testing.sample_checkpoint.write_strategy`` (as the parallel compiler writes it) and read back by
 ``ckptstore.load_strategy``. The store manifest is built the way ``ckptstore.convert`` builds it
 (distinct boxes from ``Strategy.replica_groups``, chunk shapes from
 ``manifest.chunk_shape_for`` with the default 256 MiB bound, chunks in C order over the grid,
 offsets back to back in one shard file per parameter, the supplying rank = first replica; CRCs
 are fake), written as the store's root ``zarr.json`` by the Zarr backend, and opened with
 ``ckptstore.open`` (read + JSON parse + validation). Then every rank of the 64-card target
-(mp 8 × dp 8, ``sample.relayout``) is planned with ``ckptstore.loader.rank_view(...).plan`` — the code
+(mp 8 × dp 8, ``sample.relayout``) is planned with ``ckptstore.read.loader.rank_view(...).plan`` — the code
 ``load_rank`` runs before it reads a byte.
 
 Bytes read and memory are *computed*, not measured:
@@ -77,7 +77,7 @@ MODELS = {
 
 
 def specs_for(model: Model, mesh: Mesh) -> list[Any]:
-    from ckptstore.sample import pangu_specs
+    from ckptstore.testing.sample import pangu_specs
 
     return pangu_specs(hidden=model.hidden, layers=model.layers, vocab=model.vocab, seq=model.seq, dp=mesh.dp,
                        mp=mesh.mp, opt_shard=True)
@@ -95,8 +95,8 @@ def weight_count(specs: Sequence[Any]) -> int:
 def build_manifest(specs: Sequence[Any], strategy: Any, *, max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                    seed: int = 0) -> Any:
     """The ``StoreManifest`` ``ckptstore.convert`` writes for these parameters (fake CRCs)."""
-    from ckptstore.backends import zarr_backend as zb
-    from ckptstore.manifest import StoreManifest
+    from ckptstore.store import zarr as zb
+    from ckptstore.store.manifest import StoreManifest
     from ckptstore.version import __version__
 
     rng = np.random.default_rng(seed)
@@ -110,7 +110,7 @@ def build_manifest(specs: Sequence[Any], strategy: Any, *, max_chunk_bytes: int 
 
 def _param_manifest(spec: Any, strategy: Any, max_chunk_bytes: int, rng: np.random.Generator, zb: Any) -> Any:
     from ckptstore.boxes import Box
-    from ckptstore.manifest import ChunkTable, ParamManifest, chunk_shape_for, dtype_label
+    from ckptstore.store.manifest import ChunkTable, ParamManifest, chunk_shape_for, dtype_label
 
     shape, item = tuple(spec.shape), spec.np_dtype.itemsize
     if spec.name in strategy.layouts:
@@ -191,9 +191,9 @@ def measure_model(key: str, src: Mesh, dst: Mesh, *, reps: int, profile: bool,
                   log: Callable[[str], None]) -> dict[str, Any]:
     """Everything the report says about one model."""
     import ckptstore
-    from ckptstore.backends import zarr_backend as zb
-    from ckptstore.sample import model_bytes, relayout
-    from ckptstore.sample_checkpoint import write_strategy
+    from ckptstore.store import zarr as zb
+    from ckptstore.testing.sample import model_bytes, relayout
+    from ckptstore.testing.sample_checkpoint import write_strategy
 
     model = MODELS[key]
     specs = specs_for(model, src)
@@ -203,10 +203,10 @@ def measure_model(key: str, src: Mesh, dst: Mesh, *, reps: int, profile: bool,
         root = Path(tmp)
         src_file = write_strategy(root / "strategy_src.ckpt", specs)
         dst_file = write_strategy(root / "strategy_dst.ckpt", relayout(specs, dp=dst.dp, mp=dst.mp))
-        t, strategy = _timed(lambda: ckptstore.strategy.load_strategy(src_file), reps)
+        t, strategy = _timed(lambda: ckptstore.checkpoint.strategy.load_strategy(src_file), reps)
         out["read_src_strategy_s"] = _stats(t)
         out["strategy_file_bytes"] = src_file.stat().st_size
-        t, target = _timed(lambda: ckptstore.strategy.load_strategy(dst_file), reps)
+        t, target = _timed(lambda: ckptstore.checkpoint.strategy.load_strategy(dst_file), reps)
         out["read_dst_strategy_s"] = _stats(t)
 
         t0 = time.perf_counter()
@@ -237,8 +237,8 @@ def measure_model(key: str, src: Mesh, dst: Mesh, *, reps: int, profile: bool,
 
 def _measure_open(store_dir: Path, reps: int, profile: bool) -> dict[str, Any]:
     import ckptstore
-    from ckptstore.backends import zarr_backend as zb
-    from ckptstore.manifest import StoreManifest
+    from ckptstore.store import zarr as zb
+    from ckptstore.store.manifest import StoreManifest
 
     out: dict[str, Any] = {}
     t, _ = _timed(lambda: ckptstore.open(store_dir), reps)
@@ -267,7 +267,7 @@ def _measure_plans(store: Any, target: Any, dst: Mesh, reps: int, profile: bool,
     import ckptstore
 
     def plan(rank: int) -> Any:
-        return ckptstore.loader.rank_view(store, target, rank).plan
+        return ckptstore.read.loader.rank_view(store, target, rank).plan
 
     out: dict[str, Any] = {}
     t, _ = _timed(lambda: plan(0), reps)
@@ -301,7 +301,7 @@ def _node_distinct_bytes(store: Any, target: Any, ranks: Sequence[int]) -> int:
 
     boxes: dict[str, set[Any]] = {}
     for r in ranks:
-        for name, box in ckptstore.loader.rank_view(store, target, r).boxes.items():
+        for name, box in ckptstore.read.loader.rank_view(store, target, r).boxes.items():
             boxes.setdefault(name, set()).add(box)
     total = 0
     for name, bs in boxes.items():
@@ -335,10 +335,10 @@ def render(record: Mapping[str, Any]) -> str:
         f"Machine: {_machine(record)}. `uptime` before: {record.get('uptime_before', '?')}; after: "
         f"{record.get('uptime_after', '?')}.",
         "",
-        "Source: `ckptstore.sample.pangu_specs` on mp 8 × dp 16 (128 cards) with optimizer sharding and Adam "
+        "Source: `ckptstore.testing.sample.pangu_specs` on mp 8 × dp 16 (128 cards) with optimizer sharding and Adam "
         "moments, fp32; target: the same parameters on mp 8 × dp 8 (64 cards, `sample.relayout`, no optimizer "
         "sharding). Manifest as `ckptstore.convert` builds it (256 MiB chunk bound, fake CRCs), opened with "
-        "`ckptstore.open`; plans by `ckptstore.loader.rank_view(store, target, r).plan`. Times: median (min–max) of "
+        "`ckptstore.open`; plans by `ckptstore.read.loader.rank_view(store, target, r).plan`. Times: median (min–max) of "
         f"{record['reps']} runs.",
         "",
         "| | " + " | ".join(m["label"] for m in models) + " |",

@@ -4,7 +4,7 @@
 
 The synthetic PanGu-Alpha checkpoint of :mod:`benchmarks.synth` is converted once to a local
 Zarr store (cached, the one ``bench_load`` reads), a real S3 server (``moto`` in server mode,
-:mod:`benchmarks.s3_server`) is started on loopback and the store is copied to
+:mod:`ckptstore.testing.s3_server`) is started on loopback and the store is copied to
 ``s3://<bucket>/store``. Two contenders, each in a fresh worker process, do the same work:
 ``ckptstore.load_rank(store, strategy, rank).materialize()`` (every Parameter of the rank built;
 :func:`benchmarks.contenders.ckptstore_load_rank`), each with ckptstore's default ``workers``
@@ -19,12 +19,12 @@ S3 client) before the measurement, so each is timed from "nothing opened" to "ev
 Parameter built"; opening the store (its manifest: two GETs on S3) is inside the timed call for
 both. After the measurement the worker digests the values (both routes must give the same
 tensors) and reads the process's own S3 request counters
-(:data:`ckptstore.sources.s3.REQUEST_STATS`), so requests and bytes are that run's alone.
+(:data:`ckptstore.io.s3.REQUEST_STATS`), so requests and bytes are that run's alone.
 
 Reported against the read plan (worked out here from the local store, no I/O): time S3/local,
 peak RSS over the slice size, bytes transferred / bytes wanted (target <= 1.02) and requests vs
 2 + the coalesced ranges of the plan (target <=; also against the count expected once
-ckptstore's S3 reader cuts runs longer than ``ckptstore.sources.s3.GET_PIECE`` into pieces fetched by
+ckptstore's S3 reader cuts runs longer than ``ckptstore.io.s3.GET_PIECE`` into pieces fetched by
 different threads). The server shares this machine's cores: its
 CPU time per load is reported too (moto reads and copies a whole object for every ranged GET,
 so the S3 time here is the test server's as much as ckptstore's).
@@ -50,7 +50,7 @@ LABELS = {LOCAL: "local"}
 BUCKET = "ckptstore-bench"
 PREFIX = "store"
 #: Imported by both workers before the measurement (MindSpore, ckptstore and its S3 client).
-PREIMPORT = ("mindspore", "ckptstore", "ckptstore.mindspore_adapter", "ckptstore.sources.s3", "obstore",
+PREIMPORT = ("mindspore", "ckptstore", "ckptstore.mindspore", "ckptstore.io.s3", "obstore",
              "obstore.store")
 BYTES_TARGET = 1.02  # bytes transferred / bytes wanted
 PEAK_TARGET = 1.05  # peak RSS above start / bytes wanted, loading from S3
@@ -72,7 +72,7 @@ def load_rank(store: str, strategy: str, rank: int, names_file: str) -> dict[str
 def check(result: Mapping[str, Any], **args: Any) -> dict[str, Any]:
     """After the measurement: the values' digest and this process's S3 request counters."""
     from benchmarks.contenders import check_params
-    from ckptstore.sources.s3 import REQUEST_STATS as rs
+    from ckptstore.io.s3 import REQUEST_STATS as rs
 
     out = check_params(result, **args)
     out.update(gets=rs.gets, heads=rs.heads, lists=rs.lists, bytes_in=rs.bytes_in)
@@ -127,8 +127,8 @@ def coalesced_runs(ranges: Iterable[tuple[str, str, int, int, Any]]) -> list[int
 
 
 def unit_bytes() -> int:
-    """The largest piece ckptstore's S3 reader fetches with one GET (``ckptstore.sources.s3.GET_PIECE``)."""
-    from ckptstore.sources import s3
+    """The largest piece ckptstore's S3 reader fetches with one GET (``ckptstore.io.s3.GET_PIECE``)."""
+    from ckptstore.io import s3
 
     return int(s3.GET_PIECE)
 
@@ -202,7 +202,7 @@ def run(st: S3Setup, *, reps: int, command: str, results_dir: Path | None, quick
     import time
 
     from benchmarks.harness import append_result
-    from benchmarks.s3_server import MotoServer, env_for, upload
+    from ckptstore.testing.s3_server import MotoServer, env_for, upload
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     server = MotoServer()
@@ -232,8 +232,8 @@ def run(st: S3Setup, *, reps: int, command: str, results_dir: Path | None, quick
 
 
 def _default_workers() -> dict[str, int]:
-    from ckptstore.loader import DEFAULT_WORKERS
-    from ckptstore.sources.s3 import READ_CONCURRENCY
+    from ckptstore.read.loader import DEFAULT_WORKERS
+    from ckptstore.io.s3 import READ_CONCURRENCY
 
     return {"local": int(DEFAULT_WORKERS), "s3": int(READ_CONCURRENCY)}
 
@@ -306,7 +306,7 @@ def verdict_lines(record: Mapping[str, Any]) -> list[str]:
                      f"coalesced ranges = {2 + runs} (target ≤: {'met' if n <= 2 + runs else '**not met**'})")
         if "unit_gets" in p and p["unit_gets"] != runs:
             lines.append(f"  - ckptstore's reader cuts a run longer than {format_bytes(p['unit_bytes'])} "
-                         "(`ckptstore.sources.s3.GET_PIECE`) into pieces read by different threads, one GET each: "
+                         "(`ckptstore.io.s3.GET_PIECE`) into pieces read by different threads, one GET each: "
                          f"2 + {p['unit_gets']} = {2 + p['unit_gets']} requests expected with that cut "
                          f"({'met' if n <= 2 + p['unit_gets'] else '**exceeded**'})")
     cpu = p.get("server_cpu_s", {})

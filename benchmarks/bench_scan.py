@@ -4,7 +4,7 @@
 
 Contenders, each in a fresh process:
 
-* ``scan``: ``ckptstore.ckpt_reader.scan_checkpoint(path)`` (record headers only);
+* ``scan``: ``ckptstore.formats.ckpt_reader.scan_checkpoint(path)`` (record headers only);
 * ``scan+read_rows``: the scan, then ``read_entry(..., rows=...)`` of a slice of the matrix in
   the middle of the file (``--rows-mib`` of it);
 * ``mindspore.load_checkpoint``: MindSpore's route to the same names and shapes (the baseline).
@@ -32,7 +32,7 @@ READ_SHARE_LIMIT = 0.01
 
 def scan_only(path: str) -> dict[str, int]:
     """Index the file: names, dtypes, shapes and byte pieces of every parameter."""
-    from ckptstore.ckpt_reader import scan_checkpoint
+    from ckptstore.formats.ckpt_reader import scan_checkpoint
 
     index = scan_checkpoint(path)
     return {"entries": len(index.entries)}
@@ -40,7 +40,7 @@ def scan_only(path: str) -> dict[str, int]:
 
 def scan_and_read_rows(path: str, name: str, rows: Sequence[int]) -> dict[str, int]:
     """Index the file, then read rows ``[lo, hi)`` of one parameter into a new array."""
-    from ckptstore.ckpt_reader import read_entry, scan_checkpoint
+    from ckptstore.formats.ckpt_reader import read_entry, scan_checkpoint
 
     index = scan_checkpoint(path)
     array = read_entry(path, index[name], rows=(rows[0], rows[1]))
@@ -61,7 +61,7 @@ def mindspore_load(path: str) -> dict[str, int]:
 def contenders(path: Path, name: str, rows: tuple[int, int], *, baseline_reps: int | None) -> list[Contender]:
     """The three contenders on one file; ``baseline_reps`` caps MindSpore's (slow) repetitions."""
     here = __name__ if __name__ != "__main__" else "benchmarks.bench_scan"
-    reader = ("ckptstore.ckpt_reader",)
+    reader = ("ckptstore.formats.ckpt_reader",)
     return [
         Contender("scan", here, "scan_only", {"path": str(path)}, preimport=reader),
         Contender("scan+read_rows", here, "scan_and_read_rows",

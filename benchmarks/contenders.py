@@ -29,8 +29,8 @@ def write_names_file(path: Path, store: str | os.PathLike[str], strategy: str | 
     import ckptstore
 
     st = ckptstore.open(store)
-    view = ckptstore.loader.rank_view(st, strategy, rank)
-    target = ckptstore.strategy.load_strategy(strategy)
+    view = ckptstore.read.loader.rank_view(st, strategy, rank)
+    target = ckptstore.checkpoint.strategy.load_strategy(strategy)
     rows = []
     for name in view.names():
         info = st.info(name)
@@ -59,7 +59,7 @@ def ckptstore_load_rank(store: str, strategy: str, rank: int, names_file: str,
     """``ckptstore.load_rank(...).materialize()``: every Parameter of the rank built.
 
     ``materialize`` reads with ``workers`` threads and builds each Parameter as soon as its reads
-    are done; ``workers=None`` is ckptstore's default (``ckptstore.loader.DEFAULT_WORKERS``).
+    are done; ``workers=None`` is ckptstore's default (``ckptstore.read.loader.DEFAULT_WORKERS``).
     """
     import ckptstore
 
@@ -73,7 +73,7 @@ def ckptstore_rank_view(store: str, strategy: str, rank: int, names_file: str,
     import ckptstore
 
     kw = {} if workers is None else {"workers": workers}
-    view = ckptstore.loader.rank_view(ckptstore.open(store), strategy, rank, **kw)
+    view = ckptstore.read.loader.rank_view(ckptstore.open(store), strategy, rank, **kw)
     return view.read_many(view.names())
 
 
@@ -369,13 +369,13 @@ def _mmap_fields(args: Mapping[str, Any]) -> dict[str, Any]:
 
 def _mmap_share(store: str, strategy: str, rank: int) -> dict[str, int]:
     import ckptstore
-    from ckptstore import reader
+    from ckptstore.store import executor as reader
 
     if not hasattr(reader, "_FEW_RUNS"):
         # this reader copies nothing out of memory maps: every byte goes through preadv (in rchar)
         return {"mmap_bytes": 0, "mmap_pages_bytes": 0}
     page = 4096
-    view = ckptstore.loader.rank_view(ckptstore.open(store), strategy, rank)
+    view = ckptstore.read.loader.rank_view(ckptstore.open(store), strategy, rank)
     mapped = pages = 0
     for name in view.names():
         plan = view.plan_for(name)
@@ -500,14 +500,14 @@ def setup_open_store(store: str, strategy: str, rank: int) -> dict[str, Any]:
     """Unmeasured: the store opened and the target strategy read, for :func:`ckptstore_plan_rank`."""
     import ckptstore
 
-    return {"store": ckptstore.open(store), "strategy": ckptstore.strategy.load_strategy(strategy), "rank": rank}
+    return {"store": ckptstore.open(store), "strategy": ckptstore.checkpoint.strategy.load_strategy(strategy), "rank": rank}
 
 
 def ckptstore_plan_rank(state: Mapping[str, Any]) -> dict[str, Any]:
     """``rank_view(store, strategy, rank).plan``: what ``load_rank`` works out before it reads a byte."""
     import ckptstore
 
-    plan = ckptstore.loader.rank_view(state["store"], state["strategy"], state["rank"]).plan
+    plan = ckptstore.read.loader.rank_view(state["store"], state["strategy"], state["rank"]).plan
     return {"rank_bytes": int(plan.nbytes), "params": len(plan.params),
             "chunk_reads": sum(len(p.chunks) for p in plan.params.values())}
 

@@ -2,9 +2,9 @@
 
 A :class:`Synth` is one source checkpoint: ``rank_<i>/pangu-1_1.ckpt`` for every rank of a
 ``dp x mp`` mesh plus its ``strategy.ckpt``, saved by ``mindspore.save_checkpoint`` through
-:func:`ckptstore.sample_checkpoint.save_distributed` (local slices cut by MindSpore's own slicing code,
+:func:`ckptstore.testing.sample_checkpoint.save_distributed` (local slices cut by MindSpore's own slicing code,
 strategy written as the parallel compiler writes it), for a
-:func:`ckptstore.sample.pangu_specs` model whose global tensors (weights and both Adam
+:func:`ckptstore.testing.sample.pangu_specs` model whose global tensors (weights and both Adam
 moments) add up to about the requested size.
 
 Memory stays bounded: the parameters are saved in groups of at most ``GROUP_BYTES`` global
@@ -113,7 +113,7 @@ class Dims:
 
 
 def _weight_params(d: Dims) -> int:
-    """Trainable parameter count of :func:`ckptstore.sample.pangu_specs` with these dims."""
+    """Trainable parameter count of :func:`ckptstore.testing.sample.pangu_specs` with these dims."""
     h = d.hidden
     per_layer = 12 * h * h + 13 * h  # q/k/v/proj + FFN matrices; 9 biases/norm vectors of h, one of 4h
     return d.layers * per_layer + (d.vocab + SEQ + 2) * h
@@ -143,7 +143,7 @@ def choose_dims(total_bytes: int, *, itemsize: int = 4, min_vocab: int = 64) -> 
 
 def specs_for(dims: Dims, mesh: Mesh) -> list[Any]:
     """The PanGu parameter specs on ``mesh`` (optimizer sharding on, Adam moments, counters)."""
-    from ckptstore.sample import pangu_specs
+    from ckptstore.testing.sample import pangu_specs
 
     return pangu_specs(hidden=dims.hidden, layers=dims.layers, vocab=dims.vocab, seq=SEQ, dp=mesh.dp, mp=mesh.mp,
                        opt_shard=True)
@@ -185,7 +185,7 @@ class Synth:
 
     @property
     def model_bytes(self) -> int:
-        from ckptstore.sample import model_bytes
+        from ckptstore.testing.sample import model_bytes
 
         return model_bytes(self.specs)
 
@@ -198,8 +198,8 @@ class Synth:
     # ---- derived, cached ---------------------------------------------------------------
     def target_strategy(self, mesh: Mesh) -> Path:
         """The strategy file of the same parameters on ``mesh`` (no optimizer sharding)."""
-        from ckptstore import sample_checkpoint as testing
-        from ckptstore.sample import relayout
+        from ckptstore.testing import sample_checkpoint as testing
+        from ckptstore.testing.sample import relayout
 
         path = self.root / "targets" / f"strategy_{mesh.tag}.ckpt"
         with cache_lock(self.root):
@@ -241,7 +241,7 @@ class Synth:
         """Bytes of the tensors rank ``rank`` of ``mesh`` holds (the denominator of every ratio)."""
         import ckptstore
 
-        return int(ckptstore.loader.rank_view(ckptstore.open(self.store()), self.target_strategy(mesh), rank).plan.nbytes)
+        return int(ckptstore.read.loader.rank_view(ckptstore.open(self.store()), self.target_strategy(mesh), rank).plan.nbytes)
 
     def flat_file(self, mesh: Mesh, rank: int) -> Path:
         """One file holding exactly rank ``rank``'s slices of ``mesh``, back to back (lower bound)."""
@@ -252,7 +252,7 @@ class Synth:
         with cache_lock(self.root):
             if not path.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
-                view = ckptstore.loader.rank_view(ckptstore.open(store), strategy, rank)
+                view = ckptstore.read.loader.rank_view(ckptstore.open(store), strategy, rank)
                 tmp = path.with_name(path.name + ".partial")
                 with open(tmp, "wb") as f:
                     for name in view.names():
@@ -333,7 +333,7 @@ def _groups(specs: Sequence[Any], max_bytes: int) -> list[list[Any]]:
 
 def _write_source(s: Synth, *, group_bytes: int = GROUP_BYTES) -> None:
     os.environ.setdefault("GLOG_v", "3")
-    from ckptstore import sample_checkpoint as testing
+    from ckptstore.testing import sample_checkpoint as testing
 
     s.root.mkdir(parents=True, exist_ok=True)
     tmp = s.root / "ckpt.partial"
@@ -363,7 +363,7 @@ def _write_source(s: Synth, *, group_bytes: int = GROUP_BYTES) -> None:
 
 def check_grouped_save(tmp_dir: Path, *, size: int = 4 << 20, mesh: Mesh = Mesh(2, 4)) -> bool:
     """Whether the grouped writer gives the same bytes as one ``save_distributed`` call (small model)."""
-    from ckptstore import sample_checkpoint as testing
+    from ckptstore.testing import sample_checkpoint as testing
 
     s = Synth(Path(tmp_dir) / "grouped", size, mesh, 0, choose_dims(size))
     _write_source(s, group_bytes=256 << 10)

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .convert import convert, index
-from .errors import CkptStoreError
-from .export import export
-from .store import Store, open
-from .verify import verify
-from .version import __version__
+from ckptstore.write.convert import convert, index
+from ckptstore.errors import CkptStoreError
+from ckptstore.read.export import export
+from ckptstore.store.store import Store, open
+from ckptstore.read.verify import verify
+from ckptstore.version import __version__
 
 _ADAPTER = ("load_rank", "load_into_net")
 
@@ -31,7 +31,7 @@ _ADAPTER = ("load_rank", "load_into_net")
 def __getattr__(name: str) -> Any:
     # The MindSpore adapter is imported on first use, so `import ckptstore` stays light.
     if name in _ADAPTER:
-        from . import mindspore_adapter
+        from ckptstore import mindspore as mindspore_adapter
 
         return getattr(mindspore_adapter, name)
     raise AttributeError(f"module 'ckptstore' has no attribute {name!r}")

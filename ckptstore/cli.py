@@ -13,18 +13,18 @@ from typing import Any, Callable, TypeVar
 
 import click
 
-from . import describe
-from .chunk_plan import OPTIMIZER_PATTERNS
-from .codecs import CODECS
-from .convert import convert as convert_store
-from .errors import CkptStoreError
-from .rank_files import find_rank_files
-from .source import open_source
-from .sources import is_url
-from .sources.s3 import split_url
-from .store import open as open_store
-from .strategy import load_strategy
-from .verify import verify_store
+from ckptstore.read import describe
+from ckptstore.store.chunking import OPTIMIZER_PATTERNS
+from ckptstore.store.codecs import CODECS
+from ckptstore.write.convert import convert as convert_store
+from ckptstore.errors import CkptStoreError
+from ckptstore.checkpoint.rank_files import find_rank_files
+from ckptstore.checkpoint.source import open_source
+from ckptstore.io import is_url
+from ckptstore.io.s3 import split_url
+from ckptstore.store.store import open as open_store
+from ckptstore.checkpoint.strategy import load_strategy
+from ckptstore.read.verify import verify_store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -326,9 +326,9 @@ def index(checksum: bool, **kw: Any) -> None:
     and exports like a converted store, with the same values, as long as the rank files stay
     where they are (or move together with the store) and unchanged: a changed file is refused.
     """
-    from .backends import MANIFEST
-    from .convert import index as index_store
-    from .output_target import open_target
+    from ckptstore.store.kinds import MANIFEST
+    from ckptstore.write.convert import index as index_store
+    from ckptstore.io.output_target import open_target
 
     summary = index_store(kw["src"], kw["out"], checksum=checksum, **_source_kwargs(kw))
     size = open_target(kw["out"]).size(MANIFEST) or 0
@@ -379,7 +379,7 @@ def commit(store: str) -> None:
     The last part to finish does this by itself; run it when that part could not (it was
     killed after its share was written). Fails, naming them, while parameters are missing.
     """
-    from .convert import commit_store
+    from ckptstore.write.convert import commit_store
 
     if commit_store(store):
         click.echo(f"committed {store}: the store is complete")
@@ -427,8 +427,8 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
     mindspore.load_checkpoint: the same result as mindspore.transform_checkpoints, but each
     rank reads only its own slices and memory stays at one parameter slice.
     """
-    from .dtypes import numpy_dtype
-    from .export import export as export_store
+    from ckptstore.dtypes import numpy_dtype
+    from ckptstore.read.export import export as export_store
 
     try:
         target_dtype = numpy_dtype(dtype) if dtype else None

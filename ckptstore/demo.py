@@ -55,8 +55,8 @@ def _mib(n: int) -> str:
 
 def make_sample(root: Path) -> tuple[list[str], str]:
     """Save the 8-rank sample with MindSpore; return (source strategy files, 4-card strategy)."""
-    from . import sample_checkpoint
-    from .sample import pangu_specs, relayout
+    from ckptstore.testing import sample_checkpoint
+    from ckptstore.testing.sample import pangu_specs, relayout
 
     specs = pangu_specs(hidden=128, layers=2, vocab=2048, dp=2, mp=4)
     tensors = sample_checkpoint.make_global_tensors(specs, seed=0)
@@ -95,7 +95,7 @@ def _measure_load(store: str, target: str, root: str) -> None:
     import mindspore  # noqa: F401
 
     import ckptstore
-    from ckptstore import conformance
+    from ckptstore.testing import oracle as conformance
 
     st = ckptstore.open(store)
     _reset_peak()

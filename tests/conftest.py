@@ -124,7 +124,7 @@ def s3_server():
     """``(server, proxy)``: moto in server mode and the proxy in front of it, for the session."""
     pytest.importorskip("obstore")
     pytest.importorskip("moto.server")
-    from benchmarks import s3_server as S
+    from ckptstore.testing import s3_server as S
 
     yield from S.iter_servers()
 
@@ -135,7 +135,7 @@ _BUCKETS = iter(range(1 << 30))
 @pytest.fixture
 def bucket(s3_server, monkeypatch) -> Bucket:
     """A new bucket for this test, with AWS_* set (in this process) to reach it through the proxy."""
-    from benchmarks import s3_server as S
+    from ckptstore.testing import s3_server as S
 
     server, proxy = s3_server
     name = f"ckptstore-test-{next(_BUCKETS)}"

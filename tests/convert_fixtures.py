@@ -30,7 +30,7 @@ import pytest  # noqa: E402
 
 import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
-from ckptstore.convert import ConvertSummary  # noqa: E402
+from ckptstore.write.convert import ConvertSummary  # noqa: E402
 from conftest import SavedLayout  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

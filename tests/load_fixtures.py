@@ -27,7 +27,7 @@ import pytest  # noqa: E402
 
 import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
-from ckptstore.strategy import Strategy  # noqa: E402
+from ckptstore.checkpoint.strategy import Strategy  # noqa: E402
 from conftest import SavedLayout  # noqa: E402
 from convert_fixtures import assert_same_array, flip_byte, run_cli  # noqa: E402,F401
 

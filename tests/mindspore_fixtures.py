@@ -1,9 +1,9 @@
 """MindSpore-made fixtures for the tests: the package's sample writer plus test-only layouts.
 
 Everything the tests write is real MindSpore output: strategy files in the compiler's format
-(protobuf through :mod:`ckptstore.sample_checkpoint`, or its JSON form here), rank files saved by
+(protobuf through :mod:`ckptstore.testing.sample_checkpoint`, or its JSON form here), rank files saved by
 ``mindspore.save_checkpoint`` with slices cut by MindSpore's own slicing code, and the oracle
-``mindspore.transform_checkpoints`` (:mod:`ckptstore.conformance`). Test modules use it as
+``mindspore.transform_checkpoints`` (:mod:`ckptstore.testing.oracle`). Test modules use it as
 ``import mindspore_fixtures as T``.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from ckptstore.conformance import load_oracle, transform_oracle  # noqa: F401
-from ckptstore.sample_checkpoint import (  # noqa: F401
+from ckptstore.testing.oracle import load_oracle, transform_oracle  # noqa: F401
+from ckptstore.testing.sample_checkpoint import (  # noqa: F401
     ParamSpec,
     _NumpyHolder,
     _split_counts,
@@ -173,7 +173,7 @@ def write_mindformers_strategy(path, specs: Sequence[ParamSpec]) -> Path:
     """
     from math import prod
 
-    from ckptstore.sample_checkpoint import _pb2
+    from ckptstore.testing.sample_checkpoint import _pb2
 
     pb2 = _pb2()
     smap = pb2.ParallelStrategyMap()

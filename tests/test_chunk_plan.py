@@ -1,4 +1,4 @@
-"""Properties of the converter's chunk plan (ckptstore.chunk_plan): pure, no MindSpore.
+"""Properties of the converter's chunk plan (ckptstore.store.chunking): pure, no MindSpore.
 
 A parameter is split evenly into source slices (as MindSpore's layouts split it); the plan cuts
 each slice into chunks of at most ``max_chunk_bytes`` that are contiguous byte ranges of the
@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from box_checks import tiles_exactly
 from ckptstore.boxes import Box, even_part
-from ckptstore.chunk_plan import chunk_shape_for, plan_param
-from ckptstore.ckpt_reader import CkptEntry
-from ckptstore.source import SourceParam, SourceSlice
+from ckptstore.store.chunking import chunk_shape_for, plan_param
+from ckptstore.formats.ckpt_reader import CkptEntry
+from ckptstore.checkpoint.source import SourceParam, SourceSlice
 
 SHAPES = st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size=4).map(tuple)
 

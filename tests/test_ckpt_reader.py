@@ -24,7 +24,7 @@ import mindspore.train.serialization as ms_serialization  # noqa: E402
 from mindspore.train import checkpoint_pb2  # noqa: E402
 
 import mindspore_fixtures as T  # noqa: E402
-from ckptstore.ckpt_reader import (  # noqa: E402
+from ckptstore.formats.ckpt_reader import (  # noqa: E402
     CRC_TRAILER_BYTES,
     CkptIndex,
     read_entry,

@@ -12,8 +12,8 @@ pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
 import ckptstore  # noqa: E402
-from ckptstore.chunk_plan import OPTIMIZER_PATTERNS  # noqa: E402
-from ckptstore.ckpt_reader import read_entry, scan_checkpoint  # noqa: E402
+from ckptstore.store.chunking import OPTIMIZER_PATTERNS  # noqa: E402
+from ckptstore.formats.ckpt_reader import read_entry, scan_checkpoint  # noqa: E402
 from convert_fixtures import (  # noqa: E402,F401
     assert_same_array,
     cli_command,

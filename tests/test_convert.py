@@ -23,9 +23,9 @@ import zarr  # noqa: E402
 
 import ckptstore  # noqa: E402  (registers bfloat16 with zarr)
 import mindspore_fixtures as T  # noqa: E402
-from ckptstore.chunk_plan import OPTIMIZER_PATTERNS  # noqa: E402
+from ckptstore.store.chunking import OPTIMIZER_PATTERNS  # noqa: E402
 from ckptstore.errors import ReplicaMismatchError  # noqa: E402
-from ckptstore.ckpt_reader import scan_checkpoint  # noqa: E402
+from ckptstore.formats.ckpt_reader import scan_checkpoint  # noqa: E402
 from conftest import SavedLayout  # noqa: E402
 from convert_fixtures import (  # noqa: E402,F401
     APPENDED,
@@ -318,7 +318,7 @@ def test_drop_optimizer_removes_optimizer_state_and_keeps_weights(saved_layout, 
 
 
 def test_optimizer_patterns_cover_mindspore_optimizer_state_names():
-    from ckptstore.chunk_plan import select_params
+    from ckptstore.store.chunking import select_params
 
     names = ["adam_m.layer0.w", "adam_v.layer0.w", "moments.fc.weight", "accum.fc.weight", "global_step",
              "learning_rate", "beta1_power", "beta2_power", "scale_sense", "fc.weight", "adam_mode.flag"]

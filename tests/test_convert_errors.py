@@ -19,7 +19,7 @@ pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
 import ckptstore  # noqa: E402
-from ckptstore.ckpt_reader import scan_checkpoint  # noqa: E402
+from ckptstore.formats.ckpt_reader import scan_checkpoint  # noqa: E402
 from ckptstore.errors import (  # noqa: E402
     CkptStoreError,
     CorruptCheckpointError,

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ckptstore.errors import InvalidOptionError
-from ckptstore.parts import Part, assign, parse_part
+from ckptstore.write.parts import Part, assign, parse_part
 
 # ---- which part does what (no MindSpore needed) ------------------------------------------------
 
@@ -179,7 +179,7 @@ def test_other_store_kinds_split_into_parts_the_same(saved_layout, tmp_path, fmt
 @pytest.mark.mindspore
 def test_three_parts_into_a_bucket_one_killed_and_rerun(one_process_store, bucket):
     import ckptstore
-    from benchmarks import s3_server as S
+    from ckptstore.testing import s3_server as S
     from ckptstore.errors import IncompleteStoreError
     from convert_fixtures import run_cli, store_files
 

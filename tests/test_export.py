@@ -23,7 +23,7 @@ import safetensors.numpy  # noqa: E402
 
 import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
-from ckptstore.ckpt_writer import CheckpointWriter  # noqa: E402
+from ckptstore.formats.ckpt_writer import CheckpointWriter  # noqa: E402
 from ckptstore.errors import StrategyError  # noqa: E402
 from load_fixtures import BF16, assert_same_array, assert_same_dict, load_env, run_cli, to_numpy  # noqa: E402,F401
 

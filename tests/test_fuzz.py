@@ -24,10 +24,10 @@ pytest.importorskip("mindspore")
 pytestmark = [pytest.mark.mindspore, pytest.mark.fuzz]
 
 import ckptstore  # noqa: E402
-from ckptstore.ckpt_reader import read_entry, scan_checkpoint  # noqa: E402
+from ckptstore.formats.ckpt_reader import read_entry, scan_checkpoint  # noqa: E402
 from ckptstore.errors import CkptStoreError  # noqa: E402
-from ckptstore.sources import local as local_source  # noqa: E402
-from ckptstore.strategy import load_strategy  # noqa: E402
+from ckptstore.io import local as local_source
+from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
 from convert_fixtures import convert_layout  # noqa: E402
 
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True,

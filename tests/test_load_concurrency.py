@@ -24,7 +24,7 @@ _WORKER = textwrap.dedent("""
     os.environ["GLOG_v"] = "3"
     import numpy as np
     import ckptstore, mindspore
-    from ckptstore.reader import IO_STATS
+    from ckptstore.store.executor import IO_STATS
 
     store, strategy, rank, out, sync = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
     open(os.path.join(sync, f"ready_{rank}"), "w").close()

@@ -32,8 +32,8 @@ from ckptstore.errors import (  # noqa: E402
     StoreNotFoundError,
     StrategyError,
 )
-from ckptstore.reader import IO_STATS  # noqa: E402
-from ckptstore.loader import rank_view  # noqa: E402
+from ckptstore.store.executor import IO_STATS  # noqa: E402
+from ckptstore.read.loader import rank_view  # noqa: E402
 from load_fixtures import (  # noqa: E402,F401
     BF16,
     CASES,
@@ -131,7 +131,7 @@ _RCHAR_SCRIPT = textwrap.dedent("""
     import json, os, sys
     os.environ["GLOG_v"] = "3"
     import ckptstore, mindspore
-    from ckptstore.reader import IO_STATS
+    from ckptstore.store.executor import IO_STATS
 
     warm, store, strategy, rank = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 

@@ -8,7 +8,7 @@ import pytest
 
 from ckptstore.boxes import Box
 from ckptstore.errors import StoreCorruptError
-from ckptstore.manifest import ChunkTable, ParamManifest, StoreManifest
+from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest
 
 
 def _param(nbytes=(64, 64, 64, 32), offsets=(0, 64, 128, 192), shape=(7, 4), chunk=(2, 4)) -> ParamManifest:

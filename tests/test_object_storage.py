@@ -1,6 +1,6 @@
 """Stores and rank files on object storage: a real S3 server (moto) on loopback, no mocked client.
 
-Every request goes through the counting proxy of :mod:`benchmarks.s3_server`, so request counts, ranges and
+Every request goes through the counting proxy of :mod:`ckptstore.testing.s3_server`, so request counts, ranges and
 bytes transferred are what the server saw. Values are compared with MindSpore's
 ``transform_checkpoints`` (the ``load_env`` oracle), and stores written to S3 with the same
 conversion written to a local folder, byte for byte.
@@ -19,8 +19,8 @@ pytest.importorskip("obstore")
 pytestmark = pytest.mark.mindspore
 
 import ckptstore  # noqa: E402
-from benchmarks import s3_server as S  # noqa: E402
-from ckptstore.backends import ROOT_METADATA  # noqa: E402
+from ckptstore.testing import s3_server as S
+from ckptstore.store.kinds import ROOT_METADATA  # noqa: E402
 from ckptstore.errors import (  # noqa: E402
     AccessDeniedError,
     IncompleteStoreError,
@@ -215,7 +215,7 @@ def test_an_interrupted_conversion_to_s3_is_refused_then_resumed(bucket, load_en
 
 def test_a_big_parameter_is_uploaded_in_parts(bucket, tmp_path, monkeypatch):
     import mindspore_fixtures as T
-    from ckptstore.sources import s3
+    from ckptstore.io import s3
 
     monkeypatch.setattr(s3, "UPLOAD_PART", 5 << 20)  # S3's smallest part
     specs = [T.ParamSpec("big.w", (1024, 4096), "float32", (2,), (0, -1))]  # 16 MiB, 8 MiB per rank
@@ -241,7 +241,7 @@ def test_an_index_in_a_bucket_refuses_a_rank_object_that_changed(bucket, load_en
 
 
 def test_a_safetensors_store_in_a_bucket_is_the_one_written_to_a_folder(bucket, load_env, tmp_path, monkeypatch):
-    from ckptstore import store_writer
+    from ckptstore.write import chunk_writer as store_writer
 
     monkeypatch.setattr(store_writer, "ROW_BLOCK", 256)  # many row blocks per tensor: the assembly is exercised
     layout = load_env.saved_layout("mixed_dtypes")

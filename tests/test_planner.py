@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckptstore.boxes import Box
-from ckptstore.manifest import ChunkTable, ParamManifest, StoreManifest
-from ckptstore.planner import plan_param
-from ckptstore.reader import IO_STATS, Executor
-from ckptstore.sources import LocalSource
-from ckptstore.store import Store
+from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest
+from ckptstore.store.read_plan import plan_param
+from ckptstore.store.executor import IO_STATS, Executor
+from ckptstore.io import LocalSource
+from ckptstore.store.store import Store
 
 
 def _chunk_boxes(shape, chunk_shape):

@@ -1,12 +1,12 @@
-"""Properties of the hand-written protobuf wire decoder (ckptstore.protowire)."""
+"""Properties of the hand-written protobuf wire decoder (ckptstore.formats.protowire)."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptstore import protowire
-from ckptstore.protowire import FIXED32, FIXED64, LEN, VARINT, WireError
+from ckptstore.formats import protowire
+from ckptstore.formats.protowire import FIXED32, FIXED64, LEN, VARINT, WireError
 
 U64 = st.integers(min_value=0, max_value=2**64 - 1)
 I64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)

@@ -154,7 +154,7 @@ def _compiled_net(t, rank: int):
     the parallel compiler would give it for the target strategy (keyed by Parameter.name)."""
     from test_load_into_net import _net_like
 
-    target = ckptstore.strategy.load_strategy(t.target_file)
+    target = ckptstore.checkpoint.strategy.load_strategy(t.target_file)
     expected = t.oracle(rank)
     net = _net_like(expected)
     layout_dict = {}

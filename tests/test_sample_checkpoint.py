@@ -1,4 +1,4 @@
-"""Proof that the sample writer (ckptstore.sample_checkpoint) writes real MindSpore distributed checkpoints.
+"""Proof that the sample writer (ckptstore.testing.sample_checkpoint) writes real MindSpore distributed checkpoints.
 
 Real MindSpore (no mocks): fixtures are merged / resharded by ``mindspore.transform_checkpoints``
 and compared bit for bit with the global tensors.
@@ -63,7 +63,7 @@ def _facts_box(spec: T.ParamSpec, r: int) -> tuple[slice, ...]:
 
 
 def test_import_does_not_import_mindspore():
-    code = "import sys, ckptstore.sample_checkpoint, ckptstore.conformance; print('mindspore' in sys.modules)"
+    code = "import sys, ckptstore.testing.sample_checkpoint, ckptstore.testing.oracle; print('mindspore' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -18,10 +18,10 @@ pytestmark = pytest.mark.mindspore
 import mindspore as ms  # noqa: E402
 
 import mindspore_fixtures as T  # noqa: E402
-from ckptstore.ckpt_reader import read_entry  # noqa: E402
+from ckptstore.formats.ckpt_reader import read_entry  # noqa: E402
 from ckptstore.errors import LayoutMismatchError, MissingRankError  # noqa: E402
-from ckptstore.source import find_rank_files, open_source, pick_rank_file  # noqa: E402
-from ckptstore.strategy import load_strategy  # noqa: E402
+from ckptstore.checkpoint.source import find_rank_files, open_source, pick_rank_file  # noqa: E402
+from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
 
 
 

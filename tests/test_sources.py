@@ -26,7 +26,7 @@ pytestmark = pytest.mark.mindspore
 import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
 from ckptstore.errors import LayoutMismatchError, ReplicaMismatchError  # noqa: E402
-from ckptstore.rank_files import scan_rank_file  # noqa: E402
+from ckptstore.checkpoint.rank_files import scan_rank_file  # noqa: E402
 from convert_fixtures import assert_same_array, run_cli  # noqa: E402
 from load_fixtures import assert_same_dict, load_env, to_numpy  # noqa: E402,F401
 
@@ -237,7 +237,7 @@ def test_a_tied_embedding_loads_what_mindspore_transforms(tied, tmp_path, target
     oracle = T.transform_oracle(root, strategies, dst, tmp_path / "oracle")
     for rank in range(4 if target == "source" else 1):
         expected = T.load_oracle(oracle / f"rank_{rank}" / f"oracle_{rank}.ckpt")
-        params = ckptstore.load_rank(store, strategies if target == "source" else ckptstore.strategy.Strategy({}, 1, 1),
+        params = ckptstore.load_rank(store, strategies if target == "source" else ckptstore.checkpoint.strategy.Strategy({}, 1, 1),
                                      rank)
         assert_same_dict({n: to_numpy(v) for n, v in params.items()}, expected, f"{target} rank {rank}")
 

@@ -22,14 +22,14 @@ pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
 import ckptstore  # noqa: E402
-from ckptstore.backends import MANIFEST, ROOT_METADATA  # noqa: E402
+from ckptstore.store.kinds import MANIFEST, ROOT_METADATA  # noqa: E402
 from ckptstore.errors import (  # noqa: E402
     IncompleteStoreError,
     SourceChangedError,
     StoreCorruptError,
     UnsafePathError,
 )
-from ckptstore.reader import IO_STATS  # noqa: E402
+from ckptstore.store.executor import IO_STATS  # noqa: E402
 from conftest import copy_layout  # noqa: E402
 from convert_fixtures import run_cli, store_files, strategy_args  # noqa: E402
 from load_fixtures import CASES, assert_same_dict, load_env, to_numpy  # noqa: E402,F401

@@ -31,10 +31,10 @@ from mindspore.parallel._tensor import (  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
 from box_checks import tiles_exactly  # noqa: E402
 from ckptstore.boxes import Box  # noqa: E402
-from ckptstore.ckpt_reader import read_entry  # noqa: E402
+from ckptstore.formats.ckpt_reader import read_entry  # noqa: E402
 from ckptstore.errors import StrategyError  # noqa: E402
-from ckptstore.source import find_rank_files, open_source  # noqa: E402
-from ckptstore.strategy import Layout, Strategy, load_strategy  # noqa: E402
+from ckptstore.checkpoint.source import find_rank_files, open_source  # noqa: E402
+from ckptstore.checkpoint.strategy import Layout, Strategy, load_strategy  # noqa: E402
 
 
 def _layout(dev, tmap, step=0, size=0) -> Layout:

@@ -30,9 +30,9 @@ pytestmark = pytest.mark.mindspore
 
 import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
-from ckptstore import protowire  # noqa: E402
-from ckptstore.backends import WORK_DIR  # noqa: E402
-from ckptstore.ckpt_reader import scan_checkpoint  # noqa: E402
+from ckptstore.formats import protowire
+from ckptstore.store.kinds import WORK_DIR  # noqa: E402
+from ckptstore.formats.ckpt_reader import scan_checkpoint  # noqa: E402
 from ckptstore.errors import (  # noqa: E402
     CheckpointFileError,
     CkptStoreError,
@@ -45,9 +45,9 @@ from ckptstore.errors import (  # noqa: E402
     StrategyError,
     UnsafePathError,
 )
-from ckptstore.loader import rank_view  # noqa: E402
-from ckptstore.output_lock import OutputLock  # noqa: E402
-from ckptstore.strategy import load_strategy  # noqa: E402
+from ckptstore.read.loader import rank_view  # noqa: E402
+from ckptstore.write.output_lock import OutputLock  # noqa: E402
+from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
 from conftest import copy_layout  # noqa: E402
 from convert_fixtures import (  # noqa: E402
     assert_same_array,
@@ -355,7 +355,7 @@ def test_every_single_byte_flip_in_the_record_headers_gives_a_typed_error_or_a_s
 
 
 def test_a_zero_size_dimension_converts_and_reads_as_an_empty_tensor(tmp_path):
-    from ckptstore.ckpt_writer import CheckpointWriter
+    from ckptstore.formats.ckpt_writer import CheckpointWriter
 
     with CheckpointWriter(tmp_path / "z.ckpt") as w:
         w.add("empty", np.zeros((4, 0), dtype=np.float32))

@@ -2,7 +2,7 @@
 
 **Save** (once, cached next to the synthetic checkpoint): one process per source rank, a real
 ``gloo`` process group on this machine (``init_method=file://``), each process wrapping the
-local tensors of *its own MindSpore rank file* (read with ``ckptstore.ckpt_reader``, i.e. the
+local tensors of *its own MindSpore rank file* (read with ``ckptstore.formats.ckpt_reader``, i.e. the
 slices MindSpore's own code cut) as DTensors on a CPU ``DeviceMesh`` equivalent to the
 MindSpore layout (:mod:`benchmarks.peers.layouts`: ``Shard``/``Replicate`` per tensor-map
 entry, optimizer sharding as a second ``Shard(0)`` after the model-parallel one), then one
@@ -151,15 +151,15 @@ def _save_rank(rank: int, world: int, rendezvous: str, rank_file: str, strategy:
     import torch.distributed.checkpoint as dcp
 
     import ckptstore
-    from ckptstore.ckpt_reader import read_entry
+    from ckptstore.formats.ckpt_reader import read_entry
 
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
-    src = ckptstore.strategy.load_strategy(strategy)
+    src = ckptstore.checkpoint.strategy.load_strategy(strategy)
     layouts = {n: mesh_layout(st[0]) for n, st in src.layouts.items()}
     meshes = _Meshes()
     for key in sorted({m.key for m in layouts.values()}):  # same order on every rank: collective
         meshes.get(next(m for m in layouts.values() if m.key == key))
-    index = ckptstore.ckpt_reader.scan_checkpoint(rank_file)
+    index = ckptstore.formats.ckpt_reader.scan_checkpoint(rank_file)
     state: dict[str, Any] = {}
     for name in index.names():
         entry = index[name]
@@ -205,7 +205,7 @@ def setup_rank(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str
 
     import ckptstore
 
-    target = ckptstore.strategy.load_strategy(strategy)
+    target = ckptstore.checkpoint.strategy.load_strategy(strategy)
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=target.world_size)
     meshes = _Meshes()

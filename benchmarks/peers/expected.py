@@ -1,8 +1,8 @@
 """The values a target rank must end up with, computed without ckptstore's layout math.
 
-Global tensors come from :func:`ckptstore.sample_checkpoint.make_global_tensors` (the generator the
+Global tensors come from :func:`ckptstore.testing.sample_checkpoint.make_global_tensors` (the generator the
 synthetic checkpoint was written from, seeded per parameter), and rank ``r``'s slice of each is
-cut by **MindSpore's own slicing code** (:func:`ckptstore.sample_checkpoint.mindspore_rank_slice`) with
+cut by **MindSpore's own slicing code** (:func:`ckptstore.testing.sample_checkpoint.mindspore_rank_slice`) with
 the target layout's spec. The digest has the form :mod:`benchmarks.contenders` uses, so it can
 be compared with every contender's ``check`` result: equal digests mean bit-identical tensors.
 """
@@ -16,8 +16,8 @@ import numpy as np
 
 def expected_arrays(synth: Any, dst: Any, rank: int, names_file: str) -> Iterator[tuple[str, np.ndarray]]:
     """``(name, rank's slice)`` of every in-strategy tensor of the names file, one at a time."""
-    from ckptstore.sample import relayout
-    from ckptstore.sample_checkpoint import make_global_tensors, mindspore_rank_slice
+    from ckptstore.testing.sample import relayout
+    from ckptstore.testing.sample_checkpoint import make_global_tensors, mindspore_rank_slice
 
     specs = {s.name: s for s in relayout(synth.specs, dp=dst.dp, mp=dst.mp)}
     with open(names_file, encoding="utf-8") as f:

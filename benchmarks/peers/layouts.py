@@ -1,7 +1,7 @@
 """MindSpore layouts as the peers' sharding specs: DTensor placements and jax PartitionSpecs.
 
 A MindSpore layout (``dev_matrix``, ``tensor_map``, optimizer shard) says which global box each
-rank holds; ckptstore's :meth:`ckptstore.strategy.Layout.box` computes it, and the tests check
+rank holds; ckptstore's :meth:`ckptstore.checkpoint.strategy.Layout.box` computes it, and the tests check
 that against MindSpore's own slicing. A peer describes the same thing as a device mesh plus one
 *placement* per mesh dimension. :func:`mesh_layout` translates: the mesh is the device matrix
 with its dimensions reordered so that the ones the tensor map uses come first (in tensor-axis
@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from ckptstore.boxes import Box
-from ckptstore.strategy import Layout
+from ckptstore.checkpoint.strategy import Layout
 
 
 @dataclass(frozen=True)

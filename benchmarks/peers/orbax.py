@@ -3,7 +3,7 @@
 **Save** (once, cached next to the synthetic checkpoint): one process with ``world`` virtual
 CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_count=<world>``). Each parameter
 becomes a global ``jax.Array`` whose shard on device ``r`` is the local tensor of MindSpore
-rank file ``r`` (read with ``ckptstore.ckpt_reader``), with a ``NamedSharding`` equivalent to
+rank file ``r`` (read with ``ckptstore.formats.ckpt_reader``), with a ``NamedSharding`` equivalent to
 the MindSpore layout (:mod:`benchmarks.peers.layouts`; checked against ``Layout.box`` for every
 device). ``ocp.StandardCheckpointer().save`` writes it with Orbax's defaults (OCDBT + Zarr via
 TensorStore; replicated shards written once).
@@ -113,14 +113,14 @@ def _save(strategy: str, out: str, rank_files: Sequence[str]) -> None:
     import orbax.checkpoint as ocp
 
     import ckptstore
-    from ckptstore.ckpt_reader import read_entry
+    from ckptstore.formats.ckpt_reader import read_entry
 
     world = len(rank_files)
     devices = sorted(jax.devices(), key=lambda d: d.id)
     if len(devices) != world:
         raise RuntimeError(f"{len(devices)} jax devices, need {world} (set XLA_FLAGS)")
-    src = ckptstore.strategy.load_strategy(strategy)
-    indexes = [ckptstore.ckpt_reader.scan_checkpoint(p) for p in rank_files]
+    src = ckptstore.checkpoint.strategy.load_strategy(strategy)
+    indexes = [ckptstore.formats.ckpt_reader.scan_checkpoint(p) for p in rank_files]
     state: dict[str, Any] = {}
     for name in indexes[0].names():
         entry = indexes[0][name]
@@ -160,7 +160,7 @@ def _abstract_tree(strategy: str, names_file: str, devices: Sequence[Any]) -> di
 
     import ckptstore
 
-    target = ckptstore.strategy.load_strategy(strategy)
+    target = ckptstore.checkpoint.strategy.load_strategy(strategy)
     tree = {}
     for name, lshape, dtype, in_strategy in _names(names_file):
         if in_strategy:

@@ -1,0 +1,573 @@
+"""MindSpore strategy files -> per-parameter layouts -> the global box each rank holds.
+
+The parallel compiler writes, per parameter, a device matrix ``D``, a tensor map ``M`` (which
+device axis splits each tensor axis, counted from the right; -1 for none) and the optimizer
+shard size/step. Ranks are numbered within their pipeline stage, last device axis fastest. A
+rank's slice is the box of the model-parallel split, further cut along axis 0 when optimizer
+sharding is on. The arithmetic mirrors ``mindspore.parallel._tensor`` (``_get_tensor_slice_index``
+and ``_construct_tensor_layout_for_opt_shard``) and is checked against MindSpore's own
+``transform_checkpoints`` in the tests.
+
+Files are read in both forms MindSpore accepts: the ``ParallelStrategyMap`` protobuf (decoded
+with :mod:`ckptstore.formats.protowire`, so MindSpore need not be installed) and JSON. Pipeline stages
+come either as one file per stage or as a file merged by ``merge_pipeline_strategys`` (names
+prefixed ``"<stage>-"``).
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import os
+from dataclasses import dataclass, field
+from math import prod
+from typing import Iterable, Mapping, Sequence
+
+from ckptstore.formats import protowire
+from ckptstore.boxes import Box, even_part
+from ckptstore.errors import MissingFileError, StoreCorruptError, StrategyError
+from ckptstore.limits import MAX_METADATA_BYTES, MAX_NDIM, MAX_WORLD
+from ckptstore.io.locations import is_url, open_user_file
+
+#: A tensor axis is split by no device axis (-1), one, or several (MindSpore's nested "layout").
+AxisMap = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one parameter is distributed over the ranks of its pipeline stage.
+
+    ``tensor_map[a]`` lists the device axes (numbered from the right of ``dev_matrix``) that
+    split tensor axis ``a``, outermost first; an empty tuple means the axis is not split.
+    ``opt_shard_size``/``opt_shard_step`` are MindSpore's optimizer-parallel settings (both 0
+    when the parameter is not optimizer-sharded; size -1 means "all replicas").
+    ``local_shape`` is the slice shape a MindFormers strategy file declares in
+    ``param_split_shape`` (checked against the split once the global shape is known), or ``()``.
+    """
+
+    dev_matrix: tuple[int, ...]
+    tensor_map: tuple[AxisMap, ...]
+    opt_shard_step: int = 0
+    opt_shard_size: int = 0
+    field_size: int = 0
+    local_shape: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.dev_matrix) > MAX_NDIM or len(self.tensor_map) > MAX_NDIM or len(self.local_shape) > MAX_NDIM:
+            raise StrategyError(f"a device matrix or tensor map with more than {MAX_NDIM} entries")
+        if any(d <= 0 for d in self.dev_matrix):
+            raise StrategyError(f"device matrix {list(self.dev_matrix)} has a non-positive entry")
+        count = 1
+        for d in self.dev_matrix:
+            count *= d
+            if count > MAX_WORLD:
+                raise StrategyError(f"device matrix {list(self.dev_matrix)} spans more than {MAX_WORLD} devices")
+        if not -1 <= self.opt_shard_size <= MAX_WORLD or not 0 <= self.opt_shard_step <= MAX_WORLD:
+            raise StrategyError(f"optimizer shard size {self.opt_shard_size} / step {self.opt_shard_step} are out "
+                                "of range")
+        used = [m for axis in self.tensor_map for m in axis]
+        if any(not 0 <= m < len(self.dev_matrix) for m in used) or len(used) != len(set(used)):
+            raise StrategyError(f"tensor map {self.pretty_map()} does not fit device matrix "
+                                f"{list(self.dev_matrix)}")
+
+    @property
+    def device_count(self) -> int:
+        """Ranks in the stage this layout spans (the product of the device matrix)."""
+        return prod(self.dev_matrix)
+
+    @property
+    def opt_sharded(self) -> bool:
+        return self.opt_shard_step != 0 and self.opt_shard_size != 0
+
+    def pretty_map(self) -> list[object]:
+        """The tensor map as MindSpore prints it (``-1`` for unsplit axes)."""
+        return [(-1 if not a else a[0] if len(a) == 1 else list(a)) for a in self.tensor_map]
+
+    def splits(self) -> tuple[int, ...]:
+        """How many model-parallel parts each tensor axis is cut into."""
+        return tuple(prod(self._dim(m) for m in axis) for axis in self.tensor_map)
+
+    def _dim(self, m: int) -> int:
+        return self.dev_matrix[len(self.dev_matrix) - 1 - m]
+
+    def coordinates(self, rank: int) -> tuple[int, ...]:
+        """Device-matrix coordinates of ``rank`` (within its stage), last axis fastest."""
+        coords = []
+        for size in reversed(self.dev_matrix):
+            coords.append(rank % size)
+            rank //= size
+        return tuple(reversed(coords))
+
+    def opt_shard_parts(self) -> int:
+        """Into how many parts optimizer sharding cuts axis 0 of the model-parallel slice."""
+        if not self.opt_sharded:
+            return 1
+        repeated = self._repeated_axes()
+        total = prod(self.dev_matrix[i] for i in repeated)
+        return total if self.opt_shard_size < 0 else self.opt_shard_size
+
+    def _repeated_axes(self) -> list[int]:
+        used = {len(self.dev_matrix) - 1 - m for axis in self.tensor_map for m in axis}
+        return [i for i, d in enumerate(self.dev_matrix) if i not in used and d > 1]
+
+    def _opt_shard_index(self, coords: Sequence[int]) -> int:
+        # As MindSpore's _construct_tensor_layout_helper: take the repeated (unused) device axes
+        # from the fastest one outwards until the shard size is used up; a partly used axis
+        # contributes its fast factor. Outer axes are the more significant digits.
+        remaining = self.opt_shard_parts()
+        digits: list[tuple[int, int]] = []
+        for i in reversed(self._repeated_axes()):
+            if remaining == 1:
+                break
+            size = self.dev_matrix[i]
+            if size <= remaining:
+                if remaining % size:
+                    raise StrategyError(self._opt_error())
+                digits.append((coords[i], size))
+                remaining //= size
+            else:
+                if size % remaining:
+                    raise StrategyError(self._opt_error())
+                digits.append((coords[i] % remaining, remaining))
+                remaining = 1
+        if remaining != 1:
+            raise StrategyError(self._opt_error())
+        index = 0
+        for coord, size in reversed(digits):
+            index = index * size + coord
+        return index
+
+    def _opt_error(self) -> str:
+        return (f"optimizer shard size {self.opt_shard_size} does not divide the replicas of device matrix "
+                f"{list(self.dev_matrix)} with tensor map {self.pretty_map()}")
+
+    def _reordered_opt_layout(self) -> bool:
+        # MindSpore's _construct_tensor_layout_for_opt_shard has two paths. When the only repeated
+        # device axis is the outermost one (or every axis is repeated) and the map is not nested,
+        # it rebuilds the device matrix as [repeat, shard, *splits], i.e. it numbers the model-
+        # parallel parts in tensor-axis order, whatever the original tensor map's order was.
+        # transform_checkpoints reads and writes files that way, so we do too.
+        repeated = self._repeated_axes()
+        nested = any(len(axis) > 1 for axis in self.tensor_map)
+        return (self.opt_sharded and not nested and bool(repeated) and repeated[0] == 0
+                and (len(repeated) == 1 or len(repeated) >= len(self.dev_matrix)))
+
+    def _part_indices(self, rank: int) -> tuple[list[int], int]:
+        """Model-parallel part index per tensor axis, and the optimizer-shard index, of ``rank``."""
+        rank %= self.device_count
+        if self._reordered_opt_layout():
+            splits = self.splits()
+            mp = prod(splits)
+            parts, rest = [], rank % mp
+            for k in reversed(splits):
+                parts.append(rest % k)
+                rest //= k
+            return list(reversed(parts)), (rank // mp) % self.opt_shard_parts()
+        coords = self.coordinates(rank)
+        parts = []
+        for axis in self.tensor_map:
+            index = 0
+            for m in axis:
+                i = len(self.dev_matrix) - 1 - m
+                index = index * self.dev_matrix[i] + coords[i]
+            parts.append(index)
+        return parts, (self._opt_shard_index(coords) if self.opt_sharded else 0)
+
+    def box(self, rank: int, global_shape: Sequence[int]) -> Box:
+        """The global box rank ``rank`` (numbered within its stage) holds of a tensor of ``global_shape``."""
+        return _layout_box(self, rank, tuple(int(s) for s in global_shape))
+
+    def _box(self, rank: int, shape: tuple[int, ...]) -> Box:
+        if len(shape) != len(self.tensor_map):
+            raise StrategyError(f"tensor map {self.pretty_map()} has {len(self.tensor_map)} axes but the "
+                                f"tensor has shape {list(shape)}")
+        indices, opt_index = self._part_indices(rank)
+        start, stop = [], []
+        for a, (index, parts) in enumerate(zip(indices, self.splits())):
+            try:
+                lo, hi = even_part(0, shape[a], parts, index)
+            except ValueError:
+                raise StrategyError(f"axis {a} of shape {list(shape)} cannot be split evenly into {parts} "
+                                    f"parts (device matrix {list(self.dev_matrix)}, tensor map "
+                                    f"{self.pretty_map()})") from None
+            start.append(lo)
+            stop.append(hi)
+        if self.opt_sharded and shape:
+            parts = self.opt_shard_parts()
+            try:
+                start[0], stop[0] = even_part(start[0], stop[0], parts, opt_index)
+            except ValueError:
+                raise StrategyError(f"axis 0 of the slice [{start[0]}, {stop[0]}) cannot be cut into {parts} "
+                                    "optimizer shards") from None
+        return Box(tuple(start), tuple(stop))
+
+    def check_local_shape(self, box: Box) -> None:
+        """Raise :class:`StrategyError` when a declared ``local_shape`` differs from the split's slice."""
+        if self.local_shape and self.local_shape != box.shape:
+            raise StrategyError(f"the strategy declares slices of shape {list(self.local_shape)} "
+                                f"(param_split_shape) but its device matrix and tensor map give {list(box.shape)}")
+
+    def global_shape(self, local_shape: Sequence[int]) -> tuple[int, ...]:
+        """The global shape implied by one rank's local shape under this layout."""
+        if len(local_shape) != len(self.tensor_map):
+            raise StrategyError(f"tensor map {self.pretty_map()} has {len(self.tensor_map)} axes but the "
+                                f"local tensor has shape {list(local_shape)}")
+        shape = [n * k for n, k in zip(local_shape, self.splits())]
+        if self.opt_sharded and shape:
+            shape[0] *= self.opt_shard_parts()
+        return tuple(shape)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _layout_box(layout: Layout, rank: int, shape: tuple[int, ...]) -> Box:
+    # A 128-rank job has a few dozen distinct (layout, shape) pairs over thousands of parameters.
+    return layout._box(rank, shape)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """The layouts of every parameter over the whole job, pipeline stages included.
+
+    ``layouts[name]`` maps each pipeline stage that holds the parameter to its layout (a
+    parameter shared by two stages, like a tied embedding, appears under both). Global rank
+    ``r`` belongs to stage ``r // stage_devices`` and is rank ``r % stage_devices`` within it.
+    """
+
+    layouts: Mapping[str, Mapping[int, Layout]]
+    stage_devices: int
+    num_stages: int = 1
+    sources: tuple[str, ...] = field(default=())
+
+    @property
+    def world_size(self) -> int:
+        return self.stage_devices * self.num_stages
+
+    def names(self) -> list[str]:
+        return list(self.layouts)
+
+    def stage_of(self, rank: int) -> int:
+        if not 0 <= rank < self.world_size:
+            raise StrategyError(f"rank {rank} is outside the strategy's {self.world_size} ranks")
+        return rank // self.stage_devices
+
+    def layout(self, name: str, rank: int) -> Layout | None:
+        """The layout of ``name`` on global rank ``rank``, or ``None`` if that rank's stage lacks it."""
+        return self.layouts[name].get(self.stage_of(rank))
+
+    def ranks_holding(self, name: str) -> list[int]:
+        """Global ranks whose stage holds ``name``."""
+        stages = self.layouts[name]
+        return [r for r in range(self.world_size) if r // self.stage_devices in stages]
+
+    def box(self, name: str, rank: int, global_shape: Sequence[int]) -> Box | None:
+        """The global box of ``name`` held by global ``rank``, or ``None`` if it holds none."""
+        layout = self.layout(name, rank)
+        return None if layout is None else layout.box(rank % self.stage_devices, global_shape)
+
+    def replica_groups(self, name: str, global_shape: Sequence[int]) -> dict[Box, list[int]]:
+        """Each distinct box of ``name`` and the global ranks holding it (replicas), in rank order."""
+        groups: dict[Box, list[int]] = {}
+        for r in self.ranks_holding(name):
+            groups.setdefault(self.box(name, r, global_shape), []).append(r)  # type: ignore[arg-type]
+        return groups
+
+    def summary(self) -> dict[str, object]:
+        """A JSON-able description (world size, stages, each parameter's layout)."""
+        return {
+            "world_size": self.world_size,
+            "stage_devices": self.stage_devices,
+            "num_stages": self.num_stages,
+            "params": {n: {str(s): layout_to_json(l) for s, l in st.items()} for n, st in self.layouts.items()},
+        }
+
+
+def layout_to_json(layout: Layout) -> dict[str, object]:
+    """One layout as a JSON-able dict (the form ``ckptstore info --json`` prints)."""
+    return {"dev_matrix": list(layout.dev_matrix), "tensor_map": layout.pretty_map(),
+            "opt_shard_step": layout.opt_shard_step, "opt_shard_size": layout.opt_shard_size}
+
+
+# ---- reading files -------------------------------------------------------------------------
+
+@dataclass
+class _StageFile:
+    path: str
+    stage: int | None
+    layouts: dict[str, Layout]
+
+
+def _ints(payload: memoryview) -> list[int]:
+    # One repeated int field (DevMatrix/TensorMap/...): field 1, unpacked or packed.
+    out = []
+    for num, wire, value, _ in protowire.iter_fields(payload):
+        if num != 1:
+            continue
+        if wire == protowire.VARINT:
+            out.append(protowire.as_signed64(value))  # type: ignore[arg-type]
+        elif wire == protowire.LEN:
+            out.extend(protowire.as_signed64(v) for v in protowire.packed_varints(value))  # type: ignore[arg-type]
+    return out
+
+
+def _axis_maps(raw_maps: list[list[int]]) -> tuple[AxisMap, ...]:
+    # A single TensorMap lists one device axis per tensor axis; several TensorMaps (MindSpore's
+    # nested layout) list, per tensor axis, the device axes that split it.
+    if len(raw_maps) == 1:
+        return tuple(() if m == -1 else (m,) for m in raw_maps[0])
+    return tuple(tuple(m for m in axis if m != -1) for axis in raw_maps if axis)
+
+
+def _layout_from_proto(payload: memoryview, name: str, path: str) -> Layout:
+    dev, maps, step, size, fld = None, [], 0, 0, 0
+    split: list[list[int]] = []
+    offsets: list[list[int]] = []
+    for num, wire, value, _ in protowire.iter_fields(payload):
+        if num == 1 and wire == protowire.LEN and dev is None:
+            dev = _ints(value)  # type: ignore[arg-type]
+        elif num == 2 and wire == protowire.LEN:
+            if len(maps) >= MAX_NDIM:
+                raise StrategyError(f"strategy file {path}: parameter {name!r} has more than {MAX_NDIM} tensor maps")
+            maps.append(_ints(value))  # type: ignore[arg-type]
+        elif num == 3 and wire == protowire.LEN:
+            split.append(_ints(value))  # type: ignore[arg-type]
+        elif num == 4 and wire == protowire.LEN:
+            offsets.append(_ints(value))  # type: ignore[arg-type]
+        elif num == 5 and wire == protowire.VARINT:
+            fld = protowire.as_signed64(value)  # type: ignore[arg-type]
+        elif num == 6 and wire == protowire.VARINT:
+            step = protowire.as_signed64(value)  # type: ignore[arg-type]
+        elif num == 7 and wire == protowire.VARINT:
+            size = protowire.as_signed64(value)  # type: ignore[arg-type]
+    if dev is None or not maps:
+        raise StrategyError(f"strategy file {path}: parameter {name!r} has no device matrix or tensor map")
+    local = _declared_local_shape([x for e in split for x in e], [x for e in offsets for x in e], fld, name, path)
+    return _make_layout(dev, _axis_maps(maps), step, size, fld, name, path, local)
+
+
+def _declared_local_shape(param_split_shape: Sequence[int], indices_offset: Sequence[int], field_size: int,
+                          name: str, path: str) -> tuple[int, ...]:
+    """What ``param_split_shape`` / ``indices_offset`` say, as a declared local shape (or ``()``).
+
+    The parallel compiler leaves both empty for even splits and fills them for a manual split
+    (one slice size along axis 0 and one offset per slice). MindFormers' ``save_strategy_file``
+    writes each parameter's *local shape* into ``param_split_shape`` and no ``indices_offset``
+    even for even splits; MindSpore's transform ignores it there, and so does ckptstore, after
+    checking it matches the split. A manual split that is in fact even is accepted too; a
+    truly uneven one is refused, since ``mindspore.transform_checkpoints`` cannot reshard it
+    either (it produces wrong slices).
+    """
+    if field_size > 0:
+        raise StrategyError(f"strategy file {path}: parameter {name!r} uses a field split (field {field_size}); "
+                            "ckptstore does not support field-split embeddings")
+    if not indices_offset:
+        return tuple(param_split_shape)  # MindFormers: the local shape (or nothing at all)
+    sizes = list(param_split_shape)
+    even = (len(sizes) == len(indices_offset) and len(set(sizes)) == 1
+            and list(indices_offset) == [i * sizes[0] for i in range(len(sizes))])
+    if not even:
+        raise StrategyError(
+            f"strategy file {path}: parameter {name!r} is split manually into uneven slices (param_split_shape "
+            f"{sizes[:16]}, indices_offset {list(indices_offset)[:16]}). mindspore.transform_checkpoints cannot "
+            "reshard such a split either; merge it with mindspore.merge_sliced_parameter or "
+            "load_distributed_checkpoint instead")
+    return ()
+
+
+def _make_layout(dev: Sequence[int], maps: tuple[AxisMap, ...], step: int, size: int, fld: int,
+                 name: str, path: str, local_shape: Sequence[int] = ()) -> Layout:
+    try:
+        layout = Layout(tuple(dev), maps, int(step), int(size), int(fld), tuple(int(x) for x in local_shape))
+    except StrategyError as e:
+        raise StrategyError(f"strategy file {path}: parameter {name!r}: {e}") from None
+    if layout.local_shape and len(layout.local_shape) != len(layout.tensor_map):
+        raise StrategyError(f"strategy file {path}: parameter {name!r}: param_split_shape "
+                            f"{list(layout.local_shape)} is neither a slice shape for its {len(layout.tensor_map)} "
+                            "axes nor a manual split (it has no indices_offset)")
+    return layout
+
+
+def _read_proto(path: str, data: bytes) -> _StageFile:
+    layouts: dict[str, Layout] = {}
+    stage = None
+    try:
+        for num, wire, value, _ in protowire.iter_fields(data):
+            if num == 2 and wire == protowire.LEN and stage is None:
+                stage = _strategy_item_stage(value)  # type: ignore[arg-type]
+            elif num == 3 and wire == protowire.LEN:
+                name, layout_bytes = None, None
+                for n2, w2, v2, _ in protowire.iter_fields(value):  # type: ignore[arg-type]
+                    if n2 == 1 and w2 == protowire.LEN:
+                        name = bytes(v2).decode("utf-8")  # type: ignore[arg-type]
+                    elif n2 == 2 and w2 == protowire.LEN:
+                        layout_bytes = v2
+                if name is None or layout_bytes is None:
+                    raise StrategyError(f"strategy file {path}: a layout item has no name or no layout")
+                layouts[name] = _layout_from_proto(layout_bytes, name, path)  # type: ignore[arg-type]
+    except (protowire.WireError, UnicodeDecodeError) as e:
+        raise StrategyError(f"strategy file {path} is not a MindSpore strategy file (protobuf "
+                            f"ParallelStrategyMap or .json): {e}") from None
+    return _StageFile(path, stage, layouts)
+
+
+def _strategy_item_stage(item: memoryview) -> int | None:
+    for num, wire, value, _ in protowire.iter_fields(item):
+        if num == 2 and wire == protowire.LEN:
+            for n2, w2, v2, _ in protowire.iter_fields(value):  # type: ignore[arg-type]
+                if n2 == 1 and w2 == protowire.VARINT:
+                    return int(v2)  # type: ignore[arg-type]
+    return None
+
+
+def _read_json(path: str, data: bytes) -> _StageFile:
+    try:
+        content = json.loads(data)
+        items = content.get("parallel_layout_item") or {}
+        stage = None
+        for item in (content.get("parallel_strategy_item") or {}).values():
+            stage = int(item["stage"])
+            break
+        layouts = {}
+        for name, item in items.items():
+            raw = item["tensor_map"]
+            maps = (tuple(() if m == -1 else (int(m),) for m in raw) if all(isinstance(m, int) for m in raw)
+                    else tuple(tuple(int(x) for x in (m if isinstance(m, list) else [m]) if x != -1) for m in raw))
+            local = _declared_local_shape(_flat_ints(item.get("param_split_shape")),
+                                          _flat_ints(item.get("indices_offset")), int(item.get("field", 0) or 0),
+                                          name, path)
+            layouts[name] = _make_layout([int(d) for d in item["dev_matrix"]], maps,
+                                         item.get("opt_weight_shard_step", 0) or 0,
+                                         item.get("opt_weight_shard_size", 0) or 0,
+                                         item.get("field", 0) or 0, name, path, local)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        if isinstance(e, StrategyError):
+            raise
+        raise StrategyError(f"strategy file {path} is not a valid JSON strategy: {e!r}") from None
+    return _StageFile(path, stage, layouts)
+
+
+def _flat_ints(value: object) -> list[int]:
+    """A JSON list of ints, or of lists of ints, flattened (``None`` -> ``[]``)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {value!r}")
+    return [int(x) for v in value for x in (v if isinstance(v, list) else [v])]
+
+
+def _split_merged_name(name: str) -> tuple[int | None, str]:
+    head, sep, rest = name.partition("-")
+    if sep and head.isdigit() and rest:
+        return int(head), rest
+    return None, name
+
+
+def _read_url(url: str) -> bytes:
+    f = open_user_file(url)
+    if f.size > MAX_METADATA_BYTES:
+        raise StrategyError(f"strategy file {url} is larger than {MAX_METADATA_BYTES} bytes")
+    return f.pread(0, f.size)
+
+
+def read_strategy_file(path: str | os.PathLike[str]) -> _StageFile:
+    """Parse one strategy file (protobuf, or JSON when it ends in ``.json``)."""
+    p = os.fspath(path)
+    if is_url(p):
+        data = _read_url(p)
+        return _read_json(p, data) if p.endswith(".json") else _read_proto(p, data)
+    try:
+        with open(p, "rb") as f:
+            if os.fstat(f.fileno()).st_size > MAX_METADATA_BYTES:
+                raise StrategyError(f"strategy file {p} is larger than {MAX_METADATA_BYTES} bytes")
+            data = f.read()
+    except FileNotFoundError:
+        raise MissingFileError(errno.ENOENT, f"strategy file {p} does not exist", p) from None
+    except IsADirectoryError:
+        raise StrategyError(f"strategy path {p} is a directory; pass the strategy file(s) inside it") from None
+    except OSError as e:
+        raise StrategyError(f"cannot read strategy file {p}: {e.strerror}") from None
+    return _read_json(p, data) if p.endswith(".json") else _read_proto(p, data)
+
+
+def load_strategy(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Strategy:
+    """Read one or more strategy files into a :class:`Strategy`.
+
+    Accepts a single file, a file merged by ``mindspore.merge_pipeline_strategys``, or one file
+    per pipeline stage (each names its stage in its ``parallel_strategy_item``). Raises
+    :class:`~ckptstore.errors.StrategyError` for unreadable files, stages given twice or missing,
+    and stages whose device counts differ.
+    """
+    files = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not files:
+        raise StrategyError("no strategy file given")
+    staged: dict[str, dict[int, Layout]] = {}
+    seen_stages: dict[int, str] = {}
+    for f in files:
+        sf = read_strategy_file(f)
+        if not sf.layouts:  # MindSpore refuses these too ("The strategy file ... is empty")
+            raise StrategyError(f"strategy file {sf.path} holds no parameter layouts (parallel_layout_item); "
+                                "is it a strategy file? (checkpoints are often named *.ckpt too)")
+        for name, layout in sf.layouts.items():
+            merged_stage, plain = _split_merged_name(name)
+            stage = merged_stage if merged_stage is not None else sf.stage
+            if stage is None:
+                if len(files) > 1:
+                    raise StrategyError(f"strategy file {sf.path} does not say which pipeline stage it is "
+                                        "(no parallel_strategy_item); pass one file per stage as saved")
+                stage = 0
+            if merged_stage is None and stage in seen_stages and seen_stages[stage] != sf.path:
+                raise StrategyError(f"strategy files {seen_stages[stage]} and {sf.path} are both for "
+                                    f"pipeline stage {stage}")
+            seen_stages.setdefault(stage, sf.path)
+            staged.setdefault(plain, {})[stage] = layout
+    return _assemble(staged, tuple(os.fspath(f) for f in files))
+
+
+def _assemble(staged: dict[str, dict[int, Layout]], sources: tuple[str, ...]) -> Strategy:
+    if not staged:
+        return Strategy({}, 1, 1, sources)
+    stages = sorted({s for st in staged.values() for s in st})
+    where = f" ({', '.join(sources)})" if sources else ""
+    if stages != list(range(len(stages))):
+        raise StrategyError(f"the strategy{where} has pipeline stages {stages}; every stage from 0 to "
+                            f"{stages[-1]} is needed (pass each stage's strategy file)")
+    counts = {l.device_count for st in staged.values() for l in st.values()}
+    if len(counts) != 1:
+        raise StrategyError(f"parameters are laid out over different device counts {sorted(counts)}{where}; "
+                            "every pipeline stage must span the same number of ranks")
+    devices = counts.pop()
+    if devices * len(stages) > MAX_WORLD:
+        raise StrategyError(f"the strategy{where} spans {devices * len(stages)} ranks, more than the {MAX_WORLD} "
+                            "ckptstore supports")
+    return Strategy(staged, devices, len(stages), sources)
+
+
+def strategy_from_layouts(layouts: Mapping[str, Layout], *, num_stages: int = 1,
+                          stages: Mapping[str, Iterable[int]] | None = None) -> Strategy:
+    """Build a :class:`Strategy` from in-memory layouts (e.g. a compiled network's)."""
+    staged = {n: {s: l for s in (stages or {}).get(n, [0])} for n, l in layouts.items()}
+    st = _assemble(staged, ())
+    return Strategy(st.layouts, st.stage_devices, max(num_stages, st.num_stages), ())
+
+
+def strategy_from_summary(summary: object) -> Strategy:
+    """Rebuild a :class:`Strategy` from :meth:`Strategy.summary` (as kept in a store's manifest).
+
+    Raises :class:`~ckptstore.errors.StoreCorruptError` when the summary is malformed.
+    """
+    try:
+        params = summary["params"]  # type: ignore[index]
+        staged = {
+            str(name): {int(s): Layout(tuple(int(x) for x in d["dev_matrix"]),
+                                       tuple(() if m == -1 else tuple(int(x) for x in m) if isinstance(m, list)
+                                             else (int(m),) for m in d["tensor_map"]),
+                                       int(d["opt_shard_step"]), int(d["opt_shard_size"]))
+                        for s, d in stages.items()}
+            for name, stages in params.items()
+        }
+        st = _assemble(staged, ())
+        devices, stages_n = int(summary["stage_devices"]), int(summary["num_stages"])  # type: ignore[index]
+    except (KeyError, TypeError, ValueError, AttributeError, StrategyError) as e:
+        raise StoreCorruptError(f"the store's record of its source strategy is malformed: {e}") from None
+    if (staged and (devices, stages_n) != (st.stage_devices, st.num_stages)) or not 0 < devices * stages_n <= MAX_WORLD:
+        raise StoreCorruptError("the store's record of its source strategy is inconsistent (device counts)")
+    return Strategy(staged, devices, stages_n, ())

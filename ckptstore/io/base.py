@@ -1,0 +1,159 @@
+"""The byte-source seam: every read of checkpoint or store bytes goes through a :class:`ByteSource`.
+
+A byte source is a folder-like location (a local directory, later an object-store prefix)
+holding files addressed by *keys*: relative, ``/``-separated paths such as
+``layer0.w/c/0/0`` or ``rank_3/net-1_100.ckpt``. Keys read from metadata are data, not trust:
+:func:`check_key` refuses absolute paths, ``..``, empty components and control characters
+before any implementation sees them, and implementations refuse symbolic links, so no key can
+reach outside its source. Reads are *vectored*: a caller hands a list of ``(offset, buffer)``
+requests and the source fills the buffers (a local file with ``preadv``, an object store with
+concurrent ranged GETs), so the plan a caller built is exactly what is read.
+"""
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ckptstore.errors import UnsafePathError
+from ckptstore.limits import MAX_NAME_BYTES
+
+_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")  # control characters and backslashes
+
+#: A read request: bytes ``[offset, offset + len(buffer))`` of a file into ``buffer``.
+Request = tuple[int, memoryview]
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """What identifies a file's content without reading it.
+
+    ``version`` changes whenever the content may have changed even if size and modification
+    time were restored (a local file's inode and status-change time; an object's ETag).
+    """
+
+    size: int
+    mtime_ns: int
+    version: str
+
+
+def worth_merging(span: int, wanted: int, gap: int, length: int, fraction: float) -> bool:
+    """Whether one request should also cover the next range: a span of ``span`` bytes holding
+    ``wanted`` wanted ones, then ``gap`` bytes to skip and ``length`` more wanted. Yes while the
+    bytes fetched but not wanted stay within ``fraction`` of the bytes wanted."""
+    return (span - wanted) + max(0, gap) <= fraction * (wanted + length)
+
+
+def check_key(key: object, where: str = "") -> str:
+    """Return ``key`` if it is a safe relative key, else raise :class:`UnsafePathError`.
+
+    A safe key is a non-empty string of ``/``-separated components, none of them empty, ``.``
+    or ``..``, with no backslash, NUL or other control character, and not absolute.
+    """
+    origin = f" in {where}" if where else ""
+    if not isinstance(key, str) or not key:
+        raise UnsafePathError(f"file name {key!r}{origin} is not a non-empty string")
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise UnsafePathError(f"file name{origin} is longer than {MAX_NAME_BYTES} bytes")
+    if key.startswith("/") or _FORBIDDEN.search(key):
+        raise UnsafePathError(f"file name {key!r}{origin} is absolute or holds a backslash or control "
+                              "character; files must be named relative to their folder")
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        raise UnsafePathError(f"file name {key!r}{origin} has an empty, '.' or '..' component; files must "
+                              "stay inside their folder")
+    return key
+
+
+class ReadableFile(ABC):
+    """An open file of a source: its size and vectored reads. Safe to share between threads."""
+
+    key: str
+    size: int
+    #: Bytes a header scan reads ahead (``None``: the scanner's own small window). An object
+    #: store pays per request, not per byte, so it reads ahead further.
+    read_ahead: int | None = None
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """Where the file is, for messages."""
+
+    @abstractmethod
+    def read_requests(self, requests: Sequence[Request]) -> None:
+        """Fill every buffer of ``requests`` from its offset.
+
+        Raises :class:`~ckptstore.errors.ShortReadError` when the file ends before a request does.
+        """
+
+    def readv(self, offset: int, buffers: Sequence[Any]) -> None:
+        """Fill ``buffers`` (writable byte buffers) in turn from one contiguous range at ``offset``."""
+        requests = []
+        for b in buffers:
+            view = memoryview(b).cast("B")
+            requests.append((offset, view))
+            offset += len(view)
+        self.read_requests(requests)
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        """Fill ``buffer`` with the bytes at ``offset``."""
+        self.read_requests([(offset, buffer)])
+
+    def pread(self, offset: int, nbytes: int) -> bytes:
+        """Up to ``nbytes`` bytes at ``offset`` (fewer at the end of the file): for small headers."""
+        nbytes = max(0, min(nbytes, self.size - offset))
+        buf = bytearray(nbytes)
+        if nbytes:
+            self.read_into(offset, memoryview(buf))
+        return bytes(buf)
+
+
+class ByteSource(ABC):
+    """A folder of files addressed by keys; see the module docstring."""
+
+    #: Threads a load reads with by default (an object store wants many requests in flight).
+    default_workers: int | None = None
+    #: Whether a file of this source wants all the ranges of a read in one call: an object store
+    #: merges near ranges into one request, where a local file reads contiguous runs.
+    coalesces: bool = False
+    #: Bytes per unit of work of a parallel read (``None``: the reader's default); a longer range
+    #: is cut into pieces read at once.
+    unit_bytes: int | None = None
+    #: With ``coalesces``: the share of extra bytes one request may fetch to cover several ranges.
+    gap_fraction: float = 0.0
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """The location of the source itself (a path or a URL), for messages and metadata."""
+
+    def key_url(self, key: str) -> str:
+        """The location of ``key``, for messages."""
+        return f"{self.url.rstrip('/')}/{key}"
+
+    @abstractmethod
+    def open(self, key: str) -> ReadableFile:
+        """Open ``key`` for reading (cached: opening a key twice returns the same file).
+
+        Raises :class:`~ckptstore.errors.UnsafePathError` for keys that leave the source,
+        :class:`~ckptstore.errors.MissingFileError` when there is no such file and
+        :class:`~ckptstore.errors.FileAccessError` when it cannot be read as a file.
+        """
+
+    @abstractmethod
+    def stat(self, key: str) -> FileStat | None:
+        """Size, modification time and version of ``key``, or ``None`` when it does not exist."""
+
+    @abstractmethod
+    def read_bytes(self, key: str, *, limit: int) -> bytes | None:
+        """The whole content of a small file (metadata), or ``None`` when it does not exist.
+
+        Raises :class:`~ckptstore.errors.FileAccessError` when it is larger than ``limit``.
+        """
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
+        """``(folders, files)``: the names directly under ``prefix`` (``""`` is the source itself)."""
+
+    def close(self) -> None:
+        """Release open files (the source stays usable; files are reopened on demand)."""

@@ -1,0 +1,225 @@
+"""Local files (and mounted shared filesystems) as a byte source.
+
+Keys are opened component by component below the source's root with ``O_NOFOLLOW``, so a key
+can reach neither outside the root (``..`` and absolute keys are refused before any system
+call) nor through a symbolic link planted inside it. Open files are cached per key and shared
+by threads; vectored requests become ``preadv`` calls, one per run of requests that are
+contiguous in the file (many buffers per call), straight into the callers' buffers.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat as stat_mod
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+from ckptstore.errors import FileAccessError, MissingFileError, ShortReadError, UnsafePathError
+from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request, check_key
+
+#: Buffers per preadv call (Linux's IOV_MAX is 1024).
+_IOV_MAX = 1024
+
+
+class LocalFile(ReadableFile):
+    """An open local file; reads with ``preadv``."""
+
+    def __init__(self, fd: int, key: str, url: str, size: int) -> None:
+        self.fd, self.key, self._url, self.size = fd, key, url, size
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike[str]) -> "LocalFile":
+        """Open a file the user named (symbolic links followed); the caller closes it.
+
+        Paths read from metadata go through :meth:`LocalSource.open` instead, which confines them.
+        """
+        p = os.fspath(path)
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise MissingFileError(errno.ENOENT, f"file {p} does not exist", p) from None
+        except OSError as e:
+            raise FileAccessError(e.errno, f"cannot open {p}: {e.strerror}") from None
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise FileAccessError(errno.EISDIR, f"{p} is not a regular file")
+        return cls(fd, os.path.basename(p), p, st.st_size)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def pread(self, offset: int, nbytes: int) -> bytes:
+        # one system call for the small reads of a header scan (hundreds of thousands of them)
+        try:
+            data = os.pread(self.fd, max(0, min(nbytes, self.size - offset)), offset)
+        except OSError as e:
+            raise FileAccessError(e.errno, f"cannot read {self.url} at byte offset {offset}: {e.strerror}") from None
+        return data
+
+    def read_requests(self, requests: Sequence[Request]) -> None:
+        i, n = 0, len(requests)
+        while i < n:
+            # one vectored read per run of requests that follow each other in the file
+            offset, first = requests[i]
+            bufs, end, j = [first], offset + len(first), i + 1
+            while j < n and requests[j][0] == end:
+                bufs.append(requests[j][1])
+                end += len(requests[j][1])
+                j += 1
+            self.readv(offset, bufs)
+            i = j
+
+    def readv(self, offset: int, buffers: Sequence[Any]) -> None:
+        for i in range(0, len(buffers), _IOV_MAX):
+            part = list(buffers[i:i + _IOV_MAX])
+            offset += self._preadv(offset, part)
+
+    def _preadv(self, offset: int, bufs: list[Any]) -> int:
+        want = sum(map(len, bufs))  # buffers are flat byte buffers: len is their size
+        done = 0
+        while done < want:
+            try:
+                got = os.preadv(self.fd, bufs, offset + done)
+            except OSError as e:
+                raise FileAccessError(e.errno, f"cannot read {self.url} at byte offset {offset + done}: "
+                                      f"{e.strerror}") from None
+            if got <= 0:
+                raise ShortReadError(self.url, offset, want, offset + done)
+            done += got
+            if done < want:  # drop what was filled, keep reading into the rest
+                bufs = [memoryview(b).cast("B") for b in bufs]
+                while got >= len(bufs[0]):
+                    got -= len(bufs[0])
+                    bufs = bufs[1:]
+                bufs = [bufs[0][got:], *bufs[1:]]
+        return want
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+class LocalSource(ByteSource):
+    """A local directory as a byte source; see the module docstring."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self._files: dict[str, LocalFile] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return str(self.root)
+
+    def key_url(self, key: str) -> str:
+        return str(self.root / key)
+
+    def open(self, key: str) -> LocalFile:
+        with self._lock:
+            cached = self._files.get(key)
+        if cached is not None:
+            return cached
+        f = self._open(key)
+        with self._lock:
+            if key in self._files:  # another thread opened it meanwhile
+                f.close()
+                return self._files[key]
+            self._files[key] = f
+            return f
+
+    def _open(self, key: str) -> LocalFile:
+        fd = self._walk(key, os.O_RDONLY)
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise FileAccessError(errno.EISDIR, f"{self.key_url(key)} is not a regular file")
+        return LocalFile(fd, key, self.key_url(key), st.st_size)
+
+    def _walk(self, key: str, flags: int) -> int:
+        """Open ``key`` below the root, refusing symbolic links at every step; return the fd."""
+        parts = check_key(key, str(self.root)).split("/")
+        try:
+            dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise MissingFileError(errno.ENOENT, f"folder {self.root} does not exist", str(self.root)) from None
+        except OSError as e:
+            raise FileAccessError(e.errno, f"cannot open folder {self.root}: {e.strerror}") from None
+        try:
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                mode = (flags if last else os.O_RDONLY | os.O_DIRECTORY) | os.O_NOFOLLOW | os.O_CLOEXEC
+                try:
+                    fd = os.open(part, mode, dir_fd=dir_fd)
+                except OSError as e:
+                    raise self._open_error(e, key, "/".join(parts[:i + 1])) from None
+                os.close(dir_fd)
+                dir_fd = fd
+            return dir_fd
+        except BaseException:
+            os.close(dir_fd)
+            raise
+
+    def _open_error(self, e: OSError, key: str, reached: str) -> Exception:
+        where = self.key_url(key)
+        if e.errno == errno.ELOOP or (e.errno == errno.ENOTDIR and os.path.islink(self.root / reached)):
+            return UnsafePathError(f"{self.root / reached} is a symbolic link; ckptstore follows no links inside "
+                                   f"{self.root} (reading {where})")
+        if e.errno == errno.ENOENT:
+            return MissingFileError(errno.ENOENT, f"file {where} is missing", where)
+        if e.errno == errno.ENOTDIR:
+            return FileAccessError(e.errno, f"{self.root / reached} is not a folder (reading {where})")
+        return FileAccessError(e.errno, f"cannot open {where}: {e.strerror}")
+
+    def stat(self, key: str) -> FileStat | None:
+        try:
+            fd = self._walk(key, os.O_RDONLY)
+        except MissingFileError:
+            return None
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        return FileStat(st.st_size, st.st_mtime_ns, f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}")
+
+    def read_bytes(self, key: str, *, limit: int) -> bytes | None:
+        try:
+            f = self._open(key)
+        except MissingFileError:
+            return None
+        try:
+            if f.size > limit:
+                raise FileAccessError(errno.EFBIG, f"{f.url} is {f.size} bytes, more than the {limit} a metadata "
+                                      "file may have")
+            return f.pread(0, f.size)
+        finally:
+            f.close()
+
+    def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
+        fd = self._walk(prefix, os.O_RDONLY | os.O_DIRECTORY) if prefix else os.open(
+            self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        folders, files = [], []
+        try:
+            for entry in os.scandir(fd):
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.name)
+                elif entry.is_file(follow_symlinks=False):
+                    files.append(entry.name)
+        finally:
+            os.close(fd)
+        return sorted(folders), sorted(files)
+
+    def close(self) -> None:
+        with self._lock:
+            files, self._files = list(self._files.values()), {}
+        for f in files:
+            f.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass

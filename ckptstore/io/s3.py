@@ -1,0 +1,423 @@
+"""Object storage (S3 and Huawei OBS) as a byte source, through obstore.
+
+``s3://bucket/prefix`` and ``obs://bucket/prefix`` are one protocol: OBS speaks S3, and
+ModelArts jobs name their checkpoints ``obs://...``. The endpoint, region and credentials come
+only from the client's usual configuration (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ``AWS_ALLOW_HTTP``, ...); ckptstore never stores,
+prints or logs them, and error messages are built from the status code and the S3 error code,
+never from the client's own text (which echoes request details).
+
+Reads are ranged GETs streamed straight into the callers' buffers: the requests of one call are
+sorted and neighbours whose gap costs at most :data:`MAX_GAP_FRACTION` of the bytes wanted are
+fetched by one GET (so bytes transferred stay within 2% of bytes wanted). Opening an object
+costs no request: its size is asked for (one HEAD) only when a caller needs it, so reading a
+store's chunks costs one GET per coalesced range. Retries with exponential backoff on 5xx
+answers, dropped connections and time-outs are the client's (:data:`RETRY`).
+
+obstore was chosen by measurement: 256 ranged GETs of 256 KiB through 8 threads cost 0.47 s of
+client CPU with obstore against 1.7-1.9 s with s3fs on this machine, and it is the client
+zarr-python's object store uses.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Iterable, Iterator, Sequence
+
+from ckptstore.errors import AccessDeniedError, CkptStoreError, FileAccessError, MissingFileError, ShortReadError, UnsupportedLocationError
+from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request, check_key, worth_merging
+
+SCHEMES = ("s3", "obs")
+#: Extra bytes one coalesced GET may fetch between wanted ranges, as a fraction of the bytes wanted.
+MAX_GAP_FRACTION = 0.02
+#: Bytes streamed per piece of a GET (what one request holds in memory besides its destination).
+STREAM_CHUNK = 256 << 10
+#: Threads that read one load from object storage by default: requests wait on the network, not
+#: on a core, so many are in flight at once.
+READ_CONCURRENCY = 16
+#: The client's retries: 5xx answers, connection errors and time-outs, with backoff and jitter.
+RETRY = {"max_retries": 8, "retry_timeout": timedelta(seconds=120),
+         "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=5), "base": 2}}
+#: The longest ranged GET: longer runs are fetched as pieces of this size, several at once (one
+#: connection's throughput is what limits a big GET; a request costs little beside 64 MiB).
+GET_PIECE = 64 << 20
+#: Parts of a multipart upload (S3 needs at least 5 MiB per part but the last).
+UPLOAD_PART = 16 << 20
+
+_URL = re.compile(r"^([a-z][a-z0-9+.-]*)://(.*)$", re.IGNORECASE)
+_S3_CODE = re.compile(r"<Code>([A-Za-z0-9]{1,64})</Code>")
+_STATUS = re.compile(r"status code: (\d{3})|status: (\d{3})")
+
+
+def url_scheme(location: object) -> str | None:
+    """The lower-case scheme of ``location`` if it is a URL (``"s3"`` for ``s3://b/p``), else ``None``."""
+    if not isinstance(location, str):
+        return None
+    m = _URL.match(location)
+    return m.group(1).lower() if m else None
+
+
+def split_url(url: str) -> tuple[str, str, str]:
+    """``(scheme, bucket, prefix)`` of an ``s3://`` or ``obs://`` URL; other schemes are refused."""
+    scheme = url_scheme(url)
+    if scheme not in SCHEMES:
+        raise UnsupportedLocationError(
+            f"{url.split('://')[0]}:// locations are not supported: use a local or shared-filesystem path, "
+            "or s3://bucket/prefix (obs://bucket/prefix for Huawei OBS)")
+    rest = url.split("://", 1)[1]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket or _FORBIDDEN_BUCKET.search(bucket):
+        raise UnsupportedLocationError(f"{url} does not name a bucket: write {scheme}://bucket/prefix")
+    prefix = prefix.strip("/")
+    if prefix:
+        check_key(prefix, url)
+    return scheme, bucket, prefix
+
+
+_FORBIDDEN_BUCKET = re.compile(r"[^a-z0-9.\-_]", re.IGNORECASE)
+
+
+@dataclass
+class RequestStats:
+    """Requests and bytes this process sent to object storage: a test and benchmark hook."""
+
+    gets: int = 0
+    heads: int = 0
+    lists: int = 0
+    puts: int = 0
+    deletes: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for k, v in counts.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.gets = self.heads = self.lists = self.puts = self.deletes = self.bytes_in = self.bytes_out = 0
+
+
+REQUEST_STATS = RequestStats()
+
+
+def _client_error(e: BaseException, url: str, action: str) -> Exception:
+    """A typed error for a failed request, naming the URL but never the client's raw text."""
+    text = str(e)
+    m = _STATUS.search(text)
+    status = next((g for g in m.groups() if g), None) if m else None
+    code = _S3_CODE.search(text)
+    detail = ", ".join(x for x in (f"HTTP {status}" if status else "", code.group(1) if code else "") if x)
+    detail = f" ({detail})" if detail else ""
+    import obstore.exceptions as oe
+
+    if isinstance(e, FileNotFoundError) or isinstance(e, oe.NotFoundError):
+        return MissingFileError(errno.ENOENT, f"{url} does not exist{detail}", url)
+    if isinstance(e, (oe.PermissionDeniedError, oe.UnauthenticatedError)) or status in ("401", "403"):
+        return AccessDeniedError(errno.EACCES, f"access to {url} was denied{detail} when trying to {action}: check "
+                                 "the credentials in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or your AWS "
+                                 "profile) and the bucket's permissions")
+    if isinstance(e, oe.BaseError) or isinstance(e, OSError):
+        kind = type(e).__name__
+        return FileAccessError(errno.EIO, f"cannot {action} {url}{detail or f' ({kind})'}: the object store did not "
+                               "answer successfully after retries; check AWS_ENDPOINT_URL and the network")
+    return e if isinstance(e, Exception) else RuntimeError(str(e))
+
+
+@contextlib.contextmanager
+def _request(url: str, action: str, **counts: int) -> Iterator[None]:
+    """One call to object storage: counted in :data:`REQUEST_STATS` whether it was answered or
+    not, and any client error raised as ckptstore's typed error naming ``url`` (never the
+    client's own text). ckptstore's own errors pass through; a caller that expects an answer
+    (a 404, an existing object) catches it inside the block."""
+    try:
+        yield
+    except CkptStoreError:
+        raise
+    except Exception as e:
+        raise _client_error(e, url, action) from None
+    finally:
+        if counts:
+            REQUEST_STATS.add(**counts)
+
+
+_CLIENTS: dict[tuple[str, ...], Any] = {}
+_CLIENT_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
+               "AWS_DEFAULT_REGION", "AWS_ALLOW_HTTP", "AWS_PROFILE")
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _client(bucket: str, url: str) -> Any:
+    # keyed by the environment too: a process may point AWS_ENDPOINT_URL elsewhere later
+    key = (bucket, *(os.environ.get(v, "") for v in _CLIENT_ENV))
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            from obstore.store import S3Store
+
+            try:
+                # client options (time-outs, AWS_ALLOW_HTTP, proxies) stay the environment's
+                client = _CLIENTS[key] = S3Store(bucket, retry_config=RETRY)
+            except Exception as e:  # configuration errors: a bad endpoint or region
+                raise FileAccessError(errno.EINVAL, f"cannot set up the object store client for {url} "
+                                      f"({type(e).__name__}); check the AWS_* environment variables") from None
+        return client
+
+
+def _coalesce(requests: Sequence[Request]) -> list[tuple[int, int, list[Request]]]:
+    """``(start, end, requests)`` per GET: sorted requests merged while the gaps stay cheap."""
+    ordered = sorted((r for r in requests if len(r[1])), key=lambda r: r[0])
+    out: list[tuple[int, int, list[Request]]] = []
+    wanted = 0
+    for off, buf in ordered:
+        end = off + len(buf)
+        if out:
+            start, stop, group = out[-1]
+            if worth_merging(stop - start, wanted, off - stop, len(buf), MAX_GAP_FRACTION):
+                group.append((off, buf))
+                out[-1] = (start, max(stop, end), group)
+                wanted += len(buf)
+                continue
+        out.append((off, end, [(off, buf)]))
+        wanted = len(buf)
+    return out
+
+
+class S3File(ReadableFile):
+    """One object; reads are ranged GETs. Its size costs a HEAD, asked for only when needed."""
+
+    read_ahead = 256 << 10
+
+    def __init__(self, source: "S3Source", key: str, size: int | None = None) -> None:
+        self.source, self.key = source, key
+        self._size = size
+
+    @property
+    def url(self) -> str:
+        return self.source.key_url(self.key)
+
+    @property
+    def size(self) -> int:  # type: ignore[override]
+        if self._size is None:
+            st = self.source.stat(self.key)
+            if st is None:
+                raise MissingFileError(errno.ENOENT, f"{self.url} does not exist", self.url)
+            self._size = st.size
+        return self._size
+
+    def read_requests(self, requests: Sequence[Request]) -> None:
+        for start, end, group in _coalesce(requests):
+            self._get(start, end, group)
+
+    def _get(self, start: int, end: int, group: list[Request]) -> None:
+        import obstore
+
+        path = self.source.path(self.key)
+        try:
+            result = obstore.get(self.source.store, path, options={"range": (start, end)})
+            pos = start
+            # each piece of the answer goes straight into the requests it overlaps
+            i = 0
+            for piece in result.stream(min_chunk_size=STREAM_CHUNK):
+                view = memoryview(piece)
+                n = len(view)
+                REQUEST_STATS.add(bytes_in=n)
+                while i < len(group) and group[i][0] + len(group[i][1]) <= pos:
+                    i += 1
+                j = i
+                while j < len(group) and group[j][0] < pos + n:
+                    off, buf = group[j]
+                    lo, hi = max(off, pos), min(off + len(buf), pos + n)
+                    if lo < hi:
+                        buf[lo - off:hi - off] = view[lo - pos:hi - pos]
+                    j += 1
+                pos += n
+        except BaseException as e:
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            if _is_range_error(e):
+                raise ShortReadError(self.url, start, end - start, self.size) from None
+            raise _client_error(e, self.url, "read") from None
+        finally:
+            REQUEST_STATS.add(gets=1)
+        if pos < end:
+            raise ShortReadError(self.url, start, end - start, pos)
+
+    def close(self) -> None:
+        pass
+
+
+def _is_range_error(e: BaseException) -> bool:
+    text = str(e)
+    return "416" in text or "InvalidRange" in text or "Range" in type(e).__name__
+
+
+class S3Source(ByteSource):
+    """A bucket prefix as a byte source (read and write); see the module docstring."""
+
+    default_workers = READ_CONCURRENCY
+    coalesces = True
+    unit_bytes = GET_PIECE
+    gap_fraction = MAX_GAP_FRACTION
+
+    def __init__(self, url: str) -> None:
+        self.scheme, self.bucket, self.prefix = split_url(url)
+        self._url = f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        self._store: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> Any:
+        """The obstore client of this bucket (shared with other sources of the same bucket and
+        environment, so rank files opened one by one share its connections)."""
+        with self._lock:
+            if self._store is None:
+                self._store = _client(self.bucket, self._url)
+            return self._store
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def path(self, key: str) -> str:
+        """The object path of ``key`` inside the bucket."""
+        check_key(key, self._url)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def open(self, key: str) -> S3File:
+        check_key(key, self._url)
+        return S3File(self, key)
+
+    def stat(self, key: str) -> FileStat | None:
+        import obstore
+
+        with _request(self.key_url(key), "look up", heads=1):
+            try:
+                meta = obstore.head(self.store, self.path(key))
+            except FileNotFoundError:
+                return None
+        return _stat(meta)
+
+    def read_bytes(self, key: str, *, limit: int) -> bytes | None:
+        import obstore
+
+        with _request(self.key_url(key), "read", gets=1):
+            try:
+                result = obstore.get(self.store, self.path(key))
+            except FileNotFoundError:
+                return None
+            size = result.meta["size"]
+            if size > limit:
+                raise FileAccessError(errno.EFBIG, f"{self.key_url(key)} is {size} bytes, more than the {limit} a "
+                                      "metadata file may have")
+            data = bytes(result.bytes())
+        REQUEST_STATS.add(bytes_in=len(data))
+        return data
+
+    def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
+        import obstore
+
+        base = self.path(prefix) if prefix else self.prefix
+        with _request(self.key_url(prefix) if prefix else self._url, "list", lists=1):
+            listing = obstore.list_with_delimiter(self.store, base or None)
+        cut = len(base) + 1 if base else 0
+        folders = sorted(p[cut:].strip("/") for p in listing["common_prefixes"])
+        files = sorted(o["path"][cut:] for o in listing["objects"])
+        return folders, files
+
+    def walk(self, prefix: str = "") -> Iterator[tuple[str, FileStat]]:
+        """Every object below ``prefix`` (recursively): ``(key, stat)``."""
+        import obstore
+
+        base = self.path(prefix) if prefix else self.prefix
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        with _request(self.key_url(prefix) if prefix else self._url, "list"):
+            for batch in obstore.list(self.store, (base + "/") if base else None, chunk_size=1000):
+                REQUEST_STATS.add(lists=1)  # one request per page of the listing
+                for meta in batch:
+                    yield meta["path"][cut:], _stat(meta)
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        """Write the object ``key`` whole (one PUT)."""
+        import obstore
+
+        with _request(self.key_url(key), "write", puts=1):
+            obstore.put(self.store, self.path(key), data, use_multipart=False)
+        REQUEST_STATS.add(bytes_out=len(data))
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` only if no object has that name (a conditional PUT); return whether it did."""
+        import obstore
+        import obstore.exceptions as oe
+
+        with _request(self.key_url(key), "write", puts=1):
+            try:
+                obstore.put(self.store, self.path(key), data, mode="create")
+            except (FileExistsError, oe.AlreadyExistsError):
+                return False
+        REQUEST_STATS.add(bytes_out=len(data))
+        return True
+
+    def put_stream(self, key: str, pieces: Iterable[Any]) -> int:
+        """Write ``key`` from an iterable of byte buffers (a multipart upload); return its size.
+
+        The object appears only when the last piece is uploaded; if ``pieces`` raises, the upload
+        is abandoned and nothing becomes visible.
+        """
+        import obstore
+
+        counted = _Counted(pieces)
+        try:
+            obstore.put(self.store, self.path(key), iter(counted), chunk_size=UPLOAD_PART, max_concurrency=4)
+        except CkptStoreError:
+            raise
+        except Exception as e:
+            if counted.error is not None:
+                raise counted.error from None
+            raise _client_error(e, self.key_url(key), "write") from None
+        finally:
+            REQUEST_STATS.add(puts=max(1, -(-counted.nbytes // UPLOAD_PART)), bytes_out=counted.nbytes)
+        return counted.nbytes
+
+    def delete(self, keys: Sequence[str]) -> None:
+        """Delete objects (missing ones are fine)."""
+        import obstore
+
+        paths = [self.path(k) for k in keys]
+        for i in range(0, len(paths), 1000):
+            with _request(self._url, "delete objects in", deletes=1):
+                try:
+                    obstore.delete(self.store, paths[i:i + 1000])
+                except FileNotFoundError:
+                    pass
+
+
+def _stat(meta: Any) -> FileStat:
+    modified = meta.get("last_modified")
+    mtime_ns = int(modified.timestamp() * 1e9) if modified is not None else 0
+    return FileStat(int(meta["size"]), mtime_ns, str(meta.get("e_tag") or meta.get("version") or ""))
+
+
+class _Counted:
+    """Counts the bytes of an upload's pieces and keeps the error a piece's producer raised."""
+
+    def __init__(self, pieces: Iterable[Any]) -> None:
+        self.pieces, self.nbytes, self.error = pieces, 0, None
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            for piece in self.pieces:
+                self.nbytes += memoryview(piece).nbytes
+                yield piece
+        except BaseException as e:
+            self.error = e
+            raise

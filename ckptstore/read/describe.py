@@ -1,0 +1,120 @@
+"""What ``ckptstore info`` reports, as JSON-able dicts (the CLI only formats them).
+
+The dict shapes are part of the public interface (``ckptstore info --json``):
+
+* checkpoint file: ``{"kind": "checkpoint", "path", "size", "crc": int|null,
+  "params": {name: {"dtype", "shape", "nbytes"}}}``
+* strategy: ``{"kind": "strategy", "paths", "world_size", "stage_devices", "num_stages",
+  "params": {name: {"stages": {stage: {"dev_matrix", "tensor_map", "opt_shard_step",
+  "opt_shard_size"}}}}}``; with a rank, each param also has ``"split"`` (parts per axis, and
+  ``"opt_shard_parts"``) and, when rank files are given, ``"global_shape"`` and ``"box"``
+  (``{"start": [...], "stop": [...]}``, or null when the rank does not hold it).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ckptstore.store.kinds import read_manifest
+from ckptstore.formats.ckpt_reader import CkptIndex
+from ckptstore.dtypes import dtype_name
+from ckptstore.checkpoint.rank_files import scan_rank_file
+from ckptstore.checkpoint.source import DistributedSource
+from ckptstore.io import is_url, open_location, open_user_file
+from ckptstore.checkpoint.strategy import Strategy, layout_to_json
+
+if TYPE_CHECKING:
+    from ckptstore.store.store import Store
+
+#: First byte of a checkpoint (Checkpoint.value, field 1 length-delimited) and of a strategy
+#: file (ParallelStrategyMap.current_stage, field 1 varint). Both are often named ``*.ckpt``.
+_CHECKPOINT_FIRST_BYTE = 0x0A
+_STRATEGY_FIRST_BYTE = 0x08
+
+
+def sniff_kind(path: str | os.PathLike[str]) -> str:
+    """Return ``"store"``, ``"strategy"``, or ``"checkpoint"`` for a path given to ``info``.
+
+    Strategy files and checkpoints are both protobuf and both often end in ``.ckpt``; their
+    first byte tells them apart. JSON files are strategies; directories are stores.
+    """
+    if is_url(path):
+        url = str(path)
+        if url.endswith(".json"):
+            return "strategy"
+        if read_manifest(open_location(url)) is not None:
+            return "store"
+        f = open_user_file(url)
+        first = f.pread(0, 1)
+        return "strategy" if first and first[0] == _STRATEGY_FIRST_BYTE else "checkpoint"
+    p = Path(path)
+    if p.is_dir():
+        return "store"
+    if p.suffix == ".json":
+        return "strategy"
+    with open(p, "rb") as f:
+        first = f.read(1)
+    return "strategy" if first and first[0] == _STRATEGY_FIRST_BYTE else "checkpoint"
+
+
+def describe_checkpoint(index: CkptIndex | str | os.PathLike[str]) -> dict[str, object]:
+    """Parameters, dtypes, shapes and byte counts of one ``.ckpt`` or ``.safetensors`` file (headers only)."""
+    idx = index if isinstance(index, CkptIndex) else scan_rank_file(index)
+    params = {
+        e.name: {"dtype": "str" if e.is_str else dtype_name(e.dtype), "shape": list(e.shape), "nbytes": e.nbytes}
+        for e in idx.entries.values()
+    }
+    return {"kind": "checkpoint", "path": idx.path, "size": idx.size, "crc": idx.stored_crc, "params": params}
+
+
+def describe_strategy(strategy: Strategy, *, rank: int | None = None,
+                      source: DistributedSource | None = None) -> dict[str, object]:
+    """Each parameter's layout; with ``rank``, its split there; with ``source``, its global box."""
+    params: dict[str, dict[str, object]] = {}
+    for name, stages in strategy.layouts.items():
+        item: dict[str, object] = {"stages": {str(s): layout_to_json(l) for s, l in stages.items()}}
+        if rank is not None:
+            layout = strategy.layout(name, rank)
+            item["split"] = None if layout is None else {
+                "parts_per_axis": list(layout.splits()), "opt_shard_parts": layout.opt_shard_parts()}
+            if source is not None and name in source.params:
+                shape = source.params[name].shape
+                box = strategy.box(name, rank, shape)
+                item["global_shape"] = list(shape)
+                item["box"] = None if box is None else {"start": list(box.start), "stop": list(box.stop)}
+        params[name] = item
+    return {"kind": "strategy", "paths": list(strategy.sources), "world_size": strategy.world_size,
+            "stage_devices": strategy.stage_devices, "num_stages": strategy.num_stages,
+            **({"rank": rank} if rank is not None else {}), "params": params}
+
+
+def describe_store(store: "Store") -> dict[str, object]:
+    """Parameters of a converted store: shape, dtype, bytes, chunk grid, and dedup savings.
+
+    ``{"kind": "store", "path", "backend": "zarr"|"safetensors", "source": {...}, "params": {name: {"dtype", "shape", "nbytes",
+    "stored_bytes", "chunk_shape", "chunks", "codec"}}, "totals": {"nbytes", "stored_bytes",
+    "source_bytes", "dedup_saved_bytes"}}``; ``source_bytes`` counts every replica the source
+    rank files held.
+    """
+    params: dict[str, dict[str, object]] = {}
+    nbytes = stored = source = 0
+    for name in store.names():
+        p = store.info(name)
+        if p.is_str:
+            params[name] = {"dtype": "str", "shape": [], "nbytes": 0, "stored_bytes": 0, "value": p.value}
+            continue
+        item = p.np_dtype.itemsize
+        replicated = sum(p.chunk_box(i).size * item * r for i, r in enumerate(p.chunks.replicas))
+        params[name] = {"dtype": p.dtype, "shape": list(p.shape), "nbytes": p.nbytes,
+                        "stored_bytes": p.stored_bytes, "chunk_shape": list(p.chunk_shape),
+                        "chunks": len(p.chunks), "codec": p.codec}
+        nbytes += p.nbytes
+        stored += p.stored_bytes
+        source += replicated
+    src = store.source
+    return {"kind": "store", "path": str(store.root), "backend": store.manifest.backend,
+            "source": {k: src.get(k) for k in ("world_size", "step", "created_by")},
+            "params": params,
+            "totals": {"nbytes": nbytes, "stored_bytes": stored, "source_bytes": source,
+                       "dedup_saved_bytes": source - nbytes}}

@@ -1,0 +1,75 @@
+"""``ckptstore export``: per-rank ``.ckpt`` files for a target layout, like ``transform_checkpoints``.
+
+For each target rank, the rank's parameters are read from the store one at a time (only the
+bytes of its slice) and appended to ``OUT/rank_<j>/checkpoint_<j>.ckpt`` (or ``.safetensors``),
+which MindSpore's ``load_checkpoint`` reads. Memory stays at one parameter slice; MindSpore is
+not needed.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ckptstore.formats.ckpt_writer import CheckpointWriter
+from ckptstore.errors import InvalidOptionError, StrategyError
+from ckptstore.read.loader import RankView, StrategyLike, check_rank, float_dtype, rank_view, resolve_target
+from ckptstore.formats.safetensors_writer import SafetensorsWriter
+from ckptstore.store.store import Store
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    """Files written by :func:`export`, and bytes read from the store."""
+
+    files: tuple[str, ...]
+    bytes_read: int
+
+
+def export(store: Store, out: str | os.PathLike[str], *, strategy: StrategyLike = None,
+           ranks: Sequence[int] | None = None, names: Sequence[str] | None = None,
+           dtype: np.dtype | None = None, fmt: str = "ckpt", crc: bool = False,
+           prefix: str = "checkpoint_") -> ExportSummary:
+    """Write ``out/rank_<j>/<prefix><j>.<fmt>`` for each rank ``j`` of ``strategy`` (all ranks when
+    ``ranks`` is ``None``; the store's source layout when ``strategy`` is ``None``).
+
+    ``fmt`` is ``"ckpt"`` (MindSpore protobuf, byte-compatible with ``save_checkpoint``; ``crc``
+    adds its ``crc_num`` trailer) or ``"safetensors"``. ``dtype`` converts while reading.
+    """
+    if fmt not in ("ckpt", "safetensors"):
+        raise InvalidOptionError(f"unknown export format {fmt!r}; choose ckpt or safetensors")
+    target = resolve_target(store, strategy)
+    world = 1 if target is None else target.world_size
+    chosen = list(range(world)) if ranks is None else [check_rank(r) for r in ranks]
+    if not chosen:
+        raise InvalidOptionError("no ranks to export: pass at least one rank of the target layout")
+    for r in chosen:
+        if not 0 <= r < world:
+            raise StrategyError(f"rank {r} is outside the target layout's {world} ranks")
+    float_dtype(dtype)  # refuse an integer dtype before any file is written
+    written, nbytes = [], 0
+    for j in chosen:
+        view = rank_view(store, target, j, names=names, dtype=dtype)
+        path = Path(out) / f"rank_{j}" / f"{prefix}{j}.{fmt}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if fmt == "ckpt":
+            with CheckpointWriter(path, crc=crc) as writer:
+                for name in view.names():
+                    writer.add(name, view.read(name))
+        else:
+            _write_safetensors(view, path)
+        nbytes += view.plan.nbytes
+        written.append(str(path))
+    return ExportSummary(tuple(written), nbytes)
+
+
+def _write_safetensors(view: RankView, path: Path) -> None:
+    texts = {n: str(view.read(n)) for n in view.names() if view.store.info(n).is_str}
+    plans = {n: view.plan_for(n) for n in view.names() if n not in texts}
+    declared = [(n, view.dtype_of(n), p.shape) for n, p in plans.items()]
+    with SafetensorsWriter(path, declared, metadata=texts) as writer:
+        for name in plans:
+            writer.add(name, view.read(name))  # type: ignore[arg-type]

@@ -1,0 +1,258 @@
+"""What one rank of a target layout needs from a store, as numpy arrays (no MindSpore here).
+
+A *target* is a :class:`~ckptstore.checkpoint.strategy.Strategy` (the new card count's strategy file, a
+compiled network's layouts, or the store's own source layout) plus a global rank. For every
+parameter the rank holds, the target gives a global box; parameters the target does not
+describe are returned whole (as ``transform_checkpoints`` copies such scalars and counters).
+:class:`RankView` plans those boxes at once (so ``plan.nbytes`` is known before any read) and
+reads each parameter only when asked, or many at once through one pool of threads.
+"""
+from __future__ import annotations
+
+import fnmatch
+import mmap
+from collections import deque
+import operator
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ckptstore.boxes import Box
+from ckptstore.dtypes import is_float, lookup
+from ckptstore.errors import InvalidOptionError, LayoutMismatchError, StrategyError
+from ckptstore.store.memory import empty
+from ckptstore.store.read_plan import ParamReadPlan, ReadPlan, plan_param
+from ckptstore.store.executor import POOL_MIN_BYTES, Executor, Job
+from ckptstore.io import LocalFile
+from ckptstore.store.store import Store
+from ckptstore.checkpoint.strategy import Strategy, load_strategy, strategy_from_summary
+
+StrategyLike = Strategy | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None
+
+#: Threads that read one load by default: measured at 1, 2 and 4 on 2 cores (the workers rows of
+#: benchmarks/results/load.md: 2 beat 1 by 1.35x, 4 gained nothing).
+DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
+#: Parameters smaller than this are read by the thread that plans them, not handed to the pool.
+SMALL_READ_BYTES = 256 << 10
+
+
+def resolve_target(store: Store, strategy: StrategyLike) -> Strategy | None:
+    """The target layout: ``strategy`` as given or read from file(s); ``None`` means the store's
+    source layout (``None`` again if the store came from a single file, i.e. whole tensors)."""
+    if isinstance(strategy, Strategy):
+        return strategy
+    if strategy is None:
+        summary = store.source.get("strategy")
+        return None if summary is None else strategy_from_summary(summary)
+    if isinstance(strategy, (str, os.PathLike)):
+        return load_strategy(strategy)
+    return load_strategy(list(strategy))
+
+
+def check_rank(rank: object) -> int:
+    """``rank`` as an int; :class:`InvalidOptionError` for non-integers (``1.5``, ``True``, ``"0"``)."""
+    if isinstance(rank, bool):
+        raise InvalidOptionError(f"rank must be an integer, not {rank!r}")
+    try:
+        return operator.index(rank)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidOptionError(f"rank must be an integer, not {rank!r}") from None
+
+
+def name_patterns(names: str | Sequence[str] | None) -> list[str] | None:
+    """``names`` as a list of globs: one string is one pattern, not a sequence of characters."""
+    if names is None:
+        return None
+    if isinstance(names, str):
+        return [names]
+    out = list(names)
+    if not all(isinstance(n, str) for n in out):
+        raise InvalidOptionError(f"names must be strings (globs), got {out!r}")
+    return out
+
+
+def float_dtype(dtype: Any) -> np.dtype | None:
+    """A floating-point target dtype (numpy, MindSpore or a name), or ``None``.
+
+    Converting trained weights to an integer or bool type would truncate or wrap every value,
+    so only float16, bfloat16, float32 and float64 are accepted.
+    """
+    if dtype is None:
+        return None
+    try:
+        found = lookup(dtype)
+    except ValueError as e:
+        raise InvalidOptionError(f"dtype: {e}") from None
+    if not found.is_float:
+        raise InvalidOptionError(f"dtype {found.name} is not a floating-point type; converting weights to it would "
+                                 "truncate or wrap their values (choose float16, bfloat16, float32 or float64)")
+    return found.numpy
+
+
+def target_boxes(store: Store, target: Strategy | None, rank: int,
+                 names: Sequence[str] | None = None, *, exact: bool = False) -> dict[str, Box | None]:
+    """Global box of each parameter rank ``rank`` of ``target`` holds (``None`` = the whole tensor).
+
+    ``names`` are globs (or exact names with ``exact=True``; all parameters when ``None``).
+    Parameters that the target places only on other pipeline stages are left out. Raises
+    :class:`~ckptstore.errors.LayoutMismatchError` when the target cannot split a parameter of
+    the store's shape.
+    """
+    rank = check_rank(rank)
+    if target is not None and not 0 <= rank < target.world_size:
+        raise StrategyError(f"rank {rank} is outside the target layout's {target.world_size} ranks")
+    wanted = set(names) if exact and names is not None else None
+    out: dict[str, Box | None] = {}
+    for name in store.names():
+        if wanted is not None:
+            if name not in wanted:
+                continue
+        elif names is not None and not any(fnmatch.fnmatchcase(name, g) for g in names):
+            continue
+        info = store.info(name)
+        if target is None or name not in target.layouts or info.is_str:
+            out[name] = None
+            continue
+        layout = target.layout(name, rank)
+        if layout is None:
+            continue
+        try:
+            out[name] = layout.box(rank % target.stage_devices, info.shape)
+            layout.check_local_shape(out[name])  # type: ignore[arg-type]
+        except StrategyError as e:
+            raise LayoutMismatchError(f"parameter {name!r} (shape {list(info.shape)} in the store) does not fit "
+                                      f"the target layout: {e}") from None
+    return out
+
+
+@dataclass
+class RankView:
+    """The parameters one target rank holds, planned up front and read on demand.
+
+    ``dtype`` (a numpy float dtype) converts floating-point values chunk by chunk while reading.
+    ``workers`` threads read each load (several parameters at once with :meth:`read_many`).
+    """
+
+    store: Store
+    boxes: Mapping[str, Box | None]
+    dtype: np.dtype | None = None
+    verify: bool = False
+    workers: int = DEFAULT_WORKERS
+
+    def names(self) -> list[str]:
+        return list(self.boxes)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.boxes)
+
+    def __len__(self) -> int:
+        return len(self.boxes)
+
+    def dtype_of(self, name: str) -> np.dtype:
+        """The dtype ``name`` is read as: ``dtype`` for floating-point parameters, else as stored
+        (converting fp32 weights to fp16 must not turn integer counters into floats)."""
+        stored = self.store.info(name).np_dtype
+        return self.dtype if self.dtype is not None and is_float(stored) else stored
+
+    def plan_for(self, name: str) -> ParamReadPlan:
+        return plan_param(self.store.info(name), self.boxes[name], out_dtype=self.dtype_of(name),
+                          verify=self.verify)
+
+    @property
+    def plan(self) -> ReadPlan:
+        """Every read this rank needs (inspect ``plan.nbytes`` and ``plan.files`` before reading)."""
+        return ReadPlan({n: self.plan_for(n) for n in self.boxes if not self.store.info(n).is_str})
+
+    def read(self, name: str) -> np.ndarray | str:
+        """The rank's slice of ``name`` in a fresh, ordinary (anonymous) numpy array."""
+        info = self.store.info(name)
+        if info.is_str:
+            return info.value or ""
+        plan = self.plan_for(name)
+        array = empty(plan.shape, self.dtype_of(name))
+        with Executor(self.store.data, workers=self.workers) as executor:
+            executor.submit(plan, array, parallel=plan.nbytes >= POOL_MIN_BYTES).wait()
+        return array
+
+    def read_many(self, names: Sequence[str]) -> dict[str, np.ndarray | str]:
+        """Several parameters at once, their reads sharing one pool of ``workers`` threads."""
+        return dict(self.stream(names))
+
+    def stream(self, names: Sequence[str]) -> Iterator[tuple[str, np.ndarray | str]]:
+        """``(name, value)`` for each of ``names``, in order, each as soon as its reads are done.
+
+        Every parameter is planned and its reads handed to the pool right away, so the pool reads
+        while the next parameters are planned and while the caller works on the values already
+        yielded (building MindSpore Parameters, say).
+        """
+        pending: deque[tuple[str, np.ndarray | str, Job | None]] = deque()
+        with Executor(self.store.data, workers=self.workers) as executor:
+            for name in names:
+                info = self.store.info(name)
+                if info.is_str:
+                    pending.append((name, info.value or "", None))
+                else:
+                    plan = self.plan_for(name)
+                    array = empty(plan.shape, self.dtype_of(name))
+                    # a small parameter is read here, before the next is planned: cheaper than a hand-off
+                    job = executor.submit(plan, array, parallel=plan.nbytes >= SMALL_READ_BYTES)
+                    pending.append((name, array, job))
+                while pending and (pending[0][2] is None or pending[0][2].done()):
+                    yield self._ready(pending.popleft())
+            while pending:
+                yield self._ready(pending.popleft())
+
+    @staticmethod
+    def _ready(item: tuple[str, np.ndarray | str, "Job | None"]) -> tuple[str, np.ndarray | str]:
+        name, value, job = item
+        if job is not None:
+            job.wait()
+        return name, value
+
+    def mapped(self, name: str) -> np.ndarray | None:
+        """A copy-on-write memory map of the slice when it is one whole raw chunk of a local file,
+        else ``None``.
+
+        No bytes are copied; pages come from the page cache as they are touched. Use for
+        host-side work only (see ``copy=False`` in :func:`ckptstore.load_rank`).
+        """
+        info = self.store.info(name)
+        if info.is_str or info.codec is not None or self.dtype_of(name) != info.np_dtype:
+            return None
+        box = self.boxes[name] or Box.full(info.shape)
+        chunks = info.chunks_overlapping(box)
+        if len(chunks) != 1 or box.size == 0:
+            return None
+        container, pieces = info.container(chunks[0])
+        if container != box or len(pieces) != 1:
+            return None
+        key, offset, nbytes = pieces[0]
+        f = self.store.data.open(key)
+        if not isinstance(f, LocalFile):
+            return None
+        if offset + nbytes > f.size:
+            return None  # a truncated file: let the normal read report it
+        base = offset - offset % mmap.ALLOCATIONGRANULARITY
+        mm = mmap.mmap(f.fd, offset - base + nbytes, access=mmap.ACCESS_COPY, offset=base)
+        return np.frombuffer(mm, dtype=info.np_dtype, count=box.size, offset=offset - base).reshape(box.shape)
+
+
+def check_workers(workers: int | None, store: Store) -> int:
+    """The number of reading threads: ``workers`` when given, else what the store's byte source wants."""
+    if workers is None:
+        return store.data.default_workers or DEFAULT_WORKERS
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise InvalidOptionError(f"workers must be a positive integer, not {workers!r}")
+    return workers
+
+
+def rank_view(store: Store, strategy: StrategyLike = None, rank: int = 0, *,
+              names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
+              workers: int | None = None) -> RankView:
+    """Plan what rank ``rank`` of ``strategy`` (the source layout when ``None``) needs from ``store``."""
+    target = resolve_target(store, strategy)
+    workers = check_workers(workers, store)
+    return RankView(store, target_boxes(store, target, rank, name_patterns(names)), float_dtype(dtype),
+                    verify, workers)

@@ -1,0 +1,155 @@
+"""Which source bytes become which store chunk (pure; no I/O).
+
+Every chunk of a parameter lies inside one distinct source slice (the grid is aligned to the
+slices) and is a contiguous byte range of it, so each chunk is copied from exactly one rank
+file: the first rank of the slice's replica group. Replicas are read once.
+"""
+from __future__ import annotations
+
+import fnmatch
+import itertools
+from dataclasses import dataclass
+from math import prod
+from typing import Iterable, Sequence
+
+from ckptstore.boxes import Box
+from ckptstore.formats.ckpt_reader import CkptEntry
+from ckptstore.checkpoint.source import SourceParam, SourceSlice
+
+#: Name patterns of MindSpore optimizer state and training counters, removed by
+#: ``--drop-optimizer``: Adam/AdamWeightDecay moments, Momentum/LAMB/RMSProp/Adagrad/FTRL
+#: accumulators, gradient accumulation buffers, loss-scale state, step counters, learning rate.
+OPTIMIZER_PATTERNS: tuple[str, ...] = (
+    "adam_m.*", "adam_v.*", "adam_m", "adam_v", "moments.*", "moments1.*", "moments2.*", "moment1.*",
+    "moment2.*", "moment.*", "accum.*", "linear.*", "mean_grad.*", "mean_square.*", "accu_grads.*",
+    "global_step", "beta1_power", "beta2_power", "learning_rate", "scale_sense", "loss_scale",
+    "current_iterator_step", "last_overflow_iterator_step", "epoch_num", "step_num",
+)
+
+
+@dataclass(frozen=True)
+class ChunkSource:
+    """Chunk ``index`` of a parameter: its global box and the bytes that fill it."""
+
+    index: int
+    box: Box
+    slice: SourceSlice
+    byte_start: int  # within the source entry's logical bytes
+    nbytes: int
+
+    @property
+    def rank(self) -> int:
+        return self.slice.rank
+
+    @property
+    def entry(self) -> CkptEntry:
+        return self.slice.entry
+
+    @property
+    def path(self) -> str:
+        return self.slice.path
+
+
+@dataclass(frozen=True)
+class ParamPlan:
+    """How one parameter is written: its chunk shape and each chunk's source."""
+
+    param: SourceParam
+    chunk_shape: tuple[int, ...]
+    chunks: tuple[ChunkSource, ...]
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        return tuple(s // c for s, c in zip(self.param.shape, self.chunk_shape))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.chunks)
+
+
+def select_params(names: Iterable[str], *, include: Sequence[str] = (), exclude: Sequence[str] = (),
+                  drop_optimizer: bool = False) -> list[str]:
+    """The names kept by ``--include`` globs (all when empty), minus ``--exclude`` and optimizer state."""
+    drop = list(exclude) + (list(OPTIMIZER_PATTERNS) if drop_optimizer else [])
+    return [n for n in names
+            if (not include or any(fnmatch.fnmatchcase(n, p) for p in include))
+            and not any(fnmatch.fnmatchcase(n, p) for p in drop)]
+
+
+def plan_param(param: SourceParam, *, max_chunk_bytes: int) -> ParamPlan:
+    """Chunk a parameter along its source slices, cutting slices only to bound chunk size."""
+    if param.is_str:
+        return ParamPlan(param, (), ())
+    itemsize = param.dtype.itemsize
+    slice_shape = param.slices[0].box.shape
+    chunk_shape = chunk_shape_for(slice_shape, itemsize, max_chunk_bytes)
+    by_start = {s.box.start: s for s in param.slices}
+    grid = tuple(s // c for s, c in zip(param.shape, chunk_shape)) if param.shape else ()
+    strides = _c_strides(slice_shape)
+    nbytes = prod(chunk_shape) * itemsize
+    chunks = []
+    # Plain tuples and integer arithmetic: a 130B job has 174k chunks, and numpy's per-call
+    # overhead (ndindex, ravel_multi_index) was most of this function's time.
+    whole = chunk_shape == slice_shape  # usual: each slice is one chunk, its own box
+    for index, coords in enumerate(itertools.product(*map(range, grid))):
+        start = tuple(c * k for c, k in zip(coords, chunk_shape))
+        if whole:
+            sl = by_start[start]
+            chunks.append(ChunkSource(index, sl.box, sl, 0, nbytes))
+            continue
+        origin = tuple(s - s % k for s, k in zip(start, slice_shape))
+        sl = by_start[origin]
+        # The chunk is [1,..,1,c,full..] inside the slice, so it starts at its first element.
+        first = sum((s - o) * st for s, o, st in zip(start, origin, strides))
+        box = Box(start, tuple(s + k for s, k in zip(start, chunk_shape)))
+        chunks.append(ChunkSource(index, box, sl, first * itemsize, nbytes))
+    return ParamPlan(param, chunk_shape, tuple(chunks))
+
+
+def _c_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Element strides of a C-order array of ``shape``."""
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= d
+    return tuple(reversed(out))
+
+
+def check_even_slices(param: SourceParam) -> str | None:
+    """A reason the slices cannot form a regular chunk grid, or ``None`` when they do."""
+    if param.is_str or not param.slices:
+        return None
+    shape = param.slices[0].box.shape
+    # plain loops: a 128-rank job checks ~450k slices here
+    for s in param.slices:
+        if s.box.shape != shape:
+            return "its slices have different shapes"
+        for lo, k in zip(s.box.start, shape):
+            if (lo % k) if k else lo:  # (an axis of extent 0 has every slice at 0: nothing to align)
+                return "its slices are not aligned to a grid"
+    if len(param.slices) * prod(shape) != prod(param.shape):
+        return "its slices do not cover the whole tensor exactly once"
+    return None
+
+
+def chunk_shape_for(box_shape: Sequence[int], itemsize: int, max_bytes: int) -> tuple[int, ...]:
+    """The chunk shape for source slices of ``box_shape``: the slice itself, cut only to stay
+    under ``max_bytes``.
+
+    A chunk is always a contiguous byte range of its source slice (only leading axes are cut:
+    ``[1, ..., 1, c, full, ..., full]``), so converting is a plain byte copy.
+    """
+    shape = tuple(max(int(s), 1) for s in box_shape)
+    if prod(shape) * itemsize <= max_bytes or not shape:
+        return shape
+    for k in range(len(shape)):
+        inner = prod(shape[k + 1:]) * itemsize
+        if inner <= max_bytes:
+            c = max(d for d in _divisors(shape[k]) if d * inner <= max_bytes)
+            return (1,) * k + (c,) + shape[k + 1:]
+    return (1,) * len(shape)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return small + [n // d for d in small]

@@ -1,0 +1,167 @@
+"""The index kind of store: only a manifest, whose chunks are byte ranges of the original rank files.
+
+``ckptstore index`` copies no payload: each distinct slice of each parameter is one chunk, whose
+pieces are the slice's byte ranges in the rank file that holds it (one per ``.ckpt`` record,
+one for a safetensors tensor). The manifest records the folder the rank files are in
+(``source_root``: relative to the store when it can be, so the two can move together) and,
+per file, its size and modification time. Reading goes through :class:`IndexSource`, which
+confines every key to that folder like any byte source and refuses a file whose size or
+modification time changed since the index was made: such a file may hold other bytes now.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+from typing import Any, Mapping, Sequence
+
+from ckptstore.errors import SourceChangedError, StoreCorruptError
+from ckptstore.store.manifest import StoreManifest
+from ckptstore.io.base import ByteSource, FileStat, ReadableFile, check_key
+from ckptstore.io.locations import is_url, join, open_location
+
+SOURCE_ROOT = "source_root"
+SOURCE_FILES = "source_files"
+
+
+def source_root_field(store: str, root: str) -> str:
+    """How the manifest names the rank files' folder: relative to the store when it can be."""
+    if is_url(store) or is_url(root):
+        if is_url(store) and is_url(root) and root.split("/")[:3] == store.split("/")[:3]:  # one bucket
+            rel = os.path.relpath("/" + root.split("/", 3)[3] if root.count("/") > 2 else "/",
+                                  "/" + store.split("/", 3)[3] if store.count("/") > 2 else "/")
+            return rel
+        return root
+    try:
+        return os.path.relpath(root, os.path.realpath(store))
+    except ValueError:  # another drive
+        return root
+
+
+def common_folder(paths: Sequence[str], fallback: str) -> tuple[str, dict[str, str]]:
+    """The folder (or bucket prefix) holding every rank file, and each file's key below it.
+
+    Local files are taken where they really are, so no key crosses a symbolic link; object URLs
+    must share one bucket.
+    """
+    paths = sorted(set(paths))  # a few files, many chunks each
+    if not paths:
+        return fallback, {}
+    if any(is_url(p) for p in paths):
+        heads = {p.split("/", 3)[:3] == paths[0].split("/", 3)[:3] for p in paths}
+        if heads != {True} or not all(is_url(p) for p in paths):
+            raise StoreCorruptError("an index needs all rank files in one bucket (or all on local disks)")
+        head = "/".join(paths[0].split("/", 3)[:3])
+        rest = [p.split("/", 3)[3] for p in paths]
+        root = posixpath.commonpath([posixpath.dirname(r) for r in rest]) if rest else ""
+        cut = len(root) + 1 if root else 0
+        return (f"{head}/{root}" if root else head), {p: r[cut:] for p, r in zip(paths, rest)}
+    real = {p: os.path.realpath(p) for p in paths}
+    root = os.path.commonpath([os.path.dirname(r) for r in real.values()])
+    return root, {p: os.path.relpath(r, root) for p, r in real.items()}
+
+
+def file_records(source: ByteSource, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``{key: {"size", "mtime_ns"[, "etag"]}}`` of the rank files, as they are now."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in keys:
+        st = source.stat(key)
+        if st is None:
+            raise SourceChangedError(f"rank file {source.key_url(key)} disappeared while it was being indexed")
+        out[key] = _record(source, st)
+    return out
+
+
+def _record(source: ByteSource, st: FileStat) -> dict[str, Any]:
+    rec: dict[str, Any] = {"size": st.size, "mtime_ns": st.mtime_ns}
+    if source.coalesces and st.version:  # an object's ETag changes with every write
+        rec["etag"] = st.version
+    return rec
+
+
+class IndexSource(ByteSource):
+    """The rank files an index points into: confined to their folder, checked against the index."""
+
+    def __init__(self, inner: ByteSource, records: Mapping[str, Mapping[str, Any]]) -> None:
+        self.inner = inner
+        self.records = records
+        self.default_workers = inner.default_workers
+        self.coalesces = inner.coalesces
+        self.unit_bytes = inner.unit_bytes
+        self.gap_fraction = inner.gap_fraction
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    def key_url(self, key: str) -> str:
+        return self.inner.key_url(key)
+
+    def open(self, key: str) -> ReadableFile:
+        if key not in self.records:
+            raise StoreCorruptError(f"the index names {self.key_url(key)}, which it has no record of")
+        f = self.inner.open(key)
+        fd = getattr(f, "fd", None)
+        if fd is not None:  # a local file: check the one just opened, not a name that may change again
+            st = os.fstat(fd)
+            self._check(key, FileStat(st.st_size, st.st_mtime_ns, ""))
+        return f
+
+    def stat(self, key: str) -> FileStat | None:
+        return self.inner.stat(key)
+
+    def read_bytes(self, key: str, *, limit: int) -> bytes | None:
+        return self.inner.read_bytes(key, limit=limit)
+
+    def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
+        return self.inner.list(prefix)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def _check(self, key: str, st: FileStat) -> None:
+        want = self.records[key]
+        changed = (st.size, st.mtime_ns) != (want["size"], want["mtime_ns"])
+        if "etag" in want and st.version and st.version != want["etag"]:
+            changed = True
+        if changed:
+            raise SourceChangedError(
+                f"rank file {self.key_url(key)} changed since the index was made (size {st.size}, was "
+                f"{want['size']}; modified at {st.mtime_ns} ns, was {want['mtime_ns']}): it may hold other bytes "
+                "now. Run 'ckptstore index' again")
+
+    def check_all(self) -> None:
+        """Stat every recorded file (at open): a changed or missing one is an error now, not at a read."""
+        for key in self.records:
+            st = self.stat(key)
+            if st is None:
+                raise SourceChangedError(f"rank file {self.key_url(key)} of the index is missing")
+            self._check(key, st)
+
+
+def data_source(location: ByteSource, manifest: StoreManifest) -> IndexSource:
+    """The byte source of an index's chunks, validated against the manifest's records."""
+    where = location.url
+    root, records = manifest.extra.get(SOURCE_ROOT), manifest.extra.get(SOURCE_FILES)
+    if not isinstance(root, str) or not root or not isinstance(records, Mapping):
+        raise StoreCorruptError(f"{where}: an index store needs '{SOURCE_ROOT}' and '{SOURCE_FILES}' in its manifest")
+    clean: dict[str, dict[str, Any]] = {}
+    for key, rec in records.items():
+        check_key(key, where)
+        if (not isinstance(rec, Mapping) or type(rec.get("size")) is not int or type(rec.get("mtime_ns")) is not int
+                or not isinstance(rec.get("etag", ""), str)):
+            raise StoreCorruptError(f"{where}: the record of rank file {key!r} is malformed")
+        clean[key] = {k: rec[k] for k in ("size", "mtime_ns", "etag") if k in rec}
+    for p in manifest.params.values():
+        for f in set(p.chunks.files) | {piece[0] for ps in p.chunks.pieces.values() for piece in ps}:
+            if f not in clean:
+                raise StoreCorruptError(f"{where}: parameter {p.name!r} names rank file {f!r}, which the index has no "
+                                        "record of")
+    resolved = root if is_url(root) or os.path.isabs(root) else join(where, root)
+    source = IndexSource(open_location(resolved), clean)
+    source.check_all()
+    return source
+
+
+def extra_fields(store: str, source: ByteSource, keys: Sequence[str]) -> dict[str, Any]:
+    """The manifest fields an index adds: where the rank files are and what they were."""
+    return {SOURCE_ROOT: source_root_field(store, source.url), SOURCE_FILES: file_records(source, keys)}

@@ -1,0 +1,273 @@
+"""Plan reads: which byte ranges of which files fill which bytes of a destination (pure; no I/O).
+
+Given a parameter's manifest and the global box a rank needs, :func:`plan_param` returns a
+:class:`ParamReadPlan`: a list of :class:`ReadGroup`\\ s, each a set of byte ranges
+``(file, offset, length, destination offset)`` read into one buffer, then an optional step.
+
+* Raw chunks, read as stored: one group whose buffer is the destination itself; the ranges of
+  all overlapping chunks, coalesced where both the file and the destination are contiguous.
+* Raw chunks converted to another dtype: one group per chunk whose buffer is a scratch array of
+  the overlap, cast into the destination afterwards (one chunk's overlap in memory at a time).
+* Compressed chunks, or any chunk whose checksum is to be verified: one group per chunk that
+  reads its stored bytes whole into a scratch buffer, checks the CRC-32C, decodes, and copies
+  the overlap into the destination.
+
+The executor (:mod:`ckptstore.store.executor`) runs exactly these ranges, so :attr:`ParamReadPlan.nbytes`
+and :meth:`ParamReadPlan.ranges` are what will be read, before a byte moves.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ckptstore.boxes import Box, paired_runs
+from ckptstore.store.manifest import ParamManifest, Piece
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class ReadGroup:
+    """Byte ranges read into one buffer, then an optional step.
+
+    ``into_destination``: the buffer is the destination array (a C-order block of ``frame`` in
+    the stored dtype) and there is no step. Otherwise the buffer is a scratch block of ``frame``
+    (``scratch_nbytes`` bytes, stored dtype, or stored bytes for a compressed chunk); afterwards
+    its CRC-32C is checked when ``crc32c`` is set, it is decoded with the plan's codec when
+    ``decode``, and its ``overlap`` is copied (and cast) into the destination. Range columns are
+    int64 arrays; ``files`` index :attr:`ParamReadPlan.keys`; ``dests`` are byte offsets into the
+    buffer. All boxes are in the global frame.
+    """
+
+    frame: Box
+    overlap: Box
+    files: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    dests: np.ndarray
+    into_destination: bool
+    chunk: int = -1
+    crc32c: int | None = None
+    decode: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.lengths.sum())
+
+    @property
+    def scratch_nbytes(self) -> int:
+        return 0 if self.into_destination else int((self.dests + self.lengths).max(initial=0))
+
+
+@dataclass(frozen=True, eq=False)
+class ParamReadPlan:
+    """Reads that fill one parameter's destination box (global frame ``box``).
+
+    ``chunks`` are the indices of the chunks the box overlaps and ``overlaps`` each one's
+    overlap with the box, in grid order.
+    """
+
+    name: str
+    dtype: np.dtype
+    box: Box
+    keys: tuple[str, ...]
+    groups: tuple[ReadGroup, ...]
+    codec: Mapping[str, Any] | None
+    chunks: tuple[int, ...] = ()
+    overlaps: tuple[Box, ...] = ()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.box.shape
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the execution reads (the sum of every range's length)."""
+        return sum(g.nbytes for g in self.groups)
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The file keys read, in first-use order."""
+        used = dict.fromkeys(self.keys[i] for g in self.groups for i in np.unique(g.files).tolist())
+        return tuple(used)
+
+    def ranges(self) -> Iterator[tuple[str, int, int, int | None]]:
+        """Every ``(file, offset, length, dest_offset)`` byte range, in execution order.
+
+        ``dest_offset`` is the byte offset in the destination array, or ``None`` for ranges read
+        into a scratch buffer first (compressed, checksummed or converted chunks).
+        """
+        for g in self.groups:
+            for f, o, n, d in zip(g.files.tolist(), g.offsets.tolist(), g.lengths.tolist(), g.dests.tolist()):
+                yield self.keys[f], o, n, (d if g.into_destination else None)
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """Reads for several parameters (e.g. everything one rank needs)."""
+
+    params: Mapping[str, ParamReadPlan]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.params.values())
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f for p in self.params.values() for f in p.files))
+
+    def ranges(self) -> Iterator[tuple[str, str, int, int, int | None]]:
+        """``(parameter, file, offset, length, dest_offset)`` for every range of every parameter."""
+        for name, p in self.params.items():
+            for r in p.ranges():
+                yield (name, *r)
+
+
+def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np.dtype | None = None,
+               verify: bool = False) -> ParamReadPlan:
+    """The reads that fill global ``box`` (whole tensor when ``None``) of one parameter.
+
+    ``out_dtype`` is the destination's dtype (the stored one when ``None``); ``verify`` reads
+    every touched chunk whole to check its CRC-32C. Raises ``ValueError`` when ``box`` is not
+    inside the tensor.
+    """
+    box = Box.full(manifest.shape) if box is None else box
+    if box.ndim != len(manifest.shape) or not Box.full(manifest.shape).contains(box):
+        raise ValueError(f"box [{list(box.start)}, {list(box.stop)}) is outside parameter {manifest.name!r} "
+                         f"of shape {list(manifest.shape)}")
+    keys: dict[str, int] = {}
+    item = manifest.np_dtype.itemsize
+    cast = out_dtype is not None and np.dtype(out_dtype) != manifest.np_dtype
+    whole = verify or manifest.codec is not None
+    direct = _Columns()
+    groups: list[ReadGroup] = []
+    touched: list[tuple[int, Box]] = []
+    for i in manifest.chunks_overlapping(box):
+        cbox = manifest.chunk_box(i)
+        overlap = cbox.intersect(box)
+        if overlap is None or (overlap.size == 0 and overlap.ndim):
+            continue
+        touched.append((i, overlap))
+        if whole:
+            groups.append(_whole_group(manifest, i, cbox, overlap, keys))
+            continue
+        container, pieces = manifest.container(i)
+        frame = overlap if cast else box
+        at = _contiguous_at(overlap, frame) if overlap == container and len(pieces) == 1 else None
+        if at is not None and not cast:  # a whole chunk landing in one run of the destination
+            f, offset, nbytes = pieces[0]
+            direct.add(_key_id(keys, f), offset, nbytes, at * item)
+            continue
+        cols = _runs(overlap, container, pieces, frame, item, keys)
+        if cast:
+            groups.append(ReadGroup(frame, overlap, *cols, into_destination=False, chunk=i))
+        else:
+            direct.extend(cols)
+    if direct:
+        groups.insert(0, ReadGroup(box, box, *_coalesce(direct.arrays()), into_destination=True))
+    return ParamReadPlan(manifest.name, manifest.np_dtype, box, tuple(keys), tuple(groups), manifest.codec,
+                         tuple(i for i, _ in touched), tuple(o for _, o in touched))
+
+
+def plan_reads(manifests: Mapping[str, ParamManifest], boxes: Mapping[str, Box | None], **kw: Any) -> ReadPlan:
+    """Plans for every named parameter's box (keyword options as :func:`plan_param`)."""
+    return ReadPlan({n: plan_param(manifests[n], b, **kw) for n, b in boxes.items()})
+
+
+class _Columns:
+    """Range columns collected in order: single ranges as Python ints (cheap), runs as arrays."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[np.ndarray, ...]] = []
+        self._rows: list[tuple[int, int, int, int]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._parts or self._rows)
+
+    def add(self, f: int, offset: int, length: int, dest: int) -> None:
+        self._rows.append((f, offset, length, dest))
+
+    def extend(self, cols: tuple[np.ndarray, ...]) -> None:
+        self._flush()
+        self._parts.append(cols)
+
+    def _flush(self) -> None:
+        if self._rows:
+            self._parts.append(tuple(np.array(c, dtype=np.int64) for c in zip(*self._rows)))
+            self._rows = []
+
+    def arrays(self) -> list[tuple[np.ndarray, ...]]:
+        self._flush()
+        return self._parts
+
+
+def _contiguous_at(box: Box, frame: Box) -> int | None:
+    """The element offset of ``box`` in the C-order block ``frame`` when ``box`` is one contiguous
+    run of it (whole trailing axes, single leading ones), else ``None``."""
+    ndim = box.ndim
+    j = ndim - 1
+    while j >= 0 and box.start[j] == frame.start[j] and box.stop[j] == frame.stop[j]:
+        j -= 1
+    if any(box.stop[a] - box.start[a] != 1 for a in range(j)):
+        return None
+    offset = 0
+    for a in range(ndim):
+        offset = offset * (frame.stop[a] - frame.start[a]) + (box.start[a] - frame.start[a])
+    return offset
+
+
+def _key_id(keys: dict[str, int], key: str) -> int:
+    return keys.setdefault(key, len(keys))
+
+
+def _whole_group(manifest: ParamManifest, i: int, cbox: Box, overlap: Box, keys: dict[str, int]) -> ReadGroup:
+    pieces = manifest.chunk_pieces(i)
+    lengths = np.array([n for _, _, n in pieces], dtype=np.int64)
+    dests = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    files = np.array([_key_id(keys, f) for f, _, _ in pieces], dtype=np.int64)
+    offsets = np.array([o for _, o, _ in pieces], dtype=np.int64)
+    crc = manifest.chunks.crc32c
+    return ReadGroup(cbox, overlap, files, offsets, lengths, dests, into_destination=False, chunk=i,
+                     crc32c=None if crc is None else crc[i], decode=manifest.codec is not None)
+
+
+def _runs(overlap: Box, container: Box, pieces: Sequence[Piece], frame: Box, item: int,
+          keys: dict[str, int]) -> tuple[np.ndarray, ...]:
+    """Byte ranges copying ``overlap`` from ``container`` (stored as ``pieces``) into ``frame``."""
+    src, dst, run = paired_runs(overlap, container, frame)
+    src, dst, n = src * item, dst * item, run * item
+    if len(pieces) == 1:
+        f, base, _ = pieces[0]
+        fid = _key_id(keys, f)
+        return (np.full(len(src), fid, dtype=np.int64), src + base, np.full(len(src), n, dtype=np.int64), dst)
+    # Several pieces (a tensor MindSpore wrote as several records): map each run through them,
+    # cutting the few runs that cross a piece boundary.
+    sizes = np.array([m for _, _, m in pieces], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    ids = np.array([_key_id(keys, f) for f, _, _ in pieces], dtype=np.int64)
+    bases = np.array([o for _, o, _ in pieces], dtype=np.int64)
+    cols: list[list[int]] = [[], [], [], []]
+    for s, d in zip(src.tolist(), dst.tolist()):
+        left = n
+        k = int(np.searchsorted(starts, s, side="right")) - 1
+        while left:
+            take = min(left, int(starts[k + 1]) - s)
+            for col, v in zip(cols, (int(ids[k]), int(bases[k]) + s - int(starts[k]), take, d)):
+                col.append(v)
+            s, d, left, k = s + take, d + take, left - take, k + 1
+    return tuple(np.array(c, dtype=np.int64) for c in cols)
+
+
+def _coalesce(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+    """Concatenate range columns and merge neighbours contiguous in the same file and the destination."""
+    files, offsets, lengths, dests = (np.concatenate([p[k] for p in parts]) if parts else _EMPTY for k in range(4))
+    if len(files) < 2:
+        return files, offsets, lengths, dests
+    joins = ((files[1:] == files[:-1]) & (offsets[:-1] + lengths[:-1] == offsets[1:])
+             & (dests[:-1] + lengths[:-1] == dests[1:]))
+    if not joins.any():
+        return files, offsets, lengths, dests
+    heads = np.concatenate([[0], np.flatnonzero(~joins) + 1])
+    return files[heads], offsets[heads], np.add.reduceat(lengths, heads), dests[heads]

@@ -1,0 +1,171 @@
+"""``ckptstore.open(path)``: a store, read by parameter and by slice.
+
+Opening reads one file, the manifest (the root ``zarr.json`` of a Zarr store, ``ckptstore.json``
+of a safetensors store or an index), and validates it; nothing else is touched until a read.
+:meth:`Store.read` plans the chunks that overlap the requested index and reads only their
+bytes, through the store's byte source, into one array.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ckptstore.store.kinds import KINDS, MANIFEST, ROOT_METADATA, WORK_DIR, read_manifest
+from ckptstore.boxes import Box
+from ckptstore.errors import (
+    IncompleteStoreError,
+    InvalidIndexError,
+    InvalidOptionError,
+    ParameterNotFoundError,
+    StoreCorruptError,
+    StoreNotFoundError,
+)
+from ckptstore.store.manifest import ParamManifest, StoreManifest
+from ckptstore.store.read_plan import ParamReadPlan, plan_param
+from ckptstore.store.executor import execute
+from ckptstore.io import ByteSource, LocalSource, open_location
+
+Index = Any  # an int, a slice, or a tuple of them
+
+
+class Store:
+    """A complete ckptstore store. Thread-safe for reading; many processes may read one store.
+
+    ``location`` is the store's folder; ``data`` is where its chunk files are (the same folder,
+    or for an index the folder of the original rank files).
+    """
+
+    def __init__(self, location: ByteSource, manifest: StoreManifest, data: ByteSource | None = None) -> None:
+        self.location = location
+        self.manifest = manifest
+        self.data = data if data is not None else location
+
+    @property
+    def root(self) -> Path | str:
+        """The store's folder (a ``Path`` for local stores)."""
+        return self.location.root if isinstance(self.location, LocalSource) else self.location.url
+
+    @property
+    def kind(self) -> str:
+        """``"zarr"``, ``"safetensors"`` or ``"index"``."""
+        return self.manifest.backend
+
+    def __repr__(self) -> str:
+        return f"<ckptstore.Store {self.location.url} ({self.kind}, {len(self.manifest.params)} parameters)>"
+
+    def names(self) -> list[str]:
+        """Parameter names, in the order of the source checkpoint."""
+        return list(self.manifest.params)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.manifest.params
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.manifest.params)
+
+    def info(self, name: str) -> ParamManifest:
+        """Shape, dtype, chunk grid and chunk table of one parameter."""
+        try:
+            return self.manifest.params[name]
+        except (KeyError, TypeError):
+            raise ParameterNotFoundError(f"parameter {name!r} is not in the store {self.location.url}") from None
+
+    @property
+    def source(self) -> dict[str, Any]:
+        """What the store was converted from: world size, files, step, strategy summary."""
+        return dict(self.manifest.source)
+
+    def plan(self, name: str, box: Box | None = None, *, dtype: Any = None, verify: bool = False) -> ParamReadPlan:
+        """The reads :meth:`read` would do for global ``box`` of ``name`` (whole tensor if ``None``)."""
+        try:
+            return plan_param(self.info(name), box, out_dtype=None if dtype is None else np.dtype(dtype),
+                              verify=verify)
+        except ValueError as e:
+            raise InvalidOptionError(str(e)) from None
+
+    def read(self, name: str, index: Index = None, *, out: np.ndarray | None = None,
+             verify: bool = False, workers: int = 1) -> np.ndarray | str:
+        """Read ``name`` (or ``index`` of it: ints and step-1 slices) as a numpy array.
+
+        Only bytes of the chunks overlapping the index are read (whole chunks when compressed
+        or when ``verify=True`` checks their CRC-32C). ``out`` receives the data when given (its
+        dtype may differ: values are cast chunk by chunk). String parameters return ``str``.
+        """
+        info = self.info(name)
+        if info.is_str:
+            return info.value or ""
+        box, squeeze = _index_to_box(index, info.shape, name)
+        plan = self.plan(name, box, dtype=None if out is None else out.dtype, verify=verify)
+        result = execute(plan, self.data, out=out, workers=workers)
+        return result.reshape([n for n, s in zip(result.shape, squeeze) if not s]) if any(squeeze) else result
+
+    def close(self) -> None:
+        self.location.close()
+        if self.data is not self.location:
+            self.data.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _index_to_box(index: Index, shape: Sequence[int], name: str) -> tuple[Box, list[bool]]:
+    if index is None or index is Ellipsis:
+        return Box.full(shape), [False] * len(shape)
+    items = index if isinstance(index, tuple) else (index,)
+    if len(items) > len(shape):
+        raise InvalidIndexError(f"too many indices for parameter {name!r} of shape {list(shape)}")
+    start, stop, squeeze = [], [], []
+    for axis, n in enumerate(shape):
+        item = items[axis] if axis < len(items) else slice(None)
+        if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            i = int(item) + n if item < 0 else int(item)
+            if not 0 <= i < n:
+                raise InvalidIndexError(f"index {item} is out of bounds for axis {axis} of {name!r} with size {n}")
+            start.append(i), stop.append(i + 1), squeeze.append(True)
+        elif isinstance(item, slice):
+            lo, hi, step = item.indices(n)
+            if step != 1:
+                raise InvalidIndexError(f"only step-1 slices are supported (axis {axis} of {name!r})")
+            start.append(lo), stop.append(max(lo, hi)), squeeze.append(False)
+        else:
+            raise InvalidIndexError(f"unsupported index {item!r} for {name!r}: use ints and slices")
+    return Box(tuple(start), tuple(stop)), squeeze
+
+
+def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name is ckptstore.open
+    """Open a store written by ``ckptstore convert`` (or ``ckptstore index``), reading only its metadata.
+
+    Raises :class:`~ckptstore.errors.StoreNotFoundError` when there is no store at ``path``,
+    :class:`~ckptstore.errors.IncompleteStoreError` for an interrupted conversion, and
+    :class:`~ckptstore.errors.StoreCorruptError` when the manifest fails validation.
+    """
+    location = open_location(path)
+    if isinstance(location, LocalSource) and not location.root.is_dir():
+        what = "is a file" if location.root.exists() else "does not exist"
+        raise StoreNotFoundError(f"no ckptstore store at {location.url}: it {what} (a store is a folder made by "
+                                 "'ckptstore convert')")
+    doc = read_manifest(location)
+    if doc is None:
+        if WORK_DIR in location.list()[0]:
+            raise IncompleteStoreError(f"the store at {location.url} is incomplete: its conversion was interrupted. "
+                                       "Run the same 'ckptstore convert' command again to finish it")
+        raise StoreNotFoundError(f"no ckptstore store at {location.url} (no {ROOT_METADATA} or {MANIFEST})")
+    if doc is False:
+        raise StoreNotFoundError(f"{location.url} is a Zarr group but not a ckptstore store (no 'ckptstore' "
+                                 "attributes)")
+    if doc.get("complete") is not True:
+        raise IncompleteStoreError(f"the store at {location.url} is marked incomplete; rerun the conversion")
+    manifest = StoreManifest.from_json(doc, where=location.url)
+    if manifest.backend not in KINDS:
+        raise StoreCorruptError(f"{location.url}: unknown store kind {manifest.backend!r}")
+    if manifest.backend == "index":
+        from ckptstore.store import index as index_backend
+
+        return Store(location, manifest, index_backend.data_source(location, manifest))
+    return Store(location, manifest)

@@ -1,0 +1,107 @@
+"""Zarr v3 layout of a ckptstore store: array metadata, chunk files, shard indexes, the root group.
+
+Each parameter is one Zarr v3 array under a path derived from its name. When the array has
+one chunk, the chunk is a plain file of raw little-endian C-order bytes; with several, they go
+into a single shard file (the ``sharding_indexed`` codec, index at the end, CRC-32C over the
+index) so the store has one file per parameter, not one per chunk. ckptstore writes chunk
+bytes itself, streamed from the source ``.ckpt`` files (zarr-python would encode a whole shard
+in memory), and uses zarr-python only to produce the metadata documents, so any Zarr v3 reader
+(zarr-python, tensorstore) reads the store. The root ``zarr.json`` is written last: a
+directory without it is an unfinished conversion. This module is the writer's half (it imports
+zarr-python); reading a store needs only the JSON manifest.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from math import prod
+from typing import Any, Mapping, Sequence
+from urllib.parse import quote
+
+import crc32c
+
+from ckptstore.dtypes import numpy_dtype
+from ckptstore.store.kinds import ROOT_METADATA
+
+_EMPTY = 2**64 - 1
+
+
+def array_path(name: str) -> str:
+    """A store path for parameter ``name``: the name itself when it is a safe single path segment.
+
+    MindSpore names are dotted (``backbone.layers.0.attention.dense.weight``), which Zarr allows;
+    characters that would nest or escape the store (``/``, ``\\``, a leading ``.`` or ``__``) are
+    percent-encoded.
+    """
+    safe = quote(name, safe="._-")
+    if safe.startswith(".") or safe.startswith("__") or safe in ("", "zarr.json"):
+        safe = "%" + safe.encode().hex()
+    return safe
+
+
+def chunk_key(path: str, ndim: int) -> str:
+    """The file holding all of an array's bytes (its single chunk or its single shard)."""
+    return f"{path}/c" + "/0" * ndim
+
+
+def _zarr() -> Any:
+    """zarr-python, with the bfloat16 data type registered (imported only when writing metadata)."""
+    import zarr
+    import zarr.codecs
+    import zarr.storage
+
+    from ckptstore.store import zarr_bfloat16
+
+    zarr_bfloat16.register()  # zarr-python finds it by entry point too; the writer must not depend on that
+    return zarr
+
+
+def _zarr_codec(codec: Mapping[str, Any] | None, itemsize: int) -> list[Any] | None:
+    if codec is None:
+        return None
+    zarr = _zarr()
+    cid = codec["id"]
+    if cid == "zstd":
+        return [zarr.codecs.ZstdCodec(level=codec.get("level", 3))]
+    if cid == "blosc":
+        return [zarr.codecs.BloscCodec(cname=codec.get("cname", "lz4"), clevel=codec.get("clevel", 5),
+                                       shuffle=codec.get("shuffle", "shuffle"), typesize=itemsize)]
+    raise ValueError(f"unknown codec {cid!r}")
+
+
+def array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
+                   codec: Mapping[str, Any] | None) -> bytes:
+    """The ``zarr.json`` of one parameter's array, as zarr-python itself writes it."""
+    zarr = _zarr()
+    dt = numpy_dtype(dtype)
+    store = zarr.storage.MemoryStore()
+    sharded = prod(-(-s // c) for s, c in zip(shape, chunk_shape)) > 1
+    zarr.create_array(store=store, shape=tuple(shape), dtype=dt, chunks=tuple(chunk_shape),
+                      shards=tuple(shape) if sharded else None,
+                      compressors=_zarr_codec(codec, dt.itemsize), fill_value=0, zarr_format=3)
+    return store._store_dict[ROOT_METADATA].to_bytes()  # noqa: SLF001 (MemoryStore has no sync getter)
+
+
+def group_metadata(attributes: Mapping[str, Any]) -> bytes:
+    """The root group's ``zarr.json`` carrying ``attributes`` (the ckptstore manifest).
+
+    zarr-python makes the document; it is re-serialised without indentation because the
+    manifest's chunk columns make it large (a 13B model's is 4 MiB compact, 13 MiB indented),
+    and parsing it is most of what opening a store costs.
+    """
+    zarr = _zarr()
+    store = zarr.storage.MemoryStore()
+    zarr.create_group(store=store, attributes=dict(attributes), zarr_format=3)
+    doc = json.loads(store._store_dict[ROOT_METADATA].to_bytes())  # noqa: SLF001
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def shard_index(offsets: Sequence[int], nbytes: Sequence[int]) -> bytes:
+    """The sharding codec's index: ``(offset, nbytes)`` uint64 pairs in chunk order, then CRC-32C."""
+    raw = b"".join(struct.pack("<QQ", o, n) for o, n in zip(offsets, nbytes))
+    return raw + struct.pack("<I", crc32c.crc32c(raw))
+
+
+def is_sharded(n_chunks: int) -> bool:
+    """Arrays of more than one chunk keep them in one shard file."""
+    return n_chunks > 1

@@ -1,0 +1,317 @@
+"""Write one parameter's chunks into a store, resumably: the converter's I/O half.
+
+A chunk's bytes are a contiguous range of one rank file's entry (see :mod:`chunk_plan`). They are
+streamed through a small buffer, checksummed (CRC-32C), and *placed*: a Zarr parameter appends
+chunks one after another to its data file (``offset`` grows); a dense (safetensors) parameter
+scatters each chunk's rows into the whole tensor at fixed positions. After each chunk, a journal
+line records it; a rerun verifies journalled chunks against their checksum and continues after
+the last good one.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from math import prod
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import crc32c
+import numpy as np
+
+from ckptstore.io.atomic_file import AtomicFile, write_atomic
+from ckptstore.store.kinds import ROOT_METADATA
+from ckptstore.store import zarr as zb
+from ckptstore.store.codecs import numcodecs_codec
+from ckptstore.store.safetensors import TensorSlot
+from ckptstore.boxes import Box, byte_pieces
+from ckptstore.store.chunking import ChunkSource, ParamPlan
+from ckptstore.formats.ckpt_reader import read_str
+from ckptstore.errors import ReplicaMismatchError
+from ckptstore.write.journal import JournalEntry, JournalWriter, good_prefix, read_journal
+from ckptstore.store.manifest import ChunkTable, ParamManifest, dtype_label
+from ckptstore.progress import Progress
+from ckptstore.io.open_files import SourceFiles
+
+BLOCK = 16 << 20  # copy buffer per worker
+#: Test hook: SIGKILL this process after this many chunks (proves resumability; see tests).
+KILL_AFTER_ENV = "CKPTSTORE_KILL_AFTER_CHUNKS"
+
+Pieces = list[tuple[int, int]]  # (file offset, length) in chunk byte order
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
+def _scatter(fd: int, view: memoryview, start: int, pieces: Pieces) -> None:
+    """Write ``view`` (chunk bytes ``[start, start+len)``) to where ``pieces`` put them."""
+    end, pos = start + len(view), 0
+    for off, length in pieces:
+        lo, hi = max(start, pos), min(end, pos + length)
+        if lo < hi:
+            _pwrite_all(fd, view[lo - start:hi - start], off + lo - pos)
+        pos += length
+        if pos >= end:
+            break
+
+
+class ChunkCopier:
+    """Streams chunks from rank files to store files; shared by the worker threads."""
+
+    def __init__(self, codec: Mapping[str, Any] | None, verify_replicas: bool, progress: Progress,
+                 files: SourceFiles) -> None:
+        self.codec = codec
+        self.files = files
+        self._compressor = numcodecs_codec(codec)
+        self.verify_replicas = verify_replicas
+        self.progress = progress
+        self._lock = threading.Lock()
+        self.chunks_written = self.chunks_resumed = self.params_resumed = 0
+        kill = os.environ.get(KILL_AFTER_ENV)
+        self._kill_after = int(kill) if kill else None
+
+    def count(self, written: int = 0, resumed: int = 0, params_resumed: int = 0) -> None:
+        with self._lock:
+            self.chunks_written += written
+            self.chunks_resumed += resumed
+            self.params_resumed += params_resumed
+            kill = self._kill_after is not None and self.chunks_written >= self._kill_after
+        if written and kill:
+            os.kill(os.getpid(), 9)
+
+    def copy(self, chunk: ChunkSource, fd: int, pieces: Pieces) -> int:
+        """Copy a raw chunk to ``pieces`` of ``fd``; return its CRC-32C."""
+        buf = bytearray(min(BLOCK, chunk.nbytes))
+        crc, done = 0, 0
+        while done < chunk.nbytes:
+            n = min(len(buf), chunk.nbytes - done)
+            view = memoryview(buf)[:n]
+            self.files.read(chunk.path, chunk.entry, chunk.byte_start + done, view)
+            crc = crc32c.crc32c(view, crc)
+            _scatter(fd, view, done, pieces)
+            done += n
+            self.progress.add(n)
+        self._check_replicas(chunk, crc)
+        return crc
+
+    def blocks(self, chunk: ChunkSource, crc_out: list[int]) -> Any:
+        """A raw chunk's bytes as fresh blocks (a streamed upload may keep each one until it is
+        sent); its CRC-32C is left in ``crc_out[0]`` once the last block was taken."""
+        crc, done = 0, 0
+        while done < chunk.nbytes:
+            buf = bytearray(min(BLOCK, chunk.nbytes - done))
+            self.files.read(chunk.path, chunk.entry, chunk.byte_start + done, memoryview(buf))
+            crc = crc32c.crc32c(buf, crc)
+            done += len(buf)
+            self.progress.add(len(buf))
+            yield buf
+        self._check_replicas(chunk, crc)
+        crc_out[0] = crc
+
+    def compressed(self, chunk: ChunkSource) -> bytes:
+        """A chunk's bytes, encoded with the store's codec (one chunk in memory)."""
+        raw = bytearray(chunk.nbytes)
+        self.files.read(chunk.path, chunk.entry, chunk.byte_start, memoryview(raw))
+        self._check_replicas(chunk, crc32c.crc32c(raw))
+        # typed view: Blosc shuffles by the element size, as the array's zarr.json declares
+        data = self._compressor.encode(np.frombuffer(raw, dtype=f"u{chunk.entry.dtype.itemsize}"))
+        self.progress.add(chunk.nbytes)
+        return bytes(data)
+
+    def _check_replicas(self, chunk: ChunkSource, crc: int) -> None:
+        if not self.verify_replicas:
+            return
+        sl = chunk.slice
+        buf = bytearray(min(BLOCK, chunk.nbytes))
+        for rank, entry, path in zip(sl.ranks[1:], sl.entries[1:], sl.paths[1:]):
+            other, done = 0, 0
+            while done < chunk.nbytes:
+                n = min(len(buf), chunk.nbytes - done)
+                view = memoryview(buf)[:n]
+                self.files.read(path, entry, chunk.byte_start + done, view)
+                other = crc32c.crc32c(view, other)
+                done += n
+            if other != crc:
+                raise ReplicaMismatchError(
+                    f"parameter {entry.name!r}: rank {rank} ({path}) holds different bytes "
+                    f"from rank {chunk.rank} ({chunk.path}) for the replicated slice "
+                    f"{list(sl.box.start)}..{list(sl.box.stop)}, chunk {chunk.index}")
+
+
+def str_manifest(plan: ParamPlan, path: str, copier: ChunkCopier) -> ParamManifest:
+    """A string parameter: its text lives in the manifest."""
+    p = plan.param
+    value = read_str(copier.files.open(p.slices[0].path), p.slices[0].entry)
+    return ParamManifest(p.name, path, "str", (), (), ChunkTable((), (), (), (), (), ()), None, value)
+
+
+def _resume(data: Path, journal: Path, pieces_of: Callable[[JournalEntry], Pieces]) -> list[JournalEntry]:
+    return good_prefix(data, read_journal(journal), pieces_of) if data.exists() else []
+
+
+def _table(files: Sequence[str], entries: Sequence[JournalEntry], plan: ParamPlan) -> ChunkTable:
+    return ChunkTable(tuple(files), tuple(e.offset for e in entries), tuple(e.nbytes for e in entries),
+                      tuple(e.crc for e in entries), tuple(e.rank for e in entries),
+                      tuple(len(c.slice.ranks) for c in plan.chunks))
+
+
+def write_zarr_param(plan: ParamPlan, out: Path, path: str, copier: ChunkCopier) -> ParamManifest:
+    """Write one parameter as a Zarr array: metadata, then its single chunk or shard file."""
+    p = plan.param
+    array_dir = out / path
+    array_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(array_dir / ROOT_METADATA,
+                    zb.array_metadata(p.shape, dtype_label(p.dtype), plan.chunk_shape, copier.codec))
+    key = zb.chunk_key(path, len(p.shape))
+    final = out / key
+    final.parent.mkdir(parents=True, exist_ok=True)
+    sink = AtomicFile(final, resume=True, sync_folder=False)
+    journal = final.with_name(final.name + ".journal")
+    entries = _resume(sink.partial, journal, lambda e: [(e.offset, e.nbytes)])
+    copier.count(resumed=len(entries))
+    copier.progress.add(sum(c.nbytes for c in plan.chunks[:len(entries)]))
+    fd = sink.fd
+    log = JournalWriter(journal, entries)
+    try:
+        offset = entries[-1].offset + entries[-1].nbytes if entries else 0
+        os.ftruncate(fd, offset)
+        for chunk in plan.chunks[len(entries):]:
+            if copier.codec is None:
+                crc, nbytes = copier.copy(chunk, fd, [(offset, chunk.nbytes)]), chunk.nbytes
+            else:
+                data = copier.compressed(chunk)
+                _pwrite_all(fd, memoryview(data), offset)
+                crc, nbytes = crc32c.crc32c(data), len(data)
+            entry = JournalEntry(chunk.index, offset, nbytes, crc, chunk.rank)
+            log.append(entry)
+            entries.append(entry)
+            offset += nbytes
+            copier.count(written=1)
+        if zb.is_sharded(len(plan.chunks)):
+            _pwrite_all(fd, memoryview(zb.shard_index([e.offset for e in entries], [e.nbytes for e in entries])),
+                        offset)
+    except BaseException:
+        sink.abort()
+        raise
+    finally:
+        log.close()
+    sink.close()
+    journal.unlink()
+    return ParamManifest(p.name, path, dtype_label(p.dtype), p.shape, plan.chunk_shape,
+                         _table([key] * len(entries), entries, plan), copier.codec)
+
+
+def stream_zarr_param(plan: ParamPlan, target: Any, path: str, copier: ChunkCopier) -> ParamManifest:
+    """Write one parameter as a Zarr array into object storage: metadata, then its data object.
+
+    The data object is one streamed (multipart) upload of the chunks in order, then the shard
+    index; it becomes visible only when complete. An object upload cannot be resumed half way,
+    so a rerun rewrites an unfinished parameter whole (finished ones are skipped).
+    """
+    p = plan.param
+    target.write(f"{path}/{ROOT_METADATA}", zb.array_metadata(p.shape, dtype_label(p.dtype), plan.chunk_shape,
+                                                              copier.codec))
+    key = zb.chunk_key(path, len(p.shape))
+    entries: list[JournalEntry] = []
+
+    def pieces() -> Any:
+        offset = 0
+        for chunk in plan.chunks:
+            if copier.codec is None:
+                crc = [0]
+                yield from copier.blocks(chunk, crc)
+                crc_value, nbytes = crc[0], chunk.nbytes
+            else:
+                data = copier.compressed(chunk)
+                yield data
+                crc_value, nbytes = crc32c.crc32c(data), len(data)
+            entries.append(JournalEntry(chunk.index, offset, nbytes, crc_value, chunk.rank))
+            offset += nbytes
+            copier.count(written=1)
+        if zb.is_sharded(len(plan.chunks)):
+            yield zb.shard_index([e.offset for e in entries], [e.nbytes for e in entries])
+
+    target.source.put_stream(key, pieces())
+    return ParamManifest(p.name, path, dtype_label(p.dtype), p.shape, plan.chunk_shape,
+                         _table([key] * len(entries), entries, plan), copier.codec)
+
+
+#: Bytes of one row block when a whole tensor is assembled in memory to be streamed out.
+ROW_BLOCK = 64 << 20
+
+
+def dense_rows(plan: ParamPlan, copier: ChunkCopier) -> Any:
+    """A parameter's whole tensor in C order, assembled from its chunks a block of rows at a time.
+
+    Rows ``[a, b)`` of a chunk are one contiguous run of its bytes, so each block reads one range
+    per chunk it crosses; memory stays at one block (about :data:`ROW_BLOCK`, at least one row).
+    Each chunk's CRC-32C is accumulated in its byte order; returns ``{chunk index: crc}`` once
+    the generator is exhausted (as its ``StopIteration`` value).
+    """
+    p, chunks = plan.param, plan.chunks
+    item = p.dtype.itemsize
+    shape = tuple(p.shape) or (1,)  # a scalar is one row of one element
+    row_bytes = prod(shape[1:]) * item
+    starts = [c.box.start[0] if p.shape else 0 for c in chunks]
+    stops = [c.box.stop[0] if p.shape else 1 for c in chunks]
+    cuts = sorted({0, shape[0], *starts, *stops})
+    step = max(1, ROW_BLOCK // max(1, row_bytes))
+    crcs = {c.index: 0 for c in chunks}
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        for r0 in range(lo, hi, step):
+            r1 = min(hi, r0 + step)
+            block = np.empty((r1 - r0, *shape[1:], item), dtype=np.uint8)
+            for c, c0, c1 in zip(chunks, starts, stops):
+                if c1 <= r0 or c0 >= r1:
+                    continue
+                inner = (c.box.shape[1:] if p.shape else ())
+                chunk_row = prod(inner) * item
+                part = bytearray((r1 - r0) * chunk_row)
+                copier.files.read(c.path, c.entry, c.byte_start + (r0 - c0) * chunk_row, memoryview(part))
+                crcs[c.index] = crc32c.crc32c(part, crcs[c.index])
+                where = tuple(slice(a, b) for a, b in zip(c.box.start[1:], c.box.stop[1:])) if p.shape else ()
+                block[(slice(None), *where)] = np.frombuffer(part, dtype=np.uint8).reshape((r1 - r0, *inner, item))
+            copier.progress.add(block.nbytes)
+            yield block.reshape(-1)
+    for c in chunks:
+        copier._check_replicas(c, crcs[c.index])
+    return crcs
+
+
+def dense_manifest(plan: ParamPlan, slot: TensorSlot, crcs: Mapping[int, int]) -> ParamManifest:
+    """The manifest of a parameter written whole into ``slot`` of a safetensors file."""
+    p = plan.param
+    whole = Box.full(p.shape)
+    entries = [JournalEntry(c.index, byte_pieces(c.box, whole, p.dtype.itemsize, slot.data_offset)[0][0], c.nbytes,
+                            crcs[c.index], c.rank) for c in plan.chunks]
+    return ParamManifest(p.name, slot.file, dtype_label(p.dtype), p.shape, plan.chunk_shape,
+                         _table([slot.file] * len(entries), entries, plan), None, None, "dense", slot.data_offset)
+
+
+def write_dense_param(plan: ParamPlan, slot: TensorSlot, data_file: Path, journal: Path,
+                      copier: ChunkCopier) -> ParamManifest:
+    """Fill one parameter's whole-tensor region of a (pre-sized) safetensors file."""
+    p = plan.param
+    item = p.dtype.itemsize
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    whole = Box.full(p.shape)
+    pieces = [byte_pieces(c.box, whole, item, slot.data_offset) for c in plan.chunks]
+    entries = _resume(data_file, journal, lambda e: pieces[e.index])
+    copier.count(resumed=len(entries))
+    copier.progress.add(sum(c.nbytes for c in plan.chunks[:len(entries)]))
+    fd = os.open(data_file, os.O_RDWR)
+    log = JournalWriter(journal, entries)
+    try:
+        for chunk in plan.chunks[len(entries):]:
+            crc = copier.copy(chunk, fd, pieces[chunk.index])
+            entry = JournalEntry(chunk.index, pieces[chunk.index][0][0], chunk.nbytes, crc, chunk.rank)
+            log.append(entry)
+            entries.append(entry)
+            copier.count(written=1)
+    finally:
+        os.close(fd)
+        log.close()
+    return ParamManifest(p.name, slot.file, dtype_label(p.dtype), p.shape, plan.chunk_shape,
+                         _table([slot.file] * len(entries), entries, plan), None, None, "dense", slot.data_offset)

@@ -1,0 +1,305 @@
+"""Convert a MindSpore distributed checkpoint into a store of global tensors.
+
+Flow: pick the rank files and read the strategy -> scan every file's headers, resolve each
+parameter's global shape and distinct slices and check a sample of their bytes against the
+strategy (:mod:`ckptstore.checkpoint.source`) -> plan chunks aligned to the slices
+(:mod:`ckptstore.store.chunking`) -> claim the output folder (:mod:`ckptstore.write.output_folder`) ->
+stream each chunk's bytes from the one rank file that supplies it into the parameter's data
+file, checksumming on the way (:mod:`ckptstore.write.chunk_writer`) -> commit.
+
+Safety: one conversion owns an output folder at a time (a lock its holder's death releases).
+Each data file is written under ``.partial`` with a journal of finished chunks and renamed
+when complete; the manifest that makes the store readable is written last, after every data
+file is final and the file system is synced. An interrupted run leaves a store that
+:func:`ckptstore.open` refuses; running the same conversion again resumes, skipping finished
+parameters and chunks, and running it once more on the complete store does nothing. Memory
+stays at one copy buffer per worker (plus one chunk when compressing), whatever the size.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from ckptstore.store.chunking import ParamPlan, check_even_slices, plan_param, select_params
+from ckptstore.store.codecs import CODECS
+from ckptstore.errors import IncompleteStoreError, InvalidOptionError, LayoutMismatchError
+from ckptstore.store.manifest import ParamManifest, StoreManifest
+from ckptstore.write.output_folder import Claim, claim
+from ckptstore.io.output_target import OutputTarget, open_target
+from ckptstore.write.parts import Part, parse_part
+from ckptstore.progress import Progress
+from ckptstore.checkpoint.source import DistributedSource, SourceParam, resolve_source
+from ckptstore.io import is_url, open_location
+from ckptstore.write.store_kinds import commit, mark_done, my_share, write_plan, writer_for
+from ckptstore.write.chunk_writer import ChunkCopier
+from ckptstore.limits import MAX_TENSOR_BYTES
+from ckptstore.version import __version__
+
+DEFAULT_CHUNK_MB = 256
+DEFAULT_COMPRESSED_CHUNK_MB = 16
+
+
+@dataclass(frozen=True)
+class ConvertSummary:
+    """What a conversion did (``ckptstore convert --json`` prints this)."""
+
+    store: str
+    params: int
+    chunks: int
+    chunks_written: int
+    chunks_resumed: int
+    params_resumed: int
+    source_bytes: int
+    unique_bytes: int
+    stored_bytes: int
+    seconds: float
+    already_complete: bool = False
+    #: This process's part ("I/N"); counts above are of its share.
+    part: str = "0/1"
+    #: Whether the store is complete after this run (the last part commits).
+    committed: bool = True
+
+    @property
+    def dedup_saved_bytes(self) -> int:
+        return self.source_bytes - self.unique_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "dedup_saved_bytes": self.dedup_saved_bytes}
+
+
+def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
+            strategy: Sequence[str | os.PathLike[str]] = (), step: int | None = None, prefix: str | None = None,
+            include: Sequence[str] = (), exclude: Sequence[str] = (), drop_optimizer: bool = False,
+            compress: str | None = None, max_chunk_mb: int | None = None, workers: int = 4,
+            verify_replicas: bool = False, verify_crc: bool = False, overwrite: bool = False,
+            quiet: bool = True, fmt: str = "zarr", check_layout: bool = True, src_format: str | None = None,
+            on_wait: Callable[[str], None] | None = None, part: str | Part | None = None) -> ConvertSummary:
+    """Convert a MindSpore checkpoint into a store of global tensors at ``out``.
+
+    ``fmt`` is ``"zarr"`` (Zarr v3, the default) or ``"safetensors"`` (whole global tensors in
+    ``model-*.safetensors`` files plus ``ckptstore.json``; no compression).
+
+    ``src`` is a folder of ``rank_<i>/`` subfolders of ``.ckpt`` or MindSpore ``.safetensors``
+    files (each rank's newest checkpoint unless ``step``/``prefix``/``src_format`` pick another)
+    with the ``strategy`` file(s) that laid it out, or a single checkpoint file. ``include``/``exclude`` are name globs; ``drop_optimizer`` removes optimizer
+    state (:data:`~ckptstore.store.chunking.OPTIMIZER_PATTERNS`). ``compress`` is ``None``, ``"zstd"``
+    or ``"blosc"``. Replicated slices are read and written once; ``verify_replicas`` also reads
+    every replica and fails on a mismatch; ``check_layout=False`` skips the sampled check that
+    the strategy describes the files. If another conversion holds ``out``, this one waits for it
+    (``on_wait`` is told who holds it). A complete store of the same conversion is left as is;
+    an unfinished one is resumed; anything else in ``out`` needs ``overwrite``. ``src``,
+    ``strategy`` and ``out`` may be ``s3://``/``obs://`` URLs. ``part`` (``"I/N"`` or ``"auto"``)
+    converts only this process's share; the last part to finish commits the store
+    (:mod:`ckptstore.write.parts`). Returns a :class:`ConvertSummary`.
+    """
+    codec, chunk_bytes = _options(fmt, compress, max_chunk_mb, workers)
+    return _run(src, out, fmt, part=parse_part(part), codec=codec, chunk_bytes=chunk_bytes, checksum=True, workers=workers,
+                verify_replicas=verify_replicas, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
+                select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
+                choose={"step": step, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
+                        "src_format": src_format, "strategy": strategy})
+
+
+def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
+          strategy: Sequence[str | os.PathLike[str]] = (), step: int | None = None, prefix: str | None = None,
+          include: Sequence[str] = (), exclude: Sequence[str] = (), drop_optimizer: bool = False,
+          checksum: bool = False, workers: int = 4, verify_crc: bool = False, overwrite: bool = False,
+          quiet: bool = True, check_layout: bool = True, src_format: str | None = None,
+          on_wait: Callable[[str], None] | None = None, part: str | Part | None = None) -> ConvertSummary:
+    """Make a store at ``out`` that copies no payload: an index into the original rank files.
+
+    Takes the same source options as :func:`convert`. Each distinct slice of each parameter
+    becomes one chunk whose bytes are read, later, from the rank file that holds it (from its
+    records, or its safetensors tensor); the store folder holds only ``ckptstore.json``, which
+    records each rank file's size and modification time (a file that changes afterwards is
+    refused when the store is opened or read). ``checksum=True`` reads every slice once to
+    record its CRC-32C, so :func:`ckptstore.verify` can check the bytes later; without it the
+    index holds no checksums. Returns a :class:`ConvertSummary` (``stored_bytes`` counts the
+    rank-file bytes the index refers to).
+    """
+    _options("index", None, None, workers)
+    return _run(src, out, "index", part=parse_part(part), codec=None, chunk_bytes=MAX_TENSOR_BYTES, checksum=checksum, workers=workers,
+                verify_replicas=False, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
+                select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
+                choose={"step": step, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
+                        "src_format": src_format, "strategy": strategy})
+
+
+def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, part: Part, codec: dict | None,
+         chunk_bytes: int, checksum: bool, workers: int, verify_replicas: bool, overwrite: bool, quiet: bool,
+         on_wait: Callable[[str], None] | None, select: Mapping[str, Any], choose: Mapping[str, Any]) -> ConvertSummary:
+    """Source -> plans -> claim the output -> write this part's share (or skip, if complete) -> commit -> summary."""
+    started = time.monotonic()
+    target = open_target(out)
+    source = resolve_source(src, **choose)
+    try:
+        names = select_params(source.params, **select)
+        plans = [_plan(source.params[n], chunk_bytes) for n in names]
+        fingerprint = _fingerprint(source, plans, codec, fmt, checksum)
+        hold = claim(target, fingerprint, overwrite=overwrite, on_wait=on_wait, part=part,
+                     sources=[*map(str, source.rank_files.values()),
+                              *(source.strategy.sources if source.strategy else ())])
+        try:
+            if hold.complete:
+                return _summary(target, plans, None, started, part, already_complete=True)
+            header = {**_source_header(source, choose.get("step")), "fingerprint": fingerprint}
+            progress = Progress(sum(p.nbytes for p in plans), len(plans), desc=fmt if fmt == "index" else "convert",
+                                quiet=quiet)
+            copier = ChunkCopier(codec, verify_replicas, progress, source.files)
+            writer = writer_for(fmt, hold, copier, plans, checksum)
+            write_plan(target, fmt, plans, header, writer.extra(), part)
+            mine = my_share(writer, plans, part)
+            progress.resize(sum(p.nbytes for p in mine), len(mine))
+            try:
+                writer.prepare(mine)
+                order = sorted(mine, key=lambda p: -p.nbytes)  # big first: workers finish together
+                with ThreadPoolExecutor(workers) as pool:
+                    done = dict(zip((p.param.name for p in order), pool.map(writer.write_param, order)))
+                writer.finish_part(mine, done)
+            finally:
+                progress.close()
+            mark_done(target, part, fingerprint)
+            manifest = _commit_if_last(hold, done, fingerprint, on_wait)
+            return _summary(target, mine, copier, started, part, manifest=manifest)
+        finally:
+            hold.release()
+    finally:
+        source.close()
+
+
+def _commit_if_last(hold: Claim, done: Mapping[str, ParamManifest], fingerprint: str,
+                    on_wait: Callable[[str], None] | None) -> StoreManifest | None:
+    """Commit the store if every part has finished (always, for a conversion in one part)."""
+    target, part = hold.target, hold.part
+    if part.count == 1:
+        return commit(target, done, parts=1)  # this process holds the folder's lock for the whole run
+    lock = target.lock("lock", on_wait)
+    try:
+        if _committed(target, fingerprint):
+            target.drop_idle_work()
+            return None
+        try:
+            return commit(target, done, parts=part.count)
+        except IncompleteStoreError:
+            if _committed(target, fingerprint):  # another part committed meanwhile (object storage)
+                return None
+            if any(target.size(Part(i, part.count).marker) is None for i in range(part.count)):
+                return None  # other parts are still running: the last one commits
+            raise
+    finally:
+        lock.release()
+
+
+def _committed(target: OutputTarget, fingerprint: str) -> bool:
+    manifest = target.manifest()
+    return manifest is not None and manifest.get("source", {}).get("fingerprint") == fingerprint
+
+
+def commit_store(out: str | os.PathLike[str], *, on_wait: Callable[[str], None] | None = None) -> bool:
+    """Commit a conversion done in parts whose last part did not (``ckptstore commit``).
+
+    Returns ``False`` when the store was already complete. Raises
+    :class:`~ckptstore.errors.IncompleteStoreError` naming the parts that have not finished.
+    """
+    target = open_target(out)
+    lock = target.lock("lock", on_wait)
+    try:
+        if target.manifest() is not None:
+            target.drop_idle_work()  # the lock file this process waited on
+            return False
+        commit(target)
+        return True
+    finally:
+        lock.release()
+
+
+def _options(fmt: str, compress: str | None, max_chunk_mb: int | None, workers: int) -> tuple[dict | None, int]:
+    if fmt not in ("zarr", "safetensors", "index"):
+        raise InvalidOptionError(f"unknown store format {fmt!r}; choose zarr or safetensors (or use "
+                                 "ckptstore index for an index of the rank files)")
+    codec = _codec(compress)
+    if codec is not None and fmt == "safetensors":
+        raise InvalidOptionError("safetensors stores are not compressed; use the zarr format for --compress")
+    for what, value in (("workers", workers), ("max_chunk_mb", max_chunk_mb or 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidOptionError(f"{what} must be a positive integer, not {value!r}")
+    return codec, (max_chunk_mb or (DEFAULT_COMPRESSED_CHUNK_MB if codec else DEFAULT_CHUNK_MB)) << 20
+
+
+def _summary(target: OutputTarget, plans: Sequence[ParamPlan], copier: ChunkCopier | None, started: float,
+             part: Part, *, manifest: StoreManifest | None = None, already_complete: bool = False) -> ConvertSummary:
+    chunks = sum(len(p.chunks) for p in plans)
+    return ConvertSummary(
+        store=str(getattr(target, "root", target.url)), params=len(plans), chunks=chunks,
+        chunks_written=copier.chunks_written if copier else 0,
+        chunks_resumed=copier.chunks_resumed if copier else chunks,
+        params_resumed=copier.params_resumed if copier else len(plans),
+        source_bytes=sum(sum(s.entry.nbytes * len(s.ranks) for s in p.param.slices) for p in plans),
+        # a string value has no chunks (its text is in the manifest) but is still counted once
+        unique_bytes=sum(p.param.slices[0].entry.nbytes if p.param.is_str else p.nbytes for p in plans),
+        stored_bytes=(sum(manifest.params[p.param.name].stored_bytes for p in plans) if manifest
+                      else sum(p.nbytes for p in plans)),
+        seconds=round(time.monotonic() - started, 3), already_complete=already_complete,
+        part=str(part), committed=already_complete or manifest is not None)
+
+
+def _codec(compress: str | None) -> dict[str, Any] | None:
+    if compress in (None, "", "none"):
+        return None
+    if compress not in CODECS:
+        raise InvalidOptionError(f"unknown compression {compress!r}; choose one of: none, {', '.join(CODECS)}")
+    return dict(CODECS[compress])
+
+
+def _plan(param: SourceParam, chunk_bytes: int) -> ParamPlan:
+    reason = check_even_slices(param)
+    if reason:
+        raise LayoutMismatchError(f"parameter {param.name!r} of shape {list(param.shape)} cannot be stored: "
+                                  f"{reason}")
+    return plan_param(param, max_chunk_bytes=chunk_bytes)
+
+
+def _fingerprint(source: DistributedSource, plans: Sequence[ParamPlan], codec: Mapping[str, Any] | None,
+                 fmt: str, checksum: bool = True) -> str:
+    """What identifies this conversion, so a rerun resumes (or skips) only the same one.
+
+    Each rank file counts with its size, modification time and *version* (device, inode and
+    status-change time of a local file; an object's ETag): an edit in place changes the
+    status-change time even when it restores the modification time, so a rerun never mixes
+    bytes of two versions of a file. It does not depend on the number of parts: every part
+    computes the same one, and the store is the same, byte for byte, however it was split.
+    """
+    files = {r: _identity(str(p)) for r, p in source.rank_files.items()}
+    params = [(p.param.name, p.param.dtype.str if not p.param.is_str else "str", p.param.shape, p.chunk_shape)
+              for p in plans]
+    blob = json.dumps({"files": files, "params": params, "codec": codec, "format": fmt, "version": __version__,
+                       "integrated_save": source.integrated_save, "checksum": checksum}, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _identity(path: str) -> tuple[Any, ...]:
+    if is_url(path):
+        source = open_location(path.rsplit("/", 1)[0])
+        st = source.stat(path.rsplit("/", 1)[1])
+        return (path, st.size, st.mtime_ns, st.version) if st else (path,)
+    st = os.stat(path)
+    return (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any]:
+    return {
+        "world_size": source.world_size,
+        "files": {str(r): str(p) if is_url(str(p)) else os.path.abspath(p) for r, p in source.rank_files.items()},
+        "step": step,
+        "strategy": None if source.strategy is None else source.strategy.summary(),
+        "integrated_save": source.integrated_save,
+        "created_by": f"ckptstore {__version__}",
+    }
+
+
+__all__ = ["ConvertSummary", "convert", "index"]

@@ -1,0 +1,87 @@
+"""Conversion split across processes and hosts: ``convert --part I/N``.
+
+Every part opens the same source and makes the same plan, then converts a deterministic,
+byte-balanced share of it: the work units (a parameter; for a safetensors store, a data file
+with its tensors) are dealt largest first to the part with the fewest bytes so far (LPT), so
+parts never write the same file and finish close together. A part records each finished
+parameter in the work folder, then a marker ``parts/<I>-of-<N>``; the part that finds all N
+markers commits the store (under the folder's lock on a filesystem; on object storage every
+committer writes the same manifest, so a race is harmless). ``ckptstore commit`` does it
+explicitly. Parts are numbered from 0, like ``RANK_ID``.
+"""
+from __future__ import annotations
+
+import heapq
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ckptstore.store.kinds import WORK_DIR
+from ckptstore.errors import InvalidOptionError
+
+PARTS_DIR = f"{WORK_DIR}/parts"
+#: Parts of one conversion (a process per rank file of the largest jobs, and then some).
+MAX_PARTS = 1 << 16
+_SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+#: Environment variables that say which process this is: msrun (MindSpore), then mpirun (Open MPI).
+LAUNCHERS = (("RANK_ID", "RANK_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
+
+
+@dataclass(frozen=True)
+class Part:
+    """Part ``index`` (from 0) of ``count``."""
+
+    index: int = 0
+    count: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    @property
+    def marker(self) -> str:
+        """The work-folder key that says this part has finished."""
+        return f"{PARTS_DIR}/{self.index}-of-{self.count}"
+
+
+def parse_part(spec: str | Part | None, environ: Mapping[str, str] | None = None) -> Part:
+    """``"I/N"`` (``0 <= I < N``), ``"auto"`` (from msrun's or mpirun's environment) or ``None`` (one part)."""
+    if spec is None or isinstance(spec, Part):
+        return spec or Part()
+    env = os.environ if environ is None else environ
+    if isinstance(spec, str) and spec.strip().lower() == "auto":
+        for rank_var, size_var in LAUNCHERS:
+            if rank_var in env and size_var in env:
+                return _checked(env[rank_var], env[size_var], f"{rank_var}/{size_var}")
+        raise InvalidOptionError("--part auto needs RANK_ID and RANK_SIZE (set by msrun) or OMPI_COMM_WORLD_RANK and "
+                                 "OMPI_COMM_WORLD_SIZE (set by mpirun) in the environment; or pass --part I/N")
+    m = _SPEC.match(spec) if isinstance(spec, str) else None
+    if m is None:
+        raise InvalidOptionError(f"--part must be I/N (e.g. 0/4 for the first of four parts) or auto, not {spec!r}")
+    return _checked(m.group(1), m.group(2), "--part")
+
+
+def _checked(index: str, count: str, what: str) -> Part:
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        raise InvalidOptionError(f"{what} must be whole numbers, not {index!r}/{count!r}") from None
+    if not 1 <= n <= MAX_PARTS or not 0 <= i < n:
+        raise InvalidOptionError(f"{what} gives part {i} of {n}: parts are numbered 0..N-1 with 1 <= N <= {MAX_PARTS}")
+    return Part(i, n)
+
+
+def assign(sizes: Sequence[int], count: int) -> list[int]:
+    """The part of each work unit (by its bytes): largest first to the least-loaded part.
+
+    Deterministic (ties go to the earlier unit and the lower part), so every part computes the
+    same assignment.
+    """
+    order = sorted(range(len(sizes)), key=lambda u: (-sizes[u], u))
+    heap = [(0, p) for p in range(count)]
+    out = [0] * len(sizes)
+    for u in order:
+        load, p = heapq.heappop(heap)
+        out[u] = p
+        heapq.heappush(heap, (load + sizes[u], p))
+    return out

@@ -1,0 +1,375 @@
+"""How each kind of store is written: its parameters, then the commit that makes it complete.
+
+* :class:`ZarrWriter`: a Zarr v3 array per parameter (one chunk or shard file each), the root
+  ``zarr.json`` last;
+* :class:`SafetensorsWriter`: whole global tensors in pre-sized ``model-*.safetensors`` files,
+  ``ckptstore.json`` last;
+* :class:`IndexWriter`: no data at all, each chunk a list of byte ranges in the original rank
+  files (optionally checksummed by reading them once), ``ckptstore.json`` last.
+
+Writers are shared by the worker threads (``write_param`` per parameter). A parameter finished
+by an earlier, interrupted run is recorded in the work folder and skipped, while its data files
+are still there at their full size; everything becomes readable only at :meth:`commit`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Mapping, Sequence
+
+import crc32c
+
+from ckptstore.store.kinds import MANIFEST, ROOT_METADATA, WORK_DIR
+from ckptstore.store import index as ib
+from ckptstore.store import safetensors as sb
+from ckptstore.store import zarr as zb
+from ckptstore.store.chunking import ParamPlan
+from ckptstore.errors import CkptStoreError, IncompleteStoreError
+from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest, dtype_label
+from ckptstore.write.output_folder import Claim, write_error
+from ckptstore.io.output_target import OutputTarget
+from ckptstore.write.parts import Part, assign
+from ckptstore.io import open_location
+from ckptstore.write.chunk_writer import (
+    BLOCK,
+    ChunkCopier,
+    dense_manifest,
+    dense_rows,
+    str_manifest,
+    stream_zarr_param,
+    write_dense_param,
+    write_zarr_param,
+)
+
+#: Test hook: SIGKILL this process at a named point ("commit": data files final, manifest not written).
+KILL_AT_ENV = "CKPTSTORE_KILL_AT"
+#: What every part of a conversion needs to commit it: written once, by the first part to start.
+PLAN_FILE = f"{WORK_DIR}/plan.json"
+
+
+def _kill_point(name: str) -> None:
+    if os.environ.get(KILL_AT_ENV) == name:
+        os.kill(os.getpid(), 9)
+
+
+def done_key(name: str) -> str:
+    """Where the manifest of a finished parameter is recorded until the commit."""
+    return f"{WORK_DIR}/done/{zb.array_path(name)}.json"
+
+
+#: Records of a whole part's parameters at once (kinds whose parameters cost nothing to redo).
+PART_RECORDS = f"{WORK_DIR}/done-parts"
+
+
+def load_done(target: OutputTarget, name: str) -> ParamManifest | None:
+    """The manifest an earlier run (or another part) recorded for a finished parameter, if any (a
+    record that does not parse is ignored: the parameter is written again)."""
+    try:
+        raw = target.read(done_key(name))
+        return None if raw is None else ParamManifest.from_json(name, json.loads(raw))
+    except (ValueError, CkptStoreError, OSError):
+        return None
+
+
+def _part_records(target: OutputTarget) -> dict[str, Any]:
+    """Every parameter recorded by a part's batch record: ``{name: manifest JSON}``."""
+    out: dict[str, Any] = {}
+    for key in target.keys(PART_RECORDS):
+        try:
+            doc = json.loads(target.read(key) or b"{}")
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            out.update(doc)
+    return out
+
+
+class StoreWriter:
+    """Writes parameters (shared by the worker threads), remembering finished ones for a rerun."""
+
+    #: Whether each finished parameter is recorded at once (so a rerun skips it); a kind whose
+    #: parameters cost nothing to redo records a part's parameters together at its end instead.
+    records_each = True
+
+    def __init__(self, hold: Claim, copier: ChunkCopier) -> None:
+        self.hold, self.target, self.copier = hold, hold.target, copier
+        self.out = hold.out
+        # what earlier runs recorded, listed once (not looked up with one failed open per parameter)
+        self._recorded = set(self.target.keys(f"{WORK_DIR}/done")) if self.records_each else set()
+
+    def write_param(self, plan: ParamPlan) -> ParamManifest:
+        name = plan.param.name
+        if not self.records_each:
+            manifest = str_manifest(plan, zb.array_path(name), self.copier) if plan.param.is_str else self._write(plan)
+            self.copier.progress.add(0, 1)
+            return manifest
+        finished = load_done(self.target, name) if done_key(name) in self._recorded else None
+        if finished is not None and self._still_there(finished):
+            self.copier.count(resumed=len(plan.chunks), params_resumed=1)
+            self.copier.progress.add(plan.nbytes, 1)
+            return finished
+        try:
+            manifest = str_manifest(plan, zb.array_path(name), self.copier) if plan.param.is_str else self._write(plan)
+            self.target.write(done_key(name), json.dumps(manifest.to_json()).encode(), durable=False)
+        except OSError as e:
+            raise write_error(e, self.target.key_url(zb.array_path(name)), name) from e
+        self.copier.progress.add(0, 1)
+        return manifest
+
+    def _still_there(self, finished: ParamManifest) -> bool:
+        """A finished parameter is trusted only while its data files are there at their full size."""
+        return True
+
+    def _write(self, plan: ParamPlan) -> ParamManifest:
+        raise NotImplementedError
+
+    def prepare(self, plans: Sequence[ParamPlan]) -> None:
+        """Get ready to write ``plans`` (this process's share)."""
+
+    def units(self, plans: Sequence[ParamPlan]) -> list[list[ParamPlan]]:
+        """The work units a conversion in parts deals out: one parameter each by default."""
+        return [[p] for p in plans]
+
+    def extra(self) -> dict[str, Any]:
+        """Manifest fields this kind adds (an index's record of the rank files)."""
+        return {}
+
+    def finish_part(self, plans: Sequence[ParamPlan], done: Mapping[str, ParamManifest]) -> None:
+        """Make this part's data final (before its marker says it is done)."""
+        if not self.records_each and self.hold.part.count > 1:
+            doc = {n: m.to_json() for n, m in done.items()}
+            self.target.write(f"{PART_RECORDS}/{self.hold.part.index}-of-{self.hold.part.count}.json",
+                              json.dumps(doc).encode(), durable=False)
+
+
+def writer_for(fmt: str, hold: Claim, copier: ChunkCopier, plans: Sequence[ParamPlan], checksum: bool) -> StoreWriter:
+    """The writer of store kind ``fmt``."""
+    if fmt == "zarr":
+        return ZarrWriter(hold, copier)
+    if fmt == "safetensors":
+        return SafetensorsWriter(hold, copier, plans)
+    return IndexWriter(hold, copier, plans, checksum)
+
+
+def my_share(writer: StoreWriter, plans: Sequence[ParamPlan], part: Part) -> list[ParamPlan]:
+    """The plans part ``part`` converts: its byte-balanced share of the writer's work units."""
+    if part.count == 1:
+        return list(plans)
+    units = writer.units(plans)
+    owner = assign([sum(p.nbytes for p in u) or 1 for u in units], part.count)
+    return [p for u, o in zip(units, owner) if o == part.index for p in u]
+
+
+def write_plan(target: OutputTarget, fmt: str, plans: Sequence[ParamPlan], header: Mapping[str, Any],
+               extra: Mapping[str, Any], part: Part) -> None:
+    """Record what the commit needs (parameter order, header, kind, parts), once per conversion."""
+    doc = {"format": fmt, "names": [p.param.name for p in plans], "source": dict(header), "extra": dict(extra),
+           "parts": part.count}
+    target.write(PLAN_FILE, json.dumps(doc).encode(), create=True, durable=False)
+
+
+def mark_done(target: OutputTarget, part: Part, fingerprint: str) -> None:
+    """Say that ``part`` has written all its parameters."""
+    target.write(part.marker, fingerprint.encode(), durable=False)
+
+
+def commit(target: OutputTarget, known: Mapping[str, ParamManifest] | None = None, *,
+           parts: int | None = None) -> StoreManifest:
+    """Make the store complete from the work folder: every part's records, then the manifest last.
+
+    ``known`` are manifests this process has in memory (the others are read from the records).
+    The store is complete when every parameter has its record (a record is written after the
+    parameter's data) and, with ``parts``, every part of that many has said it finished.
+    Raises :class:`~ckptstore.errors.IncompleteStoreError` naming what has not finished.
+    Running it twice, or in two processes at once, writes the same manifest.
+    """
+    raw = target.read(PLAN_FILE)
+    if raw is None:
+        raise IncompleteStoreError(f"{target.url} has no unfinished conversion to commit (no {PLAN_FILE}); run "
+                                   "'ckptstore convert' first")
+    plan = json.loads(raw)
+    count = parts or 1
+    missing = [i for i in range(count) if target.size(Part(i, count).marker) is None] if parts else []
+    if missing:
+        shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
+        raise IncompleteStoreError(f"the conversion into {target.url} is not finished: part(s) {shown} of {count} "
+                                   "have not finished; run them (convert --part I/N), then commit")
+    known = dict(known or {})
+    todo = [n for n in plan["names"] if n not in known]
+    batched = _part_records(target) if todo else {}
+    found: dict[str, ParamManifest | None] = {}
+    for n in [n for n in todo if n in batched]:
+        try:
+            found[n] = ParamManifest.from_json(n, batched[n])
+        except CkptStoreError:
+            found[n] = None
+    todo = [n for n in todo if n not in found]
+    with ThreadPoolExecutor(16 if target.remote else 1) as pool:
+        found.update(zip(todo, pool.map(lambda n: load_done(target, n), todo)))
+    lost = [n for n, m in found.items() if m is None]
+    if lost:
+        raise IncompleteStoreError(f"the conversion into {target.url} is not finished: parameter {lost[0]!r}"
+                                   f"{f' (and {len(lost) - 1} more)' if len(lost) > 1 else ''} not written yet; "
+                                   "run (or rerun) the parts that convert them, then commit")
+    known.update(found)  # type: ignore[arg-type]
+    manifest = StoreManifest({n: known[n] for n in plan["names"]}, plan["source"], backend=plan["format"],
+                             extra=plan["extra"])
+    if manifest.backend == "safetensors" and not target.remote:
+        tensors = [(p.name, p.np_dtype, p.shape) for p in manifest.params.values() if not p.is_str]
+        try:
+            for f in sb.plan_files(tensors):
+                sb.finish_file(target.root, f)  # type: ignore[attr-defined]
+        except OSError as e:
+            raise write_error(e, target.url) from e
+    data = (zb.group_metadata({"ckptstore": manifest.to_json()}) if manifest.backend == "zarr"
+            else manifest.dumps().encode())
+    name = ROOT_METADATA if manifest.backend == "zarr" else MANIFEST
+    if not target.remote:
+        os.sync()  # every data file's rename is durable before the manifest that names it
+    _kill_point("commit")
+    target.write(name, data)
+    target.drop_work()
+    return manifest
+
+
+class ZarrWriter(StoreWriter):
+    def _write(self, plan: ParamPlan) -> ParamManifest:
+        path = zb.array_path(plan.param.name)
+        if self.target.remote:
+            return stream_zarr_param(plan, self.target, path, self.copier)  # type: ignore[arg-type]
+        return write_zarr_param(plan, self.out, path, self.copier)
+
+    def _still_there(self, finished: ParamManifest) -> bool:
+        sizes: dict[str, int] = {}
+        for f, o, n in zip(finished.chunks.files, finished.chunks.offsets, finished.chunks.nbytes):
+            sizes[f] = max(sizes.get(f, 0), o + n)
+        return all((self.target.size(f) or 0) >= n for f, n in sizes.items())
+
+
+class SafetensorsWriter(StoreWriter):
+    """Whole global tensors in pre-sized files, filled chunk by chunk; in object storage each
+    file is one streamed upload of its header and tensors, assembled a block of rows at a time."""
+
+    def __init__(self, hold: Claim, copier: ChunkCopier, plans: Sequence[ParamPlan]) -> None:
+        super().__init__(hold, copier)
+        tensors = [(p.param.name, p.param.dtype, p.param.shape) for p in plans if not p.param.is_str]
+        self.files = sb.plan_files(tensors)
+        self.slots = {s.name: s for f in self.files for s in f.slots}
+        self.plans = {p.param.name: p for p in plans}
+        self._uploads: dict[str, Future[dict[str, ParamManifest]]] = {}
+        self._lock = threading.Lock()
+
+    def units(self, plans: Sequence[ParamPlan]) -> list[list[ParamPlan]]:
+        by_name = {p.param.name: p for p in plans}
+        in_files = [[by_name[s.name] for s in f.slots] for f in self.files]
+        return in_files + [[p] for p in plans if p.param.is_str]
+
+    def _files_of(self, plans: Sequence[ParamPlan]) -> list[sb.FileLayout]:
+        names = {p.param.name for p in plans}
+        return [f for f in self.files if any(s.name in names for s in f.slots)]
+
+    def prepare(self, plans: Sequence[ParamPlan]) -> None:
+        if self.target.remote:
+            return
+        try:
+            for f in self._files_of(plans):
+                if not sb.reuse_file(self.out, f):
+                    # a new (zero-filled) data file: nothing recorded for its tensors holds any more
+                    self.target.delete([done_key(slot.name) for slot in f.slots])
+                    for slot in f.slots:
+                        self._journal(slot.name).unlink(missing_ok=True)
+        except OSError as e:
+            raise write_error(e, self.out) from e
+
+    def _journal(self, name: str) -> Any:
+        return self.out / WORK_DIR / "journal" / f"{zb.array_path(name)}.journal"
+
+    def _write(self, plan: ParamPlan) -> ParamManifest:
+        slot = self.slots[plan.param.name]
+        if self.target.remote:
+            return self._upload(slot.file)[slot.name]
+        return write_dense_param(plan, slot, sb.partial(self.out, slot.file), self._journal(slot.name), self.copier)
+
+    def _still_there(self, finished: ParamManifest) -> bool:
+        if not self.target.remote or finished.is_str:
+            return True  # a local file is checked when it is reopened (prepare)
+        layout = next(f for f in self.files if f.name == finished.path)
+        return self.target.size(layout.name) == layout.size
+
+    def _upload(self, name: str) -> dict[str, ParamManifest]:
+        """Upload file ``name`` once (the first of its tensors' writers does it, the others wait)."""
+        with self._lock:
+            job = self._uploads.get(name)
+            mine = job is None
+            if mine:
+                job = self._uploads[name] = Future()
+        if mine:
+            try:
+                job.set_result(self._stream_file(next(f for f in self.files if f.name == name)))
+            except BaseException as e:
+                job.set_exception(e)
+        return job.result()
+
+    def _stream_file(self, layout: sb.FileLayout) -> dict[str, ParamManifest]:
+        crcs: dict[str, dict[int, int]] = {}
+
+        def pieces() -> Any:
+            yield layout.header
+            for slot in layout.slots:
+                crcs[slot.name] = yield from dense_rows(self.plans[slot.name], self.copier)
+                self.copier.count(written=len(self.plans[slot.name].chunks))
+
+        self.target.source.put_stream(layout.name, pieces())  # type: ignore[attr-defined]
+        return {s.name: dense_manifest(self.plans[s.name], s, crcs[s.name]) for s in layout.slots}
+
+    def finish_part(self, plans: Sequence[ParamPlan], done: Mapping[str, ParamManifest]) -> None:
+        if self.hold.part.count == 1 or self.target.remote:
+            return  # the commit finishes every file
+        try:
+            for f in self._files_of(plans):
+                sb.finish_file(self.out, f)
+        except OSError as e:
+            raise write_error(e, self.out) from e
+
+
+class IndexWriter(StoreWriter):
+    """An index: each chunk is its slice's byte ranges in the rank file that holds it."""
+
+    records_each = False  # a chunk table is computed from the headers in microseconds
+
+    def __init__(self, hold: Claim, copier: ChunkCopier, plans: Sequence[ParamPlan], checksum: bool) -> None:
+        super().__init__(hold, copier)
+        self.checksum = checksum
+        self.source_root, self.keys = ib.common_folder([c.path for p in plans for c in p.chunks], str(hold.out))
+    def _write(self, plan: ParamPlan) -> ParamManifest:
+        p = plan.param
+        files, offsets, nbytes, crcs, pieces = [], [], [], [], {}
+        for c in plan.chunks:
+            key = self.keys[c.path]
+            parts = [(key, o, n) for o, n in c.entry.pieces] or [(key, 0, 0)]
+            files.append(key)
+            offsets.append(parts[0][1])
+            nbytes.append(c.nbytes)
+            if len(parts) > 1:
+                pieces[c.index] = tuple(parts)
+            crcs.append(self._crc(c) if self.checksum else 0)
+            self.copier.count(written=1)
+            self.copier.progress.add(c.nbytes)
+        table = ChunkTable(tuple(files), tuple(offsets), tuple(nbytes), tuple(crcs) if self.checksum else None,
+                           tuple(c.rank for c in plan.chunks), tuple(len(c.slice.ranks) for c in plan.chunks), pieces)
+        return ParamManifest(p.name, zb.array_path(p.name), dtype_label(p.dtype), p.shape, plan.chunk_shape, table)
+
+    def _crc(self, chunk: Any) -> int:
+        buf = bytearray(min(BLOCK, chunk.nbytes))
+        crc, done = 0, 0
+        while done < chunk.nbytes:
+            view = memoryview(buf)[:min(len(buf), chunk.nbytes - done)]
+            self.copier.files.read(chunk.path, chunk.entry, chunk.byte_start + done, view)
+            crc = crc32c.crc32c(view, crc)
+            done += len(view)
+        return crc
+
+    def extra(self) -> dict[str, Any]:
+        return ib.extra_fields(str(self.out), open_location(self.source_root), sorted(set(self.keys.values())))
