@@ -266,3 +266,63 @@ def test_obs_urls_are_s3_through_the_same_client(bucket, load_env):
     ckptstore.convert(layout.root, f"obs://{bucket.name}/model.zarr", strategy=layout.strategy_files)
     with ckptstore.open(f"obs://{bucket.name}/model.zarr") as a, ckptstore.open(bucket.url("model.zarr")) as b:
         assert a.read("layer0.w").tobytes() == b.read("layer0.w").tobytes() == layout.tensors["layer0.w"].tobytes()
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "safetensors"])
+def test_bucket_to_bucket_convert_writes_the_store_a_local_conversion_writes(bucket, load_env, tmp_path, fmt):
+    """ModelArts: rank files and the store both on OBS."""
+    layout = load_env.saved_layout("pipeline2")
+    src = bucket.url("ckpt")
+    S.upload(layout.root, src)
+    strategy = [a for u in _strategy_urls(layout, src) for a in ("-s", u)]
+    r = run_cli("convert", src, *strategy, "--out", bucket.url("model"), "--format", fmt, "-j", "1", "-q",
+                env=bucket.env)
+    assert r.returncode == 0, r.stderr
+    ckptstore.convert(src, tmp_path / "local", strategy=_strategy_urls(layout, src), fmt=fmt)
+    assert S.objects(bucket.url("model")) == store_files(tmp_path / "local")
+
+
+def test_bucket_to_bucket_index_reads_like_the_rank_files(bucket, load_env):
+    layout = load_env.saved_layout("pipeline2")
+    src = bucket.url("ckpt")
+    S.upload(layout.root, src)
+    strategy = [a for u in _strategy_urls(layout, src) for a in ("-s", u)]
+    r = run_cli("index", src, *strategy, "--out", bucket.url("model.index"), "--checksum", "-q", env=bucket.env)
+    assert r.returncode == 0, r.stderr
+    with ckptstore.open(bucket.url("model.index")) as store:
+        assert store.kind == "index"
+        for name, value in layout.tensors.items():
+            assert store.read(name).tobytes() == np.asarray(value).tobytes(), name
+
+
+def test_a_streamed_upload_may_read_from_the_bucket_while_it_runs(bucket):
+    """The pieces of an upload are produced outside obstore's runtime: reading an object to make
+    them (a conversion from a bucket into a bucket) must not panic."""
+    from ckptstore.io.s3 import S3Source
+
+    src = S3Source(bucket.url("p"))
+    src.put("a", b"x" * 1000)
+
+    def pieces():
+        for _ in range(3):
+            yield src.read_bytes("a", limit=1 << 20)
+
+    assert src.put_stream("b", pieces()) == 3000
+    assert src.read_bytes("b", limit=1 << 20) == b"x" * 3000
+
+
+def test_a_streamed_upload_whose_producer_fails_leaves_no_object(bucket):
+    from ckptstore.io.s3 import S3Source
+
+    src = S3Source(bucket.url("p"))
+
+    class Boom(Exception):
+        pass
+
+    def pieces():
+        yield b"y" * 100
+        raise Boom("the source went away")
+
+    with pytest.raises(Boom, match="the source went away"):
+        src.put_stream("c", pieces())
+    assert src.stat("c") is None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import queue
 import re
 import threading
 from dataclasses import dataclass, field
@@ -371,22 +372,33 @@ class S3Source(ByteSource):
         """Write ``key`` from an iterable of byte buffers (a multipart upload); return its size.
 
         The object appears only when the last piece is uploaded; if ``pieces`` raises, the upload
-        is abandoned and nothing becomes visible.
+        is abandoned and nothing becomes visible. ``pieces`` runs in this thread, one piece each
+        time the upload asks for one, so it may itself read from object storage (a conversion
+        from a bucket into a bucket): obstore drives the iterator it is given from inside its
+        runtime, where another obstore call would panic ("Cannot start a runtime from within a
+        runtime"), so the upload runs in a helper thread and is handed the pieces from here.
         """
         import obstore
 
-        counted = _Counted(pieces)
+        handoff = _Handoff(pieces)
+        path = self.path(key)
+        uploader = threading.Thread(
+            target=handoff.upload, name="ckptstore-upload", daemon=True,
+            args=(lambda it: obstore.put(self.store, path, it, chunk_size=UPLOAD_PART, max_concurrency=4),))
+        uploader.start()
         try:
-            obstore.put(self.store, self.path(key), iter(counted), chunk_size=UPLOAD_PART, max_concurrency=4)
-        except CkptStoreError:
-            raise
-        except Exception as e:
-            if counted.error is not None:
-                raise counted.error from None
-            raise _client_error(e, self.key_url(key), "write") from None
+            handoff.produce()
         finally:
-            REQUEST_STATS.add(puts=max(1, -(-counted.nbytes // UPLOAD_PART)), bytes_out=counted.nbytes)
-        return counted.nbytes
+            uploader.join()
+            REQUEST_STATS.add(puts=max(1, -(-handoff.nbytes // UPLOAD_PART)), bytes_out=handoff.nbytes)
+        if handoff.error is not None:
+            raise handoff.error
+        e = handoff.upload_error
+        if e is not None:
+            if isinstance(e, CkptStoreError):
+                raise e
+            raise _client_error(e, self.key_url(key), "write") from None
+        return handoff.nbytes
 
     def delete(self, keys: Sequence[str]) -> None:
         """Delete objects (missing ones are fine)."""
@@ -407,17 +419,56 @@ def _stat(meta: Any) -> FileStat:
     return FileStat(int(meta["size"]), mtime_ns, str(meta.get("e_tag") or meta.get("version") or ""))
 
 
-class _Counted:
-    """Counts the bytes of an upload's pieces and keeps the error a piece's producer raised."""
+class _Handoff:
+    """Hands the pieces of an upload, produced in the caller's thread, to an upload that runs in
+    another thread, one at a time: the producer makes a piece only when the upload asks for the
+    next one (as a generator would run), so nothing is read ahead and a piece's producer never
+    runs inside obstore's runtime. Keeps the producer's error and the upload's."""
+
+    _END = object()
 
     def __init__(self, pieces: Iterable[Any]) -> None:
-        self.pieces, self.nbytes, self.error = pieces, 0, None
+        self.pieces = pieces
+        self.nbytes = 0
+        self.error: BaseException | None = None  # raised by the producer of the pieces
+        self.upload_error: BaseException | None = None  # raised by the upload
+        self._wanted: queue.SimpleQueue[bool] = queue.SimpleQueue()  # True: next piece, please; False: upload over
+        self._given: queue.SimpleQueue[Any] = queue.SimpleQueue()  # a piece, _END, or the producer's error
 
-    def __iter__(self) -> Iterator[Any]:
+    def consume(self) -> Iterator[Any]:
+        """The iterator the upload is given (runs wherever obstore drives it)."""
+        while True:
+            self._wanted.put(True)
+            item = self._given.get()
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise RuntimeError("the producer of the upload's pieces failed")  # obstore abandons the upload
+            yield item
+
+    def upload(self, put: Any) -> None:
+        """Run ``put(iterator)`` (the helper thread's body)."""
         try:
-            for piece in self.pieces:
+            put(self.consume())
+        except BaseException as e:  # noqa: BLE001 -- a Rust panic is a BaseException; reported by the caller
+            self.upload_error = e
+        finally:
+            self._wanted.put(False)
+
+    def produce(self) -> None:
+        """Make pieces as the upload asks for them, until it has them all or is over."""
+        it = iter(self.pieces)
+        try:
+            while self._wanted.get():
+                try:
+                    piece = next(it)
+                except StopIteration:
+                    self._given.put(self._END)
+                    continue
                 self.nbytes += memoryview(piece).nbytes
-                yield piece
+                self._given.put(piece)
         except BaseException as e:
             self.error = e
-            raise
+            self._given.put(e)  # the upload is abandoned, then says it is over
+            while self._wanted.get():
+                pass
