@@ -17,7 +17,7 @@ from box_checks import tiles_exactly
 from ckptstore.boxes import Box, even_part
 from ckptstore.store.chunking import chunk_shape_for, plan_param
 from ckptstore.formats.ckpt_reader import CkptEntry
-from ckptstore.checkpoint.source import SourceParam, SourceSlice
+from ckptstore.checkpoint.params import SourceParam, SourceSlice
 
 SHAPES = st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size=4).map(tuple)
 

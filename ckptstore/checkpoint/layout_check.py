@@ -16,7 +16,7 @@ most a few hundred KiB per parameter, whatever the checkpoint size or the number
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import crc32c
 import numpy as np
@@ -26,9 +26,7 @@ from ckptstore.errors import LayoutMismatchError, ReplicaMismatchError
 from ckptstore.io.open_files import SourceFiles
 
 from ckptstore.boxes import Box
-
-if TYPE_CHECKING:
-    from ckptstore.checkpoint.source import SourceParam, SourceSlice
+from ckptstore.checkpoint.params import SourceParam, SourceSlice
 
 WINDOW = 1024
 MEMBERS = 4
@@ -92,11 +90,11 @@ class Verdict:
     compared: int = 0
 
 
-def check_against_strategy(params: Mapping[str, "SourceParam"], sampler: Sampler, *, strategy_given: bool) -> Verdict:
+def check_against_strategy(params: Mapping[str, SourceParam], sampler: Sampler, *, strategy_given: bool) -> Verdict:
     """Sample every parameter's slices; raise :class:`LayoutMismatchError` when they contradict the
     layout the strategy gave them.
 
-    ``params`` maps names to :class:`~ckptstore.checkpoint.source.SourceParam`. Returns a :class:`Verdict`
+    ``params`` maps names to :class:`~ckptstore.checkpoint.params.SourceParam`. Returns a :class:`Verdict`
     whose ``integrated`` is true when *every* split parameter with an informative sample holds
     the same bytes on ranks the strategy gives different slices: the files were saved with
     ``integrated_save=True`` (whole tensors on every rank).
@@ -128,7 +126,7 @@ def check_against_strategy(params: Mapping[str, "SourceParam"], sampler: Sampler
     return Verdict(compared=compared)
 
 
-def _same_bytes_message(p: "SourceParam", pair: tuple[int, int], split_as_said: str | None) -> str:
+def _same_bytes_message(p: SourceParam, pair: tuple[int, int], split_as_said: str | None) -> str:
     a, b = p.slices[pair[0]], p.slices[pair[1]]
     others = (f"; other parameters such as {split_as_said!r} are split as it says" if split_as_said else "")
     return (f"parameter {p.name!r}: rank {a.rank} ({a.path}) and rank {b.rank} ({b.path}) hold the same bytes, but "
@@ -137,7 +135,7 @@ def _same_bytes_message(p: "SourceParam", pair: tuple[int, int], split_as_said: 
             "slices, pass --no-layout-check")
 
 
-def _check_replicas(p: "SourceParam", sl: "SourceSlice", sampler: Sampler, strategy_given: bool) -> int:
+def _check_replicas(p: SourceParam, sl: SourceSlice, sampler: Sampler, strategy_given: bool) -> int:
     members = spread(sl.ranks)
     first = members[0]
     ref = sampler.sample(sl.paths[first], sl.entries[first])
@@ -149,7 +147,7 @@ def _check_replicas(p: "SourceParam", sl: "SourceSlice", sampler: Sampler, strat
     return len(members)
 
 
-def _check_copy(p: "SourceParam", copy: "SourceSlice", sampler: Sampler) -> int:
+def _check_copy(p: SourceParam, copy: SourceSlice, sampler: Sampler) -> int:
     """Compare the start of another pipeline stage's copy (another layout) with the stored slices."""
     item = p.dtype.itemsize
     start = copy.box.start
@@ -178,7 +176,7 @@ def _offset(inner: "Box", outer: "Box") -> int:
     return offset
 
 
-def _replica_message(p: "SourceParam", sl: "SourceSlice", i: int, j: int, strategy_given: bool) -> str:
+def _replica_message(p: SourceParam, sl: SourceSlice, i: int, j: int, strategy_given: bool) -> str:
     ri, rj = sl.ranks[i], sl.ranks[j]
     where = f"rank {ri} ({sl.paths[i]}) and rank {rj} ({sl.paths[j]})"
     if not p.in_strategy:
@@ -192,7 +190,7 @@ def _replica_message(p: "SourceParam", sl: "SourceSlice", i: int, j: int, strate
             "layout or job?)")
 
 
-def _compare_distinct(p: "SourceParam", chosen: Sequence[int],
+def _compare_distinct(p: SourceParam, chosen: Sequence[int],
                       sampler: Sampler) -> tuple[str, tuple[int, int] | None]:
     """``("identical"|"collision"|"distinct"|"unknown", (i, j))``: whether the first ranks of the
     ``chosen`` slices hold the same bytes (all of them, or two), naming two such slices."""

@@ -17,11 +17,11 @@ from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 
 from ckptstore.boxes import Box
 from ckptstore.formats.ckpt_reader import CkptEntry, CkptIndex
 from ckptstore.checkpoint.layout_check import Sampler, check_against_strategy
+from ckptstore.checkpoint.params import SourceParam, SourceSlice
 from ckptstore.checkpoint.rank_files import find_rank_files, pick_rank_file, scan_rank_file  # noqa: F401 (re-exported)
 from ckptstore.io.open_files import SourceFiles
 from ckptstore.errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
@@ -29,55 +29,6 @@ from ckptstore.checkpoint.strategy import Layout, Strategy, load_strategy
 from ckptstore.io.locations import is_url
 from ckptstore.io.s3 import READ_CONCURRENCY as S3_READ_CONCURRENCY
 
-
-
-@dataclass(frozen=True)
-class SourceSlice:
-    """One distinct global box of a parameter and the rank files that hold it (replicas)."""
-
-    box: Box
-    ranks: tuple[int, ...]
-    entries: tuple[CkptEntry, ...]
-    paths: tuple[str, ...]
-    #: every rank the strategy places this box on (``ranks`` are those whose files hold it)
-    group: tuple[int, ...] = ()
-
-    @property
-    def rank(self) -> int:
-        """The rank whose file supplies this box (the first replica)."""
-        return self.ranks[0]
-
-    @property
-    def entry(self) -> CkptEntry:
-        return self.entries[0]
-
-    @property
-    def path(self) -> str:
-        """The file of the rank that supplies this box."""
-        return self.paths[0]
-
-
-@dataclass(frozen=True)
-class SourceParam:
-    """A parameter of the whole job: global shape, dtype, and its distinct slices."""
-
-    name: str
-    tensor_type: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    slices: tuple[SourceSlice, ...]
-    in_strategy: bool
-    #: Slices of other pipeline stages that hold the parameter in another layout (a tied
-    #: embedding): not stored, checked against the stored slices.
-    copies: tuple[SourceSlice, ...] = ()
-
-    @property
-    def is_str(self) -> bool:
-        return self.tensor_type == "str"
-
-    @property
-    def nbytes(self) -> int:
-        return sum(s.entry.nbytes for s in self.slices)
 
 
 @dataclass(frozen=True)

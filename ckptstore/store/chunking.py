@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 from ckptstore.boxes import Box
 from ckptstore.formats.ckpt_reader import CkptEntry
-from ckptstore.checkpoint.source import SourceParam, SourceSlice
+from ckptstore.checkpoint.params import SourceParam, SourceSlice
 
 #: Name patterns of MindSpore optimizer state and training counters, removed by
 #: ``--drop-optimizer``: Adam/AdamWeightDecay moments, Momentum/LAMB/RMSProp/Adagrad/FTRL

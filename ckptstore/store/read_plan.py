@@ -171,11 +171,6 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
                          tuple(i for i, _ in touched), tuple(o for _, o in touched))
 
 
-def plan_reads(manifests: Mapping[str, ParamManifest], boxes: Mapping[str, Box | None], **kw: Any) -> ReadPlan:
-    """Plans for every named parameter's box (keyword options as :func:`plan_param`)."""
-    return ReadPlan({n: plan_param(manifests[n], b, **kw) for n, b in boxes.items()})
-
-
 class _Columns:
     """Range columns collected in order: single ranges as Python ints (cheap), runs as arrays."""
 

@@ -1,0 +1,101 @@
+"""The package's modules import each other without a circle (issue 16).
+
+Read from the source with :mod:`ast`, so no module is imported: every ``import`` at a module's
+top level counts, including those under ``if TYPE_CHECKING:`` (a circle hidden from the
+interpreter is still one for a reader); imports inside functions (MindSpore and zarr on first
+use) do not.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import ckptstore
+
+PACKAGE = Path(ckptstore.__file__).parent
+
+
+def _module_names() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _top_level_imports(source: str, modules: dict[str, Path]) -> set[str]:
+    """The package modules ``source`` imports at its top level (``if``/``try`` blocks included)."""
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ckptstore"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    found.add(full if full in modules else node.module)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name.startswith("ckptstore"))
+            elif isinstance(node, ast.If):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+
+    visit(ast.parse(source).body)
+    return {m for m in found if m in modules}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return circles
+
+
+def test_no_module_of_the_package_imports_itself_through_others():
+    modules = _module_names()
+    graph = {name: _top_level_imports(path.read_text(encoding="utf-8"), modules) - {name} for name, path in modules.items()}
+    assert _circles(graph) == []
+
+
+def test_an_import_under_type_checking_counts():
+    # the check above would pass vacuously if TYPE_CHECKING blocks were not read
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ckptstore.boxes import Box\n"
+    assert _top_level_imports(source, _module_names()) == {"ckptstore.boxes"}
+
+
+def test_an_import_inside_a_function_does_not_count():
+    source = "def f():\n    from ckptstore.boxes import Box\n"
+    assert _top_level_imports(source, _module_names()) == set()
