@@ -273,12 +273,17 @@ def _fingerprint(source: DistributedSource, plans: Sequence[ParamPlan], codec: M
     status-change time even when it restores the modification time, so a rerun never mixes
     bytes of two versions of a file. It does not depend on the number of parts: every part
     computes the same one, and the store is the same, byte for byte, however it was split.
+    The strategy counts with its parsed layouts (in name order, so the order of its files does
+    not matter): a strategy that gives the same files' slices to other ranks makes other global
+    tensors, so its part must not join this conversion's store.
     """
     files = {r: _identity(str(p)) for r, p in source.rank_files.items()}
     params = [(p.param.name, p.param.dtype.str if not p.param.is_str else "str", p.param.shape, p.chunk_shape)
               for p in plans]
+    strategy = None if source.strategy is None else json.dumps(source.strategy.summary(), sort_keys=True)
     blob = json.dumps({"files": files, "params": params, "codec": codec, "format": fmt, "version": __version__,
-                       "integrated_save": source.integrated_save, "checksum": checksum}, default=str)
+                       "integrated_save": source.integrated_save, "checksum": checksum, "strategy": strategy},
+                      default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
