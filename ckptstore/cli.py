@@ -157,7 +157,7 @@ def _print_store(info: dict[str, Any]) -> None:
 @click.option("--ckpt-dir", type=Location(exists=True, file_okay=False), default=None,
               help="Strategy only: the folder of rank_<i>/ checkpoints, to show global shapes and each "
                    "rank's box.")
-@click.option("--strategy", "extra_strategies", multiple=True, type=Location(exists=True, dir_okay=False),
+@click.option("--strategy", "extra_strategies", multiple=True, type=Location(exists=True),
               help="Strategy only: more strategy files (one per pipeline stage), read together with PATH.")
 @click.option("--include", multiple=True, metavar="GLOB",
               help="List only parameters matching (repeatable); totals still cover everything.")
@@ -203,7 +203,8 @@ def info(path: str, as_json: bool, rank: int | None, ckpt_dir: str | None, extra
 
 
 _STRATEGY_HELP = ("MindSpore strategy file of the source (protobuf as saved, or .json); repeat it for one file "
-                  "per pipeline stage. Not needed for a single .ckpt file.")
+                  "per pipeline stage, or give a folder of them (MindFormers' strategy/ckpt_strategy_rank_<r>.ckpt). "
+                  "Not needed for a single .ckpt file.")
 
 
 def _source_options(fn: F) -> F:
@@ -213,7 +214,7 @@ def _source_options(fn: F) -> F:
         click.option("--out", "-o", required=True, type=Location(),
                      help="The store to create: a folder, or s3://bucket/prefix (obs://bucket/prefix for OBS)."),
         click.option("--strategy", "-s", "strategies", multiple=True,
-                     type=Location(exists=True, dir_okay=False), help=_STRATEGY_HELP),
+                     type=Location(exists=True), help=_STRATEGY_HELP),
         click.option("--step", type=int, default=None,
                      help="Use each rank's checkpoint of this step (-<epoch>_<step>.ckpt) instead of the newest."),
         click.option("--prefix", default=None, help="Use only checkpoint files whose name starts with this."),
@@ -343,7 +344,7 @@ def index(checksum: bool, **kw: Any) -> None:
 @click.option("--against", type=Location(exists=True), default=None,
               help="Also compare with the source checkpoint (folder of rank_<i>/ or one .ckpt/.safetensors), every "
                    "replica.")
-@click.option("--strategy", "-s", "strategies", multiple=True, type=Location(exists=True, dir_okay=False),
+@click.option("--strategy", "-s", "strategies", multiple=True, type=Location(exists=True),
               help="With --against: the source strategy file(s).")
 @click.option("--step", type=int, default=None, help="With --against: which step's files.")
 @click.option("--prefix", default=None, help="With --against: which files, by name prefix.")
@@ -407,8 +408,9 @@ def _parse_ranks(value: str | None) -> list[int] | None:
 @main.command()
 @click.argument("store", type=Location(exists=True, file_okay=False))
 @click.argument("out", type=Location(file_okay=False, local_only=True))
-@click.option("--strategy", "-s", "strategies", multiple=True, type=Location(exists=True, dir_okay=False),
-              help="Strategy file(s) of the target layout (the new card count); repeat per pipeline stage. "
+@click.option("--strategy", "-s", "strategies", multiple=True, type=Location(exists=True),
+              help="Strategy file(s) of the target layout (the new card count); repeat per pipeline stage, or give "
+                   "a folder of them. "
                    "Without it, the source layout is written back.")
 @click.option("--ranks", default=None, help="Target ranks to write, e.g. 0,1,4-7 (default: all).")
 @click.option("--format", "fmt", type=click.Choice(["ckpt", "safetensors"]), default="ckpt", show_default=True,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
+from dataclasses import replace
 from math import prod
 from pathlib import Path
 
@@ -228,13 +229,24 @@ def test_a_bad_json_strategy_is_refused_naming_it(tmp_path, text, message):
     assert message in str(info.value) and str(path) in str(info.value)
 
 
-def test_two_files_for_one_stage_are_refused_naming_both(saved_layout, tmp_path):
-    stage0 = saved_layout("pipeline2").strategy_files[0]
+def test_two_files_of_one_stage_that_agree_are_one_stage(saved_layout, tmp_path):
+    # MindFormers saves one strategy file per rank: every rank of a stage writes the same layouts
+    stage0, stage1 = saved_layout("pipeline2").strategy_files
     copy = tmp_path / "copy_of_stage0.ckpt"
     shutil.copyfile(stage0, copy)
+    assert load_strategy([stage0, copy, stage1]).layouts == load_strategy([stage0, stage1]).layouts
+
+
+def test_two_files_of_one_stage_that_disagree_are_refused_naming_both_and_the_parameter(saved_layout, tmp_path):
+    layout = saved_layout("pipeline2")
+    stage0 = layout.strategy_files[0]
+    specs = [replace(s, tensor_map=(-1, 0)) if s.name == "layer0.w" else s for s in layout.specs]
+    other = T.write_strategy(tmp_path / "other_stage0.ckpt", specs, stage=0)
     with pytest.raises(StrategyError) as info:
-        load_strategy([stage0, copy])
-    assert str(info.value) == f"strategy files {stage0} and {copy} are both for pipeline stage 0"
+        load_strategy([stage0, other])
+    assert str(info.value) == (f"strategy files {stage0} and {other} are both for pipeline stage 0 but disagree on "
+                               "parameter 'layer0.w': device matrix [2, 2], tensor map [0, -1] in the first, device "
+                               "matrix [2, 2], tensor map [-1, 0] in the second; are they from one job?")
 
 
 def test_a_missing_pipeline_stage_is_refused_naming_the_files(saved_layout):

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.mindspore
 
 import mindspore_fixtures as T  # noqa: E402
 import ckptstore  # noqa: E402
-from ckptstore.errors import StoreExistsError  # noqa: E402
+from convert_fixtures import run_cli  # noqa: E402
+from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
+from ckptstore.errors import StoreExistsError, StrategyError  # noqa: E402
 
 
 # ---- 17.16: the conversion's fingerprint covers the strategy -----------------------------------
@@ -65,3 +67,74 @@ def test_the_same_strategy_resumes_the_other_part(saved_layout, tmp_path):
     assert second.committed
     with ckptstore.open(out) as store:
         assert np.array_equal(store.read("moe.w"), layout.tensors["moe.w"])
+
+
+# ---- 17.18: MindFormers' strategy folders --------------------------------------------------------
+
+def _mindformers_folder(layout, folder):
+    """``folder/ckpt_strategy_rank_<r>.ckpt`` for every rank, as MindFormers saves them: each rank
+    writes the strategy of its own pipeline stage."""
+    per_stage = layout.world // layout.stages
+    for rank in range(layout.world):
+        T.write_strategy(folder / f"ckpt_strategy_rank_{rank}.ckpt", layout.specs, stage=rank // per_stage)
+    return folder
+
+
+def test_a_strategy_folder_reads_as_its_files_one_per_rank_several_per_stage(saved_layout, tmp_path):
+    layout = saved_layout("pipeline2")
+    folder = _mindformers_folder(layout, tmp_path / "strategy")
+    strategy = load_strategy(folder)
+    assert strategy.layouts == load_strategy(layout.strategy_files).layouts
+    assert (strategy.num_stages, strategy.stage_devices) == (2, 4)
+    assert strategy.sources == tuple(str(folder / f"ckpt_strategy_rank_{r}.ckpt") for r in range(8))
+
+
+def test_convert_takes_a_strategy_folder(saved_layout, tmp_path):
+    layout = saved_layout("pipeline2")
+    folder = _mindformers_folder(layout, tmp_path / "strategy")
+    r = run_cli("convert", layout.root, "-s", folder, "--out", tmp_path / "s.zarr", "-q")
+    assert r.returncode == 0, r.stderr
+    with ckptstore.open(tmp_path / "s.zarr") as store:
+        for name in ("layer0.w", "layer1.w", "adam_m.layer1.w", "head.w"):
+            assert np.array_equal(store.read(name), layout.tensors[name]), name
+
+
+def test_the_api_takes_a_strategy_folder(saved_layout, tmp_path):
+    layout = saved_layout("pipeline2")
+    folder = _mindformers_folder(layout, tmp_path / "strategy")
+    ckptstore.convert(layout.root, tmp_path / "s.zarr", strategy=str(folder))
+    with ckptstore.open(tmp_path / "s.zarr") as store:
+        assert np.array_equal(store.read("layer1.w"), layout.tensors["layer1.w"])
+
+
+def test_a_rank_file_of_another_job_in_the_strategy_folder_is_refused_naming_both(saved_layout, tmp_path):
+    layout = saved_layout("pipeline2")
+    folder = _mindformers_folder(layout, tmp_path / "strategy")
+    specs = [replace(s, tensor_map=(-1, 0)) if s.name == "layer0.w" else s for s in layout.specs]
+    T.write_strategy(folder / "ckpt_strategy_rank_2.ckpt", specs, stage=0)
+    r = run_cli("convert", layout.root, "-s", folder, "--out", tmp_path / "s.zarr", "-q")
+    assert r.returncode == 2
+    assert r.stderr == (f"ckptstore: error: strategy files {folder / 'ckpt_strategy_rank_0.ckpt'} and "
+                        f"{folder / 'ckpt_strategy_rank_2.ckpt'} are both for pipeline stage 0 but disagree on "
+                        "parameter 'layer0.w': device matrix [2, 2], tensor map [0, -1] in the first, device matrix "
+                        "[2, 2], tensor map [-1, 0] in the second; are they from one job? [StrategyError]\n")
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_a_strategy_folder_with_both_formats_is_refused(saved_layout, tmp_path):
+    layout = saved_layout("dp2_mp4")
+    folder = tmp_path / "strategy"
+    T.write_strategy(folder / "ckpt_strategy_rank_0.ckpt", layout.specs)
+    T.write_strategy_json(folder / "ckpt_strategy_rank_1.json", layout.specs)
+    with pytest.raises(StrategyError) as info:
+        load_strategy(folder)
+    assert str(info.value) == (f"strategy folder {folder} holds both .ckpt and .json files; pass the files of one "
+                               "format (MindSpore's merge_pipeline_strategys refuses the mix too)")
+
+
+def test_a_strategy_folder_without_strategy_files_is_refused(tmp_path):
+    (tmp_path / "strategy").mkdir()
+    (tmp_path / "strategy" / "notes.txt").write_text("x")
+    with pytest.raises(StrategyError) as info:
+        load_strategy(tmp_path / "strategy")
+    assert str(info.value) == f"strategy folder {tmp_path / 'strategy'} holds no .ckpt or .json strategy file"

@@ -301,7 +301,7 @@ def resolve_source(src: str | os.PathLike[str], strategy: Sequence[str | os.Path
                    check_layout: bool = True, src_format: str | None = None) -> DistributedSource:
     """Open ``src`` (a folder of ``rank_<i>/`` or one ``.ckpt``/``.safetensors`` file) with its
     strategy files; ``step``, ``prefix`` and ``src_format`` choose each rank's file."""
-    strat: Strategy | None = load_strategy(list(strategy)) if strategy else None
+    strat: Strategy | None = load_strategy(strategy) if strategy else None
     if is_url(src):
         if str(src).endswith((".ckpt", ".safetensors")):
             p: Any = str(src)

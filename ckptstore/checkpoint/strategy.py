@@ -10,8 +10,9 @@ and ``_construct_tensor_layout_for_opt_shard``) and is checked against MindSpore
 
 Files are read in both forms MindSpore accepts: the ``ParallelStrategyMap`` protobuf (decoded
 with :mod:`ckptstore.formats.protowire`, so MindSpore need not be installed) and JSON. Pipeline stages
-come either as one file per stage or as a file merged by ``merge_pipeline_strategys`` (names
-prefixed ``"<stage>-"``).
+come either as one file per stage, as several files of each stage (MindFormers saves one per
+rank, in a folder), or as a file merged by ``merge_pipeline_strategys`` (names prefixed
+``"<stage>-"``).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from ckptstore.formats import protowire
 from ckptstore.boxes import Box, even_part
 from ckptstore.errors import MissingFileError, StoreCorruptError, StrategyError
 from ckptstore.limits import MAX_METADATA_BYTES, MAX_NDIM, MAX_WORLD
-from ckptstore.io.locations import is_url, open_user_file
+from ckptstore.io.locations import is_url, open_location, open_user_file
 
 #: A tensor axis is split by no device axis (-1), one, or several (MindSpore's nested "layout").
 AxisMap = tuple[int, ...]
@@ -488,38 +489,122 @@ def read_strategy_file(path: str | os.PathLike[str]) -> _StageFile:
     return _read_json(p, data) if p.endswith(".json") else _read_proto(p, data)
 
 
-def load_strategy(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Strategy:
-    """Read one or more strategy files into a :class:`Strategy`.
+StrategyPaths = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
-    Accepts a single file, a file merged by ``mindspore.merge_pipeline_strategys``, or one file
-    per pipeline stage (each names its stage in its ``parallel_strategy_item``). Raises
-    :class:`~ckptstore.errors.StrategyError` for unreadable files, stages given twice or missing,
-    and stages whose device counts differ.
+_STRATEGY_SUFFIXES = (".ckpt", ".json")
+
+
+def strategy_files(paths: StrategyPaths) -> list[str]:
+    """The strategy files ``paths`` name: each file as given, each folder replaced by the ``.ckpt``
+    (or ``.json``) files in it, sorted by name.
+
+    MindFormers saves one strategy file per rank into a folder (``strategy/ckpt_strategy_rank_<r>.ckpt``)
+    and MindSpore's ``merge_pipeline_strategys`` takes such a folder; a folder may be local or an
+    object-store prefix. Raises :class:`~ckptstore.errors.StrategyError` for a folder with no
+    strategy file, or with both ``.ckpt`` and ``.json`` ones (MindSpore refuses that mix too).
     """
-    files = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    out: list[str] = []
+    for path in given:
+        p = os.fspath(path)
+        names = _folder_names(p)
+        if names is None:
+            out.append(p)
+            continue
+        kinds = {os.path.splitext(n)[1] for n in names}
+        if not names:
+            raise StrategyError(f"strategy folder {p} holds no .ckpt or .json strategy file")
+        if len(kinds) > 1:
+            raise StrategyError(f"strategy folder {p} holds both .ckpt and .json files; pass the files of one "
+                                "format (MindSpore's merge_pipeline_strategys refuses the mix too)")
+        out += [f"{p.rstrip('/')}/{n}" if is_url(p) else os.path.join(p, n) for n in names]
+    return out
+
+
+def _folder_names(path: str) -> list[str] | None:
+    """The strategy file names in folder (or prefix) ``path``, or ``None`` when it is not a folder."""
+    if is_url(path):
+        if path.endswith(_STRATEGY_SUFFIXES):
+            return None
+        files = [n for n in open_location(path).list()[1] if n.endswith(_STRATEGY_SUFFIXES)]
+        return sorted(files) if files else None  # nothing under it: read it as a file (and say if it is missing)
+    if not os.path.isdir(path):
+        return None
+    return sorted(e.name for e in os.scandir(path) if e.name.endswith(_STRATEGY_SUFFIXES) and e.is_file())
+
+
+def load_strategy(paths: StrategyPaths) -> Strategy:
+    """Read one or more strategy files, or folders of them, into a :class:`Strategy`.
+
+    Accepts a single file, a file merged by ``mindspore.merge_pipeline_strategys``, one file
+    per pipeline stage (each names its stage in its ``parallel_strategy_item``), or several
+    files of one stage, in any order: MindFormers saves one per rank (a folder passed here
+    stands for the files in it, see :func:`strategy_files`). Files of one stage must agree.
+    Raises :class:`~ckptstore.errors.StrategyError` for unreadable files, files of one stage
+    that disagree (naming both and a parameter), stages missing, and stages whose device
+    counts differ.
+    """
+    files = strategy_files(paths)
     if not files:
         raise StrategyError("no strategy file given")
+    parsed = [read_strategy_file(f) for f in files]
+    stageless = [sf.path for sf in parsed if sf.stage is None and any(
+        _split_merged_name(n)[0] is None for n in sf.layouts)]
+    if stageless and len(stageless) != len(parsed):
+        raise StrategyError(f"strategy file {stageless[0]} does not say which pipeline stage it is (no "
+                            "parallel_strategy_item) but other files given with it do; pass one file per stage as "
+                            "saved")
+    per_stage: dict[int, tuple[str, dict[str, Layout]]] = {}  # the first file seen of each stage
     staged: dict[str, dict[int, Layout]] = {}
-    seen_stages: dict[int, str] = {}
-    for f in files:
-        sf = read_strategy_file(f)
+    for sf in parsed:
         if not sf.layouts:  # MindSpore refuses these too ("The strategy file ... is empty")
             raise StrategyError(f"strategy file {sf.path} holds no parameter layouts (parallel_layout_item); "
                                 "is it a strategy file? (checkpoints are often named *.ckpt too)")
-        for name, layout in sf.layouts.items():
-            merged_stage, plain = _split_merged_name(name)
-            stage = merged_stage if merged_stage is not None else sf.stage
-            if stage is None:
-                if len(files) > 1:
-                    raise StrategyError(f"strategy file {sf.path} does not say which pipeline stage it is "
-                                        "(no parallel_strategy_item); pass one file per stage as saved")
-                stage = 0
-            if merged_stage is None and stage in seen_stages and seen_stages[stage] != sf.path:
-                raise StrategyError(f"strategy files {seen_stages[stage]} and {sf.path} are both for "
-                                    f"pipeline stage {stage}")
-            seen_stages.setdefault(stage, sf.path)
-            staged.setdefault(plain, {})[stage] = layout
-    return _assemble(staged, tuple(os.fspath(f) for f in files))
+        for stage, layouts in _stage_parts(sf).items():
+            seen = per_stage.get(stage)
+            if seen is not None:
+                _check_same_stage(seen, (sf.path, layouts), stage)
+                continue
+            per_stage[stage] = (sf.path, layouts)
+            for name, layout in layouts.items():
+                staged.setdefault(name, {})[stage] = layout
+    return _assemble(staged, tuple(files))
+
+
+def _stage_parts(sf: _StageFile) -> dict[int, dict[str, Layout]]:
+    """The layouts of one file by pipeline stage: a merged file's ``"<stage>-"`` names, else the
+    file's own stage (0 when it names none: a job without pipeline stages)."""
+    out: dict[int, dict[str, Layout]] = {}
+    for name, layout in sf.layouts.items():
+        merged_stage, plain = _split_merged_name(name)
+        stage = merged_stage if merged_stage is not None else (sf.stage or 0)
+        out.setdefault(stage, {})[plain] = layout
+    return out
+
+
+def _check_same_stage(first: tuple[str, dict[str, Layout]], other: tuple[str, dict[str, Layout]],
+                      stage: int) -> None:
+    """Two files of one stage (say, two ranks' files of a MindFormers strategy folder) must agree."""
+    (path_a, a), (path_b, b) = first, other
+    where = f"strategy files {path_a} and {path_b} are both for pipeline stage {stage} but"
+    for name in a:
+        if name not in b:
+            raise StrategyError(f"{where} only the first lays out parameter {name!r}; are they from one job?")
+        if a[name] != b[name]:
+            raise StrategyError(f"{where} disagree on parameter {name!r}: {_describe(a[name])} in the first, "
+                                f"{_describe(b[name])} in the second; are they from one job?")
+    extra = next((n for n in b if n not in a), None)
+    if extra is not None:
+        raise StrategyError(f"{where} only the second lays out parameter {extra!r}; are they from one job?")
+
+
+def _describe(layout: Layout) -> str:
+    text = f"device matrix {list(layout.dev_matrix)}, tensor map {layout.pretty_map()}"
+    if layout.opt_sharded:
+        text += f", optimizer shard size {layout.opt_shard_size} step {layout.opt_shard_step}"
+    if layout.local_shape:
+        text += f", slice shape {list(layout.local_shape)}"
+    return text
 
 
 def _assemble(staged: dict[str, dict[int, Layout]], sources: tuple[str, ...]) -> Strategy:
