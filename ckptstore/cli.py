@@ -126,6 +126,8 @@ def _print_strategy(info: dict[str, Any]) -> None:
                 box = p["box"]
                 line += "  box " + " x ".join(f"[{a}:{b})" for a, b in zip(box["start"], box["stop"]))
                 line += f" of {p['global_shape']}"
+        if name in info.get("unsaved", ()):
+            line += "  not saved (in no rank file)"
         click.echo(line)
 
 
@@ -147,6 +149,13 @@ def _print_store(info: dict[str, Any]) -> None:
     click.echo(f"  tensors: {_fmt_bytes(totals['nbytes'])}, stored: {_fmt_bytes(totals['stored_bytes'])}; "
                f"the rank files held {_fmt_bytes(totals['source_bytes'])} (replicas stored once saved "
                f"{_fmt_bytes(totals['dedup_saved_bytes'])})")
+    if src.get("unsaved"):
+        click.echo(f"  {_unsaved_line(src['unsaved'])}")
+
+
+def _unsaved_line(names: list[str]) -> str:
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    return f"not saved (the strategy lists them, no rank file holds them), so not stored: {shown}"
 
 
 @main.command()
@@ -275,6 +284,8 @@ def _print_summary(summary: Any, as_json: bool, done: str) -> None:
                    + "; the store is complete once every part has finished (the last one commits)")
     else:
         click.echo(done if summary.part == "0/1" else f"part {summary.part}, the last to finish: {done}")
+    if summary.unsaved and not as_json:
+        click.echo(_unsaved_line(list(summary.unsaved)))
 
 
 @main.command()

@@ -11,6 +11,7 @@ compiler's (or MindFormers') format, through :mod:`mindspore_fixtures`.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -21,9 +22,9 @@ pytestmark = pytest.mark.mindspore
 
 import mindspore_fixtures as T  # noqa: E402
 import ckptstore  # noqa: E402
-from convert_fixtures import run_cli  # noqa: E402
+from convert_fixtures import rewrite_rank_file, run_cli  # noqa: E402
 from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
-from ckptstore.errors import StoreExistsError, StrategyError  # noqa: E402
+from ckptstore.errors import LayoutMismatchError, StoreExistsError, StrategyError  # noqa: E402
 
 
 # ---- 17.16: the conversion's fingerprint covers the strategy -----------------------------------
@@ -138,3 +139,83 @@ def test_a_strategy_folder_without_strategy_files_is_refused(tmp_path):
     with pytest.raises(StrategyError) as info:
         load_strategy(tmp_path / "strategy")
     assert str(info.value) == f"strategy folder {tmp_path / 'strategy'} holds no .ckpt or .json strategy file"
+
+
+# ---- 17.17: MindFormers' filtered saves ----------------------------------------------------------
+
+#: What MindFormers' CheckpointMonitor leaves out of a save (its choice_func), laid out like dp2_mp4.
+FILTERED = [
+    T.ParamSpec("accu_grads.layer0.w", (32, 16), dev_matrix=(2, 4), tensor_map=(0, -1)),
+    T.ParamSpec("layer0.key_cache", (4, 8, 16), dev_matrix=(2, 4), tensor_map=(-1, 0, -1)),
+    T.ParamSpec("expert_load", (8,), dev_matrix=(2, 4), tensor_map=(-1,)),
+]
+
+
+@pytest.fixture(scope="module")
+def filtered_save(tmp_path_factory, saved_layout):
+    """dp2_mp4 saved without FILTERED, with the strategy the compiler wrote for all of them."""
+    base = saved_layout("dp2_mp4")
+    root = tmp_path_factory.mktemp("filtered")
+    kept = list(base.specs)
+    T.save_distributed(root, kept, base.tensors, world_size=8, extra_scalars=True)
+    T.write_strategy(root / "strategy.ckpt", kept + FILTERED, stage=0)
+    return root, base.tensors
+
+
+def test_parameters_no_rank_file_holds_are_skipped_and_named(filtered_save, tmp_path):
+    root, tensors = filtered_save
+    summary = ckptstore.convert(root, tmp_path / "s.zarr", strategy=[root / "strategy.ckpt"])
+    assert summary.unsaved == ("accu_grads.layer0.w", "layer0.key_cache", "expert_load")
+    with ckptstore.open(tmp_path / "s.zarr") as store:
+        assert not {s.name for s in FILTERED} & set(store.names())
+        assert np.array_equal(store.read("layer0.w"), tensors["layer0.w"])
+        assert store.source["unsaved"] == ["accu_grads.layer0.w", "layer0.key_cache", "expert_load"]
+
+
+def test_an_index_skips_and_names_them_too(filtered_save, tmp_path):
+    root, _ = filtered_save
+    summary = ckptstore.index(root, tmp_path / "s.idx", strategy=[root / "strategy.ckpt"])
+    assert summary.unsaved == ("accu_grads.layer0.w", "layer0.key_cache", "expert_load")
+
+
+def test_exclude_applies_before_the_list_of_unsaved_parameters(filtered_save, tmp_path):
+    root, _ = filtered_save
+    summary = ckptstore.convert(root, tmp_path / "s.zarr", strategy=[root / "strategy.ckpt"],
+                                exclude=["accu_grads.*"])
+    assert summary.unsaved == ("layer0.key_cache", "expert_load")
+
+
+def test_convert_and_info_print_the_unsaved_parameters(filtered_save, tmp_path):
+    root, _ = filtered_save
+    r = run_cli("convert", root, "-s", root / "strategy.ckpt", "--out", tmp_path / "s.zarr", "-q")
+    assert r.returncode == 0, r.stderr
+    line = ("not saved (the strategy lists them, no rank file holds them), so not stored: accu_grads.layer0.w, "
+            "layer0.key_cache, expert_load")
+    assert r.stdout.splitlines()[-1] == line
+    r = run_cli("info", tmp_path / "s.zarr")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "  " + line
+
+
+def test_a_strategy_with_its_rank_files_marks_what_was_not_saved(filtered_save):
+    root, _ = filtered_save
+    r = run_cli("info", root / "strategy.ckpt", "--ckpt-dir", root, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["unsaved"] == ["accu_grads.layer0.w", "layer0.key_cache", "expert_load"]
+
+
+def test_a_parameter_some_of_its_ranks_lack_can_be_excluded(private_layout, tmp_path):
+    # layer0.w missing from ranks 2 and 6 (both holders of rows 16..24) is an error
+    # (test_source.py::test_a_slice_no_rank_holds_names_the_parameter_and_the_ranks_that_should);
+    # --exclude drops it before that check
+    layout = private_layout("dp2_mp4")
+    for rank in (2, 6):
+        rewrite_rank_file(layout.rank_file(rank), lambda arrays: {n: a for n, a in arrays.items() if n != "layer0.w"})
+    with pytest.raises(LayoutMismatchError, match="no rank holds the slice"):
+        ckptstore.convert(layout.root, tmp_path / "a.zarr", strategy=layout.strategy_files)
+    summary = ckptstore.convert(layout.root, tmp_path / "b.zarr", strategy=layout.strategy_files,
+                                exclude=["layer0.w"])
+    assert summary.unsaved == ()
+    with ckptstore.open(tmp_path / "b.zarr") as store:
+        assert "layer0.w" not in store.names()
+        assert np.array_equal(store.read("layer1.w"), layout.tensors["layer1.w"])

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 
 from ckptstore.boxes import Box
@@ -25,7 +25,7 @@ from ckptstore.checkpoint.params import SourceParam, SourceSlice
 from ckptstore.checkpoint.rank_files import find_rank_files, pick_rank_file, scan_rank_file  # noqa: F401 (re-exported)
 from ckptstore.io.open_files import SourceFiles
 from ckptstore.errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
-from ckptstore.checkpoint.strategy import Layout, Strategy, load_strategy
+from ckptstore.checkpoint.strategy import Layout, Strategy, StrategyPaths, load_strategy
 from ckptstore.io.locations import is_url
 from ckptstore.io.s3 import READ_CONCURRENCY as S3_READ_CONCURRENCY
 
@@ -37,6 +37,7 @@ class DistributedSource:
 
     ``integrated_save`` is true when the rank files hold whole tensors although the strategy
     splits them (``save_checkpoint(integrated_save=True)``); parameters are then whole.
+    ``unsaved`` names what the strategy lays out and no rank file holds (see :func:`open_source`).
     ``files`` keeps the rank files open for whoever reads them next; close the source after use.
     """
 
@@ -46,6 +47,8 @@ class DistributedSource:
     params: Mapping[str, SourceParam]
     integrated_save: bool = False
     files: SourceFiles = field(default_factory=SourceFiles, compare=False, repr=False)
+    #: parameters the strategy lays out but no rank file holds: not saved (a filtered save), so not stored
+    unsaved: tuple[str, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -71,7 +74,8 @@ def _scan_all(files: Mapping[int, str], verify_crc: bool) -> dict[int, CkptIndex
 
 
 def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Strategy | None, *,
-                verify_crc: bool = False, check_layout: bool = True) -> DistributedSource:
+                verify_crc: bool = False, check_layout: bool = True,
+                keep: Callable[[str], bool] | None = None) -> DistributedSource:
     """Scan every rank file and resolve each parameter's global shape and slices.
 
     With ``strategy=None`` every parameter must have the same shape on every rank that holds it
@@ -81,6 +85,12 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
     there and taken as whole tensors. Raises :class:`~ckptstore.errors.LayoutMismatchError` or
     :class:`~ckptstore.errors.MissingRankError` naming the file, rank and parameter when the
     files and the strategy disagree.
+
+    A parameter the strategy lays out that *no* rank file holds was not saved: MindFormers'
+    ``CheckpointMonitor`` filters saves (``accu_grads.*``, ``*_cache``, ``expert_load``) while
+    the strategy still lists them, and ``transform_checkpoints`` leaves them out. It is skipped
+    and named in ``unsaved``. One missing from only *some* of the ranks that must hold it stays
+    an error. ``keep`` (``--include``/``--exclude``) drops names before any of these checks.
     """
     files = {r: os.fspath(p) for r, p in sorted(rank_files.items())}
     if strategy is not None and strategy.world_size != len(files):
@@ -91,10 +101,10 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
                    else f"rank(s) {_ranges(extra)} are not in it ({files[extra[0]]}{', ...' if len(extra) > 1 else ''})")
         raise MissingRankError(f"{told}: {culprit}; strategy file(s): {', '.join(strategy.sources)}")
     indexes = _scan_all(files, verify_crc)
-    names = list(dict.fromkeys(n for idx in indexes.values() for n in idx.entries))
-    if strategy is not None:
-        absent = [n for n in strategy.names() if n not in names]
-        names += absent  # reported below as missing from the ranks that must hold them
+    held = dict.fromkeys(n for idx in indexes.values() for n in idx.entries)
+    names = [n for n in held if keep is None or keep(n)]
+    unsaved = () if strategy is None else tuple(n for n in strategy.names()
+                                                 if n not in held and (keep is None or keep(n)))
     params: dict[str, SourceParam] = {}
     uncovered: _Uncovered | None = None
     for n in names:
@@ -116,7 +126,7 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
         if verdict.integrated:
             integrated = True
             params = {n: _resolve_whole(n, _holders(n, indexes), indexes) for n in names}
-    return DistributedSource(files, indexes, strategy, params, integrated, opened)
+    return DistributedSource(files, indexes, strategy, params, integrated, opened, unsaved)
 
 
 class _Uncovered(LayoutMismatchError):
@@ -194,9 +204,6 @@ def _resolve_laid_out(name: str, holders: Mapping[int, CkptEntry], indexes: Mapp
         raise LayoutMismatchError(
             f"parameter {name!r} is in {indexes[r].path} (rank {r}) but the strategy places it only on ranks "
             f"{_ranges(expected)}; is the strategy file from this job?")
-    if not holders:
-        raise LayoutMismatchError(f"parameter {name!r} is in no rank file; the strategy places it on ranks "
-                                  f"{_ranges(expected)}. The files may be truncated or from another job")
     _check_same_type(name, holders, indexes)
     first_rank = min(holders)
     first = holders[first_rank]
@@ -296,11 +303,13 @@ def _ranges(ranks: Sequence[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
-def resolve_source(src: str | os.PathLike[str], strategy: Sequence[str | os.PathLike[str]] = (), *,
+def resolve_source(src: str | os.PathLike[str], strategy: StrategyPaths = (), *,
                    step: int | None = None, prefix: str | None = None, verify_crc: bool = False,
-                   check_layout: bool = True, src_format: str | None = None) -> DistributedSource:
+                   check_layout: bool = True, src_format: str | None = None,
+                   keep: Callable[[str], bool] | None = None) -> DistributedSource:
     """Open ``src`` (a folder of ``rank_<i>/`` or one ``.ckpt``/``.safetensors`` file) with its
-    strategy files; ``step``, ``prefix`` and ``src_format`` choose each rank's file."""
+    strategy files (or folders of them); ``step``, ``prefix`` and ``src_format`` choose each rank's
+    file, ``keep`` the parameters (see :func:`open_source`)."""
     strat: Strategy | None = load_strategy(strategy) if strategy else None
     if is_url(src):
         if str(src).endswith((".ckpt", ".safetensors")):
@@ -308,16 +317,16 @@ def resolve_source(src: str | os.PathLike[str], strategy: Sequence[str | os.Path
             if strat is not None and strat.world_size != 1:
                 raise LayoutMismatchError(f"{p} is a single checkpoint file but the strategy describes "
                                           f"{strat.world_size} ranks; pass the prefix that holds rank_<i>/ instead")
-            return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout)
+            return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout, keep=keep)
         return open_source(find_rank_files(src, step=step, prefix=prefix, fmt=src_format), strat,
-                           verify_crc=verify_crc, check_layout=check_layout)
+                           verify_crc=verify_crc, check_layout=check_layout, keep=keep)
     p = Path(src)
     if p.is_file():
         if strat is not None and strat.world_size != 1:
             raise LayoutMismatchError(f"{p} is a single checkpoint file but the strategy describes "
                                       f"{strat.world_size} ranks; pass the folder of rank_<i>/ instead")
-        return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout)
+        return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout, keep=keep)
     if not p.exists():
         raise MissingFileError(errno.ENOENT, f"no checkpoint file or folder at {p}", str(p))
     return open_source(find_rank_files(p, step=step, prefix=prefix, fmt=src_format), strat, verify_crc=verify_crc,
-                       check_layout=check_layout)
+                       check_layout=check_layout, keep=keep)

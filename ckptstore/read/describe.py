@@ -8,7 +8,8 @@ The dict shapes are part of the public interface (``ckptstore info --json``):
   "params": {name: {"stages": {stage: {"dev_matrix", "tensor_map", "opt_shard_step",
   "opt_shard_size"}}}}}``; with a rank, each param also has ``"split"`` (parts per axis, and
   ``"opt_shard_parts"``) and, when rank files are given, ``"global_shape"`` and ``"box"``
-  (``{"start": [...], "stop": [...]}``, or null when the rank does not hold it).
+  (``{"start": [...], "stop": [...]}``, or null when the rank does not hold it); when rank
+  files are given, ``"unsaved"`` lists the parameters no rank file holds (a filtered save).
 """
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def describe_strategy(strategy: Strategy, *, rank: int | None = None,
         params[name] = item
     return {"kind": "strategy", "paths": list(strategy.sources), "world_size": strategy.world_size,
             "stage_devices": strategy.stage_devices, "num_stages": strategy.num_stages,
-            **({"rank": rank} if rank is not None else {}), "params": params}
+            **({"rank": rank} if rank is not None else {}),
+            **({"unsaved": list(source.unsaved)} if source is not None else {}), "params": params}
 
 
 def describe_store(store: "Store") -> dict[str, object]:
@@ -95,7 +97,8 @@ def describe_store(store: "Store") -> dict[str, object]:
     ``{"kind": "store", "path", "backend": "zarr"|"safetensors", "source": {...}, "params": {name: {"dtype", "shape", "nbytes",
     "stored_bytes", "chunk_shape", "chunks", "codec"}}, "totals": {"nbytes", "stored_bytes",
     "source_bytes", "dedup_saved_bytes"}}``; ``source_bytes`` counts every replica the source
-    rank files held.
+    rank files held; ``source["unsaved"]`` names what the source strategy laid out but no rank
+    file held (a filtered save), so the store does not hold it either.
     """
     params: dict[str, dict[str, object]] = {}
     nbytes = stored = source = 0
@@ -114,7 +117,8 @@ def describe_store(store: "Store") -> dict[str, object]:
         source += replicated
     src = store.source
     return {"kind": "store", "path": str(store.root), "backend": store.manifest.backend,
-            "source": {k: src.get(k) for k in ("world_size", "step", "created_by")},
+            "source": {**{k: src.get(k) for k in ("world_size", "step", "created_by")},
+                       "unsaved": list(src.get("unsaved") or [])},
             "params": params,
             "totals": {"nbytes": nbytes, "stored_bytes": stored, "source_bytes": source,
                        "dedup_saved_bytes": source - nbytes}}

@@ -34,6 +34,7 @@ from ckptstore.io.output_target import OutputTarget, open_target
 from ckptstore.write.parts import Part, parse_part
 from ckptstore.progress import Progress
 from ckptstore.checkpoint.source import DistributedSource, SourceParam, resolve_source
+from ckptstore.checkpoint.strategy import StrategyPaths
 from ckptstore.io import is_url, open_location
 from ckptstore.write.store_kinds import commit, mark_done, my_share, write_plan, writer_for
 from ckptstore.write.chunk_writer import ChunkCopier
@@ -63,6 +64,8 @@ class ConvertSummary:
     part: str = "0/1"
     #: Whether the store is complete after this run (the last part commits).
     committed: bool = True
+    #: Parameters the strategy lays out but no rank file holds (a filtered save): not stored.
+    unsaved: tuple[str, ...] = ()
 
     @property
     def dedup_saved_bytes(self) -> int:
@@ -73,7 +76,7 @@ class ConvertSummary:
 
 
 def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
-            strategy: Sequence[str | os.PathLike[str]] = (), step: int | None = None, prefix: str | None = None,
+            strategy: StrategyPaths = (), step: int | None = None, prefix: str | None = None,
             include: Sequence[str] = (), exclude: Sequence[str] = (), drop_optimizer: bool = False,
             compress: str | None = None, max_chunk_mb: int | None = None, workers: int = 4,
             verify_replicas: bool = False, verify_crc: bool = False, overwrite: bool = False,
@@ -86,8 +89,11 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
 
     ``src`` is a folder of ``rank_<i>/`` subfolders of ``.ckpt`` or MindSpore ``.safetensors``
     files (each rank's newest checkpoint unless ``step``/``prefix``/``src_format`` pick another)
-    with the ``strategy`` file(s) that laid it out, or a single checkpoint file. ``include``/``exclude`` are name globs; ``drop_optimizer`` removes optimizer
-    state (:data:`~ckptstore.store.chunking.OPTIMIZER_PATTERNS`). ``compress`` is ``None``, ``"zstd"``
+    with the ``strategy`` file(s) (or a folder of them) that laid it out, or a single checkpoint
+    file. ``include``/``exclude`` are name globs; ``drop_optimizer`` removes optimizer state
+    (:data:`~ckptstore.store.chunking.OPTIMIZER_PATTERNS`); they apply before the checks of the
+    files against the strategy. Parameters the strategy lays out but no rank file holds were not
+    saved (MindFormers filters its saves): they are skipped and named in the summary's ``unsaved``. ``compress`` is ``None``, ``"zstd"``
     or ``"blosc"``. Replicated slices are read and written once; ``verify_replicas`` also reads
     every replica and fails on a mismatch; ``check_layout=False`` skips the sampled check that
     the strategy describes the files. If another conversion holds ``out``, this one waits for it
@@ -106,7 +112,7 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
 
 
 def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
-          strategy: Sequence[str | os.PathLike[str]] = (), step: int | None = None, prefix: str | None = None,
+          strategy: StrategyPaths = (), step: int | None = None, prefix: str | None = None,
           include: Sequence[str] = (), exclude: Sequence[str] = (), drop_optimizer: bool = False,
           checksum: bool = False, workers: int = 4, verify_crc: bool = False, overwrite: bool = False,
           quiet: bool = True, check_layout: bool = True, src_format: str | None = None,
@@ -136,17 +142,16 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
     """Source -> plans -> claim the output -> write this part's share (or skip, if complete) -> commit -> summary."""
     started = time.monotonic()
     target = open_target(out)
-    source = resolve_source(src, **choose)
+    source = resolve_source(src, **choose, keep=lambda name: bool(select_params([name], **select)))
     try:
-        names = select_params(source.params, **select)
-        plans = [_plan(source.params[n], chunk_bytes) for n in names]
+        plans = [_plan(p, chunk_bytes) for p in source.params.values()]
         fingerprint = _fingerprint(source, plans, codec, fmt, checksum)
         hold = claim(target, fingerprint, overwrite=overwrite, on_wait=on_wait, part=part,
                      sources=[*map(str, source.rank_files.values()),
                               *(source.strategy.sources if source.strategy else ())])
         try:
             if hold.complete:
-                return _summary(target, plans, None, started, part, already_complete=True)
+                return _summary(target, plans, None, started, part, source.unsaved, already_complete=True)
             header = {**_source_header(source, choose.get("step")), "fingerprint": fingerprint}
             progress = Progress(sum(p.nbytes for p in plans), len(plans), desc=fmt if fmt == "index" else "convert",
                                 quiet=quiet)
@@ -165,7 +170,7 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                 progress.close()
             mark_done(target, part, fingerprint)
             manifest = _commit_if_last(hold, done, fingerprint, on_wait)
-            return _summary(target, mine, copier, started, part, manifest=manifest)
+            return _summary(target, mine, copier, started, part, source.unsaved, manifest=manifest)
         finally:
             hold.release()
     finally:
@@ -232,7 +237,8 @@ def _options(fmt: str, compress: str | None, max_chunk_mb: int | None, workers: 
 
 
 def _summary(target: OutputTarget, plans: Sequence[ParamPlan], copier: ChunkCopier | None, started: float,
-             part: Part, *, manifest: StoreManifest | None = None, already_complete: bool = False) -> ConvertSummary:
+             part: Part, unsaved: Sequence[str], *, manifest: StoreManifest | None = None,
+             already_complete: bool = False) -> ConvertSummary:
     chunks = sum(len(p.chunks) for p in plans)
     return ConvertSummary(
         store=str(getattr(target, "root", target.url)), params=len(plans), chunks=chunks,
@@ -245,7 +251,7 @@ def _summary(target: OutputTarget, plans: Sequence[ParamPlan], copier: ChunkCopi
         stored_bytes=(sum(manifest.params[p.param.name].stored_bytes for p in plans) if manifest
                       else sum(p.nbytes for p in plans)),
         seconds=round(time.monotonic() - started, 3), already_complete=already_complete,
-        part=str(part), committed=already_complete or manifest is not None)
+        part=str(part), committed=already_complete or manifest is not None, unsaved=tuple(unsaved))
 
 
 def _codec(compress: str | None) -> dict[str, Any] | None:
@@ -303,6 +309,7 @@ def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any
         "step": step,
         "strategy": None if source.strategy is None else source.strategy.summary(),
         "integrated_save": source.integrated_save,
+        "unsaved": list(source.unsaved),
         "created_by": f"ckptstore {__version__}",
     }
 
