@@ -21,7 +21,7 @@ from ckptstore.errors import CkptStoreError
 from ckptstore.checkpoint.rank_files import find_rank_files
 from ckptstore.checkpoint.source import open_source
 from ckptstore.io import is_url
-from ckptstore.io.s3 import split_url
+from ckptstore.io.s3 import redact, split_url
 from ckptstore.store.store import open as open_store
 from ckptstore.checkpoint.strategy import load_strategy
 from ckptstore.read.verify import verify_store
@@ -37,15 +37,22 @@ class Location(click.Path):
         self.local_only = local_only
 
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        if is_url(value):
-            if self.local_only:
-                self.fail(f"{value} is a URL; this writes local files, so give a folder", param, ctx)
-            try:
+        # every message here may echo what was typed: credentials in it are hidden (redact)
+        try:
+            url = is_url(value)
+            if url:
                 split_url(value)
-            except CkptStoreError as e:
-                self.fail(str(e), param, ctx)
+        except CkptStoreError as e:
+            self.fail(redact(str(e)), param, ctx)
+        if url:
+            if self.local_only:
+                self.fail(f"{redact(value)} is a URL; this writes local files, so give a folder", param, ctx)
             return value
-        return super().convert(value, param, ctx)
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as e:
+            e.message = redact(e.message)
+            raise
 
 
 def _friendly_errors(fn: F) -> F:
@@ -62,7 +69,7 @@ def _friendly_errors(fn: F) -> F:
                 msg = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             else:
                 msg = f"{e.strerror or e}: {e.filename}"
-            click.echo(f"ckptstore: error: {msg} [{kind}]", err=True)
+            click.echo(f"ckptstore: error: {redact(msg)} [{kind}]", err=True)
             sys.exit(2)
     return wrapper  # type: ignore[return-value]
 

@@ -156,3 +156,15 @@ class AccessDeniedError(FileAccessError):
 
 class UnsupportedLocationError(CkptStoreError, ValueError):
     """A location with a URL scheme ckptstore does not read or write (only s3:// and obs://)."""
+
+
+class StoreUnavailableError(FileAccessError, ConnectionError):
+    """The object store did not answer (5xx answers, time-outs, refused connections) after the
+    client's retries. Nothing is known to be wrong with the data: rerun when the server is back (a
+    conversion resumes where it stopped)."""
+
+
+class ObjectStoreConfigError(CkptStoreError, ValueError):
+    """The object-store client's configuration (the ``AWS_*`` environment variables) cannot be
+    used: an empty or malformed ``AWS_ENDPOINT_URL``, plain http without ``AWS_ALLOW_HTTP``, an
+    endpoint that redirects to another host."""

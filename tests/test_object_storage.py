@@ -24,9 +24,12 @@ from ckptstore.store.kinds import ROOT_METADATA  # noqa: E402
 from ckptstore.errors import (  # noqa: E402
     AccessDeniedError,
     IncompleteStoreError,
+    ObjectStoreConfigError,
     SourceChangedError,
+    StoreCorruptError,
     StoreExistsError,
     StoreNotFoundError,
+    StoreUnavailableError,
     UnsupportedLocationError,
 )
 from convert_fixtures import REPO, run_cli, store_files, strategy_args  # noqa: E402
@@ -326,3 +329,211 @@ def test_a_streamed_upload_whose_producer_fails_leaves_no_object(bucket):
     with pytest.raises(Boom, match="the source went away"):
         src.put_stream("c", pieces())
     assert src.stat("c") is None
+
+
+# ---- outages, configuration, credentials and redirects (issue 17 items 6-9, issue 19 items 3 and 7) ----------
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    """Three attempts within a few seconds instead of the client's minutes (a fresh client)."""
+    from datetime import timedelta
+
+    from ckptstore.io import s3
+
+    monkeypatch.setattr(s3, "RETRY", {"max_retries": 2, "retry_timeout": timedelta(seconds=20), "backoff": {
+        "init_backoff": timedelta(milliseconds=10), "max_backoff": timedelta(milliseconds=50), "base": 2}})
+    monkeypatch.setattr(s3, "_CLIENTS", {})
+
+
+def test_server_errors_after_the_retries_are_an_outage_not_a_damaged_store(bucket, load_env, quick_retries):
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    url = s3_store(bucket, load_env.saved_layout("dp2_mp4"), "zarr")
+    params = ckptstore.load_rank(url, t.strategy, 0)
+    bucket.proxy.fail_next(1000, status=500)
+    with pytest.raises(StoreUnavailableError) as e:
+        params.materialize()
+    message = str(e.value)
+    assert isinstance(e.value, ConnectionError) and not isinstance(e.value, StoreCorruptError)
+    assert f"the object store at {bucket.proxy.url} is unavailable: it answered HTTP 500" in message
+    assert "3 attempts" in message and "rerun the same command" in message and "verify" not in message
+    assert f"{url}/" in message  # the object it tried to read
+
+
+def test_a_server_that_never_answers_is_an_outage_naming_the_time_out(quick_retries, monkeypatch):
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)  # connections are accepted by the kernel and never answered
+    try:
+        for k, v in S.env_for(f"http://127.0.0.1:{listener.getsockname()[1]}").items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("AWS_TIMEOUT", "1s")
+        with pytest.raises(StoreUnavailableError, match=r"did not answer within the time-out \(AWS_TIMEOUT.*"
+                                                        r"3 attempts over \d+\.\d s.*rerun the same command"):
+            ckptstore.open("s3://hung-bucket/model.zarr")
+    finally:
+        listener.close()
+
+
+def test_the_cli_reports_an_outage_in_one_line(load_env, tmp_path):
+    port = S.free_port()  # nothing listens there: every connection is refused
+    r = run_cli("info", "s3://some-bucket/model.zarr", env={**S.env_for(f"http://127.0.0.1:{port}"),
+                                                            "AWS_RETRY_TIMEOUT": "1s"}, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "[StoreUnavailableError]" in r.stderr
+    assert f"the object store at http://127.0.0.1:{port} is unavailable: the connection was refused" in r.stderr
+
+
+@pytest.mark.parametrize("value", ["", "   ", "obs.cn-north-4.myhuaweicloud.com", "http//127.0.0.1:9000",
+                                   "http://127.0.0.1:99999", "https://exa mple.com"])
+def test_an_empty_or_malformed_endpoint_is_one_line_naming_the_variable(value):
+    r = run_cli("info", "s3://some-bucket/model.zarr", env={**S.env_for("http://127.0.0.1:1"),
+                                                            "AWS_ENDPOINT_URL": value})
+    assert r.returncode == 2
+    assert r.stderr.startswith("ckptstore: error: AWS_ENDPOINT_URL") and r.stderr.count("\n") == 1, r.stderr
+    assert "[ObjectStoreConfigError]" in r.stderr and "panic" not in r.stderr.lower()
+
+
+def test_an_empty_endpoint_is_refused_not_taken_for_aws(monkeypatch):
+    for k, v in S.env_for("http://127.0.0.1:1").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "")
+    with pytest.raises(ObjectStoreConfigError, match="AWS_ENDPOINT_URL is set but empty.*or unset it to use AWS S3"):
+        ckptstore.open("s3://some-bucket/model.zarr")
+
+
+def test_plain_http_without_allow_http_says_to_set_it(bucket):
+    r = run_cli("info", bucket.url("model.zarr"), env={**bucket.env, "AWS_ALLOW_HTTP": ""})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"AWS_ENDPOINT_URL is {bucket.proxy.url}, plain http" in r.stderr
+    assert "set AWS_ALLOW_HTTP=true" in r.stderr and "[ObjectStoreConfigError]" in r.stderr
+
+
+_KEY, _SECRET = "AKIAUSERINFOKEY", "userinfo/Secret+Zq81"
+
+
+@pytest.mark.parametrize("url", [f"s3://{_KEY}:{_SECRET}@bucket/store", f"obs://{_KEY}:{_SECRET}@bucket/store",
+                                 f"s3://{_KEY}:{_SECRET.replace('/', '')}@bucket/store"])
+def test_credentials_in_a_url_are_refused_without_printing_them(load_env, url):
+    with pytest.raises(UnsupportedLocationError, match=r"://\*\*\*@bucket/store has credentials in it") as e:
+        ckptstore.open(url)
+    assert _SECRET.split("/")[0] not in str(e.value) and _KEY not in str(e.value)
+    layout = load_env.saved_layout("dp2_mp4")
+    for args in (["convert", layout.root, *strategy_args(layout), "--out", url], ["info", url], ["verify", url],
+                 ["convert", url, "--out", "somewhere"]):
+        r = run_cli(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "***@bucket/store" in r.stderr, r.stderr
+        assert _KEY not in r.stdout + r.stderr and _SECRET.split("/")[0] not in r.stdout + r.stderr
+
+
+def test_credentials_in_a_mistyped_url_are_not_printed(load_env):
+    layout = load_env.saved_layout("dp2_mp4")
+    url = f"s3:/{_KEY}:{_SECRET}@bucket/store"
+    for r in (run_cli("convert", layout.root, *strategy_args(layout), "--out", url), run_cli("info", url)):
+        assert r.returncode == 2 and "s3:/***@bucket/store is not a URL" in r.stderr, r.stderr
+        assert _KEY not in r.stdout + r.stderr and _SECRET.split("/")[0] not in r.stdout + r.stderr
+    assert not (REPO / "s3:").exists()
+
+
+def test_the_endpoints_credentials_are_not_printed(monkeypatch):
+    port = S.free_port()
+    for k, v in S.env_for(f"http://{_KEY}:{_SECRET.replace('/', '')}@127.0.0.1:{port}").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_RETRY_TIMEOUT", "1s")
+    with pytest.raises(ckptstore.errors.CkptStoreError) as e:
+        ckptstore.open("s3://some-bucket/model.zarr")
+    assert _KEY not in str(e.value) and "Secret" not in str(e.value)
+
+
+@pytest.mark.parametrize("mistyped", ["obs:/ckpt/pangu/typo.zarr", "s3:/ckpt/pangu/typo.zarr", "s3:", "obs:",
+                                      "S3:/ckpt/x"])
+def test_a_url_with_one_slash_is_refused_not_written_to_a_local_folder(load_env, mistyped):
+    layout = load_env.saved_layout("dp2_mp4")
+    r = run_cli("convert", layout.root, *strategy_args(layout), "--out", mistyped, "-q")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "is not a URL (it needs two slashes after" in r.stderr, r.stderr
+    assert not (REPO / mistyped.split("/")[0]).exists()
+
+
+def test_the_library_refuses_a_url_with_one_slash_everywhere_a_location_is_taken(load_env, tmp_path):
+    layout = load_env.saved_layout("dp2_mp4")
+    with pytest.raises(UnsupportedLocationError, match="write obs://ckpt/x.zarr, or ./obs:/ckpt/x.zarr"):
+        ckptstore.convert(layout.root, "obs:/ckpt/x.zarr", strategy=layout.strategy_files)
+    with pytest.raises(UnsupportedLocationError, match="needs two slashes"):
+        ckptstore.open(Path("s3://bucket/model.zarr"))  # a Path keeps one slash of the two
+    with pytest.raises(UnsupportedLocationError, match="needs two slashes"):
+        ckptstore.convert("s3:/bucket/ckpt", tmp_path / "out", strategy=layout.strategy_files)
+    local = tmp_path / "obs:" / "x.zarr"  # a local folder of that name is still reachable, written as a path
+    ckptstore.convert(layout.root, local, strategy=layout.strategy_files)
+    assert ckptstore.open(local).names()
+
+
+def test_info_on_an_unfinished_bucket_store_says_what_verify_says(bucket, load_env):
+    layout = load_env.saved_layout("dp2_mp4")
+    url = bucket.url("model.zarr")
+    r = run_cli("convert", layout.root, *strategy_args(layout), "--out", url, "--part", "0/2", "-q", env=bucket.env)
+    assert r.returncode == 0, r.stderr
+    info = run_cli("info", url, env=bucket.env)
+    verify = run_cli("verify", url, env=bucket.env)
+    assert info.returncode == verify.returncode == 2
+    assert info.stderr == verify.stderr
+    assert "[IncompleteStoreError]" in info.stderr and "does not exist" not in info.stderr
+
+
+def test_a_redirect_to_another_host_is_refused_before_a_session_token_is_sent(monkeypatch, quick_retries):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[tuple[str, dict[str, str]]] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(("elsewhere", dict(self.headers)))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+    elsewhere = ThreadingHTTPServer(("127.0.0.2", 0), Elsewhere)
+
+    class Redirect(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(("endpoint", dict(self.headers)))
+            self.send_response(307)
+            self.send_header("Location", f"http://127.0.0.2:{elsewhere.server_address[1]}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+    endpoint = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    servers = [elsewhere, endpoint]
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        for k, v in S.env_for(f"http://127.0.0.1:{endpoint.server_address[1]}").items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("AWS_SESSION_TOKEN", "SESSION-TOKEN-Zq81")
+        with pytest.raises(ObjectStoreConfigError, match=r"redirects requests for bucket some-bucket to another host "
+                                                         r"\(http://127.0.0.2:\d+, HTTP 307\); ckptstore refuses it"):
+            ckptstore.open("s3://some-bucket/model.zarr")
+        assert [w for w, _ in seen] == ["endpoint"]  # the probe, which carries no credentials
+        assert not any("SESSION-TOKEN-Zq81" in str(h) for _, h in seen)
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ckptstore.io.atomic_file import write_atomic
 from ckptstore.store.kinds import MANIFEST, ROOT_METADATA, WORK_DIR, read_manifest
-from ckptstore.errors import CkptStoreError, StoreExistsError, StoreWriteError
+from ckptstore.errors import CkptStoreError, StoreExistsError, StoreUnavailableError, StoreWriteError
 from ckptstore.limits import MAX_METADATA_BYTES
 from ckptstore.write.output_lock import OutputLock
 from ckptstore.io import ByteSource, LocalSource, is_url
@@ -29,9 +29,10 @@ from ckptstore.io.s3 import S3Source
 SAFETENSORS_FILE = re.compile(r"^model-\d+-of-\d+\.safetensors(\.partial)?$")
 
 
-def write_error(e: OSError, path: Path | str, param: str | None = None) -> StoreWriteError:
-    """A :class:`StoreWriteError` that says what failed and that a rerun resumes."""
-    if isinstance(e, StoreWriteError):
+def write_error(e: OSError, path: Path | str, param: str | None = None) -> StoreWriteError | StoreUnavailableError:
+    """A :class:`StoreWriteError` that says what failed and that a rerun resumes (an object store
+    that did not answer stays a :class:`StoreUnavailableError`, which says so already)."""
+    if isinstance(e, (StoreWriteError, StoreUnavailableError)):
         return e
     what = "no space left on the device" if e.errno == errno.ENOSPC else e.strerror or str(e)
     where = f" (parameter {param!r})" if param else ""

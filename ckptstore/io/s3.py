@@ -26,11 +26,13 @@ import os
 import queue
 import re
 import threading
+import urllib.parse
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Iterable, Iterator, Sequence
 
-from ckptstore.errors import AccessDeniedError, CkptStoreError, FileAccessError, MissingFileError, ShortReadError, UnsupportedLocationError
+from ckptstore.errors import (AccessDeniedError, CkptStoreError, FileAccessError, MissingFileError,
+                              ObjectStoreConfigError, ShortReadError, StoreUnavailableError, UnsupportedLocationError)
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request, check_key, worth_merging
 
 SCHEMES = ("s3", "obs")
@@ -55,12 +57,46 @@ _S3_CODE = re.compile(r"<Code>([A-Za-z0-9]{1,64})</Code>")
 _STATUS = re.compile(r"status code: (\d{3})|status: (\d{3})")
 
 
+#: Credentials written into a URL (``s3://KEY:SECRET@bucket``): everything from the scheme's
+#: slashes to the last ``@`` before a blank or a quote (a secret may hold ``/``).
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*:/{1,2})[^\s@'\"]*@")
+#: Schemes whose name followed by one slash or none (``s3:/bucket``) is a mistyped URL, not a folder.
+KNOWN_SCHEMES = (*SCHEMES, "gs", "oss", "cos", "hdfs", "http", "https", "file")
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URL in it hidden (``s3://***@bucket/...``).
+
+    Every message that may hold a location the user typed or an endpoint goes through this one
+    function: job logs are kept and shared, and a secret must never reach them.
+    """
+    return _USERINFO.sub(r"\1***@", text)
+
+
 def url_scheme(location: object) -> str | None:
-    """The lower-case scheme of ``location`` if it is a URL (``"s3"`` for ``s3://b/p``), else ``None``."""
+    """The lower-case scheme of ``location`` if it is a URL (``"s3"`` for ``s3://b/p``), else ``None``.
+
+    A location whose first path component is a known scheme and a colon (``obs:/ckpt/x.zarr``,
+    ``s3:``) is a URL with a slash missing, not a local folder named ``obs:``: it is refused with
+    :class:`~ckptstore.errors.UnsupportedLocationError` (a local folder of that name can be
+    written ``./obs:/...``).
+    """
+    if isinstance(location, os.PathLike):
+        location = os.fspath(location)
     if not isinstance(location, str):
         return None
     m = _URL.match(location)
-    return m.group(1).lower() if m else None
+    if m:
+        return m.group(1).lower()
+    first = location.split("/", 1)[0]
+    if first.endswith(":") and first[:-1].lower() in KNOWN_SCHEMES:
+        scheme = first[:-1]
+        rest = location[len(first):].lstrip("/") or "bucket/prefix"
+        raise UnsupportedLocationError(
+            f"{redact(location)} is not a URL (it needs two slashes after '{scheme}:') and ckptstore will not take it "
+            f"for a local folder named '{first}': write {redact(f'{scheme}://{rest}')}, or ./{redact(location)} if you "
+            "mean a local folder")
+    return None
 
 
 def split_url(url: str) -> tuple[str, str, str]:
@@ -72,11 +108,15 @@ def split_url(url: str) -> tuple[str, str, str]:
             "or s3://bucket/prefix (obs://bucket/prefix for Huawei OBS)")
     rest = url.split("://", 1)[1]
     bucket, _, prefix = rest.partition("/")
+    if "@" in bucket or redact(url) != url and ":" in bucket:
+        raise UnsupportedLocationError(
+            f"{redact(url)} has credentials in it: ckptstore takes none from a URL (they would be printed and "
+            "recorded in the store); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) instead")
     if not bucket or _FORBIDDEN_BUCKET.search(bucket):
-        raise UnsupportedLocationError(f"{url} does not name a bucket: write {scheme}://bucket/prefix")
+        raise UnsupportedLocationError(f"{redact(url)} does not name a bucket: write {scheme}://bucket/prefix")
     prefix = prefix.strip("/")
     if prefix:
-        check_key(prefix, url)
+        check_key(prefix, redact(url))
     return scheme, bucket, prefix
 
 
@@ -109,6 +149,44 @@ class RequestStats:
 REQUEST_STATS = RequestStats()
 
 
+_RETRIES = re.compile(r"after (\d+) retries")
+_ELAPSED = re.compile(r" in (\d+(?:\.\d+)?)(ns|µs|us|ms|s|m)\b")
+_UNIT_SECONDS = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
+
+
+def endpoint() -> str:
+    """The object store requests go to, as a message names it (credentials hidden)."""
+    url = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")
+    if url:
+        return redact(url)
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return f"AWS S3 ({region}; AWS_ENDPOINT_URL is not set)"
+
+
+def _outage(text: str, status: str | None) -> str | None:
+    """What went wrong, if ``text`` (the client's error) says the server could not be reached or
+    did not answer successfully: an outage, not a fault of the data."""
+    if status is not None and status.startswith("5"):
+        return f"it answered HTTP {status}"
+    if "kind: Timeout" in text or "TimedOut" in text or "operation timed out" in text:
+        return "it did not answer within the time-out (AWS_TIMEOUT, 30 s unless set)"
+    if "kind: Connect" in text or "ConnectionRefused" in text:
+        return "the connection was refused or could not be made"
+    if any(m in text for m in ("error sending request", "connection closed", "ConnectionReset", "IncompleteBody",
+                               "error decoding response body", "request or response body error")):
+        return "the connection broke off"
+    return None
+
+
+def _attempts(text: str) -> str:
+    """``"9 attempts over 12.3 s"``, from the client's retry error (numbers only are taken from it)."""
+    retries, elapsed = _RETRIES.search(text), _ELAPSED.search(text)
+    tried = f"{int(retries.group(1)) + 1} attempts" if retries else "several attempts"
+    if elapsed:
+        tried += f" over {float(elapsed.group(1)) * _UNIT_SECONDS[elapsed.group(2)]:.1f} s"
+    return tried
+
+
 def _client_error(e: BaseException, url: str, action: str) -> Exception:
     """A typed error for a failed request, naming the URL but never the client's raw text."""
     text = str(e)
@@ -125,11 +203,35 @@ def _client_error(e: BaseException, url: str, action: str) -> Exception:
         return AccessDeniedError(errno.EACCES, f"access to {url} was denied{detail} when trying to {action}: check "
                                  "the credentials in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or your AWS "
                                  "profile) and the bucket's permissions")
+    if "BadScheme" in text or "URL scheme is not allowed" in text:
+        return _plain_http_error(endpoint())
+    what = _outage(text, status)
+    if what is not None:
+        return StoreUnavailableError(
+            errno.EAGAIN, f"the object store at {endpoint()} is unavailable: {what} when trying to {action} {url} "
+            f"({_attempts(text)}, with back-off). Nothing is known to be wrong with the data: rerun the same "
+            "command when the server answers again (a conversion resumes where it stopped)")
+    if _is_panic(e):
+        return ObjectStoreConfigError(f"the object store client failed on {url} ({type(e).__name__}); check the "
+                                      "AWS_* environment variables (AWS_ENDPOINT_URL must be an http(s):// URL)")
     if isinstance(e, oe.BaseError) or isinstance(e, OSError):
         kind = type(e).__name__
-        return FileAccessError(errno.EIO, f"cannot {action} {url}{detail or f' ({kind})'}: the object store did not "
-                               "answer successfully after retries; check AWS_ENDPOINT_URL and the network")
+        return FileAccessError(errno.EIO, f"cannot {action} {url}{detail or f' ({kind})'}: the object store at "
+                               f"{endpoint()} did not answer successfully after retries; check AWS_ENDPOINT_URL and "
+                               "the network")
     return e if isinstance(e, Exception) else RuntimeError(str(e))
+
+
+def _is_panic(e: BaseException) -> bool:
+    """Whether ``e`` is a Rust panic inside the client (``pyo3_runtime.PanicException``, a
+    ``BaseException``): a last resort, as the configuration is checked before any call."""
+    return type(e).__name__ == "PanicException"
+
+
+def _plain_http_error(url: str) -> ObjectStoreConfigError:
+    return ObjectStoreConfigError(
+        f"AWS_ENDPOINT_URL is {url}, plain http, which the object store client refuses unless AWS_ALLOW_HTTP=true "
+        "is set: set AWS_ALLOW_HTTP=true (only on a network you trust) or use the endpoint's https:// URL")
 
 
 @contextlib.contextmanager
@@ -142,7 +244,9 @@ def _request(url: str, action: str, **counts: int) -> Iterator[None]:
         yield
     except CkptStoreError:
         raise
-    except Exception as e:
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # a Rust panic is a BaseException
         raise _client_error(e, url, action) from None
     finally:
         if counts:
@@ -150,25 +254,109 @@ def _request(url: str, action: str, **counts: int) -> Iterator[None]:
 
 
 _CLIENTS: dict[tuple[str, ...], Any] = {}
-_CLIENT_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
-               "AWS_DEFAULT_REGION", "AWS_ALLOW_HTTP", "AWS_PROFILE")
+_ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT", "AWS_ENDPOINT_URL_S3")
+_CLIENT_ENV = (*_ENDPOINT_ENV, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_TOKEN",
+               "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ALLOW_HTTP", "AWS_PROFILE", "AWS_TIMEOUT")
 _CLIENTS_LOCK = threading.Lock()
+#: Characters an endpoint URL may hold (RFC 3986); anything else makes the client panic.
+_URL_CHARS = re.compile(r"^[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]+$")
+_TRUE = ("true", "1", "yes", "on", "y")
+
+
+def check_environment() -> None:
+    """Refuse an ``AWS_*`` configuration the client cannot use, before it is given to it.
+
+    An empty ``AWS_ENDPOINT_URL`` (what a launch script leaves when the variable it copies is
+    unset) is refused rather than taken as unset: unset means AWS S3 itself, where an OBS job's
+    credentials would only be denied. A malformed one would make the client panic on the first
+    request; a plain ``http://`` one is refused by the client unless ``AWS_ALLOW_HTTP=true``.
+    """
+    for var in _ENDPOINT_ENV:
+        value = os.environ.get(var)
+        if value is None:
+            continue
+        if not value.strip():
+            raise ObjectStoreConfigError(
+                f"{var} is set but empty (a launch script copying an unset variable leaves it so): set it to your "
+                "object store's endpoint, e.g. https://obs.cn-north-4.myhuaweicloud.com, or unset it to use AWS S3")
+        shown = redact(value)
+        try:
+            parts = urllib.parse.urlsplit(value)
+            parts.port  # noqa: B018 -- raises ValueError for a port out of range
+        except ValueError:
+            parts = None
+        if (parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname
+                or not _URL_CHARS.match(value)):
+            raise ObjectStoreConfigError(
+                f"{var}={shown!r} is not an endpoint URL: write it as https://host[:port] (http://host[:port] with "
+                "AWS_ALLOW_HTTP=true)")
+        if parts.scheme.lower() == "http" and os.environ.get("AWS_ALLOW_HTTP", "").strip().lower() not in _TRUE:
+            raise _plain_http_error(shown)
+
+
+def _may_send_token() -> bool:
+    """Whether requests may carry a session token (``x-amz-security-token``): one in the
+    environment, or credentials from an instance role or web identity (always temporary)."""
+    return bool(os.environ.get("AWS_SESSION_TOKEN") or os.environ.get("AWS_TOKEN")
+                or not os.environ.get("AWS_ACCESS_KEY_ID"))
+
+
+def check_redirects(bucket: str) -> None:
+    """Refuse an endpoint that redirects requests for ``bucket`` to another host.
+
+    obstore (0.12) follows redirects and cannot be told not to; to another host it drops the
+    ``Authorization`` header but still sends ``x-amz-security-token``. So before the first
+    request that could carry a session token, one unauthenticated ``HEAD /bucket`` is sent
+    here (not following redirects) and an answer that points elsewhere is refused. A server that
+    redirects only some requests is not caught: use endpoints you trust, over https.
+    """
+    import http.client
+
+    configured = next((os.environ[v] for v in _ENDPOINT_ENV if os.environ.get(v)), None)
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    base = urllib.parse.urlsplit(configured or f"https://s3.{region}.amazonaws.com")
+    https = base.scheme.lower() == "https"
+    default_port = 443 if https else 80
+    conn_type = http.client.HTTPSConnection if https else http.client.HTTPConnection
+    conn = conn_type(base.hostname or "", base.port or default_port, timeout=5)
+    try:
+        conn.request("HEAD", f"{base.path.rstrip('/')}/{bucket}")
+        resp = conn.getresponse()
+        status, location = resp.status, resp.getheader("Location")
+    except (OSError, http.client.HTTPException, ValueError):
+        return  # unreachable now: the requests themselves will say so
+    finally:
+        conn.close()
+    if not (300 <= status < 400 and location):
+        return
+    target = urllib.parse.urlsplit(urllib.parse.urljoin(base.geturl() + "/", location))
+    t_port = target.port or (443 if target.scheme.lower() == "https" else 80)
+    if (target.hostname, t_port) != (base.hostname, base.port or default_port):
+        raise ObjectStoreConfigError(
+            f"the object store at {endpoint()} redirects requests for bucket {bucket} to another host "
+            f"({redact(f'{target.scheme}://{target.netloc}')}, HTTP {status}); ckptstore refuses it, as the client "
+            "would send that host your session token: set AWS_ENDPOINT_URL to the host that serves the bucket")
 
 
 def _client(bucket: str, url: str) -> Any:
     # keyed by the environment too: a process may point AWS_ENDPOINT_URL elsewhere later
-    key = (bucket, *(os.environ.get(v, "") for v in _CLIENT_ENV))
+    key = (bucket, *(os.environ.get(v, "\0") for v in _CLIENT_ENV))
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
         if client is None:
             from obstore.store import S3Store
 
+            check_environment()
+            if _may_send_token():
+                check_redirects(bucket)
             try:
                 # client options (time-outs, AWS_ALLOW_HTTP, proxies) stay the environment's
                 client = _CLIENTS[key] = S3Store(bucket, retry_config=RETRY)
-            except Exception as e:  # configuration errors: a bad endpoint or region
-                raise FileAccessError(errno.EINVAL, f"cannot set up the object store client for {url} "
-                                      f"({type(e).__name__}); check the AWS_* environment variables") from None
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # configuration errors: a bad region, a value the client panics on
+                raise ObjectStoreConfigError(f"cannot set up the object store client for {url} ({type(e).__name__}); "
+                                             "check the AWS_* environment variables") from None
         return client
 
 

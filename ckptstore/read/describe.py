@@ -44,7 +44,11 @@ def sniff_kind(path: str | os.PathLike[str]) -> str:
         url = str(path)
         if url.endswith(".json"):
             return "strategy"
-        if read_manifest(open_location(url)) is not None:
+        location = open_location(url)
+        if read_manifest(location) is not None:
+            return "store"
+        folders, files = location.list()
+        if folders or files:  # a prefix holding objects: a store or an unfinished one, which open() names
             return "store"
         f = open_user_file(url)
         first = f.pread(0, 1)

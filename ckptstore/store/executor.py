@@ -22,7 +22,8 @@ import crc32c
 import numpy as np
 
 from ckptstore.store.codecs import decode
-from ckptstore.errors import AccessDeniedError, FileAccessError, MissingFileError, ShortReadError, StoreCorruptError
+from ckptstore.errors import (AccessDeniedError, FileAccessError, MissingFileError, ShortReadError, StoreCorruptError,
+                              StoreUnavailableError)
 from ckptstore.store.read_plan import ParamReadPlan, ReadGroup
 from ckptstore.io.base import ByteSource, worth_merging
 
@@ -182,8 +183,8 @@ class Executor:
                     self.source.open(key).read_requests(list(zip(r.offsets[a:b].tolist(), buffers)))
                 else:
                     self.source.open(key).readv(int(r.offsets[a]), buffers)
-            except AccessDeniedError:
-                raise
+            except (AccessDeniedError, StoreUnavailableError):
+                raise  # the server refused or did not answer: the store itself is not known to be damaged
             except (ShortReadError, MissingFileError, FileAccessError) as e:
                 raise StoreCorruptError(f"cannot read parameter {plan.name!r}: {e}. The store is damaged or "
                                         "incomplete; run 'ckptstore verify' on it") from None
