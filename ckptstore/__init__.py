@@ -9,6 +9,8 @@ The public API is what a user calls::
     ckptstore.load_into_net(net, store, strategy)     # straight into a network
     ckptstore.export(store, out, strategy=...)        # per-rank .ckpt / .safetensors files
     ckptstore.verify(store)                           # checksums (and the source, with against=)
+    ckptstore.save_rank(params, root, step=N, strategy=...)   # every rank of a training job saves its slices
+    ckptstore.StoreCheckpoint(root, save_checkpoint_steps=N)  # the same from a MindSpore callback
 
 Errors are :class:`CkptStoreError` (subclasses in :mod:`ckptstore.errors`). Everything else stays
 importable from its module. ``import ckptstore`` imports neither MindSpore nor zarr-python:
@@ -23,9 +25,10 @@ from ckptstore.errors import CkptStoreError
 from ckptstore.read.export import export
 from ckptstore.store.store import Store, open
 from ckptstore.read.verify import verify
+from ckptstore.write.save import save_rank
 from ckptstore.version import __version__
 
-_ADAPTER = ("load_rank", "load_into_net")
+_ADAPTER = ("load_rank", "load_into_net", "StoreCheckpoint")
 
 
 def __getattr__(name: str) -> Any:
@@ -37,5 +40,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'ckptstore' has no attribute {name!r}")
 
 
-__all__ = ["CkptStoreError", "Store", "__version__", "convert", "export", "index", "load_into_net", "load_rank",
-           "open", "verify"]
+__all__ = ["CkptStoreError", "Store", "StoreCheckpoint", "__version__", "convert", "export", "index", "load_into_net",
+           "load_rank", "open", "save_rank", "verify"]

@@ -264,16 +264,21 @@ def net_strategy(net: Any, store: Store) -> Strategy | None:
     model-parallel split gives; the number of shards is that ratio, taken over the replica
     axes as MindSpore's optimizer does.
     """
-    layouts: dict[str, Layout] = {}
-    for name, lay in (getattr(net, "parameter_layout_dict", None) or {}).items():
-        maps = tuple(() if m == -1 else tuple(m) if isinstance(m, (list, tuple)) else (int(m),) for m in lay[1])
-        base = Layout(tuple(int(d) for d in lay[0]), maps)
-        slice_shape, parts = [int(x) for x in lay[2]], 0
-        if name in store and slice_shape and base.splits():
-            mp_rows = store.info(name).shape[0] // base.splits()[0]
-            parts = mp_rows // slice_shape[0] if slice_shape[0] and slice_shape[0] < mp_rows else 0
-        layouts[name] = Layout(base.dev_matrix, maps, 1 if parts else 0, parts)
+    layouts = {name: _compiled_layout(lay, store.info(name).shape if name in store else None)
+               for name, lay in (getattr(net, "parameter_layout_dict", None) or {}).items()}
     return strategy_from_layouts(layouts) if layouts else None
+
+
+def _compiled_layout(lay: Sequence[Any], full_shape: Sequence[int] | None) -> Layout:
+    """One ``parameter_layout_dict`` entry as a :class:`Layout`, given the parameter's global shape
+    (optimizer sharding is the ratio of the model-parallel slice to the compiled slice)."""
+    maps = tuple(() if m == -1 else tuple(m) if isinstance(m, (list, tuple)) else (int(m),) for m in lay[1])
+    base = Layout(tuple(int(d) for d in lay[0]), maps)
+    slice_shape, parts = [int(x) for x in lay[2]], 0
+    if full_shape and slice_shape and base.splits():
+        mp_rows = int(full_shape[0]) // base.splits()[0]
+        parts = mp_rows // slice_shape[0] if slice_shape[0] and slice_shape[0] < mp_rows else 0
+    return Layout(base.dev_matrix, maps, 1 if parts else 0, parts)
 
 
 def load_into_net(net: Any, store: Store | str | os.PathLike[str], strategy: StrategyLike = None,
@@ -401,3 +406,60 @@ class _NetLoader:
                     and host.shape == plan.shape):
                 return host, True
         return empty(plan.shape, want_dtype), False
+
+
+# ---- saving: MindSpore values to host arrays, this process's place in the job ------------------
+
+
+def host_values(params: Any) -> tuple[dict[str, np.ndarray | str], Strategy | None]:
+    """Host (numpy) views of what :func:`ckptstore.save_rank` was given, and a Cell's own layouts.
+
+    A Cell gives its ``parameters_dict()`` (keyed by ``Parameter.name``, so an optimizer's state
+    keeps the names ``load_param_into_net`` matches) and, when compiled in (semi-)auto parallel
+    mode, the layouts of its ``parameter_layout_dict`` (whose entries carry each global shape).
+    ``Parameter``/``Tensor`` values become numpy arrays (bfloat16 as ``ml_dtypes.bfloat16``,
+    which ``asnumpy`` cannot return under numpy 2); other values are taken as they are.
+    """
+    from ckptstore.write.save import plain_value
+
+    ms = _ms()
+    strategy = None
+    if isinstance(params, ms.nn.Cell):
+        compiled = getattr(params, "parameter_layout_dict", None) or {}
+        layouts = {n: _compiled_layout(lay, lay[6] if len(lay) > 6 else None) for n, lay in compiled.items()}
+        strategy = strategy_from_layouts(layouts) if layouts else None
+        params = params.parameters_dict()
+    out: dict[str, np.ndarray | str] = {}
+    for name, value in params.items():
+        out[str(name)] = host_array(value) if isinstance(value, ms.Tensor) else plain_value(str(name), value)
+    return out, strategy
+
+
+def host_array(tensor: Any) -> np.ndarray:
+    """A MindSpore Tensor's (or Parameter's) values in host memory, C-contiguous."""
+    ms = _ms()
+    if tensor.dtype == ms.bfloat16:  # asnumpy() of bfloat16 fails under numpy 2: go through float32 (exact)
+        from ckptstore.dtypes import BFLOAT16
+
+        return np.ascontiguousarray(tensor.astype(ms.float32).asnumpy().astype(BFLOAT16))
+    return np.ascontiguousarray(tensor.asnumpy())
+
+
+def initialised_rank() -> int | None:
+    """This process's rank when MindSpore's communication is initialised, else ``None``."""
+    try:
+        from mindspore.communication import get_rank
+
+        return int(get_rank())
+    except Exception:  # not initialised: MindSpore raises RuntimeError or ValueError here
+        return None
+
+
+def group_size() -> int | None:
+    """The job's size when MindSpore's communication is initialised, else ``None``."""
+    try:
+        from mindspore.communication import get_group_size
+
+        return int(get_group_size())
+    except Exception:  # not initialised
+        return None

@@ -13,6 +13,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from ckptstore.store import steps
 from ckptstore.store.kinds import KINDS, MANIFEST, ROOT_METADATA, WORK_DIR, read_manifest
 from ckptstore.boxes import Box
 from ckptstore.errors import (
@@ -138,10 +139,26 @@ def _index_to_box(index: Index, shape: Sequence[int], name: str) -> tuple[Box, l
     return Box(tuple(start), tuple(stop)), squeeze
 
 
+def _unfinished(location: ByteSource) -> str:
+    """Why an unfinished store cannot be opened, and what finishes it."""
+    waiting = steps.unfinished_ranks(location)
+    step = steps.STEP_FOLDER.match(location.url.rstrip("/").rsplit("/", 1)[-1])
+    if step is not None and waiting is not None:
+        ranks, world = waiting
+        shown = ", ".join(map(str, ranks[:20])) + (" ..." if len(ranks) > 20 else "")
+        return (f"step {step.group(1)} at {location.url} is not committed: rank(s) {shown} of {world} have not "
+                "finished saving it (saving that rank's step again completes it); open the folder above it for "
+                "the newest committed step")
+    return (f"the store at {location.url} is incomplete: its conversion was interrupted. Run the same "
+            "'ckptstore convert' command again to finish it")
+
+
 def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name is ckptstore.open
     """Open a store written by ``ckptstore convert`` (or ``ckptstore index``), reading only its metadata.
 
-    Raises :class:`~ckptstore.errors.StoreNotFoundError` when there is no store at ``path``,
+    A folder of saved training steps (``step_<N>`` folders, see :mod:`ckptstore.store.steps`)
+    opens as its newest committed step. Raises
+    :class:`~ckptstore.errors.StoreNotFoundError` when there is no store at ``path``,
     :class:`~ckptstore.errors.IncompleteStoreError` for an interrupted conversion, and
     :class:`~ckptstore.errors.StoreCorruptError` when the manifest fails validation.
     """
@@ -152,9 +169,16 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
                                  "'ckptstore convert')")
     doc = read_manifest(location)
     if doc is None:
-        if WORK_DIR in location.list()[0]:
-            raise IncompleteStoreError(f"the store at {location.url} is incomplete: its conversion was interrupted. "
-                                       "Run the same 'ckptstore convert' command again to finish it")
+        folders = location.list()[0]
+        if WORK_DIR in folders:
+            raise IncompleteStoreError(_unfinished(location))
+        stepped, pending = steps.newest_committed(location)
+        if stepped is not None:
+            return open(stepped.url)
+        if pending:
+            raise IncompleteStoreError(f"{location.url} holds no committed step yet: step(s) "
+                                       f"{', '.join(map(str, pending[:5]))} are still being saved or some rank did "
+                                       "not finish saving them")
         raise StoreNotFoundError(f"no ckptstore store at {location.url} (no {ROOT_METADATA} or {MANIFEST})")
     if doc is False:
         raise StoreNotFoundError(f"{location.url} is a Zarr group but not a ckptstore store (no 'ckptstore' "

@@ -70,12 +70,17 @@ def _zarr_codec(codec: Mapping[str, Any] | None, itemsize: int) -> list[Any] | N
 
 
 def array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
-                   codec: Mapping[str, Any] | None) -> bytes:
-    """The ``zarr.json`` of one parameter's array, as zarr-python itself writes it."""
+                   codec: Mapping[str, Any] | None, *, sharded: bool | None = None) -> bytes:
+    """The ``zarr.json`` of one parameter's array, as zarr-python itself writes it.
+
+    An array of several chunks keeps them in one shard file unless ``sharded=False`` (a saving
+    job's ranks write its chunks as separate files, ``<path>/c/<i>/<j>``).
+    """
     zarr = _zarr()
     dt = numpy_dtype(dtype)
     store = zarr.storage.MemoryStore()
-    sharded = prod(-(-s // c) for s, c in zip(shape, chunk_shape)) > 1
+    if sharded is None:
+        sharded = prod(-(-s // c) for s, c in zip(shape, chunk_shape)) > 1
     zarr.create_array(store=store, shape=tuple(shape), dtype=dt, chunks=tuple(chunk_shape),
                       shards=tuple(shape) if sharded else None,
                       compressors=_zarr_codec(codec, dt.itemsize), fill_value=0, zarr_format=3)

@@ -1,0 +1,461 @@
+"""Saving from training straight into a store: ``save_rank`` on every rank of the job.
+
+Each step goes to its own store, ``ROOT/step_<N>`` (a Zarr store like a converted one). Every
+rank passes its local slices; :mod:`ckptstore.write.save_plan` says which chunks it writes
+(each distinct slice once, by one rank of its replica group, balanced by bytes). Ranks write
+disjoint files as the parts of one conversion (:mod:`ckptstore.write.parts`: part index = rank,
+count = world size): each claims the step folder for its part, writes its chunk files (one
+file per chunk, so ranks never share a file, locally or in a bucket), records what it wrote
+in ``.ckptstore-work/saved/<rank>-of-<world>.json``, marks its part done, and the last rank
+to finish merges the records into the manifest and commits. Until then the step is
+incomplete: :func:`ckptstore.open` on ``ROOT`` takes the newest *committed* step, and a rank
+that died mid-save completes the step when it saves it again.
+
+:class:`SaveJob` separates *what* is written (a plan and the local arrays) from writing it,
+so :mod:`ckptstore.write.async_save` can copy the bytes to host memory and write them later.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from math import prod
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import crc32c
+import numpy as np
+
+from ckptstore.checkpoint.strategy import Strategy, load_strategy
+from ckptstore.dtypes import lookup
+from ckptstore.errors import (
+    ConversionInProgressError,
+    IncompleteStoreError,
+    InvalidOptionError,
+    LayoutMismatchError,
+    StoreExistsError,
+)
+from ckptstore.io.locations import is_url, open_location
+from ckptstore.io.output_target import LocalTarget, OutputTarget, open_target
+from ckptstore.store import zarr as zb
+from ckptstore.store.chunking import select_params
+from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR, read_manifest
+from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest, dtype_label
+from ckptstore.store.steps import STEP_FOLDER, step_name
+from ckptstore.version import __version__
+from ckptstore.write.output_folder import claim
+from ckptstore.write.parts import LAUNCHERS, Part
+from ckptstore.write.save_plan import SaveChunk, SaveParam, SavePlan, plan_save
+from ckptstore.write.store_kinds import mark_done
+
+#: Largest chunk a save writes (a slice bigger than this is cut along its leading axes).
+DEFAULT_SAVE_CHUNK_MB = 64
+RECORDS_DIR = f"{WORK_DIR}/saved"
+
+Piece = tuple[SaveParam, SaveChunk, Any]  # a chunk and a buffer holding its bytes
+
+
+@dataclass(frozen=True)
+class SaveSummary:
+    """What one rank's save did (``committed``: this rank's save completed the step)."""
+
+    store: str
+    step: int
+    rank: int
+    world: int
+    params: int
+    chunks_written: int
+    bytes_written: int
+    committed: bool
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def step_location(root: str | os.PathLike[str], step: int) -> str:
+    """Where step ``step`` of ``root`` is stored (``ROOT/step_<N>``)."""
+    if is_url(root):
+        return f"{str(root).rstrip('/')}/{step_name(step)}"
+    return str(Path(root) / step_name(step))
+
+
+def save_rank(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
+              rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),  # noqa: A002
+              exclude: Sequence[str] = (), chunk_mb: int | None = None) -> SaveSummary:
+    """Save this rank's local slices as step ``step`` of the store folder ``root``; every rank calls it.
+
+    ``params`` maps names to numpy arrays, ``mindspore.Parameter``/``Tensor`` values, Python
+    scalars or strings (what ``net.parameters_dict()`` or ``mindspore.load_checkpoint`` gives),
+    or is a MindSpore Cell (its parameters by ``Parameter.name``, optimizer state included).
+    ``strategy`` is the job's strategy file(s) (several for pipeline stages) or a
+    :class:`~ckptstore.checkpoint.strategy.Strategy`; ``None`` means whole tensors (one process,
+    or pure data parallelism where every rank holds everything). ``rank`` defaults to this
+    process's rank. Each distinct slice is written once, by one rank of its replica group; the
+    last rank to finish commits ``root/step_<step>``, which :func:`ckptstore.open` then finds
+    as the newest step. ``root`` may be an ``s3://``/``obs://`` URL. Returns a
+    :class:`SaveSummary` of this rank's share.
+    """
+    return prepare_save(params, root, step=step, strategy=strategy, rank=rank, format=format, include=include,
+                        exclude=exclude, chunk_mb=chunk_mb).write()
+
+
+def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
+                 rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),  # noqa: A002
+                 exclude: Sequence[str] = (), chunk_mb: int | None = None) -> "SaveJob":
+    """Work out what :func:`save_rank` writes (nothing is copied or written yet)."""
+    if format != "zarr":
+        raise InvalidOptionError(f"save_rank writes zarr stores only, not {format!r}; convert a saved step with "
+                                 "'ckptstore convert' for another format")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise InvalidOptionError(f"step must be a non-negative integer, not {step!r}")
+    chunk_bytes = _chunk_bytes(chunk_mb)
+    arrays, cell_strategy = host_values(params)
+    keep = select_params(list(arrays), include=include, exclude=exclude)
+    arrays = {n: arrays[n] for n in keep}
+    st = _strategy(strategy if strategy is not None else cell_strategy)
+    world = st.world_size if st is not None else _env_world()
+    me = _this_rank(rank, world)
+    plan = plan_save(arrays, rank=me, world=world, strategy=st, max_chunk_bytes=chunk_bytes)
+    return SaveJob(step_location(root, step), step, plan, arrays, st, chunk_bytes)
+
+
+def _chunk_bytes(chunk_mb: int | None) -> int:
+    mb = DEFAULT_SAVE_CHUNK_MB if chunk_mb is None else chunk_mb
+    if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+        raise InvalidOptionError(f"chunk_mb must be a positive integer, not {chunk_mb!r}")
+    return mb << 20
+
+
+def host_values(params: Any) -> tuple[dict[str, np.ndarray | str], Strategy | None]:
+    """``params`` as numpy arrays (C-contiguous) and strings, and a Cell's own layouts if it has them.
+
+    MindSpore values and Cells are converted by :mod:`ckptstore.mindspore` (imported only when
+    one is passed, so numpy callers never import MindSpore).
+    """
+    if not isinstance(params, Mapping) or any(not _plain(v) for v in params.values()):
+        from ckptstore import mindspore as ms_adapter
+
+        return ms_adapter.host_values(params)
+    return {str(n): plain_value(n, v) for n, v in params.items()}, None
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, (np.ndarray, np.generic, str, bool, int, float))
+
+
+def plain_value(name: str, value: Any) -> np.ndarray | str:
+    """A numpy-side value as a ``.ckpt`` holds it: Python ``int`` -> int64 and ``float`` ->
+    float32 scalars (as ``append_dict`` saves them), strings as text, arrays C-contiguous."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return np.array(value, dtype=np.bool_)
+    if isinstance(value, int):
+        return np.array(value, dtype=np.int64)
+    if isinstance(value, float):
+        return np.array(value, dtype=np.float32)
+    array = np.ascontiguousarray(value)
+    try:
+        lookup(array.dtype)
+    except (ValueError, KeyError):
+        raise InvalidOptionError(f"parameter {name!r} has dtype {array.dtype}, which a MindSpore checkpoint cannot "
+                                 "hold") from None
+    return array
+
+
+def _strategy(strategy: Any) -> Strategy | None:
+    if strategy is None or isinstance(strategy, Strategy):
+        return strategy
+    files = [strategy] if isinstance(strategy, (str, os.PathLike)) else list(strategy)
+    return load_strategy(files)
+
+
+def _env_world() -> int:
+    """The job's size without a strategy: from MindSpore when initialised, else the launcher's environment."""
+    if "mindspore" in sys.modules:
+        from ckptstore import mindspore as ms_adapter
+
+        size = ms_adapter.group_size()
+        if size is not None:
+            return size
+    for _, size_var in LAUNCHERS:
+        if os.environ.get(size_var, "").isdigit():
+            return max(int(os.environ[size_var]), 1)
+    return 1
+
+
+def _this_rank(rank: int | None, world: int) -> int:
+    if rank is None:
+        rank = _env_rank(world)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+        raise InvalidOptionError(f"rank must be an integer in 0..{world - 1} (the job has {world} ranks), "
+                                 f"not {rank!r}")
+    return rank
+
+
+def _env_rank(world: int) -> int:
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        raise InvalidOptionError("this is msrun's scheduler process (MS_ROLE=MS_SCHED), which holds no rank: "
+                                 "save from the worker processes only")
+    if "mindspore" in sys.modules:
+        from ckptstore import mindspore as ms_adapter
+
+        rank = ms_adapter.initialised_rank()
+        if rank is not None:
+            return rank
+    for rank_var, _ in LAUNCHERS:
+        if os.environ.get(rank_var, "").isdigit():
+            return int(os.environ[rank_var])
+    if world == 1:
+        return 0
+    raise InvalidOptionError(f"which rank is this process? The job has {world} ranks but neither MindSpore's "
+                             "communication nor RANK_ID says; pass rank=")
+
+
+class SaveJob:
+    """One rank's save of one step: the plan and the local arrays it reads chunks from."""
+
+    def __init__(self, location: str, step: int, plan: SavePlan, arrays: Mapping[str, np.ndarray | str],
+                 strategy: Strategy | None, chunk_bytes: int) -> None:
+        self.location, self.step, self.plan, self.arrays = location, step, plan, arrays
+        self.strategy, self.chunk_bytes = strategy, chunk_bytes
+        self.part = Part(plan.rank, plan.world)
+        blob = json.dumps({"step": step, "world": plan.world, "chunk_bytes": chunk_bytes, "version": __version__,
+                           "strategy": None if strategy is None else strategy.summary()}, sort_keys=True)
+        self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()
+
+    def pieces(self) -> Iterator[Piece]:
+        """Each chunk this rank writes with a view of its bytes in the local array (no copy)."""
+        for p in self.plan.params:
+            if p.chunks:
+                flat = _bytes_of(self.arrays[p.name])  # type: ignore[arg-type]
+                for c in p.chunks:
+                    yield p, c, flat[c.byte_start:c.byte_start + c.nbytes]
+
+    def write(self, pieces: Iterable[Piece] | None = None) -> SaveSummary:
+        """Write ``pieces`` (by default straight from the arrays), record them, and commit if last."""
+        started = time.monotonic()
+        target = open_target(self.location)
+        hold = self._claim(target)
+        try:
+            if hold.complete:
+                raise StoreExistsError(f"step {self.step} is already committed in {self.location}; a step is saved "
+                                       "once: save under a new step, or delete that folder first")
+            crcs, written = self._write_chunks(target, self.pieces() if pieces is None else pieces)
+            record = self._record(crcs)
+            target.write(f"{RECORDS_DIR}/{self.part.index}-of-{self.part.count}.json",
+                         json.dumps(record).encode(), durable=False)
+            mark_done(target, self.part, self.fingerprint)
+            committed = self._commit_if_last(hold, target)
+        finally:
+            hold.release()
+        return SaveSummary(self.location, self.step, self.plan.rank, self.plan.world, len(self.plan.params),
+                           len(crcs), written, committed, round(time.monotonic() - started, 3))
+
+    def _claim(self, target: OutputTarget) -> Any:
+        try:
+            return claim(target, self.fingerprint, overwrite=False, sources=(), part=self.part)
+        except StoreExistsError:
+            raise StoreExistsError(f"{self.location} holds another save of step {self.step} (another job, world size, "
+                                   "strategy or chunk size) or other files; delete it, or save into another "
+                                   "folder") from None
+        except ConversionInProgressError:
+            raise ConversionInProgressError(f"rank {self.plan.rank} of step {self.step} is already being saved into "
+                                            f"{self.location} by another process") from None
+
+    def _write_chunks(self, target: OutputTarget, pieces: Iterable[Piece]) -> tuple[dict[str, dict[int, int]], int]:
+        for p in self.plan.params:
+            if p.writes_metadata:
+                target.write(f"{p.path}/{ROOT_METADATA}",
+                             zb.array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape, None, sharded=False),
+                             durable=False)
+        crcs: dict[str, dict[int, int]] = {}
+        written = 0
+        for p, c, data in pieces:
+            target.write(c.key, data)  # type: ignore[arg-type]  (any buffer: written whole, then renamed/PUT)
+            crcs.setdefault(p.name, {})[c.index] = crc32c.crc32c(data)
+            written += c.nbytes
+        return crcs, written
+
+    def _record(self, crcs: Mapping[str, Mapping[int, int]]) -> dict[str, Any]:
+        """What this rank holds and wrote, for the commit: every parameter it holds, in its order."""
+        params: dict[str, Any] = {}
+        for p in self.plan.params:
+            if p.is_str:
+                params[p.name] = {"dtype": "str", **({"value": self.arrays[p.name]} if p.writes_value else {})}
+                continue
+            mine = crcs.get(p.name, {})
+            params[p.name] = {"dtype": dtype_label(p.dtype), "shape": list(p.shape), "path": p.path,
+                              "chunk_shape": list(p.chunk_shape), "replicas": p.replicas,
+                              "chunks": [[c.index, c.key, c.nbytes, mine[c.index]] for c in p.chunks]}
+        return {"rank": self.plan.rank, "world": self.plan.world, "fingerprint": self.fingerprint,
+                "step": self.step, "params": params}
+
+    def _commit_if_last(self, hold: Any, target: OutputTarget) -> bool:
+        """Commit the step if every rank has finished (this process holds the folder's lock alone
+        when the job has one rank; otherwise it takes it, as a converting part does)."""
+        if self.part.count == 1:
+            commit_step(target, self._header())
+            return True
+        lock = target.lock("lock")
+        try:
+            if _committed(target, self.fingerprint):
+                target.drop_idle_work()
+                return False
+            if any(target.size(Part(i, self.part.count).marker) is None for i in range(self.part.count)):
+                return False  # another rank is still writing: the last one commits
+            try:
+                commit_step(target, self._header())
+            except IncompleteStoreError:
+                if _committed(target, self.fingerprint):  # another rank committed meanwhile (object storage)
+                    return False
+                raise
+            return True
+        finally:
+            lock.release()
+
+    def _header(self) -> dict[str, Any]:
+        return {"world_size": self.plan.world, "step": self.step, "saved_by": "save_rank",
+                "strategy": None if self.strategy is None else self.strategy.summary(),
+                "fingerprint": self.fingerprint, "created_by": f"ckptstore {__version__}"}
+
+
+def _bytes_of(array: np.ndarray) -> memoryview:
+    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
+def _committed(target: OutputTarget, fingerprint: str) -> bool:
+    manifest = target.manifest()
+    return manifest is not None and manifest.get("source", {}).get("fingerprint") == fingerprint
+
+
+def commit_step(target: OutputTarget, header: Mapping[str, Any]) -> StoreManifest:
+    """Merge every rank's record into the step's manifest and write it (the commit).
+
+    Raises :class:`~ckptstore.errors.IncompleteStoreError` naming the ranks that have not
+    finished, or a parameter no rank wrote.
+    """
+    world = int(header["world_size"])
+    missing = [i for i in range(world) if target.size(Part(i, world).marker) is None]
+    if missing:
+        raise IncompleteStoreError(f"step {header['step']} in {target.url} is not complete: rank(s) "
+                                   f"{_short(missing)} of {world} have not finished saving it")
+    records = []
+    for i in range(world):
+        raw = target.read(f"{RECORDS_DIR}/{i}-of-{world}.json")
+        if raw is None:
+            raise IncompleteStoreError(f"step {header['step']} in {target.url}: rank {i} finished but its record is "
+                                       "missing; save that rank again")
+        records.append(json.loads(raw))
+    manifest = StoreManifest(merge_records(records, target.url), dict(header), backend="zarr")
+    if not target.remote:
+        os.sync()  # every chunk file's rename is durable before the manifest that names it
+    target.write(ROOT_METADATA, zb.group_metadata({"ckptstore": manifest.to_json()}))
+    target.drop_work()
+    return manifest
+
+
+def merge_records(records: Sequence[Mapping[str, Any]], where: str) -> dict[str, ParamManifest]:
+    """Every parameter's manifest from the ranks' records (in rank 0's order, then the others')."""
+    merged: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        rank = int(rec["rank"])
+        for name, d in rec["params"].items():
+            m = merged.setdefault(name, {"dtype": d["dtype"], "shape": d.get("shape"), "rank": rank, "chunks": {},
+                                         "chunk_shape": None, "path": d.get("path"), "value": None})
+            if (m["dtype"], m["shape"]) != (d["dtype"], d.get("shape")):
+                raise LayoutMismatchError(
+                    f"parameter {name!r} is {m['dtype']} {m['shape']} on rank {m['rank']} but {d['dtype']} "
+                    f"{d.get('shape')} on rank {rank} (global shapes from each rank's slice and layout); the ranks "
+                    "must save the same model with the same strategy")
+            if "value" in d:
+                m["value"] = d["value"]
+            for index, key, nbytes, crc in d.get("chunks", []):
+                if m["chunk_shape"] not in (None, d["chunk_shape"]):
+                    raise LayoutMismatchError(f"parameter {name!r}: ranks cut it into chunks of different shapes")
+                m["chunk_shape"] = d["chunk_shape"]
+                m["chunks"][index] = (key, nbytes, crc, rank, d["replicas"])
+    return {name: _param_manifest(name, m, where) for name, m in merged.items()}
+
+
+def _param_manifest(name: str, m: Mapping[str, Any], where: str) -> ParamManifest:
+    if m["dtype"] == "str":
+        if m["value"] is None:
+            raise IncompleteStoreError(f"{where}: no rank saved the value of {name!r}")
+        return ParamManifest(name, zb.array_path(name), "str", (), (), ChunkTable((), (), (), (), (), ()), None,
+                             m["value"])
+    shape = tuple(m["shape"])
+    if m["chunk_shape"] is None:
+        if prod(shape) == 0:
+            return ParamManifest(name, m["path"], m["dtype"], shape, tuple(max(s, 1) for s in shape),
+                                 ChunkTable((), (), (), (), (), ()))
+        raise IncompleteStoreError(f"{where}: no rank wrote parameter {name!r}; every rank of the stage that holds "
+                                   "it (stage 0 for values outside the strategy) must pass it to save_rank")
+    chunk_shape = tuple(m["chunk_shape"])
+    n = prod(-(-s // c) for s, c in zip(shape, chunk_shape))
+    chunks = m["chunks"]
+    if sorted(chunks) != list(range(n)):
+        lost = next(i for i in range(n) if i not in chunks)
+        raise IncompleteStoreError(f"{where}: chunk {lost} of parameter {name!r} was written by no rank; every rank "
+                                   "must save its slices of the same parameters")
+    rows = [chunks[i] for i in range(n)]
+    table = ChunkTable(tuple(r[0] for r in rows), (0,) * n, tuple(r[1] for r in rows), tuple(r[2] for r in rows),
+                       tuple(r[3] for r in rows), tuple(r[4] for r in rows))
+    manifest = ParamManifest(name, m["path"], m["dtype"], shape, chunk_shape, table)
+    manifest.validate()
+    return manifest
+
+
+def _short(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks[:20])) + (" ..." if len(ranks) > 20 else "")
+
+
+# ---- steps of a root: which are committed, retention ------------------------------------------
+
+
+def saved_steps(root: str | os.PathLike[str]) -> list[tuple[int, bool]]:
+    """Every ``step_<N>`` folder of ``root`` as ``(N, committed)``, oldest first."""
+    source = open_location(root)
+    try:
+        folders = source.list()[0]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for name in folders:
+        m = STEP_FOLDER.match(name)
+        if m:
+            doc = read_manifest(open_location(step_location(root, int(m.group(1)))))
+            out.append((int(m.group(1)), isinstance(doc, dict) and doc.get("complete") is True))
+    return sorted(out)
+
+
+def prune_steps(root: str | os.PathLike[str], keep: int) -> list[int]:
+    """Delete the steps older than the newest ``keep`` committed ones; return the steps deleted.
+
+    Only steps older than the oldest kept committed step go (committed or not), so a step
+    being saved now, and every step newer than the last commit, stays.
+    """
+    committed = [s for s, done in saved_steps(root) if done]
+    if keep < 1 or len(committed) <= keep:
+        return []
+    oldest_kept = committed[-keep]
+    doomed = [s for s, _ in saved_steps(root) if s < oldest_kept]
+    for s in doomed:
+        _remove_step(step_location(root, s))
+    return doomed
+
+
+def _remove_step(location: str) -> None:
+    """Delete one step folder: what ckptstore wrote there (the manifest goes first, so a reader
+    never finds a committed step with chunks missing)."""
+    target = open_target(location)
+    target.delete([ROOT_METADATA])
+    if isinstance(target, LocalTarget):
+        shutil.rmtree(target.root, ignore_errors=True)
+    else:
+        target.delete(target.keys(""))

@@ -1,0 +1,230 @@
+"""Which rank writes which chunk when a training job saves itself (pure; no I/O).
+
+Every rank of the job passes its *local* slices. With the strategy, each rank works out, for
+every parameter of its pipeline stage, the global shape (from its own local shape), every
+rank's box and the replica groups (ranks with equal boxes). Each distinct slice is then
+written by exactly one rank of its group: slices are dealt largest first to the member of
+their group with the fewest bytes so far (ties: the lower rank). Every rank of a stage holds
+the same parameters, so every rank computes the same assignment without talking to the
+others. A parameter several stages hold (a tied embedding) is written by the lowest of them;
+values the strategy does not describe (``global_step``, ``append_info`` scalars) are whole on
+every rank and written by the ranks of stage 0. Without a strategy every parameter is whole
+and every rank holds all of them (one process, or pure data parallelism).
+
+Chunks are the slices, cut along leading axes only to bound their size
+(:func:`ckptstore.store.chunking.chunk_shape_for`), so each chunk is a contiguous byte range
+of the local array that holds it.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from math import prod
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ckptstore.boxes import Box
+from ckptstore.checkpoint.strategy import Layout, Strategy
+from ckptstore.errors import LayoutMismatchError, StrategyError
+from ckptstore.store.chunking import chunk_shape_for
+from ckptstore.store.zarr import array_path, chunk_key
+
+@dataclass(frozen=True)
+class SaveChunk:
+    """Chunk ``index`` (C order over the parameter's grid): its global box and where its bytes
+    are in the local array (``byte_start``, ``nbytes``)."""
+
+    index: int
+    key: str
+    box: Box
+    byte_start: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class SaveParam:
+    """One parameter as this rank sees it: global shape, chunk grid, and the chunks it writes.
+
+    ``replicas`` is the size of each slice's replica group; ``writes_value`` says this rank
+    records a string value; ``writes_metadata`` that it writes the Zarr array metadata (the
+    rank that writes chunk 0).
+    """
+
+    name: str
+    path: str
+    dtype: np.dtype | None  # None for a string value
+    shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    replicas: int
+    chunks: tuple[SaveChunk, ...]
+    writes_value: bool = False
+
+    @property
+    def is_str(self) -> bool:
+        return self.dtype is None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.chunks)
+
+    @property
+    def writes_metadata(self) -> bool:
+        return bool(self.chunks) and self.chunks[0].index == 0
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    """What rank ``rank`` of ``world`` writes; ``params`` lists every parameter it holds."""
+
+    rank: int
+    world: int
+    params: tuple[SaveParam, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.params)
+
+    @property
+    def chunks(self) -> int:
+        return sum(len(p.chunks) for p in self.params)
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """A distinct slice of a parameter and the global ranks holding it."""
+
+    name: str
+    box: Box
+    group: tuple[int, ...]
+    nbytes: int
+
+
+def plan_save(local: Mapping[str, np.ndarray | str], *, rank: int, world: int, strategy: Strategy | None,
+              max_chunk_bytes: int) -> SavePlan:
+    """The chunks rank ``rank`` writes of its ``local`` values (see the module docstring).
+
+    Raises :class:`~ckptstore.errors.LayoutMismatchError` when a local shape does not fit the
+    strategy's layout (naming the parameter, its shape and the rank).
+    """
+    stage = strategy.stage_of(rank) if strategy is not None else 0
+    devices = strategy.stage_devices if strategy is not None else world
+    base = stage * devices
+    shapes: dict[str, tuple[int, ...]] = {}
+    slices: list[_Slice] = []
+    mine_box: dict[str, Box] = {}
+    for name in sorted(local):
+        value = local[name]
+        layout = _layout_of(name, rank, strategy)
+        if isinstance(value, str):
+            shapes[name] = ()
+            group = tuple(range(devices)) if stage == 0 or strategy is None else ()
+            if group:
+                slices.append(_Slice(name, Box((), ()), group, len(value.encode())))
+            continue
+        shape, boxes = _boxes(name, value, layout, devices, rank)
+        shapes[name] = shape
+        mine_box[name] = boxes[rank - base]
+        if not _written_by_stage(name, stage, strategy):
+            continue
+        groups: dict[Box, list[int]] = {}
+        for i, b in enumerate(boxes):
+            groups.setdefault(b, []).append(base + i)
+        item = value.dtype.itemsize
+        slices += [_Slice(name, b, tuple(g), b.size * item) for b, g in groups.items()]
+    writer = _assign(slices)
+    by_name: dict[str, list[_Slice]] = {}
+    for s in slices:
+        by_name.setdefault(s.name, []).append(s)
+    params = []
+    for name in local:
+        value = local[name]
+        if isinstance(value, str):
+            params.append(SaveParam(name, array_path(name), None, (), (), 1, (),
+                                    writes_value=writer.get((name, ())) == rank))
+            continue
+        params.append(_param(name, value, shapes[name], mine_box[name], by_name.get(name, []),
+                             writer, rank, max_chunk_bytes))
+    return SavePlan(rank, world, tuple(params))
+
+
+def _layout_of(name: str, rank: int, strategy: Strategy | None) -> Layout | None:
+    if strategy is None or name not in strategy.layouts:
+        return None
+    layout = strategy.layout(name, rank)
+    if layout is None:
+        held = sorted(strategy.layouts[name])
+        raise LayoutMismatchError(f"rank {rank} passed parameter {name!r}, but the strategy places it only on "
+                                  f"pipeline stage(s) {', '.join(map(str, held))} (rank {rank} is in stage "
+                                  f"{strategy.stage_of(rank)}); pass the strategy files of every stage")
+    return layout
+
+
+def _boxes(name: str, value: np.ndarray, layout: Layout | None, devices: int,
+           rank: int) -> tuple[tuple[int, ...], list[Box]]:
+    """The global shape and every rank's box (by rank within the stage)."""
+    local_shape = tuple(value.shape)
+    if layout is None:
+        return local_shape, [Box.full(local_shape)] * devices
+    try:
+        shape = layout.global_shape(local_shape)
+        boxes = [layout.box(i, shape) for i in range(devices)]
+    except StrategyError as e:
+        raise LayoutMismatchError(f"parameter {name!r} of local shape {list(local_shape)} on rank {rank}: {e}") from None
+    mine = boxes[rank % devices]
+    if mine.shape != local_shape:
+        raise LayoutMismatchError(f"parameter {name!r} on rank {rank} has shape {list(local_shape)} but the strategy "
+                                  f"gives rank {rank} a slice of shape {list(mine.shape)} of the global "
+                                  f"{list(shape)}; is the strategy file from this job?")
+    return shape, boxes
+
+
+def _written_by_stage(name: str, stage: int, strategy: Strategy | None) -> bool:
+    """The lowest stage holding a parameter writes it; values outside the strategy come from stage 0."""
+    if strategy is None:
+        return True
+    if name not in strategy.layouts:
+        return stage == 0
+    return stage == min(strategy.layouts[name])
+
+
+def _assign(slices: Sequence[_Slice]) -> dict[tuple[str, tuple[int, ...]], int]:
+    """The writing rank of each slice (keyed by name and box start): largest first to the member
+    of its group with the fewest bytes so far; deterministic for a given set of slices."""
+    load: dict[int, int] = {}
+    out: dict[tuple[str, tuple[int, ...]], int] = {}
+    for s in sorted(slices, key=lambda s: (-s.nbytes, s.name, s.box.start)):
+        best = min(s.group, key=lambda r: (load.get(r, 0), r))
+        load[best] = load.get(best, 0) + max(s.nbytes, 1)
+        out[(s.name, s.box.start)] = best
+    return out
+
+
+def _param(name: str, value: np.ndarray, shape: tuple[int, ...], box: Box, slices: Sequence[_Slice],
+           writer: Mapping[tuple[str, tuple[int, ...]], int], rank: int, max_chunk_bytes: int) -> SaveParam:
+    item = value.dtype.itemsize
+    chunk_shape = chunk_shape_for(box.shape, item, max_chunk_bytes)
+    replicas = len(slices[0].group) if slices else 1
+    chunks: list[SaveChunk] = []
+    if writer.get((name, box.start)) == rank and slices:
+        grid = tuple(s // c for s, c in zip(shape, chunk_shape))
+        grid_strides = [prod(grid[a + 1:]) for a in range(len(grid))]
+        local_strides = [prod(box.shape[a + 1:]) for a in range(len(box.shape))]
+        per_axis = [range(n // c) for n, c in zip(box.shape, chunk_shape)]
+        for local in itertools.product(*per_axis):
+            start = tuple(b + i * c for b, i, c in zip(box.start, local, chunk_shape))
+            coords = tuple(s // c for s, c in zip(start, chunk_shape))
+            index = sum(c * st for c, st in zip(coords, grid_strides))
+            first = sum(i * c * st for i, c, st in zip(local, chunk_shape, local_strides))
+            chunks.append(SaveChunk(index, _chunk_key(name, coords),
+                                    Box(start, tuple(s + c for s, c in zip(start, chunk_shape))),
+                                    first * item, prod(chunk_shape) * item))
+    return SaveParam(name, array_path(name), value.dtype, shape, chunk_shape, replicas, tuple(chunks))
+
+
+def _chunk_key(name: str, coords: Sequence[int]) -> str:
+    """The Zarr v3 key of one chunk of an unsharded array (``<path>/c/<i>/<j>``; ``<path>/c`` for a scalar)."""
+    if not coords:
+        return chunk_key(array_path(name), 0)
+    return f"{array_path(name)}/c/" + "/".join(map(str, coords))
