@@ -441,25 +441,20 @@ def host_array(tensor: Any) -> np.ndarray:
     if tensor.dtype == ms.bfloat16:  # asnumpy() of bfloat16 fails under numpy 2: go through float32 (exact)
         from ckptstore.dtypes import BFLOAT16
 
-        return np.ascontiguousarray(tensor.astype(ms.float32).asnumpy().astype(BFLOAT16))
-    return np.ascontiguousarray(tensor.asnumpy())
+        return np.asarray(tensor.astype(ms.float32).asnumpy().astype(BFLOAT16), order="C")
+    return np.asarray(tensor.asnumpy(), order="C")
 
 
 def initialised_rank() -> int | None:
     """This process's rank when MindSpore's communication is initialised, else ``None``."""
-    try:
-        from mindspore.communication import get_rank
+    from mindspore.communication import GlobalComm, get_rank
 
-        return int(get_rank())
-    except Exception:  # not initialised: MindSpore raises RuntimeError or ValueError here
-        return None
+    # without init() get_rank() answers 0 (standalone), which would make every process rank 0
+    return int(get_rank()) if GlobalComm.INITED else None
 
 
 def group_size() -> int | None:
     """The job's size when MindSpore's communication is initialised, else ``None``."""
-    try:
-        from mindspore.communication import get_group_size
+    from mindspore.communication import GlobalComm, get_group_size
 
-        return int(get_group_size())
-    except Exception:  # not initialised
-        return None
+    return int(get_group_size()) if GlobalComm.INITED else None

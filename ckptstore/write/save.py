@@ -159,7 +159,7 @@ def plain_value(name: str, value: Any) -> np.ndarray | str:
         return np.array(value, dtype=np.int64)
     if isinstance(value, float):
         return np.array(value, dtype=np.float32)
-    array = np.ascontiguousarray(value)
+    array = np.asarray(value, order="C")
     try:
         lookup(array.dtype)
     except (ValueError, KeyError):
@@ -326,7 +326,7 @@ class SaveJob:
 
 
 def _bytes_of(array: np.ndarray) -> memoryview:
-    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    return memoryview(np.asarray(array, order="C").reshape(-1).view(np.uint8))
 
 
 def _committed(target: OutputTarget, fingerprint: str) -> bool:

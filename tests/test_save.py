@@ -1,0 +1,186 @@
+"""Saving from training: every rank saves its local slices; the store is the global tensors.
+
+Rank slices are MindSpore's own: each rank process reads the rank file ``mindspore.save_checkpoint``
+wrote for it in the ``saved_layout`` fixtures (cut by MindSpore's slicing code), and the ranks
+of a job save concurrently, as separate processes (tests/save_worker.py). Expected values are
+the fixtures' global tensors and, for other layouts, MindSpore's ``transform_checkpoints``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from math import prod
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ckptstore
+import mindspore_fixtures as T
+from ckptstore.dtypes import BFLOAT16
+from ckptstore.errors import IncompleteStoreError, InvalidOptionError, StoreExistsError
+from conftest import SavedLayout
+from convert_fixtures import assert_same_array, data_files, expected_values
+from load_fixtures import load_env  # noqa: F401 (fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).with_name("save_worker.py")
+
+
+def run_ranks(layout: SavedLayout, root: Path, *, step: int = 1, ranks: list[int] | None = None,
+              kill_after: dict[int, int] | None = None, chunk_mb: int | None = None) -> dict[int, Any]:
+    """Start one process per rank at once; each saves its slices. Returns each rank's summary
+    (a dict) or, for a process that did not exit cleanly, its return code."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GLOG_v": "3"}
+    procs = {}
+    for r in (range(layout.world) if ranks is None else ranks):
+        cmd = [sys.executable, str(WORKER), "--rank-file", str(layout.rank_file(r)), "--root", str(root),
+               "--step", str(step), "--rank", str(r)]
+        for f in layout.strategy_files:
+            cmd += ["--strategy", str(f)]
+        if chunk_mb:
+            cmd += ["--chunk-mb", str(chunk_mb)]
+        if kill_after and r in kill_after:
+            cmd += ["--kill-after", str(kill_after[r])]
+        procs[r] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    out: dict[int, Any] = {}
+    for r, p in procs.items():
+        stdout, stderr = p.communicate(timeout=300)
+        out[r] = json.loads(stdout) if p.returncode == 0 else p.returncode
+        if p.returncode not in (0, -9):
+            raise AssertionError(f"rank {r} failed:\n{stderr}")
+    return out
+
+
+def distinct_bytes(layout: SavedLayout) -> int:
+    return sum(np.asarray(v).nbytes for v in expected_values(layout).values())
+
+
+def assert_store_holds(root: Path | str, expected: dict[str, np.ndarray]) -> None:
+    store = ckptstore.open(root)
+    assert sorted(store.names()) == sorted(expected)
+    for name, value in expected.items():
+        assert_same_array(store.read(name), value, name)
+
+
+@pytest.fixture(scope="session")
+def saved_by_ranks(saved_layout, tmp_path_factory):
+    """``saved_by_ranks(kind)``: the layout's ranks, each in its own process, saved step 1 at once."""
+    cache: dict[str, tuple[SavedLayout, Path, dict[int, Any]]] = {}
+
+    def get(kind: str):
+        if kind not in cache:
+            layout = saved_layout(kind)
+            root = tmp_path_factory.mktemp(f"saved_{kind}")
+            cache[kind] = (layout, root, run_ranks(layout, root))
+        return cache[kind]
+
+    return get
+
+
+# ---- one process, whole tensors --------------------------------------------------------------
+
+
+def test_one_process_saves_whole_tensors_and_values_as_a_ckpt_holds_them(tmp_path):
+    values = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "bf": np.arange(6, dtype=BFLOAT16) / 3,
+              "mask": np.array([True, False]), "global_step": np.array([7], np.int32),
+              "epoch_num": 2, "learning_rate": 0.5, "network": "llama"}
+    summary = ckptstore.save_rank(values, tmp_path, step=7)
+    assert (summary.step, summary.rank, summary.world, summary.committed) == (7, 0, 1, True)
+    store = ckptstore.open(tmp_path)
+    assert store.root == tmp_path / "step_7"
+    assert store.source["step"] == 7
+    for name in ("w", "bf", "mask", "global_step"):
+        assert_same_array(store.read(name), values[name], name)
+    assert_same_array(store.read("epoch_num"), np.array(2, np.int64), "int scalar")  # as append_dict saves it
+    assert_same_array(store.read("learning_rate"), np.array(0.5, np.float32), "float scalar")
+    assert store.read("network") == "llama"
+
+
+def test_a_saved_step_is_a_zarr_store_zarr_python_reads(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    w = np.arange(64, dtype=np.float32).reshape(16, 4)
+    ckptstore.save_rank({"w": w, "b": np.ones(3, BFLOAT16)}, tmp_path, step=1, chunk_mb=1)
+    group = zarr.open_group(str(tmp_path / "step_1"), mode="r")
+    np.testing.assert_array_equal(group["w"][...], w)
+    assert group["b"].dtype == BFLOAT16 or str(group["b"].dtype) == "bfloat16"
+
+
+def test_an_unknown_format_or_step_is_refused(tmp_path):
+    with pytest.raises(InvalidOptionError, match="zarr stores only"):
+        ckptstore.save_rank({"w": np.ones(2)}, tmp_path, step=1, format="safetensors")
+    with pytest.raises(InvalidOptionError, match="step must be a non-negative integer"):
+        ckptstore.save_rank({"w": np.ones(2)}, tmp_path, step=-1)
+
+
+def test_a_committed_step_is_not_saved_again(tmp_path):
+    ckptstore.save_rank({"w": np.ones(2)}, tmp_path, step=3)
+    with pytest.raises(StoreExistsError, match="step 3 is already committed"):
+        ckptstore.save_rank({"w": np.zeros(2)}, tmp_path, step=3)
+    assert_same_array(ckptstore.open(tmp_path).read("w"), np.ones(2), "the first save")
+
+
+def test_the_newest_committed_step_opens_and_each_step_opens_by_its_folder(tmp_path):
+    for step in (2, 10, 9):
+        ckptstore.save_rank({"w": np.full(2, step, np.int32)}, tmp_path, step=step)
+    assert ckptstore.open(tmp_path).source["step"] == 10  # by number, not by name or by age
+    assert_same_array(ckptstore.open(tmp_path / "step_9").read("w"), np.full(2, 9, np.int32), "step 9")
+
+
+def test_a_rank_cannot_be_guessed_in_a_job_of_several(tmp_path, saved_layout, monkeypatch):
+    layout = saved_layout("mp_rows")
+    for var in ("RANK_ID", "RANK_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MS_ROLE"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(InvalidOptionError, match="which rank is this process"):
+        ckptstore.save_rank({"layer0.b": np.ones(8, np.float32)}, tmp_path, step=1, strategy=layout.strategy_files)
+    monkeypatch.setenv("MS_ROLE", "MS_SCHED")
+    with pytest.raises(InvalidOptionError, match="scheduler process"):
+        ckptstore.save_rank({"layer0.b": np.ones(8, np.float32)}, tmp_path, step=1, strategy=layout.strategy_files)
+
+
+# ---- every layout, every rank its own process ------------------------------------------------
+
+
+#: dp2_mp4 runs in the fast tier; the other layouts start 8 processes each.
+KINDS = [k if k == "dp2_mp4" else pytest.param(k, marks=pytest.mark.slow) for k in T.LAYOUT_KINDS]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ranks_saving_at_once_make_a_store_of_the_global_tensors(saved_by_ranks, kind):
+    layout, root, summaries = saved_by_ranks(kind)
+    assert sum(s["committed"] for s in summaries.values()) == 1  # the last rank to finish
+    assert_store_holds(root, expected_values(layout))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_distinct_byte_is_written_once(saved_by_ranks, kind):
+    layout, root, summaries = saved_by_ranks(kind)
+    # ranks write only chunks (scalars are 0-d chunks); str values go into the manifest
+    assert sum(s["bytes_written"] for s in summaries.values()) == distinct_bytes(layout)
+    assert sum(data_files(root / "step_1").values()) == distinct_bytes(layout)
+
+
+def test_replicated_slices_are_shared_out_over_their_replica_group(saved_by_ranks):
+    layout, root, summaries = saved_by_ranks("dp2_mp4")
+    written = [summaries[r]["bytes_written"] for r in range(layout.world)]
+    store = ckptstore.open(root)
+    writers = {r for n in store.names() for r in store.info(n).chunks.ranks}
+    assert writers == set(range(8))  # dp replicas split the work instead of rank 0..3 doing it all
+    biggest = max(store.info(n).chunks.nbytes[i] for n in store.names() for i in range(len(store.info(n).chunks)))
+    assert max(written) - min(written) <= biggest
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case_id,ranks", [("dp2_mp4->dp2_mp2", [0, 3]), ("opt_shard->dp2_mp2", [1, 2]),
+                                           ("pipeline2->1stage", [0, 3]), ("mixed_dtypes->dp2_mp2", [0, 2])])
+def test_load_rank_of_a_saved_step_equals_transform_checkpoints(saved_by_ranks, load_env, case_id, ranks):
+    from load_fixtures import assert_same_dict, to_numpy
+
+    t = load_env.target(case_id)
+    _, root, _ = saved_by_ranks(t.case.kind)
+    for rank in ranks:
+        loaded = {n: to_numpy(p) for n, p in ckptstore.load_rank(root, t.strategy, rank).items()}
+        assert_same_dict(loaded, t.oracle(rank), f"{case_id} rank {rank}")
