@@ -184,3 +184,90 @@ def test_load_rank_of_a_saved_step_equals_transform_checkpoints(saved_by_ranks, 
     for rank in ranks:
         loaded = {n: to_numpy(p) for n, p in ckptstore.load_rank(root, t.strategy, rank).items()}
         assert_same_dict(loaded, t.oracle(rank), f"{case_id} rank {rank}")
+
+
+# ---- a rank dies mid-save --------------------------------------------------------------------
+
+
+def test_a_rank_killed_mid_save_leaves_the_step_uncommitted_and_its_rerun_completes_it(saved_layout, tmp_path):
+    layout = saved_layout("dp2_mp2")
+    run_ranks(layout, tmp_path, step=1)
+    results = run_ranks(layout, tmp_path, step=2, kill_after={2: 1})
+    assert results[2] == -9 and not any(results[r]["committed"] for r in (0, 1, 3))
+    assert ckptstore.open(tmp_path).source["step"] == 1  # the unfinished step hides nothing
+    assert_store_holds(tmp_path, expected_values(layout))
+    with pytest.raises(IncompleteStoreError, match=r"step 2 .* is not committed: rank\(s\) 2 of 4 have not finished"):
+        ckptstore.open(tmp_path / "step_2")
+    rerun = run_ranks(layout, tmp_path, step=2, ranks=[2])
+    assert rerun[2]["committed"] is True
+    assert ckptstore.open(tmp_path).source["step"] == 2
+    assert_store_holds(tmp_path, expected_values(layout))
+    assert sum(data_files(tmp_path / "step_2").values()) == distinct_bytes(layout)  # no leftovers of the dead run
+
+
+# ---- a real msrun job ------------------------------------------------------------------------
+
+MSRUN_JOB = '''
+import os, sys
+import mindspore as ms
+from mindspore.communication import init
+
+init()
+if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun's scheduler runs this script too: it holds no rank
+    sys.exit(0)
+import ckptstore
+from mindspore.communication import get_rank
+
+src, root = sys.argv[1], sys.argv[2]
+params = ms.load_checkpoint(f"{src}/rank_{get_rank()}/net-1_1.ckpt")  # mindspore.Parameter values
+summary = ckptstore.save_rank(params, root, step=5, strategy=f"{src}/strategy.ckpt")  # rank from MindSpore
+print("SAVED", summary.rank, summary.committed, flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_an_msrun_job_saves_each_rank_through_mindspore_parameters(tmp_path):
+    specs = [T.ParamSpec("w", (8, 4), dev_matrix=(2,), tensor_map=(0, -1)),
+             T.ParamSpec("emb", (6, 4), dev_matrix=(2,), tensor_map=(-1, -1)),
+             T.ParamSpec("b16", (4, 2), "bfloat16", dev_matrix=(2,), tensor_map=(-1, 0))]
+    tensors = T.make_global_tensors(specs, seed=3)
+    T.save_distributed(tmp_path / "ckpt", specs, tensors, world_size=2, stages=1, extra_scalars=True)
+    (tmp_path / "job.py").write_text(MSRUN_JOB)
+    venv_bin = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}", "PYTHONPATH": str(REPO), "GLOG_v": "3"}
+    for var in ("RANK_ID", "RANK_SIZE", "MS_ROLE"):
+        env.pop(var, None)
+    port = 20000 + os.getpid() % 20000
+    done = subprocess.run([str(venv_bin / "msrun"), "--worker_num=2", "--local_worker_num=2", f"--master_port={port}",
+                           f"--log_dir={tmp_path / 'logs'}", "--join=True", str(tmp_path / "job.py"),
+                           str(tmp_path / "ckpt"), str(tmp_path / "out")], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("*.log")))
+    assert done.returncode == 0, logs[-3000:]
+    saved = sorted(line.split()[1:] for line in logs.splitlines() if line.startswith("SAVED"))
+    assert [s[0] for s in saved] == ["0", "1"] and sorted(s[1] for s in saved) == ["False", "True"]
+    store = ckptstore.open(tmp_path / "out")
+    assert store.source["step"] == 5
+    for name, value in tensors.items():
+        assert_same_array(store.read(name), value, name)
+
+
+# ---- object storage --------------------------------------------------------------------------
+
+
+def test_ranks_save_into_a_bucket_and_an_unfinished_step_hides_nothing(saved_layout, bucket):
+    from save_worker import local_slices
+
+    layout = saved_layout("dp2_mp2")
+    root = bucket.url("run")
+    for step, ranks in ((1, range(4)), (2, range(3))):
+        for r in ranks:
+            ckptstore.save_rank(local_slices(str(layout.rank_file(r))), root, step=step,
+                                strategy=layout.strategy_files, rank=r)
+    assert ckptstore.open(root).source["step"] == 1
+    assert_store_holds(root, expected_values(layout))
+    with pytest.raises(IncompleteStoreError, match=r"rank\(s\) 3 of 4"):
+        ckptstore.open(f"{root}/step_2")
+    ckptstore.save_rank(local_slices(str(layout.rank_file(3))), root, step=2, strategy=layout.strategy_files, rank=3)
+    assert ckptstore.open(root).source["step"] == 2
+    assert_store_holds(root, expected_values(layout))
