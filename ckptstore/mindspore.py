@@ -412,15 +412,16 @@ class _NetLoader:
 
 
 def host_values(params: Any) -> tuple[dict[str, np.ndarray | str], Strategy | None]:
-    """Host (numpy) views of what :func:`ckptstore.save_rank` was given, and a Cell's own layouts.
+    """What :func:`ckptstore.save_rank` was given, numpy-side, and a Cell's own layouts.
 
     A Cell gives its ``parameters_dict()`` (keyed by ``Parameter.name``, so an optimizer's state
     keeps the names ``load_param_into_net`` matches) and, when compiled in (semi-)auto parallel
     mode, the layouts of its ``parameter_layout_dict`` (whose entries carry each global shape).
-    ``Parameter``/``Tensor`` values become numpy arrays (bfloat16 as ``ml_dtypes.bfloat16``,
-    which ``asnumpy`` cannot return under numpy 2); other values are taken as they are.
+    ``Parameter``/``Tensor`` values become :class:`~ckptstore.write.save.LazyArray` values, brought
+    to host memory only when written (bfloat16 as ``ml_dtypes.bfloat16``, which ``asnumpy``
+    cannot return under numpy 2); other values are taken as they are.
     """
-    from ckptstore.write.save import plain_value
+    from ckptstore.write.save import LazyArray, plain_value
 
     ms = _ms()
     strategy = None
@@ -429,9 +430,12 @@ def host_values(params: Any) -> tuple[dict[str, np.ndarray | str], Strategy | No
         layouts = {n: _compiled_layout(lay, lay[6] if len(lay) > 6 else None) for n, lay in compiled.items()}
         strategy = strategy_from_layouts(layouts) if layouts else None
         params = params.parameters_dict()
-    out: dict[str, np.ndarray | str] = {}
+    out: dict[str, Any] = {}
     for name, value in params.items():
-        out[str(name)] = host_array(value) if isinstance(value, ms.Tensor) else plain_value(str(name), value)
+        if isinstance(value, ms.Tensor):  # fetched when written: nothing is copied to plan the save
+            out[str(name)] = LazyArray(value.shape, lookup(str(value.dtype)).numpy, lambda t=value: host_array(t))
+        else:
+            out[str(name)] = plain_value(str(name), value)
     return out, strategy
 
 
@@ -458,3 +462,107 @@ def group_size() -> int | None:
     from mindspore.communication import GlobalComm, get_group_size
 
     return int(get_group_size()) if GlobalComm.INITED else None
+
+
+# ---- StoreCheckpoint: a training callback saving into a store ----------------------------------
+
+
+def _store_checkpoint_class() -> type:
+    """Build :class:`StoreCheckpoint` (a ``mindspore.train.Callback``, so MindSpore is imported
+    only when it is first asked for)."""
+    from mindspore.train import Callback
+
+    from ckptstore.write.async_save import AsyncSaver
+    from ckptstore.write.save import SaveSummary, prepare_save, prune_steps
+
+    class StoreCheckpoint(Callback):  # type: ignore[misc, valid-type]
+        """Save the trained cell into ``root/step_<N>`` every ``save_checkpoint_steps`` steps.
+
+        For ``Model.train(callbacks=[...])`` (and MindFormers' callback lists) on every rank of
+        the job, like ``ModelCheckpoint``: the saved cell is the training network (weights and
+        optimizer state, by ``Parameter.name``), each distinct slice written once across the job
+        (:func:`ckptstore.save_rank`). ``strategy`` is the job's strategy file(s); by default the
+        network's compiled layouts, or whole tensors. With ``async_save`` the step waits only
+        while this rank's slices are copied to host memory (at most ``memory_budget_mb`` MB at a
+        time; the copy waits for the writer when the rank holds more), a background thread
+        writes them, the next save waits for the previous, and an error of the writer is raised
+        at the next step or at the end of training. The newest ``keep_checkpoint_max`` committed
+        steps are kept; older ones are deleted once a newer one is committed. ``append_info``
+        adds ``"epoch_num"``/``"step_num"`` (names) or a dict of values, as ``CheckpointConfig``
+        does. ``include``/``exclude`` are name globs.
+        """
+
+        def __init__(self, root: str | os.PathLike[str], *, save_checkpoint_steps: int = 1,
+                     keep_checkpoint_max: int | None = 5, strategy: Any = None, async_save: bool = True,
+                     include: Sequence[str] = (), exclude: Sequence[str] = (), memory_budget_mb: int | None = None,
+                     append_info: Any = None, rank: int | None = None) -> None:
+            super().__init__()
+            for what, v in (("save_checkpoint_steps", save_checkpoint_steps), ("keep_checkpoint_max",
+                                                                             keep_checkpoint_max or 1),
+                            ("memory_budget_mb", memory_budget_mb or 1)):
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise InvalidOptionError(f"{what} must be a positive integer, not {v!r}")
+            self.root, self.every, self.keep = root, save_checkpoint_steps, keep_checkpoint_max
+            self.strategy, self.rank, self.async_save = strategy, rank, async_save
+            self.include, self.exclude, self.append_info = tuple(include), tuple(exclude), append_info
+            # staged copies are whole chunks: chunks no bigger than the budget keep the copies under it
+            self.chunk_mb = None if memory_budget_mb is None else min(64, memory_budget_mb)
+            self.saver = AsyncSaver(memory_budget=None if memory_budget_mb is None else memory_budget_mb << 20,
+                                    on_done=self._after)
+            self.summaries: list[SaveSummary] = []
+
+        def on_train_step_end(self, run_context: Any) -> None:
+            self.saver.check()  # a background save that failed stops training here
+            cb = run_context.original_args()
+            if cb.cur_step_num % self.every == 0:
+                self._save(cb)
+
+        def on_train_end(self, run_context: Any) -> None:
+            self.saver.wait()
+
+        def _save(self, cb: Any) -> None:
+            values, compiled = host_values(cb.train_network)
+            values.update(_append(self.append_info, cb))
+            strategy = self.strategy if self.strategy is not None else compiled
+            job = prepare_save(values, self.root, step=int(cb.cur_step_num), strategy=strategy, rank=self.rank,
+                               include=self.include, exclude=self.exclude, chunk_mb=self.chunk_mb)
+            if self.async_save:
+                self.saver.save(job)
+            else:
+                self._after(job.write())
+
+        def _after(self, summary: SaveSummary) -> None:
+            self.summaries.append(summary)
+            if summary.committed and self.keep:
+                prune_steps(self.root, self.keep)
+
+    return StoreCheckpoint
+
+
+def _append(info: Any, cb: Any) -> dict[str, Any]:
+    """The ``append_info`` values of this step (``CheckpointConfig``'s meaning)."""
+    if not info:
+        return {}
+    if isinstance(info, dict):
+        return dict(info)
+    counters = {"epoch_num": int(cb.cur_epoch_num), "step_num": int(cb.cur_step_num)}
+    out = {}
+    for item in info:
+        if isinstance(item, dict):
+            out.update(item)
+        elif item in counters:
+            out[item] = counters[item]
+        else:
+            raise InvalidOptionError(f"append_info entries are 'epoch_num', 'step_num' or a dict, not {item!r}")
+    return out
+
+
+_CLASSES: dict[str, type] = {}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "StoreCheckpoint":
+        if name not in _CLASSES:
+            _CLASSES[name] = _store_checkpoint_class()
+        return _CLASSES[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -271,3 +271,118 @@ def test_ranks_save_into_a_bucket_and_an_unfinished_step_hides_nothing(saved_lay
     ckptstore.save_rank(local_slices(str(layout.rank_file(3))), root, step=2, strategy=layout.strategy_files, rank=3)
     assert ckptstore.open(root).source["step"] == 2
     assert_store_holds(root, expected_values(layout))
+
+
+# ---- saving in the background ----------------------------------------------------------------
+
+
+def test_a_background_save_snapshots_the_values_and_stays_under_its_memory_budget(tmp_path):
+    from ckptstore.write.async_save import AsyncSaver
+    from ckptstore.write.save import prepare_save
+
+    values = {f"w{i}": np.full((512, 512), i, np.float32) for i in range(4)}  # 1 MiB each
+    expected = {n: v.copy() for n, v in values.items()}
+    saver = AsyncSaver(memory_budget=2 << 20)
+    saver.save(prepare_save(values, tmp_path, step=1, chunk_mb=1))
+    for v in values.values():  # training goes on: the next step changes every parameter
+        v += 100
+    saver.wait()
+    assert saver.last.committed and saver.last.bytes_written == 4 << 20
+    assert 0 < saver.peak_staged <= 2 << 20
+    assert_store_holds(tmp_path, expected)
+
+
+def test_a_failed_background_save_is_raised_by_the_next_call_and_commits_nothing(tmp_path):
+    from ckptstore.errors import StoreWriteError
+    from ckptstore.write.async_save import AsyncSaver
+    from ckptstore.write.save import prepare_save
+
+    (tmp_path / "root").write_text("a file where the step folders should go")
+    saver = AsyncSaver()
+    saver.save(prepare_save({"w": np.ones(4)}, tmp_path / "root", step=1))  # returns: the writer fails later
+    with pytest.raises(StoreWriteError, match="Not a directory while writing .*root/step_1"):
+        saver.wait()
+    saver.check()  # raised once, not again
+    assert saver.last is None
+
+
+def test_old_steps_go_only_after_a_newer_step_is_committed(tmp_path, saved_layout):
+    from ckptstore.write.save import prune_steps, saved_steps
+
+    for step in (1, 2, 3):
+        ckptstore.save_rank({"w": np.full(2, step)}, tmp_path, step=step)
+    layout = saved_layout("dp2_mp2")
+    from save_worker import local_slices
+
+    ckptstore.save_rank(local_slices(str(layout.rank_file(0))), tmp_path, step=4, strategy=layout.strategy_files,
+                        rank=0)  # step 4: rank 0 of 4 saved, not committed
+    assert prune_steps(tmp_path, 2) == [1]
+    assert saved_steps(tmp_path) == [(2, True), (3, True), (4, False)]
+    assert ckptstore.open(tmp_path).source["step"] == 3
+
+
+# ---- StoreCheckpoint: a real training loop ---------------------------------------------------
+
+
+def _train(steps: int, *callbacks):
+    """``steps`` steps of Model.train on test_resume_training's cell (one batch per epoch)."""
+    import mindspore.dataset as ds
+    from mindspore.train import Model
+    from test_resume_training import X, Y, train_cell
+
+    cell = train_cell()
+    data = ds.NumpySlicesDataset({"x": X, "y": Y}, shuffle=False).batch(16)
+    Model(cell).train(steps, data, callbacks=list(callbacks), dataset_sink_mode=False)
+    return cell
+
+
+@pytest.mark.parametrize("async_save", [True, False], ids=["async", "sync"])
+def test_training_resumed_from_store_checkpoint_takes_the_bit_identical_next_step(tmp_path, async_save):
+    from mindspore import Tensor
+    from load_fixtures import assert_same_dict
+    from test_resume_training import X, Y, train_cell, values
+
+    saver = ckptstore.StoreCheckpoint(tmp_path / "run", save_checkpoint_steps=3, async_save=async_save)
+    cell = _train(3, saver)
+    assert [s.step for s in saver.summaries] == [3]
+    resumed = train_cell(seed=99)
+    assert ckptstore.load_into_net(resumed, tmp_path / "run") == ([], [])
+    assert int(values(resumed)["global_step"][0]) == 3 and np.any(values(resumed)["moment1.fc1.weight"] != 0)
+    for c in (cell, resumed):  # the uninterrupted run and the resumed one take one more step
+        c(Tensor(X), Tensor(Y))
+    assert_same_dict(values(resumed), values(cell), "the step after resuming")
+
+
+def test_store_checkpoint_keeps_the_newest_committed_steps(tmp_path):
+    saver = ckptstore.StoreCheckpoint(tmp_path / "run", save_checkpoint_steps=2, keep_checkpoint_max=2,
+                                      append_info=["epoch_num", "step_num"])
+    _train(7, saver)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["step_4", "step_6"]
+    store = ckptstore.open(tmp_path / "run")
+    assert (int(store.read("step_num")), int(store.read("epoch_num"))) == (6, 6)
+
+
+def test_a_background_error_surfaces_at_the_next_step(tmp_path):
+    from mindspore.train import Callback
+
+    from ckptstore.errors import StoreWriteError
+
+    class Steps(Callback):
+        seen: list[int] = []
+
+        def on_train_step_end(self, run_context):
+            self.seen.append(run_context.original_args().cur_step_num)
+
+    (tmp_path / "run").write_text("not a folder")
+    steps = Steps()
+    with pytest.raises(StoreWriteError, match="Not a directory"):
+        _train(5, ckptstore.StoreCheckpoint(tmp_path / "run", save_checkpoint_steps=1), steps)
+    assert steps.seen == [1]  # step 1's save failed in the background; step 2 stopped on it
+
+
+def test_a_background_error_of_the_last_save_surfaces_at_the_end_of_training(tmp_path):
+    from ckptstore.errors import StoreWriteError
+
+    (tmp_path / "run").write_text("not a folder")
+    with pytest.raises(StoreWriteError, match="Not a directory"):
+        _train(2, ckptstore.StoreCheckpoint(tmp_path / "run", save_checkpoint_steps=2))

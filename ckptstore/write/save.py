@@ -145,13 +145,13 @@ def host_values(params: Any) -> tuple[dict[str, np.ndarray | str], Strategy | No
 
 
 def _plain(value: Any) -> bool:
-    return isinstance(value, (np.ndarray, np.generic, str, bool, int, float))
+    return isinstance(value, (np.ndarray, np.generic, str, bool, int, float, LazyArray))
 
 
-def plain_value(name: str, value: Any) -> np.ndarray | str:
+def plain_value(name: str, value: Any) -> Any:
     """A numpy-side value as a ``.ckpt`` holds it: Python ``int`` -> int64 and ``float`` ->
     float32 scalars (as ``append_dict`` saves them), strings as text, arrays C-contiguous."""
-    if isinstance(value, str):
+    if isinstance(value, (str, LazyArray)):
         return value
     if isinstance(value, bool):
         return np.array(value, dtype=np.bool_)
@@ -230,7 +230,8 @@ class SaveJob:
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()
 
     def pieces(self) -> Iterator[Piece]:
-        """Each chunk this rank writes with a view of its bytes in the local array (no copy)."""
+        """Each chunk this rank writes with a view of its bytes in the local array (no copy; a
+        MindSpore tensor is brought to host memory when its first chunk comes)."""
         for p in self.plan.params:
             if p.chunks:
                 flat = _bytes_of(self.arrays[p.name])  # type: ignore[arg-type]
@@ -280,6 +281,7 @@ class SaveJob:
             target.write(c.key, data)  # type: ignore[arg-type]  (any buffer: written whole, then renamed/PUT)
             crcs.setdefault(p.name, {})[c.index] = crc32c.crc32c(data)
             written += c.nbytes
+            del data  # a staged copy is freed before the next one is taken
         return crcs, written
 
     def _record(self, crcs: Mapping[str, Mapping[int, int]]) -> dict[str, Any]:
@@ -325,8 +327,21 @@ class SaveJob:
                 "fingerprint": self.fingerprint, "created_by": f"ckptstore {__version__}"}
 
 
-def _bytes_of(array: np.ndarray) -> memoryview:
-    return memoryview(np.asarray(array, order="C").reshape(-1).view(np.uint8))
+class LazyArray:
+    """A value known by shape and dtype, fetched into host memory only when its bytes are needed
+    (a MindSpore tensor: planning a save needs no data, and a background save copies one
+    parameter at a time)."""
+
+    def __init__(self, shape: Sequence[int], dtype: np.dtype, fetch: Any) -> None:
+        self.shape, self.dtype, self._fetch = tuple(int(s) for s in shape), np.dtype(dtype), fetch
+
+    def load(self) -> np.ndarray:
+        return np.asarray(self._fetch(), order="C")
+
+
+def _bytes_of(array: np.ndarray | LazyArray) -> memoryview:
+    host = array.load() if isinstance(array, LazyArray) else np.asarray(array, order="C")
+    return memoryview(host.reshape(-1).view(np.uint8))
 
 
 def _committed(target: OutputTarget, fingerprint: str) -> bool:

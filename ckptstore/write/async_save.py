@@ -1,0 +1,136 @@
+"""Saving in the background: the training loop waits only while a rank's slices are copied.
+
+:meth:`AsyncSaver.save` copies each chunk this rank writes into a fresh host buffer and hands
+it to a writer thread, which writes, records and commits the step (:class:`SaveJob.write`)
+while training goes on. The copies stay under ``memory_budget`` bytes: when the budget is
+smaller than the rank's share, the copying waits for the writer to free buffers, so the
+loop is held until the last pieces are copied (and the rest written). One save at a time:
+the next one first waits for the previous. An error of the writer is kept and raised by the
+next call (:meth:`check`, :meth:`save` or :meth:`wait`), never lost; the step it was saving
+stays uncommitted.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable, Iterator
+
+from ckptstore.errors import InvalidOptionError
+from ckptstore.write.save import Piece, SaveJob, SaveSummary
+
+_END = object()
+
+
+class _Budget:
+    """Bytes of staged copies in flight, bounded (``None``: unbounded)."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit, self.used, self.peak = limit, 0, 0
+        self.stopped = False
+        self._cond = threading.Condition()
+
+    def take(self, n: int) -> bool:
+        """Wait until ``n`` more bytes fit (a piece larger than the budget waits for an empty one);
+        ``False`` when the writer has stopped."""
+        with self._cond:
+            while (not self.stopped and self.limit is not None and self.used
+                   and self.used + n > self.limit):
+                self._cond.wait()
+            if self.stopped:
+                return False
+            self.used += n
+            self.peak = max(self.peak, self.used)
+            return True
+
+    def give(self, n: int) -> None:
+        with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self.stopped = True
+            self._cond.notify_all()
+
+
+class AsyncSaver:
+    """One background save at a time; see the module docstring.
+
+    ``memory_budget`` bounds the bytes of staged copies (``None``: a rank's whole share may be
+    copied at once). ``on_done`` runs in the writer thread after each successful save (with
+    its :class:`SaveSummary`), e.g. to delete old steps.
+    """
+
+    def __init__(self, *, memory_budget: int | None = None,
+                 on_done: Callable[[SaveSummary], None] | None = None) -> None:
+        if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, int)
+                                          or memory_budget < 1):
+            raise InvalidOptionError(f"memory_budget must be a positive number of bytes, not {memory_budget!r}")
+        self.memory_budget, self.on_done = memory_budget, on_done
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last: SaveSummary | None = None
+        #: Most staged bytes held at once by the last save.
+        self.peak_staged = 0
+
+    def save(self, job: SaveJob) -> None:
+        """Wait for the previous save, then copy ``job``'s chunks to host memory and write them in
+        the background; returns once every chunk is copied (or the writer failed)."""
+        self.wait()
+        budget = _Budget(self.memory_budget)
+        staged: queue.Queue[Any] = queue.Queue()
+        self._thread = threading.Thread(target=self._write, args=(job, staged, budget), name="ckptstore-save",
+                                        daemon=True)
+        self._thread.start()
+        try:
+            for p, c, view in job.pieces():
+                if not budget.take(c.nbytes):
+                    break  # the writer failed: its error is raised by the next call
+                staged.put((p, c, bytearray(view)))
+        except BaseException as e:
+            staged.put(e)  # the writer abandons the step (nothing marked done, nothing committed)
+            raise
+        finally:
+            staged.put(_END)
+            self.peak_staged = budget.peak
+
+    def _write(self, job: SaveJob, staged: "queue.Queue[Any]", budget: _Budget) -> None:
+        try:
+            summary = job.write(_drain(staged, budget))
+            self.last = summary
+            if self.on_done is not None:
+                self.on_done(summary)
+        except BaseException as e:  # kept for the training loop
+            self._error = e
+        finally:
+            budget.stop()
+
+    def check(self) -> None:
+        """Raise the error of a background save that failed (once)."""
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def wait(self) -> None:
+        """Wait for the save in progress to finish; raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.check()
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+
+def _drain(staged: "queue.Queue[Any]", budget: _Budget) -> Iterator[Piece]:
+    """The staged pieces in order; each piece's budget is freed once the writer asks for the next
+    (by then it has been written)."""
+    while True:
+        item = staged.get()
+        if item is _END:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+        budget.give(item[1].nbytes)
