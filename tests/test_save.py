@@ -205,6 +205,23 @@ def test_a_rank_killed_mid_save_leaves_the_step_uncommitted_and_its_rerun_comple
     assert sum(data_files(tmp_path / "step_2").values()) == distinct_bytes(layout)  # no leftovers of the dead run
 
 
+def test_ckptstore_commit_commits_a_step_whose_ranks_all_finished(saved_layout, tmp_path):
+    from convert_fixtures import run_cli
+    from save_worker import local_slices
+    from ckptstore.write.save import prepare_save
+
+    layout = saved_layout("dp2_mp2")
+    for r in range(4):  # the last rank finishes its share but does not commit (as if it died right then)
+        job = prepare_save(local_slices(str(layout.rank_file(r))), tmp_path, step=1, strategy=layout.strategy_files,
+                           rank=r)
+        assert job.write(commit=r < 3).committed is False
+    with pytest.raises(IncompleteStoreError):
+        ckptstore.open(tmp_path / "step_1")
+    done = run_cli("commit", tmp_path / "step_1")
+    assert done.returncode == 0, done.stderr
+    assert_store_holds(tmp_path, expected_values(layout))
+
+
 # ---- a real msrun job ------------------------------------------------------------------------
 
 MSRUN_JOB = '''

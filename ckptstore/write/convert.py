@@ -36,6 +36,7 @@ from ckptstore.progress import Progress
 from ckptstore.checkpoint.source import DistributedSource, SourceParam, resolve_source
 from ckptstore.checkpoint.strategy import StrategyPaths
 from ckptstore.io import is_url, open_location
+from ckptstore.write.save import commit_step, is_saved_step
 from ckptstore.write.store_kinds import commit, mark_done, my_share, write_plan, writer_for
 from ckptstore.write.chunk_writer import ChunkCopier
 from ckptstore.limits import MAX_TENSOR_BYTES
@@ -206,7 +207,8 @@ def _committed(target: OutputTarget, fingerprint: str) -> bool:
 
 
 def commit_store(out: str | os.PathLike[str], *, on_wait: Callable[[str], None] | None = None) -> bool:
-    """Commit a conversion done in parts whose last part did not (``ckptstore commit``).
+    """Commit a conversion done in parts whose last part did not (``ckptstore commit``), or a
+    saved training step whose ranks have all finished (:mod:`ckptstore.write.save`).
 
     Returns ``False`` when the store was already complete. Raises
     :class:`~ckptstore.errors.IncompleteStoreError` naming the parts that have not finished.
@@ -217,7 +219,10 @@ def commit_store(out: str | os.PathLike[str], *, on_wait: Callable[[str], None] 
         if target.manifest() is not None:
             target.drop_idle_work()  # the lock file this process waited on
             return False
-        commit(target)
+        if is_saved_step(target):
+            commit_step(target)
+        else:
+            commit(target)
         return True
     finally:
         lock.release()

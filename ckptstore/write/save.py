@@ -238,8 +238,9 @@ class SaveJob:
                 for c in p.chunks:
                     yield p, c, flat[c.byte_start:c.byte_start + c.nbytes]
 
-    def write(self, pieces: Iterable[Piece] | None = None) -> SaveSummary:
-        """Write ``pieces`` (by default straight from the arrays), record them, and commit if last."""
+    def write(self, pieces: Iterable[Piece] | None = None, *, commit: bool = True) -> SaveSummary:
+        """Write ``pieces`` (by default straight from the arrays), record them, and commit if this
+        rank is the last to finish (unless ``commit=False``: ``ckptstore commit`` does it later)."""
         started = time.monotonic()
         target = open_target(self.location)
         hold = self._claim(target)
@@ -252,7 +253,7 @@ class SaveJob:
             target.write(f"{RECORDS_DIR}/{self.part.index}-of-{self.part.count}.json",
                          json.dumps(record).encode(), durable=False)
             mark_done(target, self.part, self.fingerprint)
-            committed = self._commit_if_last(hold, target)
+            committed = self._commit_if_last(hold, target) if commit else False
         finally:
             hold.release()
         return SaveSummary(self.location, self.step, self.plan.rank, self.plan.world, len(self.plan.params),
@@ -295,14 +296,13 @@ class SaveJob:
             params[p.name] = {"dtype": dtype_label(p.dtype), "shape": list(p.shape), "path": p.path,
                               "chunk_shape": list(p.chunk_shape), "replicas": p.replicas,
                               "chunks": [[c.index, c.key, c.nbytes, mine[c.index]] for c in p.chunks]}
-        return {"rank": self.plan.rank, "world": self.plan.world, "fingerprint": self.fingerprint,
-                "step": self.step, "params": params}
+        return {"rank": self.plan.rank, "world": self.plan.world, "header": self._header(), "params": params}
 
     def _commit_if_last(self, hold: Any, target: OutputTarget) -> bool:
         """Commit the step if every rank has finished (this process holds the folder's lock alone
         when the job has one rank; otherwise it takes it, as a converting part does)."""
         if self.part.count == 1:
-            commit_step(target, self._header())
+            commit_step(target)
             return True
         lock = target.lock("lock")
         try:
@@ -312,7 +312,7 @@ class SaveJob:
             if any(target.size(Part(i, self.part.count).marker) is None for i in range(self.part.count)):
                 return False  # another rank is still writing: the last one commits
             try:
-                commit_step(target, self._header())
+                commit_step(target)
             except IncompleteStoreError:
                 if _committed(target, self.fingerprint):  # another rank committed meanwhile (object storage)
                     return False
@@ -349,24 +349,35 @@ def _committed(target: OutputTarget, fingerprint: str) -> bool:
     return manifest is not None and manifest.get("source", {}).get("fingerprint") == fingerprint
 
 
-def commit_step(target: OutputTarget, header: Mapping[str, Any]) -> StoreManifest:
+def is_saved_step(target: OutputTarget) -> bool:
+    """Whether ``target`` holds an unfinished save (ranks' records) rather than a conversion."""
+    return bool(target.keys(RECORDS_DIR))
+
+
+def commit_step(target: OutputTarget) -> StoreManifest:
     """Merge every rank's record into the step's manifest and write it (the commit).
 
+    Everything it needs is in the records, so any process can run it (``ckptstore commit``).
     Raises :class:`~ckptstore.errors.IncompleteStoreError` naming the ranks that have not
     finished, or a parameter no rank wrote.
     """
-    world = int(header["world_size"])
+    keys = target.keys(RECORDS_DIR)
+    if not keys:
+        raise IncompleteStoreError(f"{target.url} holds no finished rank of a save; save the step first")
+    first = json.loads(target.read(keys[0]) or b"{}")
+    header, world = first["header"], int(first["world"])
     missing = [i for i in range(world) if target.size(Part(i, world).marker) is None]
     if missing:
         raise IncompleteStoreError(f"step {header['step']} in {target.url} is not complete: rank(s) "
-                                   f"{_short(missing)} of {world} have not finished saving it")
+                                   f"{_short(missing)} of {world} have not finished saving it; save them")
     records = []
     for i in range(world):
         raw = target.read(f"{RECORDS_DIR}/{i}-of-{world}.json")
-        if raw is None:
+        record = json.loads(raw) if raw is not None else None
+        if record is None or record.get("header") != header:
             raise IncompleteStoreError(f"step {header['step']} in {target.url}: rank {i} finished but its record is "
-                                       "missing; save that rank again")
-        records.append(json.loads(raw))
+                                       "missing or from another save; save that rank again")
+        records.append(record)
     manifest = StoreManifest(merge_records(records, target.url), dict(header), backend="zarr")
     if not target.remote:
         os.sync()  # every chunk file's rename is durable before the manifest that names it
