@@ -144,7 +144,10 @@ def _print_store(info: dict[str, Any]) -> None:
     kind = {"zarr": "Zarr v3", "safetensors": "safetensors", "index": "an index of the rank files"}.get(
         info["backend"], info["backend"])
     verb = "of" if info["backend"] == "index" else "converted from"
-    click.echo(f"{info['path']}: ckptstore store ({kind}) {verb} {src['world_size']} rank file(s)")
+    saved = bool(src.get("saved_by"))  # a training step saved by its ranks (save_rank, StoreCheckpoint)
+    origin = f"of step {src['step']} saved by {src['world_size']} rank(s)" if saved else \
+        f"{verb} {src['world_size']} rank file(s)"
+    click.echo(f"{info['path']}: ckptstore store ({kind}) {origin}")
     width = max([len(n) for n in params] + [9])
     click.echo(f"  {'parameter':<{width}}  {'dtype':<8}  {'shape':<16}  {'chunk':<16}  {'chunks':>6}  {'bytes':>12}")
     for name, p in params.items():
@@ -154,8 +157,8 @@ def _print_store(info: dict[str, Any]) -> None:
         click.echo(f"  {name:<{width}}  {p['dtype']:<8}  {str(p['shape']):<16}  {str(p['chunk_shape']):<16}  "
                    f"{p['chunks']:>6}  {p['nbytes']:>12,}")
     click.echo(f"  tensors: {_fmt_bytes(totals['nbytes'])}, stored: {_fmt_bytes(totals['stored_bytes'])}; "
-               f"the rank files held {_fmt_bytes(totals['source_bytes'])} (replicas stored once saved "
-               f"{_fmt_bytes(totals['dedup_saved_bytes'])})")
+               f"the {'ranks' if saved else 'rank files'} held {_fmt_bytes(totals['source_bytes'])} (replicas "
+               f"{'written' if saved else 'stored'} once saved {_fmt_bytes(totals['dedup_saved_bytes'])})")
     if src.get("unsaved"):
         click.echo(f"  {_unsaved_line(src['unsaved'])}")
 

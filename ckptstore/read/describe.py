@@ -121,7 +121,7 @@ def describe_store(store: "Store") -> dict[str, object]:
         source += replicated
     src = store.source
     return {"kind": "store", "path": str(store.root), "backend": store.manifest.backend,
-            "source": {**{k: src.get(k) for k in ("world_size", "step", "created_by")},
+            "source": {**{k: src.get(k) for k in ("world_size", "step", "created_by", "saved_by")},
                        "unsaved": list(src.get("unsaved") or [])},
             "params": params,
             "totals": {"nbytes": nbytes, "stored_bytes": stored, "source_bytes": source,
