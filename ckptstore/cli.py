@@ -441,9 +441,12 @@ def _parse_ranks(value: str | None) -> list[int] | None:
               help="Convert floating-point parameters while reading, e.g. float16 or bfloat16 (integer and bool "
                    "parameters keep their type; default: as stored).")
 @click.option("--crc", is_flag=True, help="Append MindSpore's crc_num trailer (ckpt only), as save_checkpoint(crc_check=True).")
+@click.option("--allow-whole", is_flag=True,
+              help="Accept a --strategy that lays out fewer than half of the store's parameters (refused by default "
+                   "as another model's): the others are written whole into every rank's file.")
 @_friendly_errors
 def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None, fmt: str,
-           include: tuple[str, ...], dtype: str | None, crc: bool) -> None:
+           include: tuple[str, ...], dtype: str | None, crc: bool, allow_whole: bool) -> None:
     """Write per-rank checkpoints of STORE for a target layout into OUT.
 
     Produces OUT/rank_<j>/checkpoint_<j>.ckpt for each target rank, readable by
@@ -459,7 +462,8 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
         raise click.BadParameter(str(e), param_hint="--dtype") from None
     with open_store(store) as st:
         summary = export_store(st, out, strategy=list(strategies) or None, ranks=_parse_ranks(ranks),
-                               names=list(include) or None, dtype=target_dtype, fmt=fmt, crc=crc)
+                               names=list(include) or None, dtype=target_dtype, fmt=fmt, crc=crc,
+                               allow_whole=allow_whole)
     click.echo(f"wrote {len(summary.files)} file(s) under {out}, reading {_fmt_bytes(summary.bytes_read)} "
                "from the store")
 

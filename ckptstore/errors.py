@@ -71,6 +71,10 @@ class StrategyError(CkptStoreError, ValueError):
     """A strategy file that cannot be read, or a layout that cannot be applied."""
 
 
+class ForeignStrategyError(StrategyError):
+    """A target strategy that lays out none, or almost none, of the store's parameters: another model's."""
+
+
 class LayoutMismatchError(CkptStoreError, ValueError):
     """Checkpoint files disagree with the strategy or with each other (shape, dtype, names)."""
 

@@ -228,7 +228,7 @@ def _as_store(store: Store | str | os.PathLike[str]) -> Store:
 
 def load_rank(store: Store | str | os.PathLike[str], strategy: StrategyLike = None, rank: int = 0, *,
               names: str | Sequence[str] | None = None, dtype: Any = None, copy: bool = True, verify: bool = False,
-              workers: int | None = None) -> RankParameters:
+              workers: int | None = None, allow_whole: bool = False) -> RankParameters:
     """The ``mindspore.Parameter``\\ s rank ``rank`` of ``strategy`` holds, built lazily from ``store``.
 
     ``strategy`` is the target's strategy file(s) or a :class:`~ckptstore.checkpoint.strategy.Strategy`;
@@ -237,11 +237,13 @@ def load_rank(store: Store | str | os.PathLike[str], strategy: StrategyLike = No
     ``verify`` checks each touched chunk's CRC-32C; ``workers`` threads read (by default 2-4 for
     local stores, 16 for object storage). Values equal what
     ``mindspore.transform_checkpoints`` followed by ``load_checkpoint`` gives for that rank;
-    parameters the target does not describe come whole. The result is a ``dict`` that
-    ``mindspore.load_param_into_net`` accepts.
+    parameters the target does not describe come whole. A ``strategy`` that describes fewer
+    than half of them is refused as another model's
+    (:class:`~ckptstore.errors.ForeignStrategyError`) unless ``allow_whole``. The result is a
+    ``dict`` that ``mindspore.load_param_into_net`` accepts.
     """
     view = rank_view(_as_store(store), strategy, rank, names=names, dtype=dtype, verify=verify,
-                     workers=workers)
+                     workers=workers, allow_whole=allow_whole)
     return RankParameters(view, copy=copy)
 
 

@@ -24,7 +24,13 @@ import mindspore_fixtures as T  # noqa: E402
 import ckptstore  # noqa: E402
 from convert_fixtures import rewrite_rank_file, run_cli  # noqa: E402
 from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
-from ckptstore.errors import LayoutMismatchError, StoreExistsError, StrategyError  # noqa: E402
+from ckptstore.errors import (  # noqa: E402
+    ForeignStrategyError,
+    LayoutMismatchError,
+    StoreExistsError,
+    StrategyError,
+)
+from ckptstore.read.loader import rank_view  # noqa: E402
 
 
 # ---- 17.16: the conversion's fingerprint covers the strategy -----------------------------------
@@ -219,3 +225,74 @@ def test_a_parameter_some_of_its_ranks_lack_can_be_excluded(private_layout, tmp_
     with ckptstore.open(tmp_path / "b.zarr") as store:
         assert "layer0.w" not in store.names()
         assert np.array_equal(store.read("layer1.w"), layout.tensors["layer1.w"])
+
+
+# ---- 19.4: the wrong model's strategy as a load target -------------------------------------------
+
+#: Another model's strategy (4 ranks): none of its names is a dp2_mp4 parameter.
+OTHER_MODEL = [
+    T.ParamSpec("model.layers.0.wq.weight", (16, 16), dev_matrix=(4,), tensor_map=(0, -1)),
+    T.ParamSpec("model.layers.0.wk.weight", (16, 16), dev_matrix=(4,), tensor_map=(0, -1)),
+    T.ParamSpec("model.norm.weight", (16,), dev_matrix=(4,), tensor_map=(-1,)),
+]
+
+
+@pytest.fixture(scope="module")
+def dp2_mp4_store(tmp_path_factory, saved_layout):
+    layout = saved_layout("dp2_mp4")
+    out = tmp_path_factory.mktemp("store") / "s.zarr"
+    ckptstore.convert(layout.root, out, strategy=layout.strategy_files)
+    return out, layout
+
+
+def test_another_models_strategy_is_refused_naming_examples_on_both_sides(dp2_mp4_store, tmp_path):
+    store, _ = dp2_mp4_store
+    other = T.write_strategy(tmp_path / "other_model.ckpt", OTHER_MODEL)
+    with pytest.raises(ForeignStrategyError) as info:
+        ckptstore.load_rank(store, other, 3)
+    assert str(info.value) == (
+        f"the target strategy ({other}) describes 0 of the 11 parameters of the store {store} that it could split "
+        "(optimizer state such as 'adam_m.w' counts with its weight 'w'; not described: 'embedding.table', "
+        "'layer0.w', 'layer0.b'; it lays out 'model.layers.0.wq.weight', "
+        "'model.layers.0.wk.weight', 'model.norm.weight' instead): is it another model's strategy? Parameters it "
+        "does not lay out would be loaded whole on every rank; pass allow_whole=True (--allow-whole) if that is "
+        "what you want")
+
+
+def test_allow_whole_loads_whole_tensors_with_another_models_strategy(dp2_mp4_store, tmp_path):
+    store, layout = dp2_mp4_store
+    other = T.write_strategy(tmp_path / "other_model.ckpt", OTHER_MODEL)
+    view = rank_view(ckptstore.open(store), str(other), 3, allow_whole=True)
+    assert all(box is None for box in view.boxes.values())
+    assert np.array_equal(view.read("layer0.w"), layout.tensors["layer0.w"])
+
+
+def test_a_strategy_laying_out_almost_none_of_the_store_is_refused(dp2_mp4_store, tmp_path):
+    store, layout = dp2_mp4_store
+    one = T.write_strategy(tmp_path / "one.ckpt", [replace(s, dev_matrix=(2, 2)) for s in layout.specs
+                                                   if s.name == "layer0.w"])  # with its two moments: 3
+    with pytest.raises(ForeignStrategyError, match="describes 3 of the 11 parameters"):
+        rank_view(ckptstore.open(store), str(one), 3)
+
+
+def test_an_inference_strategy_of_the_same_model_is_taken_though_it_has_no_optimizer_state(dp2_mp4_store,
+                                                                                            tmp_path):
+    store, layout = dp2_mp4_store
+    weights = [replace(s, dev_matrix=(2, 2)) for s in layout.specs if s.in_strategy and "adam" not in s.name]
+    target = T.write_strategy(tmp_path / "inference.ckpt", weights)  # 7 of the 11; the 4 moments count as theirs
+    view = rank_view(ckptstore.open(store), str(target), 3)
+    assert view.boxes["layer0.w"] is not None and view.boxes["adam_m.layer0.w"] is None
+
+
+def test_export_refuses_another_models_strategy_unless_allowed(dp2_mp4_store, tmp_path):
+    store, layout = dp2_mp4_store
+    other = T.write_strategy(tmp_path / "other_model.ckpt", OTHER_MODEL)
+    r = run_cli("export", store, tmp_path / "out", "-s", other)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert r.stderr.startswith(f"ckptstore: error: the target strategy ({other}) describes 0 of the 11 parameters")
+    assert r.stderr.endswith("[ForeignStrategyError]\n")
+    assert not (tmp_path / "out").exists()
+    r = run_cli("export", store, tmp_path / "out", "-s", other, "--allow-whole", "--ranks", "2")
+    assert r.returncode == 0, r.stderr
+    exported = T.load_oracle(tmp_path / "out" / "rank_2" / "checkpoint_2.ckpt")
+    assert np.array_equal(exported["layer0.w"], layout.tensors["layer0.w"])

@@ -32,12 +32,14 @@ class ExportSummary:
 def export(store: Store, out: str | os.PathLike[str], *, strategy: StrategyLike = None,
            ranks: Sequence[int] | None = None, names: Sequence[str] | None = None,
            dtype: np.dtype | None = None, fmt: str = "ckpt", crc: bool = False,
-           prefix: str = "checkpoint_") -> ExportSummary:
+           prefix: str = "checkpoint_", allow_whole: bool = False) -> ExportSummary:
     """Write ``out/rank_<j>/<prefix><j>.<fmt>`` for each rank ``j`` of ``strategy`` (all ranks when
     ``ranks`` is ``None``; the store's source layout when ``strategy`` is ``None``).
 
     ``fmt`` is ``"ckpt"`` (MindSpore protobuf, byte-compatible with ``save_checkpoint``; ``crc``
-    adds its ``crc_num`` trailer) or ``"safetensors"``. ``dtype`` converts while reading.
+    adds its ``crc_num`` trailer) or ``"safetensors"``. ``dtype`` converts while reading. A given
+    ``strategy`` that lays out fewer than half of the store's parameters is refused as another
+    model's unless ``allow_whole`` (see :func:`~ckptstore.read.loader.check_target_describes`).
     """
     if fmt not in ("ckpt", "safetensors"):
         raise InvalidOptionError(f"unknown export format {fmt!r}; choose ckpt or safetensors")
@@ -52,7 +54,7 @@ def export(store: Store, out: str | os.PathLike[str], *, strategy: StrategyLike 
     float_dtype(dtype)  # refuse an integer dtype before any file is written
     written, nbytes = [], 0
     for j in chosen:
-        view = rank_view(store, target, j, names=names, dtype=dtype)
+        view = rank_view(store, target, j, names=names, dtype=dtype, allow_whole=allow_whole or strategy is None)
         path = Path(out) / f"rank_{j}" / f"{prefix}{j}.{fmt}"
         path.parent.mkdir(parents=True, exist_ok=True)
         if fmt == "ckpt":

@@ -21,7 +21,7 @@ import numpy as np
 
 from ckptstore.boxes import Box
 from ckptstore.dtypes import is_float, lookup
-from ckptstore.errors import InvalidOptionError, LayoutMismatchError, StrategyError
+from ckptstore.errors import ForeignStrategyError, InvalidOptionError, LayoutMismatchError, StrategyError
 from ckptstore.store.memory import empty
 from ckptstore.store.read_plan import ParamReadPlan, ReadPlan, plan_param
 from ckptstore.store.executor import POOL_MIN_BYTES, Executor, Job
@@ -125,6 +125,33 @@ def target_boxes(store: Store, target: Strategy | None, rank: int,
             raise LayoutMismatchError(f"parameter {name!r} (shape {list(info.shape)} in the store) does not fit "
                                       f"the target layout: {e}") from None
     return out
+
+
+def check_target_describes(store: Store, target: Strategy, boxes: Mapping[str, Box | None]) -> None:
+    """Refuse a target strategy that lays out fewer than half of the store's parameters a layout could split.
+
+    A parameter the target does not lay out is loaded whole on every rank (as
+    ``transform_checkpoints`` copies counters), so another model's strategy would silently load
+    the whole model into every rank. Counted among ``boxes`` (what the rank was asked for):
+    tensors with an axis longer than 1; one also counts as laid out when the target lays out
+    its name without the first dotted part (the optimizer state ``adam_m.w`` of a weight ``w``,
+    for an inference strategy that has no optimizer). Raises
+    :class:`~ckptstore.errors.ForeignStrategyError` naming examples on both sides.
+    """
+    splittable = [n for n in boxes if not store.info(n).is_str and any(s > 1 for s in store.info(n).shape)]
+    laid_out = [n for n in splittable if n in target.layouts or n.partition(".")[2] in target.layouts]
+    if 2 * len(laid_out) >= len(splittable):
+        return
+    missing = [n for n in splittable if n not in laid_out]
+    theirs = [n for n in target.layouts if n not in store][:3]
+    where = f" ({', '.join(target.sources)})" if target.sources else ""
+    raise ForeignStrategyError(
+        f"the target strategy{where} describes {len(laid_out)} of the {len(splittable)} parameters of the store "
+        f"{store.location.url} that it could split (optimizer state such as 'adam_m.w' counts with its weight 'w'; "
+        f"not described: {', '.join(map(repr, missing[:3]))}"
+        + (f"; it lays out {', '.join(map(repr, theirs))} instead" if theirs else "")
+        + "): is it another model's strategy? Parameters it does not lay out would be loaded whole on every rank; "
+        "pass allow_whole=True (--allow-whole) if that is what you want")
 
 
 @dataclass
@@ -250,9 +277,16 @@ def check_workers(workers: int | None, store: Store) -> int:
 
 def rank_view(store: Store, strategy: StrategyLike = None, rank: int = 0, *,
               names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
-              workers: int | None = None) -> RankView:
-    """Plan what rank ``rank`` of ``strategy`` (the source layout when ``None``) needs from ``store``."""
+              workers: int | None = None, allow_whole: bool = False) -> RankView:
+    """Plan what rank ``rank`` of ``strategy`` (the source layout when ``None``) needs from ``store``.
+
+    A given ``strategy`` that lays out fewer than half of the parameters asked for is refused
+    (:func:`check_target_describes`) unless ``allow_whole``: those it does not lay out would
+    come whole.
+    """
     target = resolve_target(store, strategy)
     workers = check_workers(workers, store)
-    return RankView(store, target_boxes(store, target, rank, name_patterns(names)), float_dtype(dtype),
-                    verify, workers)
+    boxes = target_boxes(store, target, rank, name_patterns(names))
+    if strategy is not None and target is not None and target.layouts and not allow_whole:
+        check_target_describes(store, target, boxes)  # (a strategy of no layouts asks for whole tensors)
+    return RankView(store, boxes, float_dtype(dtype), verify, workers)
