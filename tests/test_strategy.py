@@ -136,15 +136,17 @@ def test_layout_rejects_an_uneven_split():
 
 # ---- reading strategy files --------------------------------------------------------------------
 
-def _expected_strategy(kind: str) -> tuple[dict, int, int]:
-    """The layouts ``layout_specs(kind)`` asks for (dev matrices without 1s), by stage."""
+def _expected_strategy(kind: str, fmt: str = "protobuf") -> tuple[dict, int, int]:
+    """The layouts ``layout_specs(kind)`` asks for (dev matrices without 1s), by stage; the JSON
+    form also declares each parameter's global shape (``tensor_shape``)."""
     specs, world, stages = T.layout_specs(kind)
     layouts: dict[str, dict[int, Layout]] = {}
     for s in map(T.normalize_spec, specs):
         if s.in_strategy:
             on = range(stages) if s.stage == -1 else [s.stage]
-            layouts[s.name] = {st_: _layout(s.dev_matrix, s.tensor_map, s.opt_shard_step, s.opt_shard_size)
-                               for st_ in on}
+            layout = replace(_layout(s.dev_matrix, s.tensor_map, s.opt_shard_step, s.opt_shard_size),
+                             tensor_shape=tuple(s.shape) if fmt == "json" else ())
+            layouts[s.name] = {st_: layout for st_ in on}
     return layouts, world // stages, stages
 
 
@@ -157,7 +159,7 @@ def _essence(strategy: Strategy) -> tuple[dict, int, int]:
 def test_load_strategy_reads_the_layouts_the_compiler_wrote(saved_layout, kind, fmt):
     layout = saved_layout(kind, fmt)
     strategy = load_strategy(layout.strategy_files)
-    assert _essence(strategy) == _expected_strategy(kind)
+    assert _essence(strategy) == _expected_strategy(kind, fmt)
     assert strategy.world_size == layout.world
     assert strategy.sources == tuple(str(p) for p in layout.strategy_files)
 
@@ -179,7 +181,8 @@ def test_merged_pipeline_strategy_equals_the_per_stage_files(saved_layout, tmp_p
     layout = saved_layout("pipeline2", fmt)
     merged = _merged(layout.strategy_files, tmp_path)
     from_merged = load_strategy(merged)
-    assert _essence(from_merged) == _essence(load_strategy(layout.strategy_files)) == _expected_strategy("pipeline2")
+    assert (_essence(from_merged) == _essence(load_strategy(layout.strategy_files))
+            == _expected_strategy("pipeline2", fmt))
     assert (from_merged.world_size, from_merged.num_stages) == (8, 2)
 
 

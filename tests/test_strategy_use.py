@@ -12,6 +12,7 @@ compiler's (or MindFormers') format, through :mod:`mindspore_fixtures`.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 
 import numpy as np
@@ -296,3 +297,79 @@ def test_export_refuses_another_models_strategy_unless_allowed(dp2_mp4_store, tm
     assert r.returncode == 0, r.stderr
     exported = T.load_oracle(tmp_path / "out" / "rank_2" / "checkpoint_2.ckpt")
     assert np.array_equal(exported["layer0.w"], layout.tensors["layer0.w"])
+
+
+# ---- 19.8: rank files of another layout with the same world size ---------------------------------
+
+@pytest.fixture(scope="module")
+def four_of_eight(tmp_path_factory):
+    """Ranks 0-3 of the demo's 8-card job (dp 2 x mp 4, optimizer sharding: each weight's rows split
+    by mp, then halved across the two replicas), and the 4-card (mp 4) layout of the same model."""
+    from ckptstore.testing.sample import pangu_specs, relayout
+
+    root = tmp_path_factory.mktemp("eight")
+    specs = pangu_specs(hidden=32, layers=1, vocab=64, seq=8, dp=2, mp=4)
+    tensors = T.make_global_tensors(specs, seed=3)
+    T.save_distributed(root / "ckpt", specs, tensors, world_size=8)
+    four = root / "four"
+    for rank in range(4):
+        shutil.copytree(root / "ckpt" / f"rank_{rank}", four / f"rank_{rank}")
+    return four, relayout(specs, dp=1, mp=4), tensors
+
+
+WEIGHT = "backbone.blocks.0.attention.dense1.weight"  # [32, 32]; each of ranks 0-3 holds 4 of its rows
+
+
+def test_a_json_strategy_of_the_other_layout_is_refused_by_its_global_shapes(four_of_eight, tmp_path):
+    four, target_specs, _ = four_of_eight
+    strategy = T.write_strategy_json(tmp_path / "strategy_4cards.json", target_specs)
+    with pytest.raises(LayoutMismatchError) as info:
+        ckptstore.convert(four, tmp_path / "m.zarr", strategy=[strategy])
+    assert str(info.value) == (
+        f"parameter 'backbone.blocks.0.attention.dense1.weight': its slices in the rank files (shape [4, 32] in "
+        f"{four / 'rank_0' / 'net-1_1.ckpt'}, rank 0) make a tensor of shape [16, 32] under the strategy's layout, "
+        "but the strategy declares the global shape [32, 32] (tensor_shape). The rank files are of another layout "
+        "or job (some ranks of a larger one?)")
+    assert not (tmp_path / "m.zarr").exists()
+
+
+def test_a_mindformers_strategy_of_the_other_layout_is_refused_by_its_slice_shapes(four_of_eight, tmp_path):
+    four, target_specs, _ = four_of_eight
+    strategy = T.write_mindformers_strategy(tmp_path / "strategy_4cards.ckpt", target_specs)
+    with pytest.raises(LayoutMismatchError, match=r"declares slices of shape \[8, 32\] \(param_split_shape\) but "
+                                                  r"its device matrix and tensor map give \[4, 32\]"):
+        ckptstore.convert(four, tmp_path / "m.zarr", strategy=[strategy])
+
+
+def test_a_compiler_strategy_of_the_other_layout_cannot_be_told_apart(four_of_eight, tmp_path):
+    # The documented limit (README, Limitations): the protobuf strategy the compiler writes declares
+    # no global shape, and these files agree with it in every shape and sampled byte; they are
+    # stored as the tensors of a model with half the rows.
+    four, target_specs, tensors = four_of_eight
+    strategy = T.write_strategy(tmp_path / "strategy_4cards.ckpt", target_specs)
+    ckptstore.convert(four, tmp_path / "m.zarr", strategy=[strategy])
+    with ckptstore.open(tmp_path / "m.zarr") as store:
+        assert store.info(WEIGHT).shape == (16, 32)
+        assert np.array_equal(store.read(WEIGHT)[:4], tensors[WEIGHT][:4])
+
+
+def test_a_json_target_strategy_for_other_global_shapes_is_refused_by_load_rank(dp2_mp4_store, tmp_path):
+    store, layout = dp2_mp4_store
+    bigger = [replace(s, shape=(64, 16), dev_matrix=(2, 2)) if s.name == "layer0.w" else replace(s, dev_matrix=(2, 2))
+              for s in layout.specs if s.in_strategy]
+    target = T.write_strategy_json(tmp_path / "bigger.json", bigger)
+    with pytest.raises(LayoutMismatchError) as info:
+        rank_view(ckptstore.open(store), str(target), 0)
+    assert str(info.value) == ("parameter 'layer0.w' (shape [32, 16] in the store) does not fit the target layout: "
+                               "the strategy declares the global shape [64, 16] (tensor_shape)")
+
+
+def test_whole_tensor_rank_files_with_a_json_strategy_are_still_recognised(saved_layout, tmp_path):
+    # their slices give every split parameter a multiple of the declared shape: integrated_save, not another layout
+    layout = saved_layout("dp2_mp4")
+    T.save_distributed(tmp_path / "whole", layout.specs, layout.tensors, world_size=8, integrated=True,
+                       strategy_format="json")
+    ckptstore.convert(tmp_path / "whole", tmp_path / "s", strategy=[tmp_path / "whole" / "strategy.json"])
+    with ckptstore.open(tmp_path / "s") as store:
+        assert store.source["integrated_save"] is True
+        assert np.array_equal(store.read("layer0.w"), layout.tensors["layer0.w"])

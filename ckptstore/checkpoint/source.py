@@ -126,7 +126,32 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
         if verdict.integrated:
             integrated = True
             params = {n: _resolve_whole(n, _holders(n, indexes), indexes) for n in names}
+    if strategy is not None and not integrated:
+        _check_declared_shapes(params, strategy)
     return DistributedSource(files, indexes, strategy, params, integrated, opened, unsaved)
+
+
+def _check_declared_shapes(params: Mapping[str, SourceParam], strategy: Strategy) -> None:
+    """Global shapes the rank files imply against those a JSON strategy declares (``tensor_shape``).
+
+    Rank files of another layout can agree with a strategy in every shape and every sampled
+    byte: ranks 0-3 of a dp 2 x mp 4 job with optimizer sharding, under an mp 4 strategy, hold
+    distinct slices of the shapes that strategy gives a tensor of half the rows. Only a declared
+    global shape tells them apart; the protobuf form MindSpore's compiler writes declares none
+    (a MindFormers ``param_split_shape`` does: checked in :func:`_stage_slices`).
+    """
+    for p in params.values():
+        if not p.in_strategy:
+            continue
+        for layout in strategy.layouts[p.name].values():
+            try:
+                layout.check_tensor_shape(p.shape)
+            except StrategyError as e:
+                sl = p.slices[0]
+                raise LayoutMismatchError(
+                    f"parameter {p.name!r}: its slices in the rank files (shape {list(sl.entry.shape)} in {sl.path}, "
+                    f"rank {sl.rank}) make a tensor of shape {list(p.shape)} under the strategy's layout, but {e}. "
+                    "The rank files are of another layout or job (some ranks of a larger one?)") from None
 
 
 class _Uncovered(LayoutMismatchError):

@@ -44,6 +44,8 @@ class Layout:
     when the parameter is not optimizer-sharded; size -1 means "all replicas").
     ``local_shape`` is the slice shape a MindFormers strategy file declares in
     ``param_split_shape`` (checked against the split once the global shape is known), or ``()``.
+    ``tensor_shape`` is the global shape a JSON strategy file declares (``tensor_shape``), or
+    ``()``; the protobuf form records none.
     """
 
     dev_matrix: tuple[int, ...]
@@ -52,9 +54,11 @@ class Layout:
     opt_shard_size: int = 0
     field_size: int = 0
     local_shape: tuple[int, ...] = ()
+    tensor_shape: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if len(self.dev_matrix) > MAX_NDIM or len(self.tensor_map) > MAX_NDIM or len(self.local_shape) > MAX_NDIM:
+        if (len(self.dev_matrix) > MAX_NDIM or len(self.tensor_map) > MAX_NDIM or len(self.local_shape) > MAX_NDIM
+                or len(self.tensor_shape) > MAX_NDIM):
             raise StrategyError(f"a device matrix or tensor map with more than {MAX_NDIM} entries")
         if any(d <= 0 for d in self.dev_matrix):
             raise StrategyError(f"device matrix {list(self.dev_matrix)} has a non-positive entry")
@@ -207,6 +211,11 @@ class Layout:
         if self.local_shape and self.local_shape != box.shape:
             raise StrategyError(f"the strategy declares slices of shape {list(self.local_shape)} "
                                 f"(param_split_shape) but its device matrix and tensor map give {list(box.shape)}")
+
+    def check_tensor_shape(self, shape: Sequence[int]) -> None:
+        """Raise :class:`StrategyError` when a declared global ``tensor_shape`` differs from ``shape``."""
+        if self.tensor_shape and self.tensor_shape != tuple(shape):
+            raise StrategyError(f"the strategy declares the global shape {list(self.tensor_shape)} (tensor_shape)")
 
     def global_shape(self, local_shape: Sequence[int]) -> tuple[int, ...]:
         """The global shape implied by one rank's local shape under this layout."""
@@ -375,11 +384,16 @@ def _declared_local_shape(param_split_shape: Sequence[int], indices_offset: Sequ
 
 
 def _make_layout(dev: Sequence[int], maps: tuple[AxisMap, ...], step: int, size: int, fld: int,
-                 name: str, path: str, local_shape: Sequence[int] = ()) -> Layout:
+                 name: str, path: str, local_shape: Sequence[int] = (), tensor_shape: Sequence[int] = ()) -> Layout:
     try:
-        layout = Layout(tuple(dev), maps, int(step), int(size), int(fld), tuple(int(x) for x in local_shape))
+        layout = Layout(tuple(dev), maps, int(step), int(size), int(fld), tuple(int(x) for x in local_shape),
+                        tuple(int(x) for x in tensor_shape))
     except StrategyError as e:
         raise StrategyError(f"strategy file {path}: parameter {name!r}: {e}") from None
+    if layout.tensor_shape and (len(layout.tensor_shape) != len(layout.tensor_map)
+                                or any(n < 0 for n in layout.tensor_shape)):
+        raise StrategyError(f"strategy file {path}: parameter {name!r}: tensor_shape {list(layout.tensor_shape)} "
+                            f"is not a shape for its {len(layout.tensor_map)} axes")
     if layout.local_shape and len(layout.local_shape) != len(layout.tensor_map):
         raise StrategyError(f"strategy file {path}: parameter {name!r}: param_split_shape "
                             f"{list(layout.local_shape)} is neither a slice shape for its {len(layout.tensor_map)} "
@@ -438,7 +452,8 @@ def _read_json(path: str, data: bytes) -> _StageFile:
             layouts[name] = _make_layout([int(d) for d in item["dev_matrix"]], maps,
                                          item.get("opt_weight_shard_step", 0) or 0,
                                          item.get("opt_weight_shard_size", 0) or 0,
-                                         item.get("field", 0) or 0, name, path, local)
+                                         item.get("field", 0) or 0, name, path, local,
+                                         [int(n) for n in item.get("tensor_shape") or ()])
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         if isinstance(e, StrategyError):
             raise

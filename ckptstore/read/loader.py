@@ -119,6 +119,7 @@ def target_boxes(store: Store, target: Strategy | None, rank: int,
         if layout is None:
             continue
         try:
+            layout.check_tensor_shape(info.shape)
             out[name] = layout.box(rank % target.stage_devices, info.shape)
             layout.check_local_shape(out[name])  # type: ignore[arg-type]
         except StrategyError as e:
