@@ -115,6 +115,16 @@ def test_the_api_takes_a_strategy_folder(saved_layout, tmp_path):
         assert np.array_equal(store.read("layer1.w"), layout.tensors["layer1.w"])
 
 
+def test_info_describes_a_strategy_folder(saved_layout, tmp_path):
+    layout = saved_layout("pipeline2")
+    folder = _mindformers_folder(layout, tmp_path / "strategy")
+    r = run_cli("info", folder, "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert (info["kind"], info["world_size"], info["num_stages"]) == ("strategy", 8, 2)
+    assert info["paths"] == [str(folder / f"ckpt_strategy_rank_{r}.ckpt") for r in range(8)]
+
+
 def test_a_rank_file_of_another_job_in_the_strategy_folder_is_refused_naming_both(saved_layout, tmp_path):
     layout = saved_layout("pipeline2")
     folder = _mindformers_folder(layout, tmp_path / "strategy")

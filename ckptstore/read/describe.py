@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ckptstore.store.kinds import read_manifest
+from ckptstore.store.kinds import MANIFEST, ROOT_METADATA, WORK_DIR, read_manifest
 from ckptstore.formats.ckpt_reader import CkptIndex
 from ckptstore.dtypes import dtype_name
 from ckptstore.checkpoint.rank_files import scan_rank_file
@@ -38,7 +38,9 @@ def sniff_kind(path: str | os.PathLike[str]) -> str:
     """Return ``"store"``, ``"strategy"``, or ``"checkpoint"`` for a path given to ``info``.
 
     Strategy files and checkpoints are both protobuf and both often end in ``.ckpt``; their
-    first byte tells them apart. JSON files are strategies; directories are stores.
+    first byte tells them apart. JSON files are strategies; directories are stores, except a
+    folder of strategy files only (MindFormers' ``strategy/``: no store metadata, no work
+    folder, no ``rank_<i>/``), which is a strategy.
     """
     if is_url(path):
         url = str(path)
@@ -55,12 +57,19 @@ def sniff_kind(path: str | os.PathLike[str]) -> str:
         return "strategy" if first and first[0] == _STRATEGY_FIRST_BYTE else "checkpoint"
     p = Path(path)
     if p.is_dir():
-        return "store"
+        return "strategy" if _strategy_folder(p) else "store"
     if p.suffix == ".json":
         return "strategy"
     with open(p, "rb") as f:
         first = f.read(1)
     return "strategy" if first and first[0] == _STRATEGY_FIRST_BYTE else "checkpoint"
+
+
+def _strategy_folder(p: Path) -> bool:
+    names = [e.name for e in os.scandir(p)]
+    if any(n in (MANIFEST, ROOT_METADATA, WORK_DIR) or n.startswith("rank_") for n in names):
+        return False
+    return any(n.endswith((".ckpt", ".json")) for n in names)
 
 
 def describe_checkpoint(index: CkptIndex | str | os.PathLike[str]) -> dict[str, object]:
