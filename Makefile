@@ -1,5 +1,7 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
 # Both create .venv on first use and are fast (no reinstall) once it is up to date.
+# Test tiers: `make test` everything (CI); `make test-fast` the edit-run loop (no `slow`, no `fuzz`
+# markers); `make test-pure` the tests that need no MindSpore, in a venv without it.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +10,7 @@ DEMO   ?= demo-output
 
 PURE   := .venv-pure
 
-.PHONY: demo test test-pure install clean
+.PHONY: demo test test-fast test-pure install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +26,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	GLOG_v=3 $(PY) -m pytest -q -p no:cacheprovider tests
 
-# The pure tier (box math, chunk plan, planner and executor, manifest, wire parser) in a venv
+test-fast: $(STAMP)
+	GLOG_v=3 $(PY) -m pytest -q -p no:cacheprovider -m "not slow and not fuzz" tests
+
+# The pure tier (box math, layouts, chunk plan, planner and executor, manifest, the wire and .ckpt
+# record parsers, rank-file choice, CLI usage, S3 errors) in a venv
 # without MindSpore: proves those parts need none. Everything else skips there.
 $(PURE)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(PURE)

@@ -2,7 +2,7 @@
 
 A parameter is split evenly into source slices (as MindSpore's layouts split it); the plan cuts
 each slice into chunks of at most ``max_chunk_bytes`` that are contiguous byte ranges of the
-slice, so converting is a plain byte copy.
+slice, so converting is a plain byte copy. The parameter selection (``--drop-optimizer``) is here too.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from box_checks import tiles_exactly
 from ckptstore.boxes import Box, even_part
-from ckptstore.store.chunking import chunk_shape_for, plan_param
+from ckptstore.store.chunking import OPTIMIZER_PATTERNS, chunk_shape_for, plan_param, select_params
 from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.checkpoint.params import SourceParam, SourceSlice
 
@@ -85,3 +85,10 @@ def test_chunks_tile_the_tensor_and_each_is_one_byte_range_of_its_slice(case):
         slice_bytes = values[c.slice.box.slices()].tobytes()
         assert slice_bytes[c.byte_start:c.byte_start + c.nbytes] == values[c.box.slices()].tobytes()
     assert plan.nbytes == values.nbytes
+
+
+def test_optimizer_patterns_cover_mindspore_optimizer_state_names():
+    names = ["adam_m.layer0.w", "adam_v.layer0.w", "moments.fc.weight", "accum.fc.weight", "global_step",
+             "learning_rate", "beta1_power", "beta2_power", "scale_sense", "fc.weight", "adam_mode.flag"]
+    assert select_params(names, drop_optimizer=True) == ["fc.weight", "adam_mode.flag"]
+    assert "adam_m.*" in OPTIMIZER_PATTERNS and "adam_v.*" in OPTIMIZER_PATTERNS

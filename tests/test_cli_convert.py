@@ -12,11 +12,9 @@ pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
 import ckptstore  # noqa: E402
-from ckptstore.store.chunking import OPTIMIZER_PATTERNS  # noqa: E402
 from ckptstore.formats.ckpt_reader import read_entry, scan_checkpoint  # noqa: E402
 from convert_fixtures import (  # noqa: E402,F401
     assert_same_array,
-    cli_command,
     converted,
     copy_saved,
     expected_for,
@@ -25,24 +23,6 @@ from convert_fixtures import (  # noqa: E402,F401
     run_cli,
     strategy_args,
 )
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def test_the_console_script_is_installed():
-    assert Path(cli_command()[0]).name == "ckptstore"
-
-
-def test_convert_help_lists_every_drop_optimizer_pattern():
-    r = run_cli("convert", "--help")
-    assert r.returncode == 0, r.stderr
-    text = _one_line(r.stdout)
-    assert "--drop-optimizer" in text
-    listed = text.split("Patterns:", 1)[1]
-    for pattern in OPTIMIZER_PATTERNS:
-        assert re.search(rf"(?<![\w.*]){re.escape(pattern)}(?![\w.*])", listed), pattern
 
 
 def test_convert_prints_a_one_line_summary(saved_layout, tmp_path):
@@ -181,12 +161,6 @@ def test_verify_against_a_source_with_a_damaged_replica_names_the_rank(saved_lay
     assert r.returncode == 1
     (problem,) = r.stderr.strip().splitlines()
     assert problem == f"ckptstore: parameter 'layer0.w': chunk 0 differs from rank 4 ({layout.rank_file(4)})"
-
-
-def test_verify_of_a_missing_store_exits_2(tmp_path):
-    r = run_cli("verify", tmp_path / "nothing.zarr")
-    assert r.returncode == 2
-    assert "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize("command", ["convert", "index"])

@@ -119,11 +119,6 @@ def test_console_script_reports_a_truncated_file_without_traceback(known_files, 
     assert proc.stderr.rstrip().endswith("[TruncatedCheckpointError]")
 
 
-def test_a_missing_path_is_a_usage_error(tmp_path):
-    result = _run(tmp_path / "nope.ckpt")
-    assert result.exit_code == 2 and "does not exist" in result.stderr
-
-
 # ---- strategy files ----------------------------------------------------------------------------
 
 def _layout_json(spec: T.ParamSpec) -> dict:

@@ -18,9 +18,8 @@ pytestmark = pytest.mark.mindspore
 import mindspore as ms  # noqa: E402
 
 import mindspore_fixtures as T  # noqa: E402
-from ckptstore.formats.ckpt_reader import read_entry  # noqa: E402
 from ckptstore.errors import LayoutMismatchError, MissingRankError  # noqa: E402
-from ckptstore.checkpoint.source import find_rank_files, open_source, pick_rank_file  # noqa: E402
+from ckptstore.checkpoint.source import find_rank_files, open_source  # noqa: E402
 from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
 
 
@@ -89,11 +88,6 @@ def test_a_missing_last_rank_is_caught_by_the_strategy(dp2_mp4):
 def test_a_strategy_of_another_world_size_is_refused(dp2_mp4, saved_layout):
     with pytest.raises(MissingRankError, match="^the strategy describes 4 ranks but 8 rank files were found"):
         _open(dp2_mp4, saved_layout("dp2_mp2").strategy_files)
-
-
-def test_a_folder_without_rank_folders_is_refused(tmp_path):
-    with pytest.raises(MissingRankError, match="has no rank_<i>/ folders"):
-        find_rank_files(tmp_path)
 
 
 def test_a_rank_folder_without_checkpoint_is_named(dp2_mp4):
@@ -188,64 +182,3 @@ def test_without_a_strategy_ranks_holding_different_bytes_are_refused(saved_layo
                                                   r"hold the whole tensor, but rank 0 .* and rank 4 .* hold different "
                                                   r"bytes. Pass the strategy file"):
         open_source(files, None)
-
-
-# ---- choosing each rank's file -----------------------------------------------------------------
-
-def _ckpt(path: Path, marker: float) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ms.save_checkpoint([{"name": "marker", "data": ms.Tensor(np.array([marker], np.float32))}], str(path))
-    return path
-
-
-@pytest.mark.parametrize(
-    "names,kwargs,chosen",
-    [
-        (["net-1_10.ckpt", "net-2_5.ckpt"], {}, "net-2_5.ckpt"),
-        (["net-1_9.ckpt", "net-1_10.ckpt"], {}, "net-1_10.ckpt"),
-        (["my-net-2_1.ckpt", "my-net-1_10.ckpt"], {}, "my-net-2_1.ckpt"),
-        (["net-1_1.ckpt", "net-3_1_breakpoint.ckpt"], {}, "net-3_1_breakpoint.ckpt"),
-        (["anything.ckpt"], {}, "anything.ckpt"),
-        (["net-1_5.ckpt", "net-2_10.ckpt"], {"step": 5}, "net-1_5.ckpt"),
-        (["a-1_1.ckpt", "b-1_1.ckpt"], {"prefix": "b"}, "b-1_1.ckpt"),
-        (["a-1_1.ckpt", "a-1_2.ckpt", "b-1_3.ckpt"], {"prefix": "a"}, "a-1_2.ckpt"),
-        (["a-1_1.ckpt", "b-1_2.ckpt", "a-2_2.ckpt"], {"prefix": "a", "step": 1}, "a-1_1.ckpt"),
-    ],
-    ids=["newer-epoch", "numeric-not-lexicographic", "dash-in-prefix", "breakpoint", "single-file",
-         "step", "prefix", "newest-of-prefix", "prefix-and-step"],
-)
-def test_pick_rank_file_chooses(tmp_path, names, kwargs, chosen):
-    for i, n in enumerate(names):
-        _ckpt(tmp_path / n, float(i))
-    assert pick_rank_file(tmp_path, **kwargs) == tmp_path / chosen
-
-
-@pytest.mark.parametrize(
-    "names,kwargs,error,message",
-    [
-        (["a-1_1.ckpt", "b-1_1.ckpt"], {}, LayoutMismatchError, "holds a-1_1.ckpt and b-1_1.ckpt for the same step; pick one with --prefix"),
-        (["net-1_5.ckpt", "net-1_5_breakpoint.ckpt"], {}, LayoutMismatchError, "for the same step"),
-        (["best.ckpt", "net-1_1.ckpt"], {}, LayoutMismatchError, "not all are named <prefix>-<epoch>_<step>.ckpt"),
-        (["net-1_5.ckpt"], {"step": 7}, MissingRankError, "no .ckpt or .safetensors file with step 7 in"),
-        (["net-1_5.ckpt"], {"prefix": "other"}, MissingRankError, "no .ckpt or .safetensors file with prefix 'other' in"),
-    ],
-    ids=["two-prefixes", "breakpoint-twin", "unnamed-file", "no-such-step", "no-such-prefix"],
-)
-def test_pick_rank_file_refuses(tmp_path, names, kwargs, error, message):
-    for i, n in enumerate(names):
-        _ckpt(tmp_path / n, float(i))
-    with pytest.raises(error) as info:
-        pick_rank_file(tmp_path, **kwargs)
-    assert message in str(info.value) and str(tmp_path) in str(info.value)
-
-
-def test_find_rank_files_applies_the_choice_to_every_rank(tmp_path):
-    for r in range(2):
-        _ckpt(tmp_path / f"rank_{r}" / "net-1_10.ckpt", 10.0 + r)
-        _ckpt(tmp_path / f"rank_{r}" / "net-2_5.ckpt", 25.0 + r)
-    files = find_rank_files(tmp_path)
-    assert files == {r: tmp_path / f"rank_{r}" / "net-2_5.ckpt" for r in range(2)}
-    older = find_rank_files(tmp_path, step=10)
-    source = open_source(older, None, check_layout=False)  # each rank's marker differs
-    entries = source.params["marker"].slices[0]
-    assert [float(read_entry(older[r], e)[0]) for r, e in zip(entries.ranks, entries.entries)] == [10.0, 11.0]

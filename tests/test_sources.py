@@ -104,21 +104,6 @@ def test_load_rank_from_safetensors_rank_files_equals_mindspore(load_env, tmp_pa
         assert_same_dict({n: to_numpy(v) for n, v in params.items()}, t.oracle(rank), f"rank {rank}")
 
 
-def test_bfloat16_safetensors_rank_files_made_by_mindspore_under_numpy_1(tmp_path):
-    """Committed files: MindSpore's safetensors writer fails for bfloat16 under numpy 2, so
-    tests/data/make_bf16_safetensors.py saved them with MindSpore in a numpy<2 environment."""
-    data = Path(__file__).parent / "data" / "bf16_safetensors"
-    expected = dict(np.load(data / "global.npz"))
-    from ckptstore.dtypes import BFLOAT16
-
-    ckptstore.convert(data, tmp_path / "s", strategy=[data / "strategy.ckpt"])
-    with ckptstore.open(tmp_path / "s") as store:
-        for name, raw in expected.items():
-            value = store.read(name)
-            want = raw.view(BFLOAT16) if value.dtype == BFLOAT16 else raw
-            assert_same_array(value, want, name)
-
-
 def test_a_step_saved_in_both_formats_is_refused_saying_how_to_choose(tmp_path):
     root, strategies, tensors = save(tmp_path, "dp2_mp4")
     other, _, _ = save(tmp_path, "dp2_mp4", fmt="safetensors")

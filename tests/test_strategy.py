@@ -7,7 +7,6 @@ end-to-end assembly.
 from __future__ import annotations
 
 import shutil
-from collections import Counter
 from dataclasses import replace
 from math import prod
 from pathlib import Path
@@ -15,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
@@ -31,23 +29,12 @@ from mindspore.parallel._tensor import (  # noqa: E402
 
 import mindspore_fixtures as T  # noqa: E402
 from box_checks import tiles_exactly  # noqa: E402
+from test_layout import layout_of, layouts  # noqa: E402
 from ckptstore.boxes import Box  # noqa: E402
 from ckptstore.formats.ckpt_reader import read_entry  # noqa: E402
 from ckptstore.errors import StrategyError  # noqa: E402
 from ckptstore.checkpoint.source import find_rank_files, open_source  # noqa: E402
 from ckptstore.checkpoint.strategy import Layout, Strategy, load_strategy  # noqa: E402
-
-
-def _layout(dev, tmap, step=0, size=0) -> Layout:
-    return Layout(tuple(dev), tuple(() if m == -1 else (m,) for m in tmap), step, size)
-
-
-def _compiler_step(dev: list[int], tmap: list[int]) -> int:
-    """``opt_weight_shard_step`` as the compiler writes it: (g[-1]-g[0])/(len(g)-1) over rank 0's replicas."""
-    n = len(dev)
-    split_axes = {n - 1 - m for m in tmap if m != -1}
-    replicas = [r for r in range(prod(dev)) if all(_layout(dev, tmap).coordinates(r)[i] == 0 for i in split_axes)]
-    return (replicas[-1] - replicas[0]) // (len(replicas) - 1)
 
 
 def _mindspore_slice(dev, tmap, step, size, g: np.ndarray, rank: int) -> np.ndarray:
@@ -59,39 +46,12 @@ def _mindspore_slice(dev, tmap, step, size, g: np.ndarray, rank: int) -> np.ndar
     return _chunk_tensor_by_strategy(g.reshape(nshape), strat)[int(idx)]
 
 
-@st.composite
-def layouts(draw):
-    """A device matrix (no 1s, as the compiler writes it), a tensor map, optimizer shard settings, a shape."""
-    n = draw(st.integers(min_value=1, max_value=3))
-    dev = [draw(st.sampled_from([2, 3, 4])) for _ in range(n)]
-    ndim = draw(st.integers(min_value=1, max_value=3))
-    free = list(range(n))
-    tmap = []
-    for _ in range(ndim):
-        m = draw(st.sampled_from([-1] + free))
-        if m != -1:
-            free.remove(m)
-        tmap.append(m)
-    split = {n - 1 - m for m in tmap if m != -1}
-    replicas = prod(d for i, d in enumerate(dev) if i not in split)
-    step = size = 0
-    if replicas > 1 and draw(st.booleans()):
-        step = _compiler_step(dev, tmap)
-        size = draw(st.sampled_from([-1] + [z for z in range(2, replicas + 1) if replicas % z == 0]))
-    parts0 = 1 if size == 0 else (replicas if size == -1 else size)
-    shape = []
-    for a, m in enumerate(tmap):
-        k = 1 if m == -1 else dev[n - 1 - m]
-        shape.append(k * draw(st.integers(min_value=1, max_value=2)) * (parts0 if a == 0 else 1))
-    return dev, tmap, step, size, tuple(shape)
-
-
 @settings(max_examples=400, deadline=None)
 @given(layouts())
 def test_layout_box_selects_what_mindspore_slices_for_every_rank(case):
     dev, tmap, step, size, shape = case
     g = np.arange(prod(shape), dtype=np.int64).reshape(shape)
-    layout = _layout(dev, tmap, step, size)
+    layout = layout_of(dev, tmap, step, size)
     try:
         _mindspore_slice(dev, tmap, step, size, g, 0)
     except ValueError:
@@ -105,35 +65,6 @@ def test_layout_box_selects_what_mindspore_slices_for_every_rank(case):
         assert np.array_equal(g[box.slices()].ravel(), np.ravel(want)), (rank, box)
 
 
-@settings(max_examples=300, deadline=None)
-@given(layouts())
-def test_boxes_of_all_ranks_tile_the_tensor_and_are_equally_replicated(case):
-    dev, tmap, step, size, shape = case
-    layout = _layout(dev, tmap, step, size)
-    try:
-        boxes = [layout.box(r, shape) for r in range(prod(dev))]
-    except StrategyError:
-        return  # covered by the MindSpore comparison above
-    holders = Counter(boxes)
-    assert tiles_exactly(boxes, shape)
-    assert len(set(holders.values())) == 1
-    assert len(holders) == prod(layout.splits()) * layout.opt_shard_parts()
-    assert layout.global_shape(boxes[0].shape) == shape
-
-
-def test_worked_example_from_mindspore_facts():
-    # G=[64,32], D=[2,4], M=[0,-1], s=4, z=-1, rank 5: c=(1,1); rows [16,32); Z=2, j=1 -> rows [24,32)
-    layout = _layout([2, 4], [0, -1], step=4, size=-1)
-    assert layout.coordinates(5) == (1, 1)
-    assert layout.opt_shard_parts() == 2
-    assert layout.box(5, (64, 32)) == Box((24, 0), (32, 32))
-
-
-def test_layout_rejects_an_uneven_split():
-    with pytest.raises(StrategyError, match=r"axis 0 of shape \[6, 4\] cannot be split evenly into 4 parts"):
-        _layout([2, 4], [0, -1]).box(0, (6, 4))
-
-
 # ---- reading strategy files --------------------------------------------------------------------
 
 def _expected_strategy(kind: str, fmt: str = "protobuf") -> tuple[dict, int, int]:
@@ -144,7 +75,7 @@ def _expected_strategy(kind: str, fmt: str = "protobuf") -> tuple[dict, int, int
     for s in map(T.normalize_spec, specs):
         if s.in_strategy:
             on = range(stages) if s.stage == -1 else [s.stage]
-            layout = replace(_layout(s.dev_matrix, s.tensor_map, s.opt_shard_step, s.opt_shard_size),
+            layout = replace(layout_of(s.dev_matrix, s.tensor_map, s.opt_shard_step, s.opt_shard_size),
                              tensor_shape=tuple(s.shape) if fmt == "json" else ())
             layouts[s.name] = {st_: layout for st_ in on}
     return layouts, world // stages, stages
@@ -217,21 +148,6 @@ def test_a_file_that_is_not_a_strategy_is_refused_naming_it(saved_layout, tmp_pa
     assert message in str(info.value) and str(path) in str(info.value)
 
 
-@pytest.mark.parametrize(
-    "text,message",
-    [("{not json", "is not a valid JSON strategy"), ("{}", "holds no parameter layouts"),
-     ('{"parallel_layout_item": {"w": {"tensor_map": [0]}}}', "is not a valid JSON strategy"),
-     ('{"parallel_layout_item": {"w": {"dev_matrix": [2], "tensor_map": [1]}}}', "does not fit device matrix")],
-    ids=["syntax", "empty-object", "no-dev-matrix", "map-out-of-range"],
-)
-def test_a_bad_json_strategy_is_refused_naming_it(tmp_path, text, message):
-    path = tmp_path / "strategy.json"
-    path.write_text(text)
-    with pytest.raises(StrategyError) as info:
-        load_strategy(path)
-    assert message in str(info.value) and str(path) in str(info.value)
-
-
 def test_two_files_of_one_stage_that_agree_are_one_stage(saved_layout, tmp_path):
     # MindFormers saves one strategy file per rank: every rank of a stage writes the same layouts
     stage0, stage1 = saved_layout("pipeline2").strategy_files
@@ -258,11 +174,6 @@ def test_a_missing_pipeline_stage_is_refused_naming_the_files(saved_layout):
         load_strategy([stage1])
     assert str(info.value) == (f"the strategy ({stage1}) has pipeline stages [1]; every stage from 0 to 1 is "
                                "needed (pass each stage's strategy file)")
-
-
-def test_no_strategy_file_is_refused():
-    with pytest.raises(StrategyError, match="no strategy file given"):
-        load_strategy([])
 
 
 # ---- end to end: ckptstore assembles what MindSpore merges -------------------------------------

@@ -7,7 +7,7 @@
 5. numbers in a strategy are bounded before they size anything;
 6. ``dtype=`` converts only to floating-point types;
 7. ``--overwrite`` deletes only what ckptstore wrote, and never the source;
-8. every error a user can cause is a CkptStoreError, one line at the CLI;
+8. every error a user can cause is one line at the CLI (that each is a CkptStoreError: test_errors.py);
 9. a rank file edited in place (modification time restored) is not mixed into a resumed store.
 
 Fixtures are real MindSpore files (conftest.saved_layout); damage is done to copies.
@@ -35,7 +35,6 @@ from ckptstore.store.kinds import WORK_DIR  # noqa: E402
 from ckptstore.formats.ckpt_reader import scan_checkpoint  # noqa: E402
 from ckptstore.errors import (  # noqa: E402
     CheckpointFileError,
-    CkptStoreError,
     IncompleteStoreError,
     InvalidOptionError,
     LayoutMismatchError,
@@ -354,18 +353,6 @@ def test_every_single_byte_flip_in_the_record_headers_gives_a_typed_error_or_a_s
     damaged.unlink()
 
 
-def test_a_zero_size_dimension_converts_and_reads_as_an_empty_tensor(tmp_path):
-    from ckptstore.formats.ckpt_writer import CheckpointWriter
-
-    with CheckpointWriter(tmp_path / "z.ckpt") as w:
-        w.add("empty", np.zeros((4, 0), dtype=np.float32))
-        w.add("w", np.arange(6, dtype=np.float32))
-    ckptstore.convert(tmp_path / "z.ckpt", tmp_path / "s")
-    with ckptstore.open(tmp_path / "s") as store:
-        assert store.read("empty").shape == (4, 0)
-        assert list(ckptstore.load_rank(store)) == ["empty", "w"]
-
-
 @pytest.mark.parametrize("edit,message", [
     (lambda m: m.__setitem__("params", None), "'params' and 'source' must be JSON objects"),
     (lambda m: m["params"].__setitem__("layer0.w", None), "its entry is not a JSON object"),
@@ -451,12 +438,3 @@ def test_an_in_place_edit_with_the_modification_time_restored_is_not_resumed(sav
     with ckptstore.open(out) as store:
         assert np.all(store.read("layer0.w")[8:9, :4] == 7.0)  # ranks 1 and 5 hold rows 8..16 of layer0.w
 
-
-def test_every_error_type_users_can_cause_is_a_ckptstore_error():
-    import inspect
-
-    from ckptstore import errors
-
-    for name, cls in inspect.getmembers(errors, inspect.isclass):
-        if cls.__module__ == errors.__name__:
-            assert issubclass(cls, CkptStoreError), name

@@ -1,0 +1,41 @@
+"""The ``ckptstore`` command line where no checkpoint is needed: the installed script, help texts
+and usage errors. Runs without MindSpore (``make test-pure``)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from ckptstore.cli import main
+from ckptstore.store.chunking import OPTIMIZER_PATTERNS
+from convert_fixtures import cli_command, run_cli
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_console_script_is_installed():
+    assert Path(cli_command()[0]).name == "ckptstore"
+
+
+def test_convert_help_lists_every_drop_optimizer_pattern():
+    r = run_cli("convert", "--help")
+    assert r.returncode == 0, r.stderr
+    text = _one_line(r.stdout)
+    assert "--drop-optimizer" in text
+    listed = text.split("Patterns:", 1)[1]
+    for pattern in OPTIMIZER_PATTERNS:
+        assert re.search(rf"(?<![\w.*]){re.escape(pattern)}(?![\w.*])", listed), pattern
+
+
+def test_verify_of_a_missing_store_exits_2(tmp_path):
+    r = run_cli("verify", tmp_path / "nothing.zarr")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+
+
+def test_info_of_a_missing_path_is_a_usage_error(tmp_path):
+    result = CliRunner().invoke(main, ["info", str(tmp_path / "nope.ckpt")], catch_exceptions=False)
+    assert result.exit_code == 2 and "does not exist" in result.stderr
