@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -107,32 +106,6 @@ def _check_index_rows(out: Path, report: str) -> None:
     for name in (bench_index.INDEX, bench_index.OPEN, bench_index.PLAN):
         assert name in index["summary"], f"{name} did not run: {index['failed'].get(name)}"
     assert bench_load.INDEX in _last_run(out / "load.json")["summary"]
-
-
-def setup_sleep(delay: float) -> dict:
-    """Test contender (run by the worker): an untimed setup that takes ``delay`` seconds."""
-    time.sleep(delay)
-    return {"made": time.perf_counter()}
-
-
-def measured_after_setup(state: dict) -> dict:
-    return {"state_keys": len(state)}
-
-
-def check_after_setup(out: dict, **args: object) -> dict:
-    return {"got": out["state_keys"], "delay": args["delay"]}
-
-
-def test_worker_setup_is_outside_the_measurement() -> None:
-    from benchmarks.harness import Contender, run_contender
-
-    c = Contender("setup test", "tests.test_benchmarks_quick", "measured_after_setup", {"delay": 0.3},
-                  setup="setup_sleep", check="check_after_setup")
-    m = run_contender(c, timeout=120)
-    assert m["setup_s"] >= 0.3 and m["wall_s"] < 0.1, m
-    assert m["check"] == {"got": 1, "delay": 0.3} and m["returned"] == {"state_keys": 1}
-    plain = run_contender(Contender("no setup", "tests.test_benchmarks_quick", "setup_sleep", {"delay": 0.2}), timeout=120)
-    assert plain["wall_s"] >= 0.2 and "setup_s" not in plain
 
 
 def _last_run(path: Path) -> dict:

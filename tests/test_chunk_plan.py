@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from box_checks import tiles_exactly
 from ckptstore.boxes import Box, even_part
-from ckptstore.store.chunking import OPTIMIZER_PATTERNS, chunk_shape_for, plan_param, select_params
+from ckptstore.store.chunking import chunk_shape_for, plan_param, select_params
 from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.checkpoint.params import SourceParam, SourceSlice
 
@@ -87,8 +87,8 @@ def test_chunks_tile_the_tensor_and_each_is_one_byte_range_of_its_slice(case):
     assert plan.nbytes == values.nbytes
 
 
-def test_optimizer_patterns_cover_mindspore_optimizer_state_names():
+def test_drop_optimizer_drops_state_and_counters_and_keeps_weights():
+    # (the names MindSpore's own optimizers give their state are checked in test_convert.py)
     names = ["adam_m.layer0.w", "adam_v.layer0.w", "moments.fc.weight", "accum.fc.weight", "global_step",
              "learning_rate", "beta1_power", "beta2_power", "scale_sense", "fc.weight", "adam_mode.flag"]
     assert select_params(names, drop_optimizer=True) == ["fc.weight", "adam_mode.flag"]
-    assert "adam_m.*" in OPTIMIZER_PATTERNS and "adam_v.*" in OPTIMIZER_PATTERNS

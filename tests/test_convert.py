@@ -316,6 +316,59 @@ def test_drop_optimizer_removes_optimizer_state_and_keeps_weights(saved_layout, 
             assert_same_array(store.read(name), layout.tensors[name], name)
 
 
+class _Dense(ms.nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = ms.nn.Dense(4, 3)
+
+    def construct(self, x):
+        return self.fc(x)
+
+
+def _uncovered(reason: str):
+    return pytest.mark.xfail(strict=True, reason=f"OPTIMIZER_PATTERNS misses {reason}")
+
+
+#: MindSpore's optimizers, each as it names its state (``TrainOneStepCell(...).get_parameters()``).
+OPTIMIZERS = [
+    pytest.param(lambda p: ms.nn.Adam(p, 1e-3), id="Adam"),
+    pytest.param(lambda p: ms.nn.AdamWeightDecay(p, 1e-3), id="AdamWeightDecay"),
+    pytest.param(lambda p: ms.nn.LazyAdam(p), id="LazyAdam"),
+    pytest.param(lambda p: ms.nn.AdaMax(p), id="AdaMax"),
+    pytest.param(lambda p: ms.nn.Adagrad(p), id="Adagrad"),
+    pytest.param(lambda p: ms.nn.ProximalAdagrad(p), id="ProximalAdagrad"),
+    pytest.param(lambda p: ms.nn.RMSProp(p), id="RMSProp"),
+    pytest.param(lambda p: ms.nn.FTRL(p), id="FTRL"),
+    pytest.param(lambda p: ms.nn.Momentum(p, 0.1, 0.9), id="Momentum", marks=_uncovered("'momentum'")),
+    pytest.param(lambda p: ms.nn.SGD(p, 0.1, momentum=0.9), id="SGD", marks=_uncovered("'momentum', 'stat.*'")),
+    pytest.param(lambda p: ms.nn.LARS(ms.nn.Momentum(p, 0.1, 0.9)), id="LARS",
+                 marks=_uncovered("'momentum', 'fake_lr', 'fake_param'")),
+    pytest.param(lambda p: ms.nn.Lamb(p, 1e-3), id="Lamb", marks=_uncovered("'lamb_m.*', 'lamb_v.*'")),
+    pytest.param(lambda p: ms.nn.Adadelta(p), id="Adadelta", marks=_uncovered("'accum_update.*'")),
+    pytest.param(lambda p: ms.nn.Rprop(p), id="Rprop", marks=_uncovered("'prev.*', 'step_size.*'")),
+    pytest.param(lambda p: ms.nn.ASGD(p), id="ASGD", marks=_uncovered("'mu_*', 'eta_*', 'ax_.*'")),
+]
+
+
+@pytest.mark.parametrize("make_optimizer", OPTIMIZERS)
+def test_drop_optimizer_keeps_exactly_the_network_weights_of_a_mindspore_optimizer(make_optimizer):
+    from ckptstore.store.chunking import select_params
+
+    net = _Dense()
+    cell = ms.nn.TrainOneStepCell(ms.nn.WithLossCell(net, ms.nn.MSELoss()), make_optimizer(net.trainable_params()))
+    names = [p.name for p in cell.get_parameters()]
+    assert select_params(names, drop_optimizer=True) == ["fc.weight", "fc.bias"], names
+
+
+@pytest.mark.xfail(strict=True, reason="the pattern 'linear.*' (FTRL's state) also matches a network module "
+                                       "named 'linear'")
+def test_drop_optimizer_keeps_the_weights_of_a_module_named_like_optimizer_state():
+    from ckptstore.store.chunking import select_params
+
+    names = ["linear.weight", "linear.bias", "moment1.linear.weight", "moment1.linear.bias", "global_step"]
+    assert select_params(names, drop_optimizer=True) == ["linear.weight", "linear.bias"]
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. compression
 
@@ -338,21 +391,35 @@ def test_compressed_store_reads_the_same_values(saved_layout, tmp_path, codec, k
             assert_same_array(np.asarray(group[name][...]), want, f"{name} via zarr")
 
 
+@pytest.fixture(scope="module")
+def trained_like(tmp_path_factory) -> SavedLayout:
+    """Weights drawn like trained ones (normal, std 0.02) in float32 and bfloat16, dp2_mp4-split,
+    32-64 KiB a slice: what a codec meets in practice (the standard fixtures' 2 KiB tensors of
+    distinct values do not compress at all with blosc)."""
+    d = (2, 4)
+    specs = [T.ParamSpec("layer0.w", (512, 128), dev_matrix=d, tensor_map=(0, -1)),
+             T.ParamSpec("layer1.w", (128, 1024), "bfloat16", dev_matrix=d, tensor_map=(-1, 0)),
+             T.ParamSpec("embedding.table", (256, 64), dev_matrix=d, tensor_map=(-1, -1))]
+    rng = np.random.default_rng(5)
+    tensors = {s.name: rng.normal(0, 0.02, s.shape).astype(s.np_dtype) for s in specs}
+    root = tmp_path_factory.mktemp("trained_like")
+    T.save_distributed(root, specs, tensors, world_size=8)
+    return SavedLayout("trained_like", root, specs, tensors, 8, 1)
+
+
 @pytest.mark.parametrize("codec", CODECS)
-def test_compressed_store_bytes_differ_from_raw(converted, tmp_path, codec):
-    raw = converted("dp2_mp4")
-    out = tmp_path / "s.zarr"
-    summary = convert_layout(raw.layout, out, compress=codec)
-    assert summary.unique_bytes == raw.summary.unique_bytes
-    assert summary.stored_bytes != summary.unique_bytes
+def test_a_compressed_store_of_trained_weights_is_smaller_than_the_raw_one(trained_like, tmp_path, codec):
+    raw_out, out = tmp_path / "raw.zarr", tmp_path / "s.zarr"
+    raw = convert_layout(trained_like, raw_out)
+    summary = convert_layout(trained_like, out, compress=codec)
+    assert summary.unique_bytes == raw.unique_bytes == raw.stored_bytes
+    assert summary.stored_bytes < raw.stored_bytes
     assert summary.stored_bytes == sum(info.stored_bytes for info in _infos(out))
-    raw_files, packed_files = data_files(raw.store), data_files(out)
-    assert sorted(raw_files) == sorted(packed_files)
-    assert payload_bytes(out) != payload_bytes(raw.store)
+    assert sorted(data_files(raw_out)) == sorted(data_files(out))
+    assert payload_bytes(out) < payload_bytes(raw_out)
     with ckptstore.open(out) as store:
-        # the big replicated float table really went through the codec
-        table = store.info("embedding.table")
-        assert table.stored_bytes != 40 * 16 * 4
+        for name, value in trained_like.tensors.items():
+            assert store.info(name).stored_bytes < value.nbytes, name  # every parameter went through the codec
 
 
 def _infos(out: Path):

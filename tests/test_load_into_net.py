@@ -61,12 +61,6 @@ def _net_values(net: nn.Cell) -> dict[str, np.ndarray]:
     return {n: to_numpy(p) for n, p in net.parameters_and_names()}
 
 
-def test_tree_net_has_the_dotted_parameter_names():
-    net = TreeNet({"a.b.w": ((2,), np.dtype(np.float32)), "c": ((), np.dtype(np.int64))})
-    assert sorted(n for n, _ in net.parameters_and_names()) == ["a.b.w", "c"]
-    assert sorted(p.name for p in net.get_parameters()) == ["a.b.w", "c"]
-
-
 @pytest.mark.parametrize("case_id,rank", [("dp2_mp4->dp2_mp2", 2), ("opt_shard->dp2_mp2_optshard", 1),
                                           ("pipeline2->1stage", 3), ("mixed_dtypes->dp2_mp2_optshard", 0)])
 def test_load_into_net_sets_the_target_rank_values(load_env, case_id, rank):
