@@ -14,15 +14,15 @@ from typing import Sequence
 
 from ckptstore.testing.oracle import load_oracle, transform_oracle  # noqa: F401
 from ckptstore.testing.sample_checkpoint import (  # noqa: F401
+    NumpyHolder,
     ParamSpec,
-    _NumpyHolder,
-    _split_counts,
-    _strategy_entries,
-    _to_ms_tensor,
     make_global_tensors,
     mindspore_rank_slice,
     normalize_spec,
     save_distributed,
+    split_counts,
+    strategy_pb2,
+    to_ms_tensor,
     write_strategy,
     write_strategy_json,
 )
@@ -173,16 +173,14 @@ def write_mindformers_strategy(path, specs: Sequence[ParamSpec]) -> Path:
     """
     from math import prod
 
-    from ckptstore.testing.sample_checkpoint import _pb2
-
-    pb2 = _pb2()
+    pb2 = strategy_pb2()
     smap = pb2.ParallelStrategyMap()
     smap.current_stage = 1
     for s in specs:
         if not s.in_strategy:
             continue
         s = normalize_spec(s)
-        shard = _split_counts(s)
+        shard = split_counts(s)
         repeat = prod(s.dev_matrix) // prod(shard)
         item = smap.parallel_layout_item.add()
         item.param_name = s.name

@@ -46,7 +46,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 def _save(path: Path, arrays: dict[str, np.ndarray], **kwargs) -> Path:
     """``mindspore.save_checkpoint`` of numpy arrays (bfloat16 via a float32 cast inside MindSpore)."""
-    items = [{"name": n, "data": T._to_ms_tensor(a)} for n, a in arrays.items()]
+    items = [{"name": n, "data": T.to_ms_tensor(a)} for n, a in arrays.items()]
     ms.save_checkpoint(items, str(path), **kwargs)
     return path
 

@@ -40,7 +40,7 @@ KNOWN_JSON_PARAMS = {
 
 
 def _save_known(path: Path, **kwargs) -> Path:
-    items = [{"name": n, "data": T._to_ms_tensor(a)} for n, a in KNOWN.items()]
+    items = [{"name": n, "data": T.to_ms_tensor(a)} for n, a in KNOWN.items()]
     ms.save_checkpoint(items, str(path), append_dict={"epoch_num": 3, "lr": 0.25, "net_name": "gpt-2"}, **kwargs)
     return path
 

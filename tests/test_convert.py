@@ -150,7 +150,7 @@ def single_file(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
     """One ``mindspore.save_checkpoint`` file (no strategy): every dtype whole, plus append_dict."""
     tensors = T.make_global_tensors(SINGLE_SPECS, seed=9)
     path = tmp_path_factory.mktemp("single") / "model.ckpt"
-    items = [{"name": n, "data": T._to_ms_tensor(a)} for n, a in tensors.items()]
+    items = [{"name": n, "data": T.to_ms_tensor(a)} for n, a in tensors.items()]
     ms.save_checkpoint(items, str(path), append_dict=dict(APPEND))
     return path, tensors
 

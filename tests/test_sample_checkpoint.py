@@ -222,7 +222,7 @@ def test_dev_matrix_ones_removed_like_the_compiler():
         from mindspore.parallel._tensor import _load_tensor
 
         for r in range(8):
-            raw = _load_tensor(T._NumpyHolder(g), list(dev), list(tmap), [64, 8], rank_id=r)
+            raw = _load_tensor(T.NumpyHolder(g), list(dev), list(tmap), [64, 8], rank_id=r)
             assert _same(np.ascontiguousarray(raw), T.mindspore_rank_slice(spec, g, r))
 
 

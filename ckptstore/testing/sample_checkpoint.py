@@ -77,7 +77,8 @@ def _ms():
     return mindspore
 
 
-def _pb2():
+def strategy_pb2():
+    """MindSpore's generated protobuf module of strategy files (``node_strategy_pb2``)."""
     _ms()
     from mindspore.train import node_strategy_pb2
 
@@ -219,7 +220,7 @@ def make_global_tensors(specs: Sequence[ParamSpec], seed: int = 0) -> dict[str, 
 # slicing, by MindSpore's own code
 
 
-class _NumpyHolder:
+class NumpyHolder:
     """What ``mindspore.parallel._tensor._load_tensor`` needs from a Tensor: ``asnumpy()``.
 
     Lets MindSpore's slicing run on any numpy dtype (including ml_dtypes.bfloat16, which
@@ -275,7 +276,7 @@ def mindspore_rank_slice(spec: ParamSpec, global_array: np.ndarray, rank: int) -
         dev, tmap, step, size, list(spec.shape)
     )
     chunk = _load_tensor(
-        _NumpyHolder(global_array), list(exp_dev), list(exp_map), list(exp_shape), rank_id=rank
+        NumpyHolder(global_array), list(exp_dev), list(exp_map), list(exp_shape), rank_id=rank
     )
     strategy = _get_tensor_strategy(dev, tmap)
     local = [int(g) // int(k) for g, k in zip(spec.shape, strategy)]
@@ -288,7 +289,8 @@ def mindspore_rank_slice(spec: ParamSpec, global_array: np.ndarray, rank: int) -
 # strategy files
 
 
-def _split_counts(spec: ParamSpec) -> list[int]:
+def split_counts(spec: ParamSpec) -> list[int]:
+    """How many parts each tensor axis is split into (the strategy file's ``parallel_strategy``)."""
     n = len(spec.dev_matrix)
     return [1 if m == -1 else int(spec.dev_matrix[n - 1 - m]) for m in spec.tensor_map]
 
@@ -326,7 +328,7 @@ def write_strategy(path, specs: Sequence[ParamSpec], *, stage: int | None = None
     With ``stage=s`` only the specs whose stage is ``s`` (or ``-1``) are written, and every
     strategy item carries stage ``s``. Specs with ``dev_matrix == ()`` are not written.
     """
-    pb2 = _pb2()
+    pb2 = strategy_pb2()
     path = Path(path)
     entries = _strategy_entries(specs, stage)
     smap = pb2.ParallelStrategyMap()
@@ -335,7 +337,7 @@ def write_strategy(path, specs: Sequence[ParamSpec], *, stage: int | None = None
         item = smap.parallel_strategy_item.add()
         item.node_name = node
         item.parallel_strategys.stage = st
-        item.parallel_strategys.parallel_strategy.add().dim.extend(_split_counts(s))
+        item.parallel_strategys.parallel_strategy.add().dim.extend(split_counts(s))
     for _node, s, _st in entries:
         item = smap.parallel_layout_item.add()
         item.param_name = s.name
@@ -374,7 +376,7 @@ def write_strategy_json(path, specs: Sequence[ParamSpec], *, stage: int | None =
     doc = {
         "current_stage": 1,
         "parallel_strategy_item": {
-            node: {"stage": st, "parallel_strategy": [_split_counts(s)]} for node, s, st in entries
+            node: {"stage": st, "parallel_strategy": [split_counts(s)]} for node, s, st in entries
         },
         "parallel_layout_item": {
             s.name: {
@@ -397,7 +399,8 @@ def write_strategy_json(path, specs: Sequence[ParamSpec], *, stage: int | None =
 # checkpoints
 
 
-def _to_ms_tensor(array: np.ndarray):
+def to_ms_tensor(array: np.ndarray):
+    """A ``mindspore.Tensor`` of a numpy array, bfloat16 included (via an exact float32 cast)."""
     ms = _ms()
     array = np.asarray(array).copy(order="C")  # ascontiguousarray would make 0-d arrays 1-d
     if array.dtype == np.dtype(ml_dtypes.bfloat16):
@@ -482,7 +485,7 @@ def save_distributed(
             if not _on_stage(s, st) or (kept is not None and s.in_strategy and s.name not in kept.get(g, ())):
                 continue
             local = np.asarray(tensors[s.name]) if integrated else mindspore_rank_slice(s, tensors[s.name], r)
-            items.append({"name": s.name, "data": _to_ms_tensor(local)})
+            items.append({"name": s.name, "data": to_ms_tensor(local)})
         rank_dir = root / f"rank_{g}"
         rank_dir.mkdir(parents=True, exist_ok=True)
         path = rank_dir / f"{prefix}{step_suffix}.{fmt}"
