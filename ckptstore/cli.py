@@ -79,10 +79,12 @@ def _friendly_errors(fn: F) -> F:
 def main() -> None:
     """Reshard MindSpore distributed checkpoints without running out of memory.
 
-    ckptstore reads the per-rank .ckpt files MindSpore saves (rank_<i>/*.ckpt) with the
-    strategy file the parallel compiler writes, and converts them once into a store of
-    global tensors (Zarr v3) in which every replicated slice is stored once. Loading a rank
-    of any new layout then reads only the bytes that rank needs.
+    ckptstore reads the per-rank files MindSpore saves (rank_<i>/*.ckpt or *.safetensors) with
+    the strategy file the parallel compiler writes, and converts them once into a store of
+    global tensors in which every replicated slice is stored once: Zarr v3 (the default) or
+    safetensors files. 'ckptstore index' makes a store that copies nothing instead: an index
+    of the slices in the rank files. Loading a rank of any new layout then reads only the
+    bytes that rank needs.
 
     
     Typical use:
@@ -313,6 +315,10 @@ def _print_summary(summary: Any, as_json: bool, done: str) -> None:
 @_friendly_errors
 def convert(fmt: str, compress: str, chunk_mb: int | None, verify_replicas: bool, **kw: Any) -> None:
     """Convert a MindSpore distributed checkpoint into a store of global tensors.
+
+    The store is Zarr v3 (default: chunked, optional compression) or, with --format
+    safetensors, whole global tensors in model-*.safetensors files. To copy nothing, 'ckptstore
+    index' takes the same SRC and options and makes an index of the rank files instead.
 
     SRC is the folder holding rank_0/, rank_1/, ... (each rank's newest .ckpt or MindSpore
     .safetensors file is used) or a single such file. Saves made with remove_redundancy=True

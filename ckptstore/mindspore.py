@@ -94,8 +94,8 @@ class RankParameters(dict):  # type: ignore[type-arg]
 
     A ``dict`` (so ``mindspore.load_param_into_net`` takes it as it is) whose values are read
     and built when first asked for: ``params[name]``, ``get``, iterating ``items()`` or
-    ``values()`` (which build everything, pipelined: the pool reads while Parameters are
-    built), or :meth:`materialize`. Each Parameter is built once, even when threads ask for it
+    ``values()`` (which build everything: the pool reads every slice first, then the Parameters
+    are built; not overlapped, which measured slower on 2 cores), or :meth:`materialize`. Each Parameter is built once, even when threads ask for it
     together. ``plan`` shows every read before any happens; ``view`` is the numpy-level
     :class:`~ckptstore.read.loader.RankView`. String values (``append_dict`` text) are returned as
     ``str``, like ``mindspore.load_checkpoint``. The mapping is read-only.
@@ -169,7 +169,7 @@ class RankParameters(dict):  # type: ignore[type-arg]
     # -- building -----------------------------------------------------------------------------
 
     def materialize(self, workers: int | None = None) -> dict[str, Any]:
-        """Build every Parameter now (reads pipelined with the building); return them as a dict."""
+        """Build every Parameter now (every read first, then every Parameter); return them as a dict."""
         if workers is not None:
             self.view.workers = workers
         mine = [n for n in self._names if not dict.__contains__(self, n)]

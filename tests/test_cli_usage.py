@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from ckptstore.cli import main
@@ -28,6 +29,16 @@ def test_convert_help_lists_every_drop_optimizer_pattern():
     listed = text.split("Patterns:", 1)[1]
     for pattern in OPTIMIZER_PATTERNS:
         assert re.search(rf"(?<![\w.*]){re.escape(pattern)}(?![\w.*])", listed), pattern
+
+
+@pytest.mark.parametrize("command", [["--help"], ["convert", "--help"]], ids=["ckptstore", "convert"])
+def test_help_describes_every_source_format_and_store_kind(command):
+    r = run_cli(*command)
+    assert r.returncode == 0, r.stderr
+    text = _one_line(r.stdout.split("Options:", 1)[0])
+    for words in (".ckpt", ".safetensors", "Zarr v3", "safetensors files" if len(command) == 1 else
+                  "--format safetensors", "'ckptstore index'"):
+        assert words in text, words
 
 
 def test_verify_of_a_missing_store_exits_2(tmp_path):

@@ -1,9 +1,11 @@
 """Files that appear whole or not at all: the one atomic-write mechanism of ckptstore.
 
 Every file ckptstore writes — a store's data files and metadata, exported checkpoints — is
-written under ``<name>.partial``, flushed to disk (``fsync``) and renamed over its final name;
-the folder is synced too, so the rename survives a crash. A reader therefore never sees half a
-file. Store data files are *resumable*: ``resume=True`` keeps what an interrupted run already
+written under ``<name>.partial`` and renamed over its final name, so a reader never sees half a
+file. Files that must survive a crash are flushed to disk (``fsync``) before the rename and their
+folder is synced after it (or, with ``sync_folder=False``, by the caller before it commits).
+``durable=False`` skips both fsyncs: for work-folder records that a rerun redoes when a power
+loss takes them. Store data files are *resumable*: ``resume=True`` keeps what an interrupted run already
 wrote in the partial file (its journal says which bytes are good) instead of starting over.
 """
 from __future__ import annotations

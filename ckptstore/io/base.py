@@ -1,6 +1,6 @@
 """The byte-source seam: every read of checkpoint or store bytes goes through a :class:`ByteSource`.
 
-A byte source is a folder-like location (a local directory, later an object-store prefix)
+A byte source is a folder-like location (a local directory, or an ``s3://``/``obs://`` prefix)
 holding files addressed by *keys*: relative, ``/``-separated paths such as
 ``layer0.w/c/0/0`` or ``rank_3/net-1_100.ckpt``. Keys read from metadata are data, not trust:
 :func:`check_key` refuses absolute paths, ``..``, empty components and control characters

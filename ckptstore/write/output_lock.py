@@ -1,4 +1,7 @@
-"""One writer per output folder: an advisory lock held for the whole of a conversion.
+"""One writer per output folder: an advisory lock, held for the whole of a conversion in one
+process; a conversion in parts holds the folder's lock only while it decides and while it
+commits, and a lock of its own part (``lock.part-<i>``) for its run (see
+:mod:`ckptstore.write.output_folder`).
 
 Every rank of a job often runs the same script, so several ``ckptstore convert`` processes may
 start on one ``--out`` at once (on a shared filesystem, from several hosts). Each takes an
