@@ -130,6 +130,7 @@ def test_the_newest_committed_step_opens_and_each_step_opens_by_its_folder(tmp_p
     assert_same_array(ckptstore.open(tmp_path / "step_9").read("w"), np.full(2, 9, np.int32), "step 9")
 
 
+@pytest.mark.mindspore
 def test_a_rank_cannot_be_guessed_in_a_job_of_several(tmp_path, saved_layout, monkeypatch):
     layout = saved_layout("mp_rows")
     for var in ("RANK_ID", "RANK_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MS_ROLE"):
@@ -148,6 +149,7 @@ def test_a_rank_cannot_be_guessed_in_a_job_of_several(tmp_path, saved_layout, mo
 KINDS = [k if k == "dp2_mp4" else pytest.param(k, marks=pytest.mark.slow) for k in T.LAYOUT_KINDS]
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("kind", KINDS)
 def test_ranks_saving_at_once_make_a_store_of_the_global_tensors(saved_by_ranks, kind):
     layout, root, summaries = saved_by_ranks(kind)
@@ -155,6 +157,7 @@ def test_ranks_saving_at_once_make_a_store_of_the_global_tensors(saved_by_ranks,
     assert_store_holds(root, expected_values(layout))
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_distinct_byte_is_written_once(saved_by_ranks, kind):
     layout, root, summaries = saved_by_ranks(kind)
@@ -163,6 +166,7 @@ def test_each_distinct_byte_is_written_once(saved_by_ranks, kind):
     assert sum(data_files(root / "step_1").values()) == distinct_bytes(layout)
 
 
+@pytest.mark.mindspore
 def test_replicated_slices_are_shared_out_over_their_replica_group(saved_by_ranks):
     layout, root, summaries = saved_by_ranks("dp2_mp4")
     written = [summaries[r]["bytes_written"] for r in range(layout.world)]
@@ -173,6 +177,7 @@ def test_replicated_slices_are_shared_out_over_their_replica_group(saved_by_rank
     assert max(written) - min(written) <= biggest
 
 
+@pytest.mark.mindspore
 @pytest.mark.slow
 @pytest.mark.parametrize("case_id,ranks", [("dp2_mp4->dp2_mp2", [0, 3]), ("opt_shard->dp2_mp2", [1, 2]),
                                            ("pipeline2->1stage", [0, 3]), ("mixed_dtypes->dp2_mp2", [0, 2])])
@@ -189,6 +194,7 @@ def test_load_rank_of_a_saved_step_equals_transform_checkpoints(saved_by_ranks, 
 # ---- a rank dies mid-save --------------------------------------------------------------------
 
 
+@pytest.mark.mindspore
 def test_a_rank_killed_mid_save_leaves_the_step_uncommitted_and_its_rerun_completes_it(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp2")
     run_ranks(layout, tmp_path, step=1)
@@ -242,6 +248,7 @@ print("SAVED", summary.rank, summary.committed, flush=True)
 '''
 
 
+@pytest.mark.mindspore
 @pytest.mark.slow
 def test_an_msrun_job_saves_each_rank_through_mindspore_parameters(tmp_path):
     specs = [T.ParamSpec("w", (8, 4), dev_matrix=(2,), tensor_map=(0, -1)),
@@ -272,6 +279,7 @@ def test_an_msrun_job_saves_each_rank_through_mindspore_parameters(tmp_path):
 # ---- object storage --------------------------------------------------------------------------
 
 
+@pytest.mark.mindspore
 def test_ranks_save_into_a_bucket_and_an_unfinished_step_hides_nothing(saved_layout, bucket):
     from save_worker import local_slices
 
@@ -323,6 +331,7 @@ def test_a_failed_background_save_is_raised_by_the_next_call_and_commits_nothing
     assert saver.last is None
 
 
+@pytest.mark.mindspore
 def test_old_steps_go_only_after_a_newer_step_is_committed(tmp_path, saved_layout):
     from ckptstore.write.save import prune_steps, saved_steps
 
@@ -353,6 +362,7 @@ def _train(steps: int, *callbacks):
     return cell
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("async_save", [True, False], ids=["async", "sync"])
 def test_training_resumed_from_store_checkpoint_takes_the_bit_identical_next_step(tmp_path, async_save):
     from mindspore import Tensor
@@ -370,6 +380,7 @@ def test_training_resumed_from_store_checkpoint_takes_the_bit_identical_next_ste
     assert_same_dict(values(resumed), values(cell), "the step after resuming")
 
 
+@pytest.mark.mindspore
 def test_store_checkpoint_keeps_the_newest_committed_steps(tmp_path):
     saver = ckptstore.StoreCheckpoint(tmp_path / "run", save_checkpoint_steps=2, keep_checkpoint_max=2,
                                       append_info=["epoch_num", "step_num"])
@@ -379,6 +390,7 @@ def test_store_checkpoint_keeps_the_newest_committed_steps(tmp_path):
     assert (int(store.read("step_num")), int(store.read("epoch_num"))) == (6, 6)
 
 
+@pytest.mark.mindspore
 def test_a_background_error_surfaces_at_the_next_step(tmp_path):
     from mindspore.train import Callback
 
@@ -397,6 +409,7 @@ def test_a_background_error_surfaces_at_the_next_step(tmp_path):
     assert steps.seen == [1]  # step 1's save failed in the background; step 2 stopped on it
 
 
+@pytest.mark.mindspore
 def test_a_background_error_of_the_last_save_surfaces_at_the_end_of_training(tmp_path):
     from ckptstore.errors import StoreWriteError
 
