@@ -104,16 +104,19 @@ def private_layout(saved_layout, tmp_path: Path) -> Callable[..., SavedLayout]:
 
 
 # ---------------------------------------------------------------------------------------------
-# object storage: a real S3 server (moto) on loopback, behind a counting, fault-injecting proxy
+# object storage: a real S3 server (SeaweedFS; moto where it is not installed) on loopback, and a
+# counting, fault-injecting proxy in front of it for the tests that watch or disturb the traffic
 
 
 @dataclass
 class Bucket:
-    """A fresh bucket on the test S3 server; the environment points the client at the proxy."""
+    """A fresh bucket on the test S3 server; the environment points the client at it (through
+    the proxy for a ``watched_bucket``, whose ``proxy`` is then not ``None``)."""
 
     name: str
     env: dict[str, str]
     proxy: object
+    endpoint: str = ""
 
     def url(self, prefix: str = "") -> str:
         return f"s3://{self.name}/{prefix}" if prefix else f"s3://{self.name}"
@@ -121,27 +124,40 @@ class Bucket:
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """``(server, proxy)``: moto in server mode and the proxy in front of it, for the session."""
+    """``(server, proxy)``: SeaweedFS (or moto) on loopback and the proxy in front of it, for the session."""
     pytest.importorskip("obstore")
-    pytest.importorskip("moto.server")
     from ckptstore.testing import s3_server as S
 
+    if S.weed_binary() is None:
+        pytest.importorskip("moto.server")
     yield from S.iter_servers()
 
 
 _BUCKETS = iter(range(1 << 30))
 
 
-@pytest.fixture
-def bucket(s3_server, monkeypatch) -> Bucket:
-    """A new bucket for this test, with AWS_* set (in this process) to reach it through the proxy."""
+def _new_bucket(s3_server, monkeypatch, *, watched: bool) -> Bucket:
     from ckptstore.testing import s3_server as S
 
     server, proxy = s3_server
     name = f"ckptstore-test-{next(_BUCKETS)}"
     server.create_bucket(name)
-    env = S.env_for(proxy.url)
+    endpoint = proxy.url if watched else server.url
+    env = S.env_for(endpoint)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     proxy.reset()
-    return Bucket(name, env, proxy)
+    return Bucket(name, env, proxy if watched else None, endpoint)
+
+
+@pytest.fixture
+def bucket(s3_server, monkeypatch) -> Bucket:
+    """A new bucket for this test, with AWS_* set (in this process) to reach the server directly."""
+    return _new_bucket(s3_server, monkeypatch, watched=False)
+
+
+@pytest.fixture
+def watched_bucket(s3_server, monkeypatch) -> Bucket:
+    """A new bucket reached through the counting proxy: ``bucket.proxy`` records every request and
+    can answer with errors."""
+    return _new_bucket(s3_server, monkeypatch, watched=True)

