@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import itertools
 import json
 import sys
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import click
 
@@ -415,10 +416,13 @@ def commit(store: str) -> None:
         click.echo(f"{store} is already complete; nothing to do")
 
 
-def _parse_ranks(value: str | None) -> list[int] | None:
+def _parse_ranks(value: str | None) -> Iterable[int] | None:
+    """The ranks of ``--ranks`` (``0,1,4-7``), checked for form here and yielded lazily: only export
+    knows the target's rank count, and a range like ``0-99999999999`` must fail there at its first
+    rank outside the layout, not be listed first."""
     if value is None:
         return None
-    ranks: list[int] = []
+    ranges: list[range] = []
     for part in value.split(","):
         lo, _, hi = part.strip().partition("-")
         try:
@@ -428,8 +432,8 @@ def _parse_ranks(value: str | None) -> list[int] | None:
         if first < 0 or last < first:
             raise click.BadParameter(f"{part.strip()!r} is not a rank or an increasing range like 4-7",
                                      param_hint="--ranks")
-        ranks.extend(range(first, last + 1))
-    return ranks
+        ranges.append(range(first, last + 1))
+    return itertools.chain.from_iterable(ranges)
 
 
 @main.command()

@@ -38,7 +38,7 @@ from ckptstore.read.loader import (
     target_boxes,
 )
 from ckptstore.store.read_plan import plan_param
-from ckptstore.store.executor import Executor
+from ckptstore.store.executor import Executor, check_extents
 from ckptstore.store.store import Store, open as open_store
 from ckptstore.checkpoint.strategy import Layout, Strategy, strategy_from_layouts
 
@@ -353,17 +353,30 @@ class _NetLoader:
         self.strict_load, self.workers = strict_load, workers
 
     def load(self, loads: dict[str, tuple[str, Any]], rank: int) -> None:
+        """Read every slice of ``loads`` (store name -> (network name, Parameter)) into its Parameter.
+
+        Every shape, dtype and byte extent is checked before the first byte lands in the network,
+        and Parameters are handed their data only once every read has finished: a mismatch, or a
+        store that does not hold the bytes, leaves the network as it was (MindSpore's loader stops
+        at the first mismatch with the parameters before it already loaded). Slices read in place
+        into the network's own memory are the exception to the second half: an I/O error midway
+        leaves those partly written.
+        """
+        plans = []
+        for key, (_, param) in loads.items():
+            if self.store.info(key).is_str:
+                continue
+            plan = self._plan(key, param, rank)
+            check_extents(plan, self.store.data)
+            plans.append((param, plan))
         pending = []
         with Executor(self.store.data, workers=self.workers) as executor:
-            for key, (net_name, param) in loads.items():
-                info = self.store.info(key)
-                if info.is_str:
-                    continue
-                plan = self._plan(key, param, rank)
+            for param, plan in plans:
                 target, in_place = self._destination(param, plan)
                 pending.append((param, target, in_place, executor.submit(plan, target)))
-            for param, target, in_place, job in pending:
+            for *_, job in pending:
                 job.wait()
+            for param, target, in_place, _ in pending:
                 if not in_place:
                     param.set_data(_ms().Tensor.from_numpy(target), getattr(param, "sliced", False))
                 if hasattr(param, "init_param") and not param.init_param:

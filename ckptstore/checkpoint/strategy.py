@@ -454,7 +454,7 @@ def _read_json(path: str, data: bytes) -> _StageFile:
                                          item.get("opt_weight_shard_size", 0) or 0,
                                          item.get("field", 0) or 0, name, path, local,
                                          [int(n) for n in item.get("tensor_shape") or ()])
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:  # Recursion: nested too deep
         if isinstance(e, StrategyError):
             raise
         raise StrategyError(f"strategy file {path} is not a valid JSON strategy: {e!r}") from None

@@ -14,7 +14,7 @@ import zlib
 
 from ckptstore.formats.ckpt_reader import CkptEntry, CkptIndex, open_file
 from ckptstore.dtypes import mindspore_name
-from ckptstore.errors import ChecksumMismatchError, UnsupportedCheckpointError
+from ckptstore.errors import ChecksumMismatchError, CorruptCheckpointError, UnsupportedCheckpointError
 from ckptstore.formats.safetensors_header import parse_header
 from ckptstore.io.base import ReadableFile
 
@@ -37,15 +37,30 @@ def scan_safetensors(path: str | ReadableFile, *, verify_crc: bool = False) -> C
                                                  param=name)
         entries = {t.name: CkptEntry(t.name, mindspore_name(t.dtype), t.shape, ((t.start, t.nbytes),) if t.nbytes
                                      else (), t.start) for t in tensors.values()}
-        crc = metadata.get("crc_num")
-        stored = int(crc) if crc is not None and crc.isdigit() else None
-        index = CkptIndex(f.url, f.size, entries, stored, f.size)
+        index = CkptIndex(f.url, f.size, entries, _stored_crc(metadata, f.url), f.size)
         if verify_crc:
             verify_safetensors_crc(index, f)
         return index
     finally:
         if own:
             f.close()
+
+
+def _stored_crc(metadata: dict[str, str], path: str) -> int | None:
+    """The ``crc_num`` of the header metadata (``None`` when there is none), checked to be a CRC-32.
+
+    Checked before ``int()``: ``str.isdigit`` accepts digits ``int`` refuses (``"²"``), and ``int``
+    refuses strings beyond Python's digit limit, each a ValueError that names no file.
+    """
+    crc = metadata.get("crc_num")
+    if crc is None:
+        return None
+    if not (0 < len(crc) <= 10 and crc.isascii() and crc.isdigit()) or int(crc) > 0xFFFFFFFF:
+        shown = repr(crc) if len(crc) <= 24 else f"{crc[:20]!r}... ({len(crc)} characters)"
+        raise CorruptCheckpointError(f"the safetensors __metadata__ crc_num {shown} is not a CRC-32 (a decimal "
+                                     "number below 2**32): the header is damaged; save the file again",
+                                     path=path, offset=8)
+    return int(crc)
 
 
 def verify_safetensors_crc(index: CkptIndex, f: ReadableFile) -> None:

@@ -31,11 +31,16 @@ class FileStat:
 
     ``version`` changes whenever the content may have changed even if size and modification
     time were restored (a local file's inode and status-change time; an object's ETag).
+    ``ino`` and ``ctime_ns`` are a local file's inode number and status-change time (``None``
+    for objects): a file renamed over another has another inode, and writing a file or
+    restoring its modification time sets its ctime, which no user can set back.
     """
 
     size: int
     mtime_ns: int
     version: str
+    ino: int | None = None
+    ctime_ns: int | None = None
 
 
 def worth_merging(span: int, wanted: int, gap: int, length: int, fraction: float) -> bool:

@@ -9,6 +9,7 @@ contiguous in the file (many buffers per call), straight into the callers' buffe
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat as stat_mod
 import threading
@@ -36,15 +37,12 @@ class LocalFile(ReadableFile):
         """
         p = os.fspath(path)
         try:
-            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise MissingFileError(errno.ENOENT, f"file {p} does not exist", p) from None
         except OSError as e:
             raise FileAccessError(e.errno, f"cannot open {p}: {e.strerror}") from None
-        st = os.fstat(fd)
-        if not stat_mod.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise FileAccessError(errno.EISDIR, f"{p} is not a regular file")
+        st = _regular_file(fd, p)
         return cls(fd, os.path.basename(p), p, st.st_size)
 
     @property
@@ -103,6 +101,32 @@ class LocalFile(ReadableFile):
             os.close(fd)
 
 
+def local_stat(st: os.stat_result) -> FileStat:
+    """The :class:`FileStat` of a local file's ``os.stat``/``os.fstat`` result."""
+    return FileStat(st.st_size, st.st_mtime_ns, f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}", st.st_ino,
+                    st.st_ctime_ns)
+
+
+def _regular_file(fd: int, url: str) -> os.stat_result:
+    """The status of ``fd``, opened with ``O_NONBLOCK``, if it is a regular file; else close it and raise.
+
+    Files are opened non-blocking so that a FIFO (or a device) in place of a file is refused here
+    instead of blocking ``open()`` for ever; the flag is cleared again for the reads that follow.
+    """
+    try:
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
+            kind = "a folder" if stat_mod.S_ISDIR(st.st_mode) else "a FIFO" if stat_mod.S_ISFIFO(st.st_mode) else \
+                "a device or socket"
+            raise FileAccessError(errno.EISDIR if kind == "a folder" else errno.EINVAL,
+                                  f"{url} is not a regular file ({kind}); ckptstore reads only regular files")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return st
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class LocalSource(ByteSource):
     """A local directory as a byte source; see the module docstring."""
 
@@ -133,10 +157,7 @@ class LocalSource(ByteSource):
 
     def _open(self, key: str) -> LocalFile:
         fd = self._walk(key, os.O_RDONLY)
-        st = os.fstat(fd)
-        if not stat_mod.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise FileAccessError(errno.EISDIR, f"{self.key_url(key)} is not a regular file")
+        st = _regular_file(fd, self.key_url(key))
         return LocalFile(fd, key, self.key_url(key), st.st_size)
 
     def _walk(self, key: str, flags: int) -> int:
@@ -151,7 +172,9 @@ class LocalSource(ByteSource):
         try:
             for i, part in enumerate(parts):
                 last = i == len(parts) - 1
-                mode = (flags if last else os.O_RDONLY | os.O_DIRECTORY) | os.O_NOFOLLOW | os.O_CLOEXEC
+                # O_NONBLOCK: opening a FIFO planted in place of a file must not wait for a writer
+                mode = ((flags | os.O_NONBLOCK) if last else os.O_RDONLY | os.O_DIRECTORY) | os.O_NOFOLLOW | \
+                    os.O_CLOEXEC
                 try:
                     fd = os.open(part, mode, dir_fd=dir_fd)
                 except OSError as e:
@@ -183,7 +206,7 @@ class LocalSource(ByteSource):
             st = os.fstat(fd)
         finally:
             os.close(fd)
-        return FileStat(st.st_size, st.st_mtime_ns, f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}")
+        return local_stat(st)
 
     def read_bytes(self, key: str, *, limit: int) -> bytes | None:
         try:

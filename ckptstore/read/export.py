@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -30,7 +30,7 @@ class ExportSummary:
 
 
 def export(store: Store, out: str | os.PathLike[str], *, strategy: StrategyLike = None,
-           ranks: Sequence[int] | None = None, names: Sequence[str] | None = None,
+           ranks: Iterable[int] | None = None, names: Sequence[str] | None = None,
            dtype: np.dtype | None = None, fmt: str = "ckpt", crc: bool = False,
            prefix: str = "checkpoint_", allow_whole: bool = False) -> ExportSummary:
     """Write ``out/rank_<j>/<prefix><j>.<fmt>`` for each rank ``j`` of ``strategy`` (all ranks when
@@ -45,12 +45,7 @@ def export(store: Store, out: str | os.PathLike[str], *, strategy: StrategyLike 
         raise InvalidOptionError(f"unknown export format {fmt!r}; choose ckpt or safetensors")
     target = resolve_target(store, strategy)
     world = 1 if target is None else target.world_size
-    chosen = list(range(world)) if ranks is None else [check_rank(r) for r in ranks]
-    if not chosen:
-        raise InvalidOptionError("no ranks to export: pass at least one rank of the target layout")
-    for r in chosen:
-        if not 0 <= r < world:
-            raise StrategyError(f"rank {r} is outside the target layout's {world} ranks")
+    chosen = list(range(world)) if ranks is None else _chosen_ranks(ranks, world)
     float_dtype(dtype)  # refuse an integer dtype before any file is written
     written, nbytes = [], 0
     for j in chosen:
@@ -66,6 +61,23 @@ def export(store: Store, out: str | os.PathLike[str], *, strategy: StrategyLike 
         nbytes += view.plan.nbytes
         written.append(str(path))
     return ExportSummary(tuple(written), nbytes)
+
+
+def _chosen_ranks(ranks: Iterable[int], world: int) -> list[int]:
+    """``ranks`` as a list, each checked against the ``world`` ranks of the target as it comes.
+
+    Checked one by one while iterating, so a huge range (``range(10**11)``) fails at its first rank
+    outside the layout instead of being listed first (a MemoryError, or seconds and gigabytes).
+    """
+    chosen = []
+    for r in ranks:
+        r = check_rank(r)
+        if not 0 <= r < world:
+            raise StrategyError(f"rank {r} is outside the target layout's {world} ranks (0..{world - 1})")
+        chosen.append(r)
+    if not chosen:
+        raise InvalidOptionError("no ranks to export: pass at least one rank of the target layout")
+    return chosen
 
 
 def _write_safetensors(view: RankView, path: Path) -> None:

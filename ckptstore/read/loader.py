@@ -24,7 +24,7 @@ from ckptstore.dtypes import is_float, lookup
 from ckptstore.errors import ForeignStrategyError, InvalidOptionError, LayoutMismatchError, StrategyError
 from ckptstore.store.memory import empty
 from ckptstore.store.read_plan import ParamReadPlan, ReadPlan, plan_param
-from ckptstore.store.executor import POOL_MIN_BYTES, Executor, Job
+from ckptstore.store.executor import POOL_MIN_BYTES, Executor, Job, check_extents
 from ckptstore.io import LocalFile
 from ckptstore.store.store import Store
 from ckptstore.checkpoint.strategy import Strategy, load_strategy, strategy_from_summary
@@ -199,6 +199,7 @@ class RankView:
         if info.is_str:
             return info.value or ""
         plan = self.plan_for(name)
+        check_extents(plan, self.store.data)
         array = empty(plan.shape, self.dtype_of(name))
         with Executor(self.store.data, workers=self.workers) as executor:
             executor.submit(plan, array, parallel=plan.nbytes >= POOL_MIN_BYTES).wait()
@@ -223,6 +224,7 @@ class RankView:
                     pending.append((name, info.value or "", None))
                 else:
                     plan = self.plan_for(name)
+                    check_extents(plan, self.store.data)
                     array = empty(plan.shape, self.dtype_of(name))
                     # a small parameter is read here, before the next is planned: cheaper than a hand-off
                     job = executor.submit(plan, array, parallel=plan.nbytes >= SMALL_READ_BYTES)

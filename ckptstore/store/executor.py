@@ -62,9 +62,41 @@ def execute(plan: ParamReadPlan, source: ByteSource, *, out: np.ndarray | None =
     """Fill and return an array of ``plan.shape`` (``out`` if given; its dtype may differ when the
     plan was made with that ``out_dtype``)."""
     if out is None:
+        check_extents(plan, source)
         out = np.empty(plan.shape, dtype=plan.dtype)
     Executor(source, workers=workers).run([(plan, out)])
     return out
+
+
+def check_extents(plan: ParamReadPlan, source: ByteSource) -> None:
+    """Raise :class:`StoreCorruptError` if a range of ``plan`` reaches past the end of its file.
+
+    Call it before allocating the plan's destination: a manifest is data, and one that declares
+    an 8 TiB parameter over a 4 KiB file must fail here, naming both sizes, not in a MemoryError
+    (or an mmap's ENOMEM) for the destination. Opens each file the plan reads (they stay open
+    for the reads).
+    """
+    groups = [g for g in plan.groups if len(g.files)]
+    if not groups:
+        return
+    ends = np.zeros(len(plan.keys), dtype=np.int64)
+    for g in groups:
+        np.maximum.at(ends, g.files, g.offsets + g.lengths)
+    for i in np.flatnonzero(ends).tolist():
+        key, end = plan.keys[i], int(ends[i])
+        try:
+            size = source.open(key).size
+        except AccessDeniedError:
+            raise
+        except (ShortReadError, MissingFileError, FileAccessError) as e:
+            raise StoreCorruptError(f"cannot read parameter {plan.name!r}: {e}. The store is damaged or "
+                                    "incomplete; run 'ckptstore verify' on it") from None
+        if end > size:
+            raise StoreCorruptError(
+                f"parameter {plan.name!r} (shape {list(plan.box.shape)} of {plan.dtype}) needs bytes up to byte "
+                f"offset {end} of file {source.key_url(key)}, which is only {size} bytes: the manifest does not "
+                "describe the data files (damaged, or a file was truncated or replaced); run 'ckptstore verify' on "
+                "the store, or convert again")
 
 
 class _Budget:

@@ -4,9 +4,13 @@
 pieces are the slice's byte ranges in the rank file that holds it (one per ``.ckpt`` record,
 one for a safetensors tensor). The manifest records the folder the rank files are in
 (``source_root``: relative to the store when it can be, so the two can move together) and,
-per file, its size and modification time. Reading goes through :class:`IndexSource`, which
-confines every key to that folder like any byte source and refuses a file whose size or
-modification time changed since the index was made: such a file may hold other bytes now.
+per file, its size and modification time, and its inode number and status-change time (a
+local file; an object's ETag). Reading goes through :class:`IndexSource`, which confines every
+key to that folder like any byte source and refuses a file whose recorded fields changed since
+the index was made: such a file may hold other bytes now. Size and modification time alone
+miss bytes edited in place with the time restored (``touch -r``) and a same-size file renamed
+over the original; the inode and ctime catch both. The device number is not recorded: a
+shared filesystem has another on each host that mounts it.
 """
 from __future__ import annotations
 
@@ -17,10 +21,15 @@ from typing import Any, Mapping, Sequence
 from ckptstore.errors import SourceChangedError, StoreCorruptError
 from ckptstore.store.manifest import StoreManifest
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, check_key
+from ckptstore.io.local import local_stat
 from ckptstore.io.locations import is_url, join, open_location
 
 SOURCE_ROOT = "source_root"
 SOURCE_FILES = "source_files"
+#: The fields of a rank file's record, in the order a change is reported; ``ino`` and
+#: ``ctime_ns`` only for local files (and not in indexes made before they were recorded),
+#: ``etag`` only for objects.
+_FIELDS = ("size", "mtime_ns", "ino", "ctime_ns", "etag")
 
 
 def source_root_field(store: str, root: str) -> str:
@@ -61,7 +70,7 @@ def common_folder(paths: Sequence[str], fallback: str) -> tuple[str, dict[str, s
 
 
 def file_records(source: ByteSource, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """``{key: {"size", "mtime_ns"[, "etag"]}}`` of the rank files, as they are now."""
+    """``{key: {"size", "mtime_ns"[, "ino", "ctime_ns"][, "etag"]}}`` of the rank files, as they are now."""
     out: dict[str, dict[str, Any]] = {}
     for key in keys:
         st = source.stat(key)
@@ -73,6 +82,8 @@ def file_records(source: ByteSource, keys: Sequence[str]) -> dict[str, dict[str,
 
 def _record(source: ByteSource, st: FileStat) -> dict[str, Any]:
     rec: dict[str, Any] = {"size": st.size, "mtime_ns": st.mtime_ns}
+    if st.ino is not None and st.ctime_ns is not None:
+        rec.update(ino=st.ino, ctime_ns=st.ctime_ns)
     if source.coalesces and st.version:  # an object's ETag changes with every write
         rec["etag"] = st.version
     return rec
@@ -102,8 +113,7 @@ class IndexSource(ByteSource):
         f = self.inner.open(key)
         fd = getattr(f, "fd", None)
         if fd is not None:  # a local file: check the one just opened, not a name that may change again
-            st = os.fstat(fd)
-            self._check(key, FileStat(st.st_size, st.st_mtime_ns, ""))
+            self._check(key, local_stat(os.fstat(fd)))
         return f
 
     def stat(self, key: str) -> FileStat | None:
@@ -119,15 +129,16 @@ class IndexSource(ByteSource):
         self.inner.close()
 
     def _check(self, key: str, st: FileStat) -> None:
+        """Compare ``st`` with every field the index recorded (older indexes lack ino and ctime)."""
         want = self.records[key]
-        changed = (st.size, st.mtime_ns) != (want["size"], want["mtime_ns"])
-        if "etag" in want and st.version and st.version != want["etag"]:
-            changed = True
+        now = {"size": st.size, "mtime_ns": st.mtime_ns, "ino": st.ino, "ctime_ns": st.ctime_ns,
+               "etag": st.version or None}
+        changed = [f"{field} {now[field]}, was {want[field]}" for field in _FIELDS
+                   if field in want and now[field] is not None and now[field] != want[field]]
         if changed:
             raise SourceChangedError(
-                f"rank file {self.key_url(key)} changed since the index was made (size {st.size}, was "
-                f"{want['size']}; modified at {st.mtime_ns} ns, was {want['mtime_ns']}): it may hold other bytes "
-                "now. Run 'ckptstore index' again")
+                f"rank file {self.key_url(key)} changed since the index was made ({'; '.join(changed)}): it may "
+                "hold other bytes now (edited, replaced, or copied elsewhere). Run 'ckptstore index' again")
 
     def check_all(self) -> None:
         """Stat every recorded file (at open): a changed or missing one is an error now, not at a read."""
@@ -148,9 +159,10 @@ def data_source(location: ByteSource, manifest: StoreManifest) -> IndexSource:
     for key, rec in records.items():
         check_key(key, where)
         if (not isinstance(rec, Mapping) or type(rec.get("size")) is not int or type(rec.get("mtime_ns")) is not int
+                or not all(type(rec.get(k, 0)) is int for k in ("ino", "ctime_ns"))
                 or not isinstance(rec.get("etag", ""), str)):
             raise StoreCorruptError(f"{where}: the record of rank file {key!r} is malformed")
-        clean[key] = {k: rec[k] for k in ("size", "mtime_ns", "etag") if k in rec}
+        clean[key] = {k: rec[k] for k in _FIELDS if k in rec}
     for p in manifest.params.values():
         for f in set(p.chunks.files) | {piece[0] for ps in p.chunks.pieces.values() for piece in ps}:
             if f not in clean:
