@@ -344,16 +344,17 @@ def convert(fmt: str, compress: str, chunk_mb: int | None, verify_replicas: bool
 @_source_options
 @click.option("--checksum", is_flag=True,
               help="Read every slice once to record its CRC-32C, so 'ckptstore verify' can check the bytes later "
-                   "(without it the index records only each rank file's size and modification time).")
+                   "(without it the index records only each rank file's size, times and inode).")
 @_friendly_errors
 def index(checksum: bool, **kw: Any) -> None:
     """Make a store that copies nothing: an index into the original rank files.
 
     Takes the same SRC and options as 'convert'. The store folder holds only ckptstore.json: for
     each distinct slice of each parameter, where its bytes are in the rank files (replicas
-    referenced once), and each rank file's size and modification time. It opens, reads, loads
-    and exports like a converted store, with the same values, as long as the rank files stay
-    where they are (or move together with the store) and unchanged: a changed file is refused.
+    referenced once), and each rank file's size, modification time, inode and status-change time.
+    It opens, reads, loads and exports like a converted store, with the same values, as long as
+    the rank files stay where they are (or move together with the store on one file system) and
+    unchanged: a changed file is refused, and so is a copy.
     """
     from ckptstore.store.kinds import MANIFEST
     from ckptstore.write.convert import index as index_store
