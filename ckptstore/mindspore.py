@@ -355,12 +355,12 @@ class _NetLoader:
     def load(self, loads: dict[str, tuple[str, Any]], rank: int) -> None:
         """Read every slice of ``loads`` (store name -> (network name, Parameter)) into its Parameter.
 
-        Every shape, dtype and byte extent is checked before the first byte lands in the network,
-        and Parameters are handed their data only once every read has finished: a mismatch, or a
-        store that does not hold the bytes, leaves the network as it was (MindSpore's loader stops
-        at the first mismatch with the parameters before it already loaded). Slices read in place
-        into the network's own memory are the exception to the second half: an I/O error midway
-        leaves those partly written.
+        Every shape and dtype (and the byte extents of large slices) is checked before the first
+        byte lands in the network, and Parameters are handed their data only once every read has
+        finished: a mismatch, or a store that does not hold the bytes, leaves the network as it was
+        (MindSpore's loader stops at the first mismatch with the parameters before it already
+        loaded). Slices read in place into the network's own memory are the exception to the
+        second half: a read error midway leaves those partly written.
         """
         plans = []
         for key, (_, param) in loads.items():

@@ -15,7 +15,7 @@ from ckptstore.store.checksum import crc32c_of
 from ckptstore.store.chunking import plan_param as plan_chunks
 from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.store.codecs import decode
-from ckptstore.errors import CkptStoreError, StoreCorruptError
+from ckptstore.errors import CkptStoreError
 from ckptstore.store.manifest import ParamManifest
 from ckptstore.checkpoint.source import DistributedSource, resolve_source
 from ckptstore.io.open_files import SourceFiles
@@ -122,11 +122,6 @@ def _compare_params(store: Store, source: DistributedSource, report: VerifyRepor
 def _stored_chunk(store: Store, info: ParamManifest, i: int) -> bytes:
     """Chunk ``i``'s bytes as the source holds them (decoded when compressed)."""
     pieces = info.chunk_pieces(i)
-    for key, offset, nbytes in pieces:  # before allocating: the manifest may claim more than the files hold
-        size = store.data.open(key).size
-        if offset + nbytes > size:
-            raise StoreCorruptError(f"needs bytes up to byte offset {offset + nbytes} of file "
-                                    f"{store.data.key_url(key)}, which is only {size} bytes")
     buf = bytearray(sum(n for _, _, n in pieces))
     pos = 0
     for key, offset, nbytes in pieces:

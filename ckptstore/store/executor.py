@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import crc32c
 import numpy as np
@@ -34,6 +35,9 @@ UNIT_BYTES = 8 << 20
 MAX_INFLIGHT = 256 << 20
 #: Below this many planned bytes, reading on the calling thread beats starting a pool.
 POOL_MIN_BYTES = 4 << 20
+#: Destinations at least this large are allocated only once the files are known to hold the
+#: planned bytes (:func:`check_extents`).
+CHECKED_ALLOCATION = 64 << 20
 
 
 @dataclass
@@ -68,29 +72,37 @@ def execute(plan: ParamReadPlan, source: ByteSource, *, out: np.ndarray | None =
     return out
 
 
+@contextmanager
+def _reading(plan: ParamReadPlan) -> Iterator[None]:
+    """Errors met opening or reading ``plan``'s files, as what they say about the store."""
+    try:
+        yield
+    except (AccessDeniedError, StoreUnavailableError):
+        raise  # the server refused or did not answer: the store itself is not known to be damaged
+    except (ShortReadError, MissingFileError, FileAccessError) as e:
+        raise StoreCorruptError(f"cannot read parameter {plan.name!r}: {e}. The store is damaged or "
+                                "incomplete; run 'ckptstore verify' on it") from None
+
+
 def check_extents(plan: ParamReadPlan, source: ByteSource) -> None:
     """Raise :class:`StoreCorruptError` if a range of ``plan`` reaches past the end of its file.
 
     Call it before allocating the plan's destination: a manifest is data, and one that declares
     an 8 TiB parameter over a 4 KiB file must fail here, naming both sizes, not in a MemoryError
-    (or an mmap's ENOMEM) for the destination. Opens each file the plan reads (they stay open
-    for the reads).
+    (or an mmap's ENOMEM) for the destination. Only destinations of at least
+    :data:`CHECKED_ALLOCATION` bytes are checked: a smaller one costs nothing to allocate, the
+    reads report a short file themselves, and an object's size costs a request.
     """
     groups = [g for g in plan.groups if len(g.files)]
-    if not groups:
+    if not groups or plan.box.size * plan.dtype.itemsize < CHECKED_ALLOCATION:
         return
     ends = np.zeros(len(plan.keys), dtype=np.int64)
     for g in groups:
         np.maximum.at(ends, g.files, g.offsets + g.lengths)
     for i in np.flatnonzero(ends).tolist():
         key, end = plan.keys[i], int(ends[i])
-        try:
+        with _reading(plan):
             size = source.open(key).size
-        except AccessDeniedError:
-            raise
-        except (ShortReadError, MissingFileError, FileAccessError) as e:
-            raise StoreCorruptError(f"cannot read parameter {plan.name!r}: {e}. The store is damaged or "
-                                    "incomplete; run 'ckptstore verify' on it") from None
         if end > size:
             raise StoreCorruptError(
                 f"parameter {plan.name!r} (shape {list(plan.box.shape)} of {plan.dtype}) needs bytes up to byte "
@@ -209,17 +221,12 @@ class Executor:
         cuts = [0, *(np.flatnonzero(breaks) + 1).tolist(), n]
         for a, b in zip(cuts[:-1], cuts[1:]):
             key = plan.keys[int(r.files[a])]
-            try:
+            with _reading(plan):
                 buffers = _buffers(flat, r.dests[a:b], r.lengths[a:b])
                 if self.source.coalesces:  # every range of the file in one call: near ones share a request
                     self.source.open(key).read_requests(list(zip(r.offsets[a:b].tolist(), buffers)))
                 else:
                     self.source.open(key).readv(int(r.offsets[a]), buffers)
-            except (AccessDeniedError, StoreUnavailableError):
-                raise  # the server refused or did not answer: the store itself is not known to be damaged
-            except (ShortReadError, MissingFileError, FileAccessError) as e:
-                raise StoreCorruptError(f"cannot read parameter {plan.name!r}: {e}. The store is damaged or "
-                                        "incomplete; run 'ckptstore verify' on it") from None
         IO_STATS.add(int(r.lengths.sum()), n)
 
     def _scratch(self, plan: ParamReadPlan, g: ReadGroup, out: np.ndarray) -> None:
