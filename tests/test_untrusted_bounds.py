@@ -205,7 +205,7 @@ def _claim_8_tib(store: Path) -> None:
     _edit_manifest(store, edit)
 
 
-@pytest.mark.parametrize("how", ["read", "read_box", "load_rank", "export"])
+@pytest.mark.parametrize("how", ["read", "read_box", "read_verified_row", "load_rank", "export"])
 def test_an_8_tib_parameter_over_a_4_kib_file_is_refused_before_allocating(small_store, tmp_path, how):
     _claim_8_tib(small_store)
     message = (r"parameter 'w' \(shape \[\d+, \d+\] of float32\) needs bytes up to byte offset \d+ of file "
@@ -215,6 +215,8 @@ def test_an_8_tib_parameter_over_a_4_kib_file_is_refused_before_allocating(small
             store.read("w")
         elif how == "read_box":
             store.read("w", (slice(0, 16),))  # 128 MiB
+        elif how == "read_verified_row":
+            store.read("w", (0, slice(0, 4)), verify=True)  # 16 bytes, but the whole chunk is checked
         elif how == "load_rank":
             ckptstore.load_rank(store)["w"]
         else:

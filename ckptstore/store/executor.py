@@ -89,12 +89,14 @@ def check_extents(plan: ParamReadPlan, source: ByteSource) -> None:
 
     Call it before allocating the plan's destination: a manifest is data, and one that declares
     an 8 TiB parameter over a 4 KiB file must fail here, naming both sizes, not in a MemoryError
-    (or an mmap's ENOMEM) for the destination. Only destinations of at least
-    :data:`CHECKED_ALLOCATION` bytes are checked: a smaller one costs nothing to allocate, the
-    reads report a short file themselves, and an object's size costs a request.
+    (or an mmap's ENOMEM) for the destination or a chunk's scratch buffer. Only plans that
+    allocate at least :data:`CHECKED_ALLOCATION` bytes at once are checked: a smaller buffer costs
+    nothing to allocate, the reads report a short file themselves, and an object's size costs a
+    request.
     """
     groups = [g for g in plan.groups if len(g.files)]
-    if not groups or plan.box.size * plan.dtype.itemsize < CHECKED_ALLOCATION:
+    largest = max([plan.box.size * plan.dtype.itemsize, *(g.scratch_nbytes for g in groups)])
+    if not groups or largest < CHECKED_ALLOCATION:
         return
     ends = np.zeros(len(plan.keys), dtype=np.int64)
     for g in groups:
