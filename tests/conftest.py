@@ -161,3 +161,16 @@ def watched_bucket(s3_server, monkeypatch) -> Bucket:
     """A new bucket reached through the counting proxy: ``bucket.proxy`` records every request and
     can answer with errors."""
     return _new_bucket(s3_server, monkeypatch, watched=True)
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    """The object-store client retries three times within a few seconds instead of nine within
+    minutes (and a fresh client is built with that)."""
+    from datetime import timedelta
+
+    from ckptstore.io import s3
+
+    monkeypatch.setattr(s3, "RETRY", {"max_retries": 2, "retry_timeout": timedelta(seconds=20), "backoff": {
+        "init_backoff": timedelta(milliseconds=10), "max_backoff": timedelta(milliseconds=50), "base": 2}})
+    monkeypatch.setattr(s3, "_CLIENTS", {})

