@@ -348,3 +348,26 @@ def test_info_on_an_unfinished_bucket_store_says_what_verify_says(bucket, load_e
     assert info.returncode == verify.returncode == 2
     assert info.stderr == verify.stderr
     assert "[IncompleteStoreError]" in info.stderr and "does not exist" not in info.stderr
+
+
+def test_verify_during_an_outage_says_so_instead_of_listing_every_chunk(watched_bucket, load_env, quick_retries):
+    from ckptstore.read.verify import verify_store
+
+    url = s3_store(watched_bucket, load_env.saved_layout("dp2_mp4"), "zarr")
+    with ckptstore.open(url) as store:
+        watched_bucket.proxy.fail_next(1000, status=503)
+        with pytest.raises(StoreUnavailableError, match="it answered HTTP 503 when trying to read"):
+            verify_store(store)
+
+
+def test_an_outage_while_writing_is_an_outage_and_the_rerun_resumes(watched_bucket, load_env, quick_retries,
+                                                                      tmp_path):
+    layout = load_env.saved_layout("dp2_mp4")
+    url = watched_bucket.url("model.zarr")
+    watched_bucket.proxy.fail_next(1000, method="PUT", status=500)
+    with pytest.raises(StoreUnavailableError, match="it answered HTTP 500 when trying to write"):
+        ckptstore.convert(layout.root, url, strategy=layout.strategy_files, workers=1)
+    watched_bucket.proxy.reset()
+    ckptstore.convert(layout.root, url, strategy=layout.strategy_files)
+    ckptstore.convert(layout.root, tmp_path / "local", strategy=layout.strategy_files)
+    assert S.objects(url) == store_files(tmp_path / "local")

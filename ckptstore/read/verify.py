@@ -15,7 +15,7 @@ from ckptstore.store.checksum import crc32c_of
 from ckptstore.store.chunking import plan_param as plan_chunks
 from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.store.codecs import decode
-from ckptstore.errors import CkptStoreError
+from ckptstore.errors import AccessDeniedError, CkptStoreError, StoreUnavailableError
 from ckptstore.store.manifest import ParamManifest
 from ckptstore.checkpoint.source import DistributedSource, resolve_source
 from ckptstore.io.open_files import SourceFiles
@@ -72,6 +72,8 @@ def _check_chunk(store: Store, info: ParamManifest, i: int) -> str | None:
         return None
     try:
         crc = crc32c_of(store.data.open, info.chunk_pieces(i))
+    except (AccessDeniedError, StoreUnavailableError):
+        raise  # the server refused or did not answer: nothing was checked, nothing is known wrong
     except CkptStoreError as e:
         return f"parameter {info.name!r}: chunk {i}: {e}"
     if crc != info.chunks.crc32c[i]:
@@ -109,6 +111,8 @@ def _compare_params(store: Store, source: DistributedSource, report: VerifyRepor
         for chunk in plan.chunks:
             try:
                 stored = _stored_chunk(store, info, chunk.index)
+            except (AccessDeniedError, StoreUnavailableError):
+                raise
             except CkptStoreError as e:
                 report.problems.append(f"parameter {name!r}: chunk {chunk.index}: {e}")
                 continue
