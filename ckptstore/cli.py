@@ -56,11 +56,30 @@ class Location(click.Path):
             raise
 
 
-def _friendly_errors(fn: F) -> F:
+#: Exit status after Ctrl-C (SIGINT): 128 + 2, as a shell reports a process that SIGINT ended.
+EXIT_INTERRUPTED = 130
+#: Exit status of every error ckptstore reports (bad input, bad options); 1 is verify's "problems found".
+EXIT_ERROR = 2
+
+
+def _interrupted(resumes: bool) -> None:
+    click.echo("ckptstore: interrupted" + ("; run the same command again to resume where it stopped" if resumes
+                                           else ""), err=True)
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def _friendly_errors(fn: F | None = None, *, resumes: bool = False) -> Any:
+    """Library errors as one line and exit 2; Ctrl-C as one line (saying that a rerun resumes, for
+    the commands that resume) and exit 130."""
+    if fn is None:
+        return functools.partial(_friendly_errors, resumes=resumes)
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            _interrupted(resumes)
         except BrokenPipeError:  # the reader of our output went away (| head): not an error of ours
             sys.stderr.close()
             sys.exit(0)
@@ -71,11 +90,36 @@ def _friendly_errors(fn: F) -> F:
             else:
                 msg = f"{e.strerror or e}: {e.filename}"
             click.echo(f"ckptstore: error: {redact(msg)} [{kind}]", err=True)
-            sys.exit(2)
-    return wrapper  # type: ignore[return-value]
+            sys.exit(EXIT_ERROR)
+    return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Commands(click.Group):
+    """The command group, with click's own errors as one line too.
+
+    Click prints a usage error in three lines (``Usage: ...``, ``Try ...``, ``Error: ...``) and
+    ``Aborted!`` with exit 1 on Ctrl-C; here each is one line like every other error, exit 2
+    for a usage error and 130 for Ctrl-C.
+    """
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as e:  # a bare 'ckptstore': the help, as asked
+            click.echo(e.ctx.get_help())
+            sys.exit(0)
+        except click.exceptions.UsageError as e:
+            command = e.ctx.command_path if e.ctx is not None else "ckptstore"
+            click.echo(f"ckptstore: error: {e.format_message()} (see '{command} --help') [UsageError]", err=True)
+            sys.exit(EXIT_ERROR)
+        except click.exceptions.Abort:  # Ctrl-C while click itself was running (parsing, a prompt)
+            _interrupted(False)
+        except click.ClickException as e:
+            click.echo(f"ckptstore: error: {e.format_message()} [{type(e).__name__}]", err=True)
+            sys.exit(e.exit_code)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="ckptstore")
 def main() -> None:
     """Reshard MindSpore distributed checkpoints without running out of memory.
@@ -159,6 +203,11 @@ def _print_store(info: dict[str, Any]) -> None:
             continue
         click.echo(f"  {name:<{width}}  {p['dtype']:<8}  {str(p['shape']):<16}  {str(p['chunk_shape']):<16}  "
                    f"{p['chunks']:>6}  {p['nbytes']:>12,}")
+    if info["backend"] == "index":
+        click.echo(f"  tensors: {_fmt_bytes(totals['nbytes'])}, none of it stored here: the index refers to "
+                   f"{_fmt_bytes(totals['referenced_bytes'])} of the rank files, which held "
+                   f"{_fmt_bytes(totals['source_bytes'])} (each replica referenced once)")
+        return
     click.echo(f"  tensors: {_fmt_bytes(totals['nbytes'])}, stored: {_fmt_bytes(totals['stored_bytes'])}; "
                f"the {'ranks' if saved else 'rank files'} held {_fmt_bytes(totals['source_bytes'])} (replicas "
                f"{'written' if saved else 'stored'} once saved {_fmt_bytes(totals['dedup_saved_bytes'])})")
@@ -286,6 +335,10 @@ def _source_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
             "overwrite": kw["overwrite"], "quiet": quiet, "on_wait": waiting, "part": kw["part"]}
 
 
+def _print_skipped(summary: Any, as_json: bool) -> None:
+    click.echo(json.dumps(summary.to_json(), indent=2) if as_json else f"ckptstore: {summary.skipped}")
+
+
 def _print_summary(summary: Any, as_json: bool, done: str) -> None:
     if as_json:
         click.echo(json.dumps(summary.to_json(), indent=2))
@@ -313,7 +366,7 @@ def _print_summary(summary: Any, as_json: bool, done: str) -> None:
                    "and are cut further only above this size.")
 @click.option("--verify-replicas", is_flag=True,
               help="Also read every replica of each slice and fail if ranks disagree (reads all rank files).")
-@_friendly_errors
+@_friendly_errors(resumes=True)
 def convert(fmt: str, compress: str, chunk_mb: int | None, verify_replicas: bool, **kw: Any) -> None:
     """Convert a MindSpore distributed checkpoint into a store of global tensors.
 
@@ -330,8 +383,11 @@ def convert(fmt: str, compress: str, chunk_mb: int | None, verify_replicas: bool
     store is complete, the same command again does nothing. Several processes may run the same
     command on one --out (every rank of a job, say): one converts, the others wait for it.
     """
-    summary = convert_store(kw["src"], kw["out"], fmt=fmt, compress=compress, max_chunk_mb=chunk_mb,
+    summary = convert_store(kw["src"], kw["out"], format=fmt, compress=compress, chunk_mb=chunk_mb,
                             verify_replicas=verify_replicas, **_source_kwargs(kw))
+    if summary.skipped:
+        _print_skipped(summary, kw["as_json"])
+        return
     _print_summary(summary, kw["as_json"],
                    f"wrote {summary.store}: {summary.params} parameters in {summary.chunks} chunks, "
                    f"{_fmt_bytes(summary.stored_bytes)} stored from {_fmt_bytes(summary.source_bytes)} in the rank "
@@ -345,7 +401,7 @@ def convert(fmt: str, compress: str, chunk_mb: int | None, verify_replicas: bool
 @click.option("--checksum", is_flag=True,
               help="Read every slice once to record its CRC-32C, so 'ckptstore verify' can check the bytes later "
                    "(without it the index records only each rank file's size, times and inode).")
-@_friendly_errors
+@_friendly_errors(resumes=True)
 def index(checksum: bool, **kw: Any) -> None:
     """Make a store that copies nothing: an index into the original rank files.
 
@@ -361,6 +417,9 @@ def index(checksum: bool, **kw: Any) -> None:
     from ckptstore.io.output_target import open_target
 
     summary = index_store(kw["src"], kw["out"], checksum=checksum, **_source_kwargs(kw))
+    if summary.skipped:
+        _print_skipped(summary, kw["as_json"])
+        return
     size = open_target(kw["out"]).size(MANIFEST) or 0
     _print_summary(summary, kw["as_json"],
                    f"wrote {summary.store}: an index of {summary.params} parameters in {summary.chunks} slices, "
@@ -391,23 +450,30 @@ def verify(store: str, against: str | None, strategies: tuple[str, ...], step: i
                               src_format=src_format)
     for problem in report.problems:
         click.echo(f"ckptstore: {problem}", err=True)
-    extra = f", {report.compared_with_source} chunks compared with the source" if against else ""
-    if report.without_checksum:
-        extra += (f"; {report.without_checksum} chunks have no checksums (an index made without --checksum): "
-                  "compare with --against to check their bytes")
+    if report.without_checksum == report.chunks and report.chunks and not against:
+        click.echo(f"nothing to check: {store} is an index made without --checksum, so it holds no checksums of "
+                   f"its {report.chunks} chunks; compare it with the rank files (--against SRC --strategy FILE), or "
+                   "index again with --checksum")
+        sys.exit(0 if report.ok else 1)
+    checked = [f"{_fmt_bytes(report.bytes_checked)} checked"] if report.without_checksum < report.chunks else []
+    if against:
+        checked.append(f"{report.compared_with_source} chunks compared with the source")
+    if report.without_checksum and not against:
+        checked.append(f"{report.without_checksum} chunks have no checksums (an index made without --checksum): "
+                       "compare with --against to check their bytes")
     click.echo(f"{'OK' if report.ok else 'FAILED'}: {report.params} parameters, {report.chunks} chunks, "
-               f"{_fmt_bytes(report.bytes_checked)} checked{extra}; {len(report.problems)} problem(s)")
+               f"{', '.join(checked)}; {len(report.problems)} problem(s)")
     sys.exit(0 if report.ok else 1)
 
 
 @main.command()
 @click.argument("store", type=Location(exists=True, file_okay=False))
-@_friendly_errors
+@_friendly_errors(resumes=True)
 def commit(store: str) -> None:
     """Complete a store converted in parts (convert --part I/N) whose parts have all finished.
 
     The last part to finish does this by itself; run it when that part could not (it was
-    killed after its share was written). Fails, naming them, while parameters are missing.
+    killed after its share was written). Fails, naming them, while parts have not finished.
     """
     from ckptstore.write.convert import commit_store
 
@@ -415,6 +481,41 @@ def commit(store: str) -> None:
         click.echo(f"committed {store}: the store is complete")
     else:
         click.echo(f"{store} is already complete; nothing to do")
+
+
+@main.command()
+@click.argument("store", type=Location(exists=True, file_okay=False))
+@click.option("--strategy", "-s", "strategies", multiple=True, type=Location(exists=True, dir_okay=False),
+              help="Strategy file(s) of the target layout; repeat per pipeline stage. Without it, the store's "
+                   "source layout.")
+@click.option("--rank", type=click.IntRange(0), default=None,
+              help="The target rank (default: this process's, from RANK_ID; needed when the layout has several "
+                   "ranks and nothing says).")
+@click.option("--include", multiple=True, metavar="GLOB", help="Only parameters matching (repeatable).")
+@click.option("--dtype", default=None, help="Plan a load that converts floating-point parameters, e.g. float16.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+@_friendly_errors
+def plan(store: str, strategies: tuple[str, ...], rank: int | None, include: tuple[str, ...], dtype: str | None,
+         as_json: bool) -> None:
+    """What loading one rank of a target layout from STORE will read, before anything is read.
+
+    Bytes, files (or objects), read requests and peak memory of load_rank / read_rank for that
+    rank, worked out from the store's metadata and the strategy alone. A load then reads
+    exactly these bytes in these requests.
+    """
+    from ckptstore.read.rank_plan import plan_rank
+
+    result = plan_rank(store, list(strategies) or None, rank, names=list(include) or None, dtype=dtype)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    files = "objects" if is_url(result.store) else "files"
+    click.echo(f"rank {result.rank} of {result.world_size} from {result.store}: {result.params} parameters")
+    click.echo(f"  reads {_fmt_bytes(result.nbytes)} ({result.nbytes:,} bytes) in {result.requests:,} requests "
+               f"from {result.files:,} {files}")
+    click.echo(f"  peak memory {_fmt_bytes(result.peak_bytes)}: {_fmt_bytes(result.result_bytes)} of arrays"
+               + (f" + at most {_fmt_bytes(result.scratch_bytes)} of chunks read whole" if result.scratch_bytes
+                  else ", every byte read in place") + f" ({result.workers} reading threads)")
 
 
 def _parse_ranks(value: str | None) -> Iterable[int] | None:
@@ -473,7 +574,7 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
         raise click.BadParameter(str(e), param_hint="--dtype") from None
     with open_store(store) as st:
         summary = export_store(st, out, strategy=list(strategies) or None, ranks=_parse_ranks(ranks),
-                               names=list(include) or None, dtype=target_dtype, fmt=fmt, crc=crc,
+                               names=list(include) or None, dtype=target_dtype, format=fmt, crc=crc,
                                allow_whole=allow_whole)
     click.echo(f"wrote {len(summary.files)} file(s) under {out}, reading {_fmt_bytes(summary.bytes_read)} "
                "from the store")

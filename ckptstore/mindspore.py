@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections.abc import ItemsView, KeysView, ValuesView
 from typing import Any, Iterator, Sequence
 
@@ -30,16 +31,16 @@ from ckptstore.errors import InvalidOptionError, LayoutMismatchError
 from ckptstore.read.loader import (
     RankView,
     StrategyLike,
-    check_rank,
     check_workers,
     float_dtype,
     rank_view,
+    resolve_rank,
     resolve_target,
     target_boxes,
 )
 from ckptstore.store.read_plan import plan_param
 from ckptstore.store.executor import Executor, check_extents
-from ckptstore.store.store import Store, open as open_store
+from ckptstore.store.store import Store, StoreLike, as_store
 from ckptstore.checkpoint.strategy import Layout, Strategy, strategy_from_layouts
 
 
@@ -222,17 +223,16 @@ class RankParameters(dict):  # type: ignore[type-arg]
             dict.__setitem__(self, name, value if isinstance(value, str) else to_parameter(name, value))
 
 
-def _as_store(store: Store | str | os.PathLike[str]) -> Store:
-    return store if isinstance(store, Store) else open_store(store)
-
-
-def load_rank(store: Store | str | os.PathLike[str], strategy: StrategyLike = None, rank: int = 0, *,
+def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
               names: str | Sequence[str] | None = None, dtype: Any = None, copy: bool = True, verify: bool = False,
               workers: int | None = None, allow_whole: bool = False) -> RankParameters:
     """The ``mindspore.Parameter``\\ s rank ``rank`` of ``strategy`` holds, built lazily from ``store``.
 
+    ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`.
     ``strategy`` is the target's strategy file(s) or a :class:`~ckptstore.checkpoint.strategy.Strategy`;
-    ``None`` means the store's source layout. ``names`` are globs; ``dtype`` (e.g.
+    ``None`` means the store's source layout. ``rank=None`` is this process's rank
+    (``mindspore.communication`` when initialised, else ``RANK_ID``; an error when neither says
+    and the target has several ranks; any process reads a one-rank target). ``names`` are globs; ``dtype`` (e.g.
     ``mindspore.float16``) converts floating-point parameters while reading, chunk by chunk;
     ``verify`` checks each touched chunk's CRC-32C; ``workers`` threads read (by default 2-4 for
     local stores, 16 for object storage). Values equal what
@@ -242,19 +242,9 @@ def load_rank(store: Store | str | os.PathLike[str], strategy: StrategyLike = No
     (:class:`~ckptstore.errors.ForeignStrategyError`) unless ``allow_whole``. The result is a
     ``dict`` that ``mindspore.load_param_into_net`` accepts.
     """
-    view = rank_view(_as_store(store), strategy, rank, names=names, dtype=dtype, verify=verify,
+    view = rank_view(as_store(store), strategy, rank, names=names, dtype=dtype, verify=verify,
                      workers=workers, allow_whole=allow_whole)
     return RankParameters(view, copy=copy)
-
-
-def current_rank() -> int:
-    """This process's rank: from ``mindspore.communication`` when initialised, else ``RANK_ID``, else 0."""
-    try:
-        from mindspore.communication import get_rank
-
-        return int(get_rank())
-    except Exception:  # not initialised: MindSpore raises RuntimeError or ValueError here
-        return check_rank(int(os.environ.get("RANK_ID", "0")))
 
 
 def net_strategy(net: Any, store: Store) -> Strategy | None:
@@ -283,26 +273,36 @@ def _compiled_layout(lay: Sequence[Any], full_shape: Sequence[int] | None) -> La
     return Layout(base.dev_matrix, maps, 1 if parts else 0, parts)
 
 
-def load_into_net(net: Any, store: Store | str | os.PathLike[str], strategy: StrategyLike = None,
-                  rank: int | None = None, *, strict: bool = False, strict_load: bool = False, dtype: Any = None,
-                  verify: bool = False, workers: int | None = None) -> tuple[list[str], list[str]]:
+def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
+                  rank: int | None = None, *, strict: bool = False, dtype: Any = None,
+                  verify: bool = False, workers: int | None = None,
+                  strict_load: bool | None = None) -> tuple[list[str], list[str]]:
     """Load this rank's slices from a store into a MindSpore Cell, as ``load_param_into_net`` would.
 
     The target layout is ``strategy`` when given, else the network's own layouts when it was
-    compiled in (semi-)auto parallel mode, else whole tensors; ``rank`` defaults to this
-    process's rank. Network parameters are matched by ``Parameter.name`` with MindSpore's
-    rules: names that are not in the store are returned in ``param_not_load`` (except
-    ``accu_grads*``, pipeline-shared parameters and, in parallel mode, unsliced ones); unless
-    ``strict_load``, a prefix the store's names carry is found and dropped (a network saved as
-    ``network.x`` loads into ``x``), and a float (or int) slice of another width is converted
-    to the parameter's dtype. Returns ``(param_not_load, ckpt_not_load)`` like
-    ``mindspore.load_param_into_net``; ``strict=True`` makes a non-empty ``param_not_load`` an
-    error. Each slice must have the network parameter's shape.
+    compiled in (semi-)auto parallel mode, else whole tensors; ``rank=None`` is this process's
+    rank (``mindspore.communication`` when initialised, else ``RANK_ID``; a one-rank target, as
+    in a pure data-parallel job, is the same for every process). ``store`` is a path, an
+    ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`. Network parameters are
+    matched by ``Parameter.name`` with MindSpore's rules: names that are not in the store are
+    returned in ``param_not_load`` (except ``accu_grads*``, pipeline-shared parameters and, in
+    parallel mode, unsliced ones); a prefix the store's names carry is found and dropped (a
+    network saved as ``network.x`` loads into ``x``), and a float (or int) slice of another width
+    is converted to the parameter's dtype. Returns ``(param_not_load, ckpt_not_load)`` like
+    ``mindspore.load_param_into_net``. ``strict=True`` asks for an exact match instead: names as
+    they are, dtypes as they are, and every network parameter found (else an error).
+    ``strict_load=True`` (deprecated, MindSpore's name) keeps its old meaning: exact names and
+    dtypes, with missing parameters returned rather than raised. Each slice must have the network
+    parameter's shape.
     """
-    st = _as_store(store)
-    rank = current_rank() if rank is None else check_rank(rank)
+    if strict_load is not None:
+        warnings.warn("ckptstore: load_into_net(strict_load=) is deprecated; use strict=True (exact names and dtypes, "
+                      "and an error for network parameters not in the store)", DeprecationWarning, stacklevel=2)
+    exact = strict or bool(strict_load)
+    st = as_store(store)
     resolved = resolve_target(st, strategy) if strategy is not None else net_strategy(net, st)
     target = resolved if resolved is not None else Strategy({}, 1, 1, ())
+    rank = resolve_rank(rank, target)
     parallel = bool(getattr(net, "parameter_layout_dict", None))
     net_params = [p for _, p in net.parameters_and_names() if not _pipeline_shared(p)]
     available = target_boxes(st, target, rank)  # everything this rank holds, by store name
@@ -315,7 +315,7 @@ def load_into_net(net: Any, store: Store | str | os.PathLike[str], strategy: Str
             param_not_load.append(p.name)
     ckpt_not_load = [n for n in available if n not in matched]
     loads = {n: (n, p) for n, p in matched.items()}
-    if param_not_load and not strict_load:
+    if param_not_load and not exact:
         prefix = _dropped_prefix(param_not_load, available)
         if prefix is not None:
             for p in net_params:
@@ -325,7 +325,7 @@ def load_into_net(net: Any, store: Store | str | os.PathLike[str], strategy: Str
     if strict and param_not_load:
         raise LayoutMismatchError(f"{len(param_not_load)} network parameters are not in the store {st.location.url}: "
                                   + ", ".join(param_not_load[:10]) + (" ..." if len(param_not_load) > 10 else ""))
-    _NetLoader(st, available, float_dtype(dtype), verify, strict_load, check_workers(workers, st)).load(loads, rank)
+    _NetLoader(st, available, float_dtype(dtype), verify, exact, check_workers(workers, st)).load(loads, rank)
     return param_not_load, ckpt_not_load
 
 
@@ -403,7 +403,7 @@ class _NetLoader:
         if self.strict_load or not same_kind:
             raise InvalidOptionError(
                 f"parameter {param.name!r} is {lookup(want).name} in the network but {lookup(stored).name} in the "
-                "store" + ("; strict_load forbids converting it" if same_kind else ""))
+                "store" + ("; strict=True forbids converting it (pass strict=False to convert)" if same_kind else ""))
         return want
 
     def _destination(self, param: Any, plan: Any) -> tuple[np.ndarray, bool]:

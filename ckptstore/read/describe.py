@@ -107,14 +107,17 @@ def describe_strategy(strategy: Strategy, *, rank: int | None = None,
 def describe_store(store: "Store") -> dict[str, object]:
     """Parameters of a converted store: shape, dtype, bytes, chunk grid, and dedup savings.
 
-    ``{"kind": "store", "path", "backend": "zarr"|"safetensors", "source": {...}, "params": {name: {"dtype", "shape", "nbytes",
-    "stored_bytes", "chunk_shape", "chunks", "codec"}}, "totals": {"nbytes", "stored_bytes",
-    "source_bytes", "dedup_saved_bytes"}}``; ``source_bytes`` counts every replica the source
-    rank files held; ``source["unsaved"]`` names what the source strategy laid out but no rank
-    file held (a filtered save), so the store does not hold it either.
+    ``{"kind": "store", "path", "backend": "zarr"|"safetensors"|"index", "source": {...}, "params": {name:
+    {"dtype", "shape", "nbytes", "stored_bytes", "chunk_shape", "chunks", "codec"}}, "totals": {"nbytes",
+    "stored_bytes", "source_bytes", "dedup_saved_bytes"}}``; ``source_bytes`` counts every replica the
+    source rank files held; ``source["unsaved"]`` names what the source strategy laid out but no rank
+    file held (a filtered save), so the store does not hold it either. An index stores no tensor
+    bytes: its ``stored_bytes`` are 0, and ``referenced_bytes`` (per parameter and in the totals) are
+    the rank-file bytes it refers to.
     """
     params: dict[str, dict[str, object]] = {}
     nbytes = stored = source = 0
+    is_index = store.manifest.backend == "index"
     for name in store.names():
         p = store.info(name)
         if p.is_str:
@@ -123,15 +126,19 @@ def describe_store(store: "Store") -> dict[str, object]:
         item = p.np_dtype.itemsize
         replicated = sum(p.chunk_box(i).size * item * r for i, r in enumerate(p.chunks.replicas))
         params[name] = {"dtype": p.dtype, "shape": list(p.shape), "nbytes": p.nbytes,
-                        "stored_bytes": p.stored_bytes, "chunk_shape": list(p.chunk_shape),
+                        "stored_bytes": 0 if is_index else p.stored_bytes, "chunk_shape": list(p.chunk_shape),
                         "chunks": len(p.chunks), "codec": p.codec}
+        if is_index:
+            params[name]["referenced_bytes"] = p.stored_bytes
         nbytes += p.nbytes
         stored += p.stored_bytes
         source += replicated
     src = store.source
+    totals = {"nbytes": nbytes, "stored_bytes": 0 if is_index else stored, "source_bytes": source,
+              "dedup_saved_bytes": source - nbytes}
+    if is_index:
+        totals["referenced_bytes"] = stored
     return {"kind": "store", "path": str(store.root), "backend": store.manifest.backend,
             "source": {**{k: src.get(k) for k in ("world_size", "step", "created_by", "saved_by")},
                        "unsaved": list(src.get("unsaved") or [])},
-            "params": params,
-            "totals": {"nbytes": nbytes, "stored_bytes": stored, "source_bytes": source,
-                       "dedup_saved_bytes": source - nbytes}}
+            "params": params, "totals": totals}

@@ -14,11 +14,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ckptstore.deprecated import renamed
 from ckptstore.formats.ckpt_writer import CheckpointWriter
 from ckptstore.errors import InvalidOptionError, StrategyError
 from ckptstore.read.loader import RankView, StrategyLike, check_rank, float_dtype, rank_view, resolve_target
 from ckptstore.formats.safetensors_writer import SafetensorsWriter
-from ckptstore.store.store import Store
+from ckptstore.store.store import Store, StoreLike, store_argument
 
 
 @dataclass(frozen=True)
@@ -29,18 +30,28 @@ class ExportSummary:
     bytes_read: int
 
 
-def export(store: Store, out: str | os.PathLike[str], *, strategy: StrategyLike = None,
+def export(store: StoreLike, out: str | os.PathLike[str], *, strategy: StrategyLike = None,
            ranks: Iterable[int] | None = None, names: Sequence[str] | None = None,
-           dtype: np.dtype | None = None, fmt: str = "ckpt", crc: bool = False,
-           prefix: str = "checkpoint_", allow_whole: bool = False) -> ExportSummary:
-    """Write ``out/rank_<j>/<prefix><j>.<fmt>`` for each rank ``j`` of ``strategy`` (all ranks when
+           dtype: np.dtype | None = None, format: str | None = None, crc: bool = False,  # noqa: A002
+           prefix: str = "checkpoint_", allow_whole: bool = False, fmt: str | None = None) -> ExportSummary:
+    """Write ``out/rank_<j>/<prefix><j>.<format>`` for each rank ``j`` of ``strategy`` (all ranks when
     ``ranks`` is ``None``; the store's source layout when ``strategy`` is ``None``).
 
-    ``fmt`` is ``"ckpt"`` (MindSpore protobuf, byte-compatible with ``save_checkpoint``; ``crc``
-    adds its ``crc_num`` trailer) or ``"safetensors"``. ``dtype`` converts while reading. A given
-    ``strategy`` that lays out fewer than half of the store's parameters is refused as another
-    model's unless ``allow_whole`` (see :func:`~ckptstore.read.loader.check_target_describes`).
+    ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`.
+    ``format`` is ``"ckpt"`` (the default: MindSpore protobuf, byte-compatible with
+    ``save_checkpoint``; ``crc`` adds its ``crc_num`` trailer) or ``"safetensors"`` (``fmt=`` is its
+    deprecated name). ``dtype`` converts while reading. A given ``strategy`` that lays out fewer
+    than half of the store's parameters is refused as another model's unless ``allow_whole`` (see
+    :func:`~ckptstore.read.loader.check_target_describes`).
     """
+    fmt = renamed(format, fmt, new_name="format", old_name="fmt", default="ckpt")
+    with store_argument(store) as st:
+        return _export(st, out, strategy, ranks, names, dtype, fmt, crc, prefix, allow_whole)
+
+
+def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, ranks: Iterable[int] | None,
+            names: Sequence[str] | None, dtype: np.dtype | None, fmt: str, crc: bool, prefix: str,
+            allow_whole: bool) -> ExportSummary:
     if fmt not in ("ckpt", "safetensors"):
         raise InvalidOptionError(f"unknown export format {fmt!r}; choose ckpt or safetensors")
     target = resolve_target(store, strategy)

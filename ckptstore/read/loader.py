@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import fnmatch
 import mmap
-from collections import deque
 import operator
 import os
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -26,7 +26,8 @@ from ckptstore.store.memory import empty
 from ckptstore.store.read_plan import ParamReadPlan, ReadPlan, plan_param
 from ckptstore.store.executor import POOL_MIN_BYTES, Executor, Job, check_extents
 from ckptstore.io import LocalFile
-from ckptstore.store.store import Store
+from ckptstore.launcher import process_rank
+from ckptstore.store.store import Store, store_argument
 from ckptstore.checkpoint.strategy import Strategy, load_strategy, strategy_from_summary
 
 StrategyLike = Strategy | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None
@@ -59,6 +60,29 @@ def check_rank(rank: object) -> int:
         return operator.index(rank)  # type: ignore[arg-type]
     except TypeError:
         raise InvalidOptionError(f"rank must be an integer, not {rank!r}") from None
+
+
+def resolve_rank(rank: object, target: Strategy | None) -> int:
+    """The rank to read for ``target``: ``rank`` when given, else this process's rank.
+
+    ``rank=None`` asks :func:`process_rank`. A one-rank target (whole tensors; a pure
+    data-parallel job) is the same for every process, so any process rank reads rank 0 of it;
+    for a target of several ranks, nothing saying which rank this process is is an error (not
+    rank 0: every process would silently load the same slices).
+    """
+    world = 1 if target is None else target.world_size
+    if rank is not None:
+        rank = check_rank(rank)
+        return 0 if world == 1 and rank > 0 else rank
+    if world == 1:
+        return 0
+    found = process_rank()
+    if found is None:
+        raise InvalidOptionError(
+            f"which rank of the {world}-rank target layout is this process? Nothing says: pass the rank (rank=, "
+            "--rank), or run under a launcher that sets RANK_ID (msrun) or OMPI_COMM_WORLD_RANK (mpirun), or "
+            "initialise mindspore.communication first")
+    return found
 
 
 def name_patterns(names: str | Sequence[str] | None) -> list[str] | None:
@@ -101,6 +125,8 @@ def target_boxes(store: Store, target: Strategy | None, rank: int,
     the store's shape.
     """
     rank = check_rank(rank)
+    if target is not None and target.world_size == 1 and rank > 0:
+        rank = 0  # a one-rank layout is the same for every process (pure data parallel)
     if target is not None and not 0 <= rank < target.world_size:
         raise StrategyError(f"rank {rank} is outside the target layout's {target.world_size} ranks")
     wanted = set(names) if exact and names is not None else None
@@ -168,6 +194,9 @@ class RankView:
     dtype: np.dtype | None = None
     verify: bool = False
     workers: int = DEFAULT_WORKERS
+    #: The target rank planned, and the number of ranks of its layout.
+    rank: int = 0
+    world_size: int = 1
 
     def names(self) -> list[str]:
         return list(self.boxes)
@@ -278,18 +307,41 @@ def check_workers(workers: int | None, store: Store) -> int:
     return workers
 
 
-def rank_view(store: Store, strategy: StrategyLike = None, rank: int = 0, *,
+def rank_view(store: Store, strategy: StrategyLike = None, rank: int | None = None, *,
               names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
               workers: int | None = None, allow_whole: bool = False) -> RankView:
     """Plan what rank ``rank`` of ``strategy`` (the source layout when ``None``) needs from ``store``.
 
-    A given ``strategy`` that lays out fewer than half of the parameters asked for is refused
-    (:func:`check_target_describes`) unless ``allow_whole``: those it does not lay out would
-    come whole.
+    ``rank=None`` is this process's rank (:func:`resolve_rank`). A given ``strategy`` that lays
+    out fewer than half of the parameters asked for is refused (:func:`check_target_describes`)
+    unless ``allow_whole``: those it does not lay out would come whole.
     """
-    target = resolve_target(store, strategy)
+    out_dtype = float_dtype(dtype)
     workers = check_workers(workers, store)
-    boxes = target_boxes(store, target, rank, name_patterns(names))
+    patterns = name_patterns(names)
+    target = resolve_target(store, strategy)
+    rank = resolve_rank(rank, target)
+    boxes = target_boxes(store, target, rank, patterns)
     if strategy is not None and target is not None and target.layouts and not allow_whole:
         check_target_describes(store, target, boxes)  # (a strategy of no layouts asks for whole tensors)
-    return RankView(store, boxes, float_dtype(dtype), verify, workers)
+    return RankView(store, boxes, out_dtype, verify, workers, rank, 1 if target is None else target.world_size)
+
+
+def read_rank(store: Store | str | os.PathLike[str], strategy: StrategyLike = None, rank: int | None = None, *,
+              names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
+              workers: int | None = None, allow_whole: bool = False) -> dict[str, np.ndarray | str]:
+    """The slices rank ``rank`` of ``strategy`` holds, read from ``store`` as numpy arrays (no MindSpore).
+
+    ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`;
+    ``strategy`` the target's strategy file(s) or a :class:`~ckptstore.checkpoint.strategy.Strategy`
+    (``None``: the store's source layout); ``rank=None`` this process's rank (``RANK_ID``);
+    ``names`` globs; ``dtype`` a float type to convert floating-point values to while reading;
+    ``allow_whole`` as for ``load_rank`` (a strategy that lays out few of the parameters).
+    Values equal what ``load_rank`` gives, as ordinary numpy arrays (``str`` for text values);
+    parameters the target does not describe come whole. Everything is read at once, through one
+    pool of ``workers`` threads.
+    """
+    with store_argument(store) as st:
+        view = rank_view(st, strategy, rank, names=names, dtype=dtype, verify=verify, workers=workers,
+                         allow_whole=allow_whole)
+        return view.read_many(view.names())

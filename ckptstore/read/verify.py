@@ -19,7 +19,7 @@ from ckptstore.errors import AccessDeniedError, CkptStoreError, StoreUnavailable
 from ckptstore.store.manifest import ParamManifest
 from ckptstore.checkpoint.source import DistributedSource, resolve_source
 from ckptstore.io.open_files import SourceFiles
-from ckptstore.store.store import Store
+from ckptstore.store.store import Store, StoreLike, store_argument
 
 
 @dataclass
@@ -39,13 +39,20 @@ class VerifyReport:
         return not self.problems
 
 
-def verify(store: Store, *, against: str | os.PathLike[str] | None = None,
+def verify(store: StoreLike, *, against: str | os.PathLike[str] | None = None,
            strategy: Sequence[str | os.PathLike[str]] = (), step: int | None = None,
            prefix: str | None = None, src_format: str | None = None) -> VerifyReport:
     """Check every chunk's checksum; with ``against`` (the source folder or file), also its bytes.
 
+    ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`.
     Returns a :class:`VerifyReport`; problems are listed, not raised, so one run finds them all.
     """
+    with store_argument(store) as st:
+        return _verify(st, against, strategy, step, prefix, src_format)
+
+
+def _verify(store: Store, against: str | os.PathLike[str] | None, strategy: Sequence[str | os.PathLike[str]],
+            step: int | None, prefix: str | None, src_format: str | None) -> VerifyReport:
     report = VerifyReport()
     for name in store.names():
         info = store.info(name)

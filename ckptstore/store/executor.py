@@ -42,20 +42,39 @@ CHECKED_ALLOCATION = 64 << 20
 
 @dataclass
 class IOStats:
-    """Bytes (and ranges) this process read through the executor: a test and benchmark hook."""
+    """What this process read through the executor: a test and benchmark hook.
+
+    ``bytes_read`` and ``reads`` (byte ranges) as planned; ``requests``: calls to a byte source
+    (one vectored read of a local file, one ranged GET of an object); ``files``: the locations
+    read; ``scratch_peak``: the most scratch memory (compressed, checksummed or converted chunks)
+    held at once. :func:`ckptstore.plan_rank` predicts each of them before a byte is read.
+    """
 
     bytes_read: int = 0
     reads: int = 0
+    requests: int = 0
+    files: set[str] = field(default_factory=set)
+    scratch_peak: int = 0
+    _scratch_held: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, nbytes: int, reads: int = 1) -> None:
+    def add(self, nbytes: int, reads: int = 1, requests: int = 0, files: Sequence[str] = ()) -> None:
         with self._lock:
             self.bytes_read += nbytes
             self.reads += reads
+            self.requests += requests
+            self.files.update(files)
+
+    def hold(self, nbytes: int) -> None:
+        """Scratch memory taken (``nbytes`` > 0) or given back (< 0)."""
+        with self._lock:
+            self._scratch_held += nbytes
+            self.scratch_peak = max(self.scratch_peak, self._scratch_held)
 
     def reset(self) -> None:
         with self._lock:
-            self.bytes_read = self.reads = 0
+            self.bytes_read = self.reads = self.requests = self.scratch_peak = self._scratch_held = 0
+            self.files = set()
 
 
 IO_STATS = IOStats()
@@ -202,6 +221,14 @@ class Executor:
         finally:
             self.close()
 
+    def requests(self, plan: ParamReadPlan) -> int:
+        """The read calls :meth:`submit` will make for ``plan`` (pure: nothing is read)."""
+        count = 0
+        for g in plan.groups:
+            units = self._units(g) if g.into_destination else [_Ranges(g.files, g.offsets, g.lengths, g.dests)]
+            count += sum(len(_calls(r, self.source.coalesces)) for r in units)
+        return count
+
     def _units(self, g: ReadGroup) -> list[_Ranges]:
         """The group's ranges cut into pieces of at most one unit, grouped into units."""
         r = _split_long(_Ranges(g.files, g.offsets, g.lengths, g.dests), self.unit_bytes)
@@ -216,24 +243,23 @@ class Executor:
 
     def _read(self, plan: ParamReadPlan, r: _Ranges, flat: np.ndarray) -> None:
         """Read ranges into ``flat`` (uint8): one vectored call per run that is contiguous in a file."""
-        n = len(r.lengths)
-        breaks = r.files[1:] != r.files[:-1]
-        if not self.source.coalesces:
-            breaks = breaks | (r.offsets[:-1] + r.lengths[:-1] != r.offsets[1:])
-        cuts = [0, *(np.flatnonzero(breaks) + 1).tolist(), n]
-        for a, b in zip(cuts[:-1], cuts[1:]):
+        calls = _calls(r, self.source.coalesces)
+        keys = []
+        for a, b in calls:
             key = plan.keys[int(r.files[a])]
+            keys.append(self.source.key_url(key))
             with _reading(plan):
                 buffers = _buffers(flat, r.dests[a:b], r.lengths[a:b])
                 if self.source.coalesces:  # every range of the file in one call: near ones share a request
                     self.source.open(key).read_requests(list(zip(r.offsets[a:b].tolist(), buffers)))
                 else:
                     self.source.open(key).readv(int(r.offsets[a]), buffers)
-        IO_STATS.add(int(r.lengths.sum()), n)
+        IO_STATS.add(int(r.lengths.sum()), len(r.lengths), len(calls), keys)
 
     def _scratch(self, plan: ParamReadPlan, g: ReadGroup, out: np.ndarray) -> None:
         n = g.scratch_nbytes
         self._budget.acquire(n)
+        IO_STATS.hold(n)
         try:
             buf = np.empty(n, dtype=np.uint8)
             self._read(plan, _Ranges(g.files, g.offsets, g.lengths, g.dests), buf)
@@ -249,6 +275,7 @@ class Executor:
             block = np.frombuffer(data, dtype=plan.dtype, count=g.frame.size).reshape(g.frame.shape)
             out[g.overlap.relative_to(plan.box).slices()] = block[g.overlap.relative_to(g.frame).slices()]
         finally:
+            IO_STATS.hold(-n)
             self._budget.release(n)
 
 
@@ -265,6 +292,19 @@ class Job:
         """Block until every read is done; raise the first error one of them met."""
         for f in self._futures:
             f.result()
+
+
+def _calls(r: _Ranges, coalesces: bool) -> list[tuple[int, int]]:
+    """``(first, stop)`` of the ranges each read call covers: a run contiguous in one file, or for
+    a source that coalesces (an object store), every range of one file."""
+    n = len(r.lengths)
+    if not n:
+        return []
+    breaks = r.files[1:] != r.files[:-1]
+    if not coalesces:
+        breaks = breaks | (r.offsets[:-1] + r.lengths[:-1] != r.offsets[1:])
+    cuts = [0, *(np.flatnonzero(breaks) + 1).tolist(), n]
+    return list(zip(cuts[:-1], cuts[1:]))
 
 
 def _split_long(r: _Ranges, unit: int) -> _Ranges:

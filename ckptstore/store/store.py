@@ -8,6 +8,7 @@ bytes, through the store's byte source, into one array.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -193,3 +194,29 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
 
         return Store(location, manifest, index_backend.data_source(location, manifest))
     return Store(location, manifest)
+
+
+#: What every function that takes a store accepts: a ``Store``, a path or an ``s3://``/``obs://`` URL.
+StoreLike = Store | str | os.PathLike[str]
+
+
+def as_store(store: StoreLike) -> Store:
+    """``store`` itself when it is a :class:`Store`, else the store opened at that path or URL."""
+    if isinstance(store, Store):
+        return store
+    if not isinstance(store, (str, os.PathLike)):
+        raise InvalidOptionError(f"a store is a path, an s3:// or obs:// URL, or a ckptstore.Store, not "
+                                 f"{type(store).__name__}")
+    return open(store)
+
+
+@contextmanager
+def store_argument(store: StoreLike) -> Iterator[Store]:
+    """:func:`as_store` for the length of a call: a store opened here is closed afterwards; a
+    :class:`Store` the caller passed stays open."""
+    st = as_store(store)
+    try:
+        yield st
+    finally:
+        if st is not store:
+            st.close()

@@ -23,15 +23,16 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ckptstore.store.chunking import ParamPlan, check_even_slices, plan_param, select_params
 from ckptstore.store.codecs import CODECS
+from ckptstore.deprecated import renamed
 from ckptstore.errors import IncompleteStoreError, InvalidOptionError, LayoutMismatchError
 from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.write.output_folder import Claim, claim
 from ckptstore.io.output_target import OutputTarget, open_target
-from ckptstore.write.parts import Part, parse_part
+from ckptstore.write.parts import SCHEDULER_NO_PART, Part, parse_part
 from ckptstore.progress import Progress
 from ckptstore.checkpoint.source import DistributedSource, SourceParam, resolve_source
 from ckptstore.checkpoint.strategy import StrategyPaths
@@ -41,6 +42,9 @@ from ckptstore.write.store_kinds import commit, mark_done, my_share, write_plan,
 from ckptstore.write.chunk_writer import ChunkCopier
 from ckptstore.limits import MAX_TENSOR_BYTES
 from ckptstore.version import __version__
+
+if TYPE_CHECKING:
+    from ckptstore.store.store import Store
 
 DEFAULT_CHUNK_MB = 256
 DEFAULT_COMPRESSED_CHUNK_MB = 16
@@ -67,6 +71,8 @@ class ConvertSummary:
     committed: bool = True
     #: Parameters the strategy lays out but no rank file holds (a filtered save): not stored.
     unsaved: tuple[str, ...] = ()
+    #: Why this process did nothing (msrun's scheduler process takes no part), else ``None``.
+    skipped: str | None = None
 
     @property
     def dedup_saved_bytes(self) -> int:
@@ -79,14 +85,18 @@ class ConvertSummary:
 def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
             strategy: StrategyPaths = (), step: int | None = None, prefix: str | None = None,
             include: Sequence[str] = (), exclude: Sequence[str] = (), drop_optimizer: bool = False,
-            compress: str | None = None, max_chunk_mb: int | None = None, workers: int = 4,
+            compress: str | None = None, chunk_mb: int | None = None, workers: int = 4,
             verify_replicas: bool = False, verify_crc: bool = False, overwrite: bool = False,
-            quiet: bool = True, fmt: str = "zarr", check_layout: bool = True, src_format: str | None = None,
-            on_wait: Callable[[str], None] | None = None, part: str | Part | None = None) -> ConvertSummary:
+            quiet: bool = True, format: str | None = None, check_layout: bool = True,  # noqa: A002
+            src_format: str | None = None, on_wait: Callable[[str], None] | None = None,
+            part: str | Part | None = None, fmt: str | None = None,
+            max_chunk_mb: int | None = None) -> ConvertSummary:
     """Convert a MindSpore checkpoint into a store of global tensors at ``out``.
 
-    ``fmt`` is ``"zarr"`` (Zarr v3, the default) or ``"safetensors"`` (whole global tensors in
-    ``model-*.safetensors`` files plus ``ckptstore.json``; no compression).
+    ``format`` is ``"zarr"`` (Zarr v3, the default) or ``"safetensors"`` (whole global tensors in
+    ``model-*.safetensors`` files plus ``ckptstore.json``; no compression). ``chunk_mb`` is the
+    largest chunk in MiB, like ``--chunk-mb`` (default 256, or 16 when compressed). ``fmt=`` and
+    ``max_chunk_mb=`` are the deprecated names of ``format=`` and ``chunk_mb=``.
 
     ``src`` is a folder of ``rank_<i>/`` subfolders of ``.ckpt`` or MindSpore ``.safetensors``
     files (each rank's newest checkpoint unless ``step``/``prefix``/``src_format`` pick another)
@@ -104,8 +114,13 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     converts only this process's share; the last part to finish commits the store
     (:mod:`ckptstore.write.parts`). Returns a :class:`ConvertSummary`.
     """
-    codec, chunk_bytes = _options(fmt, compress, max_chunk_mb, workers)
-    return _run(src, out, fmt, part=parse_part(part), codec=codec, chunk_bytes=chunk_bytes, checksum=True, workers=workers,
+    fmt = renamed(format, fmt, new_name="format", old_name="fmt", default="zarr")
+    chunk_mb = renamed(chunk_mb, max_chunk_mb, new_name="chunk_mb", old_name="max_chunk_mb", default=None)
+    codec, chunk_bytes = _options(fmt, compress, chunk_mb, workers)
+    chosen = parse_part(part)
+    if chosen is None:
+        return _no_part(out)
+    return _run(src, out, fmt, part=chosen, codec=codec, chunk_bytes=chunk_bytes, checksum=True, workers=workers,
                 verify_replicas=verify_replicas, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
                 select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
                 choose={"step": step, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
@@ -130,7 +145,10 @@ def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     rank-file bytes the index refers to).
     """
     _options("index", None, None, workers)
-    return _run(src, out, "index", part=parse_part(part), codec=None, chunk_bytes=MAX_TENSOR_BYTES, checksum=checksum, workers=workers,
+    chosen = parse_part(part)
+    if chosen is None:
+        return _no_part(out)
+    return _run(src, out, "index", part=chosen, codec=None, chunk_bytes=MAX_TENSOR_BYTES, checksum=checksum, workers=workers,
                 verify_replicas=False, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
                 select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
                 choose={"step": step, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
@@ -206,13 +224,19 @@ def _committed(target: OutputTarget, fingerprint: str) -> bool:
     return manifest is not None and manifest.get("source", {}).get("fingerprint") == fingerprint
 
 
-def commit_store(out: str | os.PathLike[str], *, on_wait: Callable[[str], None] | None = None) -> bool:
-    """Commit a conversion done in parts whose last part did not (``ckptstore commit``), or a
-    saved training step whose ranks have all finished (:mod:`ckptstore.write.save`).
+def commit_store(out: "str | os.PathLike[str] | Store", *, on_wait: Callable[[str], None] | None = None) -> bool:
+    """Commit a conversion done in parts whose last part did not (``ckptstore commit``;
+    ``ckptstore.commit`` in the API), or a saved training step whose ranks have all finished
+    (:mod:`ckptstore.write.save`).
 
-    Returns ``False`` when the store was already complete. Raises
+    ``out`` is the store's path or ``s3://``/``obs://`` URL (a :class:`~ckptstore.store.store.Store`
+    is complete already). Returns ``False`` when the store was already complete. Raises
     :class:`~ckptstore.errors.IncompleteStoreError` naming the parts that have not finished.
     """
+    from ckptstore.store.store import Store
+
+    if isinstance(out, Store):
+        return False  # only a complete store opens
     target = open_target(out)
     lock = target.lock("lock", on_wait)
     try:
@@ -228,17 +252,17 @@ def commit_store(out: str | os.PathLike[str], *, on_wait: Callable[[str], None] 
         lock.release()
 
 
-def _options(fmt: str, compress: str | None, max_chunk_mb: int | None, workers: int) -> tuple[dict | None, int]:
+def _options(fmt: str, compress: str | None, chunk_mb: int | None, workers: int) -> tuple[dict | None, int]:
     if fmt not in ("zarr", "safetensors", "index"):
         raise InvalidOptionError(f"unknown store format {fmt!r}; choose zarr or safetensors (or use "
                                  "ckptstore index for an index of the rank files)")
     codec = _codec(compress)
     if codec is not None and fmt == "safetensors":
         raise InvalidOptionError("safetensors stores are not compressed; use the zarr format for --compress")
-    for what, value in (("workers", workers), ("max_chunk_mb", max_chunk_mb or 1)):
+    for what, value in (("workers", workers), ("chunk_mb", 1 if chunk_mb is None else chunk_mb)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidOptionError(f"{what} must be a positive integer, not {value!r}")
-    return codec, (max_chunk_mb or (DEFAULT_COMPRESSED_CHUNK_MB if codec else DEFAULT_CHUNK_MB)) << 20
+    return codec, (chunk_mb or (DEFAULT_COMPRESSED_CHUNK_MB if codec else DEFAULT_CHUNK_MB)) << 20
 
 
 def _summary(target: OutputTarget, plans: Sequence[ParamPlan], copier: ChunkCopier | None, started: float,
@@ -257,6 +281,13 @@ def _summary(target: OutputTarget, plans: Sequence[ParamPlan], copier: ChunkCopi
                       else sum(p.nbytes for p in plans)),
         seconds=round(time.monotonic() - started, 3), already_complete=already_complete,
         part=str(part), committed=already_complete or manifest is not None, unsaved=tuple(unsaved))
+
+
+def _no_part(out: str | os.PathLike[str]) -> ConvertSummary:
+    """The summary of a process that takes no part (msrun's scheduler): nothing read or written."""
+    return ConvertSummary(store=str(out), params=0, chunks=0, chunks_written=0, chunks_resumed=0, params_resumed=0,
+                          source_bytes=0, unique_bytes=0, stored_bytes=0, seconds=0.0, part="none", committed=False,
+                          skipped=SCHEDULER_NO_PART)
 
 
 def _codec(compress: str | None) -> dict[str, Any] | None:
@@ -319,4 +350,4 @@ def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any
     }
 
 
-__all__ = ["ConvertSummary", "convert", "index"]
+__all__ = ["ConvertSummary", "commit_store", "convert", "index"]

@@ -19,13 +19,12 @@ from typing import Mapping, Sequence
 
 from ckptstore.store.kinds import WORK_DIR
 from ckptstore.errors import InvalidOptionError
+from ckptstore.launcher import LAUNCHERS, is_scheduler
 
 PARTS_DIR = f"{WORK_DIR}/parts"
 #: Parts of one conversion (a process per rank file of the largest jobs, and then some).
 MAX_PARTS = 1 << 16
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
-#: Environment variables that say which process this is: msrun (MindSpore), then mpirun (Open MPI).
-LAUNCHERS = (("RANK_ID", "RANK_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
 
 
 @dataclass(frozen=True)
@@ -44,12 +43,23 @@ class Part:
         return f"{PARTS_DIR}/{self.index}-of-{self.count}"
 
 
-def parse_part(spec: str | Part | None, environ: Mapping[str, str] | None = None) -> Part:
-    """``"I/N"`` (``0 <= I < N``), ``"auto"`` (from msrun's or mpirun's environment) or ``None`` (one part)."""
+#: Why a process takes no part in ``--part auto``.
+SCHEDULER_NO_PART = ("this is msrun's scheduler process (MS_ROLE=MS_SCHED), which is no rank of the job: it takes "
+                     "no part; the worker processes convert")
+
+
+def parse_part(spec: str | Part | None, environ: Mapping[str, str] | None = None) -> Part | None:
+    """``"I/N"`` (``0 <= I < N``), ``"auto"`` (from msrun's or mpirun's environment) or ``None`` (one part).
+
+    Returns ``None`` for ``"auto"`` in msrun's scheduler process, which runs the job's command
+    too (with ``RANK_ID=0``) but is no rank: it must take no part (:data:`SCHEDULER_NO_PART`).
+    """
     if spec is None or isinstance(spec, Part):
         return spec or Part()
     env = os.environ if environ is None else environ
     if isinstance(spec, str) and spec.strip().lower() == "auto":
+        if is_scheduler(env):
+            return None
         for rank_var, size_var in LAUNCHERS:
             if rank_var in env and size_var in env:
                 return _checked(env[rank_var], env[size_var], f"{rank_var}/{size_var}")

@@ -210,9 +210,7 @@ def commit(target: OutputTarget, known: Mapping[str, ParamManifest] | None = Non
         found.update(zip(todo, pool.map(lambda n: load_done(target, n), todo)))
     lost = [n for n, m in found.items() if m is None]
     if lost:
-        raise IncompleteStoreError(f"the conversion into {target.url} is not finished: parameter {lost[0]!r}"
-                                   f"{f' (and {len(lost) - 1} more)' if len(lost) > 1 else ''} not written yet; "
-                                   "run (or rerun) the parts that convert them, then commit")
+        raise IncompleteStoreError(_unfinished(target, int(plan.get("parts") or 1), lost, len(plan["names"])))
     known.update(found)  # type: ignore[arg-type]
     manifest = StoreManifest({n: known[n] for n in plan["names"]}, plan["source"], backend=plan["format"],
                              extra=plan["extra"])
@@ -232,6 +230,23 @@ def commit(target: OutputTarget, known: Mapping[str, ParamManifest] | None = Non
     target.write(name, data)
     target.drop_work()
     return manifest
+
+
+def _unfinished(target: OutputTarget, count: int, lost: Sequence[str], total: int) -> str:
+    """Why a commit cannot complete the store: the parts that have not finished (what a user
+    reruns), else the parameters not written yet."""
+    written = f"{total - len(lost)} of {total} parameters written"
+    if count == 1:
+        return (f"the conversion into {target.url} is not finished ({written}): it was interrupted; run the same "
+                "'ckptstore convert' command again to finish it")
+    running = [i for i in range(count) if target.size(Part(i, count).marker) is None]
+    if running:
+        shown = ", ".join(map(str, running[:20])) + (" ..." if len(running) > 20 else "")
+        return (f"the conversion into {target.url} is not finished ({written}): part(s) {shown} of {count} have not "
+                f"finished; run (or rerun) them (convert --part I/{count}), then commit")
+    return (f"the conversion into {target.url} is not finished: parameter {lost[0]!r}"
+            f"{f' (and {len(lost) - 1} more)' if len(lost) > 1 else ''} not written yet; "
+            "run (or rerun) the parts that convert them, then commit")
 
 
 class ZarrWriter(StoreWriter):

@@ -1,0 +1,73 @@
+"""What one target rank will read, worked out before it reads: ``ckptstore plan`` / :func:`plan_rank`.
+
+The figures come from the same plan and the same executor arithmetic a load runs
+(:class:`~ckptstore.read.loader.RankView` plans every parameter's box,
+:meth:`~ckptstore.store.executor.Executor.requests` counts the read calls it will make), so a
+load then reports the same numbers in :data:`~ckptstore.store.executor.IO_STATS`: bytes read,
+files (or objects) opened, requests, and scratch memory. Nothing here reads a payload byte.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from ckptstore.read.loader import StrategyLike, rank_view
+from ckptstore.store.executor import MAX_INFLIGHT, Executor
+from ckptstore.store.store import StoreLike, store_argument
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """What loading ``rank`` of a target from ``store`` will need.
+
+    ``nbytes`` bytes in ``requests`` read calls (a vectored read of a local file, a ranged GET of
+    an object) from ``files`` files or objects; ``result_bytes`` the arrays the rank receives;
+    ``scratch_bytes`` at most this much memory held at once for chunks read whole (compressed,
+    checksummed or converted to another dtype; 0 when every byte lands in place); ``peak_bytes``
+    their sum, the memory the load needs besides the process itself.
+    """
+
+    store: str
+    rank: int
+    world_size: int
+    params: int
+    nbytes: int
+    files: int
+    requests: int
+    result_bytes: int
+    scratch_bytes: int
+    workers: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.result_bytes + self.scratch_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "peak_bytes": self.peak_bytes}
+
+
+def plan_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
+              names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
+              workers: int | None = None) -> RankPlan:
+    """What rank ``rank`` of ``strategy`` will read from ``store``, before any payload is read.
+
+    Takes the arguments of :func:`ckptstore.read_rank` (``rank=None``: this process's rank;
+    ``strategy=None``: the store's source layout) and returns a :class:`RankPlan`: bytes,
+    files or objects, requests and peak memory. A load with the same arguments reads exactly
+    these bytes in these requests (``ckptstore.store.executor.IO_STATS`` counts them).
+    """
+    with store_argument(store) as st:
+        view = rank_view(st, strategy, rank, names=names, dtype=dtype, verify=verify, workers=workers)
+        plan = view.plan
+        executor = Executor(st.data, workers=view.workers)  # counts only: no pool is started
+        requests = sum(executor.requests(p) for p in plan.params.values())
+        scratch = sorted((g.scratch_nbytes for p in plan.params.values() for g in p.groups if not g.into_destination),
+                         reverse=True)
+        # The pool's threads and the thread that reads small parameters itself may each hold one
+        # scratch buffer; the executor's budget caps the total (one larger buffer may go alone).
+        at_once = view.workers + 1 if view.workers > 1 else 1
+        held = min(sum(scratch[:at_once]), max(scratch[0], MAX_INFLIGHT)) if scratch else 0
+        result = sum(p.box.size * view.dtype_of(n).itemsize for n, p in plan.params.items())
+        return RankPlan(store=st.location.url, rank=view.rank, world_size=view.world_size, params=len(view),
+                        nbytes=plan.nbytes, files=len(plan.files), requests=requests, result_bytes=result,
+                        scratch_bytes=held, workers=view.workers)
