@@ -39,11 +39,10 @@ def process_rank(environ: Mapping[str, str] | None = None) -> int | None:
     if is_scheduler(env):
         raise InvalidOptionError("this process is msrun's scheduler (MS_ROLE=MS_SCHED), which is no rank of the job: "
                                  "load only in the worker processes (MS_ROLE=MS_WORKER), or pass the rank (rank=, --rank)")
-    if environ is None and "mindspore.communication" in sys.modules:
-        try:
-            return int(sys.modules["mindspore.communication"].get_rank())
-        except Exception:  # not initialised: MindSpore raises RuntimeError or ValueError here
-            pass
+    if environ is None:
+        rank = _communication_rank()
+        if rank is not None:
+            return rank
     for var in RANK_VARIABLES:
         value = env.get(var)
         if value is not None and value.strip():
@@ -56,3 +55,19 @@ def process_rank(environ: Mapping[str, str] | None = None) -> int | None:
                                          "fix the launcher's environment or pass the rank (rank=, --rank)")
             return rank
     return None
+
+
+def _communication_rank() -> int | None:
+    """``get_rank()`` of MindSpore's communication, if it is imported and initialised.
+
+    Before ``init()``, MindSpore 2.x's ``get_rank`` answers 0 in every process (standalone
+    mode), so the answer counts only once ``GlobalComm.INITED`` says ``init()`` ran.
+    """
+    management = sys.modules.get("mindspore.communication.management")
+    comm = getattr(management, "GlobalComm", None)
+    if comm is None or not getattr(comm, "INITED", False):
+        return None
+    try:
+        return int(management.get_rank())  # type: ignore[union-attr]
+    except Exception:  # a failed or torn-down initialisation: let the environment say
+        return None

@@ -183,7 +183,11 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                 writer.prepare(mine)
                 order = sorted(mine, key=lambda p: -p.nbytes)  # big first: workers finish together
                 with ThreadPoolExecutor(workers) as pool:
-                    done = dict(zip((p.param.name for p in order), pool.map(writer.write_param, order)))
+                    try:
+                        done = dict(zip((p.param.name for p in order), pool.map(writer.write_param, order)))
+                    except BaseException:  # Ctrl-C or a failed parameter: stop now, not after the queue
+                        pool.shutdown(wait=True, cancel_futures=True)
+                        raise
                 writer.finish_part(mine, done)
             finally:
                 progress.close()

@@ -1,0 +1,302 @@
+"""The public API as a user meets it: store arguments, ``rank=None``, one vocabulary, ``read_rank``,
+``commit`` and ``plan_rank`` (issue 16 item 4; issue 19 item 5).
+
+Expected values are MindSpore's (``transform_checkpoints`` + ``load_checkpoint``, through
+``load_fixtures``); the plan's figures are checked against what the executor then counts.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
+
+import ckptstore  # noqa: E402
+import mindspore_fixtures as T  # noqa: E402
+from ckptstore.errors import IncompleteStoreError, InvalidOptionError  # noqa: E402
+from ckptstore.store.executor import IO_STATS  # noqa: E402
+from convert_fixtures import REPO, store_files  # noqa: E402
+from load_fixtures import assert_same_dict, load_env, run_cli  # noqa: E402,F401
+
+CASE = "dp2_mp4->dp2_mp2"  # 8 source ranks -> 4 target ranks
+LAUNCHER_VARIABLES = ("RANK_ID", "RANK_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MS_ROLE")
+
+
+@pytest.fixture
+def no_launcher(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """A process that no launcher started: nothing in the environment names its rank."""
+    for var in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. every function that takes a store takes a path, a URL or a Store
+
+
+def test_export_takes_the_store_by_path(load_env, tmp_path):
+    t = load_env.target(CASE)
+    summary = ckptstore.export(t.store_path, tmp_path / "out", strategy=t.strategy, ranks=[1])
+    assert summary.files == (str(tmp_path / "out" / "rank_1" / "checkpoint_1.ckpt"),)
+    assert_same_dict(T.load_oracle(tmp_path / "out" / "rank_1" / "checkpoint_1.ckpt"), t.oracle(1), "export(path)")
+
+
+def test_verify_takes_the_store_by_path(load_env):
+    t = load_env.target(CASE)
+    report = ckptstore.verify(t.store_path)
+    assert report.ok and report.params == len(t.store.names())
+    assert report.chunks == sum(len(t.store.info(n).chunks) for n in t.store.names())
+
+
+def test_something_that_is_not_a_store_is_refused_by_name(load_env):
+    with pytest.raises(InvalidOptionError, match="a store is a path, an s3:// or obs:// URL, or a ckptstore.Store, "
+                                                 "not int"):
+        ckptstore.verify(42)  # type: ignore[arg-type]
+
+
+def test_a_store_passed_in_stays_open_and_a_path_is_closed_after_the_call(load_env, tmp_path):
+    t = load_env.target(CASE)
+    with ckptstore.open(t.store_path) as store:
+        ckptstore.read_rank(store, t.strategy, 0)
+        assert np.array_equal(store.read("layer0.b"), t.layout.tensors["layer0.b"])  # still usable
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. rank=None is this process's rank
+
+
+def test_rank_none_is_the_rank_the_launcher_names(load_env, no_launcher):
+    t = load_env.target(CASE)
+    no_launcher.setenv("RANK_ID", "2")
+    assert_same_dict(ckptstore.read_rank(t.store_path, t.strategy), t.oracle(2), "read_rank with RANK_ID=2")
+    assert ckptstore.load_rank(t.store_path, t.strategy).view.rank == 2
+    assert ckptstore.plan_rank(t.store_path, t.strategy).rank == 2
+
+
+def test_rank_none_reads_mpiruns_rank_when_msrun_says_nothing(load_env, no_launcher):
+    t = load_env.target(CASE)
+    no_launcher.setenv("OMPI_COMM_WORLD_RANK", "3")
+    assert_same_dict(ckptstore.read_rank(t.store_path, t.strategy), t.oracle(3), "OMPI_COMM_WORLD_RANK=3")
+
+
+@pytest.mark.parametrize("call", ["read_rank", "load_rank", "plan_rank"])
+def test_rank_none_with_nothing_saying_is_an_error_not_rank_0(load_env, no_launcher, call):
+    t = load_env.target(CASE)
+    with pytest.raises(InvalidOptionError, match="which rank of the 4-rank target layout is this process"):
+        getattr(ckptstore, call)(t.store_path, t.strategy)
+
+
+def test_mindspore_communication_not_initialised_does_not_make_every_process_rank_0(load_env, no_launcher):
+    from mindspore.communication import get_rank
+
+    assert get_rank() == 0  # what MindSpore answers before init(), in every process
+    t = load_env.target(CASE)
+    no_launcher.setenv("RANK_ID", "1")
+    assert ckptstore.plan_rank(t.store_path, t.strategy).rank == 1
+
+
+def test_msruns_scheduler_process_is_no_rank(load_env, no_launcher):
+    t = load_env.target(CASE)
+    no_launcher.setenv("MS_ROLE", "MS_SCHED")
+    no_launcher.setenv("RANK_ID", "0")
+    with pytest.raises(InvalidOptionError, match=r"msrun's scheduler \(MS_ROLE=MS_SCHED\), which is no rank"):
+        ckptstore.read_rank(t.store_path, t.strategy)
+
+
+def test_a_rank_variable_that_is_not_a_rank_is_refused(load_env, no_launcher):
+    t = load_env.target(CASE)
+    no_launcher.setenv("RANK_ID", "two")
+    with pytest.raises(InvalidOptionError, match="RANK_ID='two' in the environment is not a rank"):
+        ckptstore.read_rank(t.store_path, t.strategy)
+
+
+@pytest.mark.parametrize("rank_id", ["3", None])
+def test_a_one_rank_layout_is_the_same_for_every_process(load_env, no_launcher, rank_id):
+    t = load_env.target("dp2_mp4->1rank")  # whole tensors: a pure data-parallel job
+    if rank_id is not None:
+        no_launcher.setenv("RANK_ID", rank_id)
+    assert_same_dict(ckptstore.read_rank(t.store_path, t.strategy), t.oracle(0), f"RANK_ID={rank_id}")
+
+
+def test_an_explicit_rank_of_a_one_rank_layout_reads_the_whole_tensors(load_env):
+    t = load_env.target("dp2_mp4->1rank")
+    assert_same_dict(ckptstore.read_rank(t.store_path, t.strategy, 5), t.oracle(0), "rank=5 of one rank")
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. read_rank: numpy, no MindSpore
+
+
+def test_read_rank_equals_transform_checkpoints_for_every_rank(load_env):
+    t = load_env.target(CASE)
+    for j in range(t.world):
+        assert_same_dict(ckptstore.read_rank(t.store_path, t.strategy, j), t.oracle(j), f"rank {j}")
+
+
+def test_read_rank_selects_names_and_converts_floats(load_env):
+    t = load_env.target(CASE)
+    arrays = ckptstore.read_rank(t.store_path, t.strategy, 1, names=["layer0.*"], dtype="float16")
+    assert list(arrays) == ["layer0.w", "layer0.b"]
+    for name, a in arrays.items():
+        assert a.dtype == np.float16 and np.array_equal(a, t.oracle(1)[name].astype(np.float16)), name
+
+
+def test_read_rank_needs_no_mindspore(load_env):
+    t = load_env.target(CASE)
+    script = textwrap.dedent(f"""
+        import json, sys
+        import ckptstore
+        arrays = ckptstore.read_rank({str(t.store_path)!r}, {str(t.target_file)!r}, 3)
+        print(json.dumps({{"mindspore": "mindspore" in sys.modules,
+                          "sums": {{n: float(a.astype("float64").sum()) for n, a in arrays.items()}}}}))
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["mindspore"] is False
+    assert out["sums"] == {n: float(a.astype(np.float64).sum()) for n, a in t.oracle(3).items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. commit in the API, naming the parts that have not finished
+
+
+def test_commit_of_a_complete_store_does_nothing(load_env):
+    assert ckptstore.commit(load_env.target(CASE).store_path) is False
+    assert ckptstore.commit(load_env.target(CASE).store) is False
+
+
+def test_commit_names_the_part_that_has_not_finished(load_env, tmp_path):
+    layout = load_env.saved_layout("dp2_mp4")
+    out = tmp_path / "s.zarr"
+    first = ckptstore.convert(layout.root, out, strategy=layout.strategy_files, part="0/2")
+    assert not first.committed
+    with pytest.raises(IncompleteStoreError, match=r"is not finished \(\d+ of 15 parameters written\): part\(s\) 1 "
+                                                   r"of 2 have not finished; run \(or rerun\) them"):
+        ckptstore.commit(out)
+    r = run_cli("commit", out)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "part(s) 1 of 2 have not finished" in r.stderr
+    assert ckptstore.convert(layout.root, out, strategy=layout.strategy_files, part="1/2").committed
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. one vocabulary: format= and chunk_mb= as --format and --chunk-mb
+
+
+def test_convert_takes_format_and_chunk_mb_like_the_command(load_env, tmp_path):
+    layout = load_env.saved_layout("dp2_mp4")
+    ckptstore.convert(layout.root, tmp_path / "new", strategy=layout.strategy_files, format="safetensors",
+                      chunk_mb=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ckptstore.convert(layout.root, tmp_path / "old", strategy=layout.strategy_files, fmt="safetensors",
+                          max_chunk_mb=1)
+    assert sorted(str(w.message) for w in caught if w.category is DeprecationWarning) == [
+        "ckptstore: fmt= is deprecated; use format=", "ckptstore: max_chunk_mb= is deprecated; use chunk_mb="]
+    assert ckptstore.open(tmp_path / "new").kind == "safetensors"
+    new, old = store_files(tmp_path / "new"), store_files(tmp_path / "old")
+    assert sorted(new) == sorted(old)
+    assert all(new[k] == old[k] for k in new if k.endswith(".safetensors"))
+
+
+def test_both_spellings_at_once_are_refused(load_env, tmp_path):
+    layout = load_env.saved_layout("dp2_mp4")
+    with pytest.raises(InvalidOptionError, match="fmt= is the old name of format=; pass only format="):
+        ckptstore.convert(layout.root, tmp_path / "s", strategy=layout.strategy_files, format="zarr", fmt="zarr")
+    assert not (tmp_path / "s").exists()
+
+
+def test_export_takes_format(load_env, tmp_path):
+    t = load_env.target(CASE)
+    summary = ckptstore.export(t.store_path, tmp_path / "out", strategy=t.strategy, ranks=[0], format="safetensors")
+    assert summary.files == (str(tmp_path / "out" / "rank_0" / "checkpoint_0.safetensors"),)
+    with pytest.warns(DeprecationWarning, match="fmt= is deprecated; use format="):
+        ckptstore.export(t.store_path, tmp_path / "old", strategy=t.strategy, ranks=[0], fmt="safetensors")
+    assert (tmp_path / "old" / "rank_0" / "checkpoint_0.safetensors").read_bytes() == \
+        (tmp_path / "out" / "rank_0" / "checkpoint_0.safetensors").read_bytes()
+
+
+def test_the_public_names_are_all_there():
+    assert sorted(ckptstore.__all__) == sorted([
+        "CkptStoreError", "Store", "__version__", "commit", "convert", "export", "index", "load_into_net", "load_rank",
+        "open", "plan_rank", "read_rank", "verify"])
+    for name in ckptstore.__all__:
+        assert getattr(ckptstore, name) is not None, name
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. plan_rank / ckptstore plan: the figures the load then reports
+
+
+def _stores(load_env, tmp_path):
+    layout = load_env.saved_layout("dp2_mp4")
+    ckptstore.index(layout.root, tmp_path / "index", strategy=layout.strategy_files)
+    return {"zarr": (load_env.store("dp2_mp4"), {}),
+            "zstd": (load_env.store("dp2_mp4", compress="zstd"), {}),
+            "index": (tmp_path / "index", {}),
+            "float16": (load_env.store("dp2_mp4"), {"dtype": "float16"}),
+            "verify": (load_env.store("dp2_mp4"), {"verify": True})}
+
+
+@pytest.mark.parametrize("kind", ["zarr", "zstd", "index", "float16", "verify"])
+def test_the_plan_is_what_a_load_then_reads(load_env, tmp_path, kind):
+    t = load_env.target(CASE)
+    store, kw = _stores(load_env, tmp_path)[kind]
+    for j in range(t.world):
+        IO_STATS.reset()
+        plan = ckptstore.plan_rank(store, t.strategy, j, workers=1, **kw)
+        assert (IO_STATS.bytes_read, IO_STATS.requests) == (0, 0), "planning read payload"
+        arrays = ckptstore.read_rank(store, t.strategy, j, workers=1, **kw)
+        assert plan.nbytes == IO_STATS.bytes_read, f"rank {j}"
+        assert plan.requests == IO_STATS.requests, f"rank {j}"
+        assert plan.files == len(IO_STATS.files), f"rank {j}"
+        assert plan.scratch_bytes == IO_STATS.scratch_peak, f"rank {j}"
+        assert plan.result_bytes == sum(a.nbytes for a in arrays.values()), f"rank {j}"
+        assert plan.peak_bytes == plan.result_bytes + plan.scratch_bytes
+        assert plan.params == len(arrays) and plan.world_size == t.world
+
+
+def test_scratch_memory_of_a_threaded_load_stays_within_the_plan(load_env):
+    t = load_env.target(CASE)
+    store = load_env.store("dp2_mp4", compress="zstd")
+    plan = ckptstore.plan_rank(store, t.strategy, 1, workers=4)
+    assert plan.scratch_bytes > 0
+    IO_STATS.reset()
+    ckptstore.read_rank(store, t.strategy, 1, workers=4)
+    assert 0 < IO_STATS.scratch_peak <= plan.scratch_bytes
+    assert (IO_STATS.bytes_read, IO_STATS.requests) == (plan.nbytes, plan.requests)
+
+
+def test_the_plan_of_load_rank_is_what_it_reads(load_env):
+    t = load_env.target(CASE)
+    plan = ckptstore.plan_rank(t.store_path, t.strategy, 2)
+    IO_STATS.reset()
+    ckptstore.load_rank(t.store_path, t.strategy, 2).materialize()
+    assert (IO_STATS.bytes_read, IO_STATS.requests, len(IO_STATS.files)) == (plan.nbytes, plan.requests, plan.files)
+
+
+def test_the_plan_command_prints_the_plan(load_env):
+    t = load_env.target(CASE)
+    r = run_cli("plan", t.store_path, "--strategy", t.target_file, "--rank", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == ckptstore.plan_rank(str(t.store_path), t.target_file, 2).to_json()
+    r = run_cli("plan", t.store_path, "-s", t.target_file, "--rank", "2")
+    plan = ckptstore.plan_rank(t.store_path, t.target_file, 2)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[1].endswith(f" ({plan.nbytes:,} bytes) in {plan.requests} requests from "
+                                             f"{plan.files} files")
+
+
+def test_the_plan_command_without_a_rank_asks_which(load_env):
+    t = load_env.target(CASE)
+    env = {v: "" for v in LAUNCHER_VARIABLES}
+    r = run_cli("plan", t.store_path, "-s", t.target_file, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "which rank of the 4-rank target layout is this process? Nothing says: pass the rank" in r.stderr
