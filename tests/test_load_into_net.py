@@ -22,7 +22,7 @@ from mindspore.common.initializer import initializer  # noqa: E402
 from mindspore.nn.utils import no_init_parameters  # noqa: E402
 
 import ckptstore  # noqa: E402
-from ckptstore.errors import LayoutMismatchError  # noqa: E402
+from ckptstore.errors import InvalidOptionError, LayoutMismatchError  # noqa: E402
 from load_fixtures import BF16, assert_same_dict, load_env, to_numpy  # noqa: E402,F401
 
 
@@ -127,17 +127,34 @@ def test_without_a_strategy_a_net_of_slice_shapes_raises(load_env):
         ckptstore.load_into_net(net, t.store, rank=0)
 
 
-@pytest.mark.parametrize("rank_id", ["3", "1", None], ids=["RANK_ID=3", "RANK_ID=1", "unset"])
+@pytest.mark.parametrize("rank_id", ["3", "1"], ids=["RANK_ID=3", "RANK_ID=1"])
 def test_rank_defaults_to_the_rank_id_environment_variable(load_env, monkeypatch, rank_id):
     t = load_env.target("dp2_mp4->dp2_mp2")
-    if rank_id is None:
-        monkeypatch.delenv("RANK_ID", raising=False)
-    else:
-        monkeypatch.setenv("RANK_ID", rank_id)
-    expected = t.oracle(int(rank_id or 0))
+    monkeypatch.setenv("RANK_ID", rank_id)
+    expected = t.oracle(int(rank_id))
     net = _net_like(expected)
     assert ckptstore.load_into_net(net, t.store, strategy=t.strategy) == ([], [])
     assert_same_dict(_net_values(net), expected, f"RANK_ID={rank_id}")
+
+
+def test_without_rank_id_a_layout_of_several_ranks_asks_which_rank(load_env, monkeypatch):
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    for var in ("RANK_ID", "OMPI_COMM_WORLD_RANK", "MS_ROLE"):
+        monkeypatch.delenv(var, raising=False)
+    net = _net_like(t.oracle(0))
+    with pytest.raises(InvalidOptionError, match="which rank of the 4-rank target layout is this process"):
+        ckptstore.load_into_net(net, t.store, strategy=t.strategy)
+    assert not any(_net_values(net)["layer0.w"].ravel())  # nothing loaded
+
+
+@pytest.mark.parametrize("rank_id", ["3", "0"])
+def test_a_data_parallel_job_loads_whole_tensors_on_every_rank(load_env, monkeypatch, rank_id):
+    t = load_env.target("dp2_mp4->1rank")  # an uncompiled network: pure data parallel, one-rank layout
+    monkeypatch.setenv("RANK_ID", rank_id)
+    monkeypatch.setenv("RANK_SIZE", "4")
+    net = _net_like(t.oracle(0))
+    assert ckptstore.load_into_net(net, t.store_path) == ([], [])
+    assert_same_dict(_net_values(net), t.oracle(0), f"RANK_ID={rank_id}")
 
 
 def test_verify_and_dtype_pass_through(load_env):

@@ -20,6 +20,7 @@ import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
 
 import ckptstore  # noqa: E402
+from ckptstore.errors import LayoutMismatchError  # noqa: E402
 from load_fixtures import assert_same_dict, load_env, to_numpy  # noqa: E402,F401
 
 X = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
@@ -115,9 +116,30 @@ def test_a_prefix_the_checkpoint_carries_is_dropped_as_mindspore_drops_it(saved,
     cell = train_cell(seed=99)
     assert ckptstore.load_into_net(cell, tmp_path / "store") == (list(expected[0]), list(expected[1]))
     assert_same_dict(values(cell), values(ms_cell), "prefix dropped")
+
+
+
+def test_strict_loads_names_exactly_and_raises_for_what_it_cannot_load(saved, tmp_path):
+    ckpt, _ = saved
+    renamed = tmp_path / "prefixed.ckpt"
+    ms.save_checkpoint([{"name": f"network.{n}", "data": p} for n, p in ms.load_checkpoint(str(ckpt)).items()
+                        if not isinstance(p, str)], str(renamed))
+    ckptstore.convert(renamed, tmp_path / "store")
     cell = train_cell(seed=99)
-    not_load, _ = ckptstore.load_into_net(cell, tmp_path / "store", strict_load=True)
-    assert "fc1.weight" in not_load
+    with pytest.raises(LayoutMismatchError, match=r"network parameters are not in the store .*fc1\.weight"):
+        ckptstore.load_into_net(cell, tmp_path / "store", strict=True)
+
+
+def test_strict_load_keeps_its_meaning_with_a_deprecation_warning(saved, tmp_path):
+    ckpt, _ = saved
+    renamed = tmp_path / "prefixed.ckpt"
+    ms.save_checkpoint([{"name": f"network.{n}", "data": p} for n, p in ms.load_checkpoint(str(ckpt)).items()
+                        if not isinstance(p, str)], str(renamed))
+    ckptstore.convert(renamed, tmp_path / "store")
+    cell = train_cell(seed=99)
+    with pytest.warns(DeprecationWarning, match=r"strict_load=\) is deprecated; use strict=True"):
+        not_load, _ = ckptstore.load_into_net(cell, tmp_path / "store", strict_load=True)
+    assert "fc1.weight" in not_load  # MindSpore's strict_load: names exactly, missing ones returned
 
 
 def test_names_with_glob_characters_load_exactly(tmp_path):
