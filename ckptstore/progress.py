@@ -1,6 +1,12 @@
-"""Progress reporting: a tqdm bar on a terminal, plain log lines otherwise, nothing when quiet."""
+"""Progress reporting: a tqdm bar on a terminal, plain log lines otherwise, nothing when quiet.
+
+Sizes and rates are in binary units throughout (``MiB`` and ``MiB/s``, like every other size
+ckptstore prints). A job whose bytes are not read (an index without checksums only notes where
+slices are) counts parameters only: a byte rate would be meaningless there.
+"""
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -8,34 +14,54 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+MIB = 1 << 20
+
+
+def terminal_columns(stream: TextIO) -> int:
+    """The width of the terminal ``stream`` writes to; 0 when it is not a terminal or reports no width
+    (a pseudo-terminal nobody sized, as some job runners allocate)."""
+    try:
+        if not stream.isatty():
+            return 0
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 0
+
 
 class Progress:
     """Thread-safe byte and item counter for long jobs.
 
-    On a terminal it draws a tqdm bar (bytes, rate, ETA, items done); when the stream is not a
-    terminal it prints a line at most every ``interval`` seconds and one at the end, so CI logs
-    stay readable; ``quiet=True`` prints nothing.
+    On a terminal with a width it draws a tqdm bar (MiB done, MiB/s, ETA, items done);
+    otherwise (not a terminal, or a terminal of zero columns) it prints a line at most every
+    ``interval`` seconds and one at the end, so logs stay readable; ``quiet=True`` prints
+    nothing. With ``count_bytes=False`` only items are shown.
     """
 
     def __init__(self, total_bytes: int, total_items: int, *, desc: str, quiet: bool = False,
-                 stream: TextIO | None = None, interval: float = 10.0) -> None:
+                 stream: TextIO | None = None, interval: float = 10.0, count_bytes: bool = True) -> None:
         self._stream = stream or sys.stderr
         self._lock = threading.Lock()
         self.total_bytes, self.total_items = total_bytes, total_items
         self.done_bytes = self.done_items = 0
         self._desc, self._quiet, self._interval = desc, quiet, interval
+        self._count_bytes = count_bytes
         self._start = self._last = time.monotonic()
         self._bar = None
-        if not quiet and self._stream.isatty():
-            self._bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
-                             file=self._stream, dynamic_ncols=True)
+        if not quiet and terminal_columns(self._stream) > 0:
+            self._bar = tqdm(total=self._bar_total(), desc=desc, file=self._stream, dynamic_ncols=True,
+                             bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]")
+            self._bar.set_postfix_str(self._figures(), refresh=False)
+
+    def _bar_total(self) -> int:
+        return self.total_bytes if self._count_bytes else self.total_items
 
     def resize(self, total_bytes: int, total_items: int) -> None:
         """New totals, before anything is counted (a part of a conversion does a share of it)."""
         with self._lock:
             self.total_bytes, self.total_items = total_bytes, total_items
             if self._bar is not None:
-                self._bar.total = total_bytes
+                self._bar.total = self._bar_total()
+                self._bar.set_postfix_str(self._figures(), refresh=False)
                 self._bar.refresh()
 
     def add(self, nbytes: int = 0, items: int = 0) -> None:
@@ -43,23 +69,33 @@ class Progress:
             self.done_bytes += nbytes
             self.done_items += items
             if self._bar is not None:
-                self._bar.update(nbytes)
-                if items:
-                    self._bar.set_postfix_str(f"{self.done_items}/{self.total_items} params", refresh=False)
+                self._bar.set_postfix_str(self._figures(), refresh=False)
+                self._bar.update(nbytes if self._count_bytes else items)
             elif not self._quiet and time.monotonic() - self._last >= self._interval:
                 self._line()
 
+    def _figures(self) -> str:
+        """``3/15 params, 1.2/7.6 MiB, 4.0 MiB/s`` (the MiB parts only when bytes are counted)."""
+        items = f"{self.done_items}/{self.total_items} params"
+        if not self._count_bytes:
+            return items
+        elapsed = max(time.monotonic() - self._start, 1e-9)
+        return (f"{items}, {self.done_bytes / MIB:.1f}/{self.total_bytes / MIB:.1f} MiB, "
+                f"{self.done_bytes / MIB / elapsed:.1f} MiB/s")
+
     def _line(self) -> None:
         self._last = time.monotonic()
-        elapsed = max(self._last - self._start, 1e-9)
-        pct = 100.0 * self.done_bytes / self.total_bytes if self.total_bytes else 100.0
-        print(f"{self._desc}: {self.done_items}/{self.total_items} params, "
-              f"{self.done_bytes / 2**20:.1f}/{self.total_bytes / 2**20:.1f} MiB ({pct:.0f}%), "
-              f"{self.done_bytes / 2**20 / elapsed:.1f} MiB/s", file=self._stream, flush=True)
+        if self._count_bytes:
+            done, total = self.done_bytes, self.total_bytes
+        else:
+            done, total = self.done_items, self.total_items
+        pct = 100.0 * done / total if total else 100.0
+        print(f"{self._desc}: {self._figures()} ({pct:.0f}%)", file=self._stream, flush=True)
 
     def close(self) -> None:
         with self._lock:
             if self._bar is not None:
+                self._bar.set_postfix_str(self._figures(), refresh=False)
                 self._bar.close()
             elif not self._quiet:
                 self._line()

@@ -172,8 +172,9 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
             if hold.complete:
                 return _summary(target, plans, None, started, part, source.unsaved, already_complete=True)
             header = {**_source_header(source, choose.get("step")), "fingerprint": fingerprint}
+            # an index without checksums reads no slice: a byte rate would be meaningless
             progress = Progress(sum(p.nbytes for p in plans), len(plans), desc=fmt if fmt == "index" else "convert",
-                                quiet=quiet)
+                                quiet=quiet, count_bytes=fmt != "index" or checksum)
             copier = ChunkCopier(codec, verify_replicas, progress, source.files)
             writer = writer_for(fmt, hold, copier, plans, checksum)
             write_plan(target, fmt, plans, header, writer.extra(), part)
