@@ -80,6 +80,7 @@ def main(out: str = "demo-output") -> None:
     _run("convert", str(root / "ckpt"), "--strategy", strategies[0], "--out", str(store))
     _run("info", str(store), "--include", "*blocks.0.attention.*", "--include", "*embedding*")
     _run("verify", str(store))
+    _run("plan", str(store), "--strategy", target, "--rank", "0")
     _load_rank0(store, target, root)
 
 
@@ -95,9 +96,11 @@ def _measure_load(store: str, target: str, root: str) -> None:
     import mindspore  # noqa: F401
 
     import ckptstore
+    from ckptstore.store.executor import IO_STATS
     from ckptstore.testing import oracle as conformance
 
     st = ckptstore.open(store)
+    IO_STATS.reset()
     _reset_peak()
     rss0, rchar0 = _status("VmRSS"), _rchar()
     t0 = time.perf_counter()
@@ -108,8 +111,9 @@ def _measure_load(store: str, target: str, root: str) -> None:
     read, peak = _rchar() - rchar0, _status("VmHWM") - rss0
     slice_bytes = sum(p.nbytes for p in built.values() if not isinstance(p, str))
     print(f"rank 0 of 4: {len(built)} Parameters built in {seconds:.3f} s; their bytes {_mib(slice_bytes)}, "
-          f"planned reads {_mib(planned)}, bytes read {_mib(read)}, peak memory growth {_mib(max(peak, 0))} "
-          f"(whole model in the store: {_mib(sum(st.info(n).nbytes for n in st.names()))})")
+          f"planned reads {_mib(planned)}, bytes read {_mib(read)} ({IO_STATS.bytes_read:,} bytes of tensors in "
+          f"{IO_STATS.requests} requests from {len(IO_STATS.files)} files), peak memory growth "
+          f"{_mib(max(peak, 0))} (whole model in the store: {_mib(sum(st.info(n).nbytes for n in st.names()))})")
     oracle = conformance.transform_oracle(Path(root) / "ckpt", str(Path(root) / "ckpt" / "strategy.ckpt"), target,
                                       Path(root) / "oracle")
     reference = conformance.load_oracle(next((Path(oracle) / "rank_0").glob("*.ckpt")))

@@ -300,3 +300,31 @@ def test_the_plan_command_without_a_rank_asks_which(load_env):
     r = run_cli("plan", t.store_path, "-s", t.target_file, env=env)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "which rank of the 4-rank target layout is this process? Nothing says: pass the rank" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. Store.plan takes the box a user would write (README's example)
+
+
+@pytest.mark.parametrize("box", [(slice(0, 8), slice(None)), ((0, 8), (0, 16)), [[0, 8], [0, 16]]],
+                         ids=["index", "pairs", "lists"])
+def test_store_plan_takes_an_index_or_start_stop_pairs(load_env, box):
+    from ckptstore.boxes import Box
+
+    with ckptstore.open(load_env.store("dp2_mp4")) as store:
+        assert store.info("layer0.w").shape == (32, 16)
+        want = store.plan("layer0.w", Box((0, 0), (8, 16)))
+        plan = store.plan("layer0.w", box)
+        assert plan.box == want.box and plan.nbytes == want.nbytes == 8 * 16 * 4
+        IO_STATS.reset()
+        assert np.array_equal(store.read("layer0.w", (slice(0, 8), slice(None))), load_env.saved_layout(
+            "dp2_mp4").tensors["layer0.w"][:8])
+        assert IO_STATS.bytes_read == plan.nbytes
+
+
+def test_store_plan_refuses_a_box_that_mixes_pairs_and_slices(load_env):
+    from ckptstore.errors import InvalidIndexError
+
+    with ckptstore.open(load_env.store("dp2_mp4")) as store, pytest.raises(
+            InvalidIndexError, match=r"mixes \(start, stop\) pairs with other indices"):
+        store.plan("layer0.w", ((0, 8), slice(None)))

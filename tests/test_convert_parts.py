@@ -143,7 +143,8 @@ def test_commit_names_what_has_not_finished(one_process_store, tmp_path):
     layout, _ = one_process_store
     assert run_cli(*_convert_args(layout, tmp_path / "s", "--part", "0/2")).returncode == 0
     r = run_cli("commit", tmp_path / "s")
-    assert r.returncode == 2 and "is not finished" in r.stderr and "not written yet" in r.stderr
+    assert r.returncode == 2 and "is not finished" in r.stderr, r.stderr
+    assert "part(s) 1 of 2 have not finished; run (or rerun) them (convert --part I/2), then commit" in r.stderr
 
 
 @pytest.mark.mindspore

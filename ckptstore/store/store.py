@@ -7,6 +7,7 @@ bytes, through the store's byte source, into one array.
 """
 from __future__ import annotations
 
+import operator
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -80,11 +81,17 @@ class Store:
         """What the store was converted from: world size, files, step, strategy summary."""
         return dict(self.manifest.source)
 
-    def plan(self, name: str, box: Box | None = None, *, dtype: Any = None, verify: bool = False) -> ParamReadPlan:
-        """The reads :meth:`read` would do for global ``box`` of ``name`` (whole tensor if ``None``)."""
+    def plan(self, name: str, box: Box | Index = None, *, dtype: Any = None, verify: bool = False) -> ParamReadPlan:
+        """The reads :meth:`read` would do for ``box`` of ``name`` (the whole tensor if ``None``).
+
+        ``box`` is what :meth:`read` takes as ``index`` (ints and step-1 slices, e.g.
+        ``(slice(0, 32), slice(None))``), a tuple of ``(start, stop)`` pairs, one per axis
+        (e.g. ``((0, 32), (0, 128))``), or a :class:`~ckptstore.boxes.Box`; all in the global frame.
+        """
+        info = self.info(name)
         try:
-            return plan_param(self.info(name), box, out_dtype=None if dtype is None else np.dtype(dtype),
-                              verify=verify)
+            return plan_param(info, _as_box(box, info.shape, name),
+                              out_dtype=None if dtype is None else np.dtype(dtype), verify=verify)
         except ValueError as e:
             raise InvalidOptionError(str(e)) from None
 
@@ -114,6 +121,27 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _as_box(box: Box | Index, shape: Sequence[int], name: str) -> Box | None:
+    """``box`` as a :class:`Box`: a box as is; ``(start, stop)`` pairs, one per axis; else an index."""
+    if box is None or isinstance(box, Box):
+        return box
+    items = box if isinstance(box, (tuple, list)) else (box,)
+    pairs = [isinstance(i, (tuple, list)) and len(i) == 2 for i in items]
+    if items and all(pairs):
+        try:
+            start, stop = zip(*((operator.index(a), operator.index(b)) for a, b in items))
+        except TypeError:
+            raise InvalidIndexError(f"box {box!r} for {name!r}: (start, stop) pairs must be integers") from None
+        if len(items) != len(shape):
+            raise InvalidIndexError(f"box {box!r} has {len(items)} (start, stop) pairs but {name!r} has "
+                                    f"{len(shape)} axes")
+        return Box(tuple(start), tuple(stop))
+    if any(pairs):
+        raise InvalidIndexError(f"box {box!r} for {name!r} mixes (start, stop) pairs with other indices; use one "
+                                "kind for every axis")
+    return _index_to_box(box, shape, name)[0]
 
 
 def _index_to_box(index: Index, shape: Sequence[int], name: str) -> tuple[Box, list[bool]]:
