@@ -225,8 +225,8 @@ def test_export_takes_format(load_env, tmp_path):
 
 def test_the_public_names_are_all_there():
     assert sorted(ckptstore.__all__) == sorted([
-        "CkptStoreError", "Store", "__version__", "commit", "convert", "export", "index", "load_into_net", "load_rank",
-        "open", "plan_rank", "read_rank", "verify"])
+        "CkptStoreError", "Store", "StoreCheckpoint", "__version__", "commit", "convert", "export", "index",
+        "load_into_net", "load_rank", "open", "plan_rank", "read_rank", "save_rank", "verify"])
     for name in ckptstore.__all__:
         assert getattr(ckptstore, name) is not None, name
 
@@ -328,3 +328,28 @@ def test_store_plan_refuses_a_box_that_mixes_pairs_and_slices(load_env):
     with ckptstore.open(load_env.store("dp2_mp4")) as store, pytest.raises(
             InvalidIndexError, match=r"mixes \(start, stop\) pairs with other indices"):
         store.plan("layer0.w", ((0, 8), slice(None)))
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. a store in a bucket: its URL wherever a store is taken, and the plan counts its GETs
+
+
+def test_a_store_url_in_a_bucket_is_taken_and_planned_request_for_request(bucket, load_env, tmp_path):
+    pytest.importorskip("obstore")
+    t = load_env.target(CASE)
+    url = bucket.url("model.zarr")
+    ckptstore.convert(t.layout.root, url, strategy=t.layout.strategy_files)
+    assert ckptstore.verify(url).ok
+    plan = ckptstore.plan_rank(url, t.strategy, 1)
+    with ckptstore.open(url):  # the manifest's GETs, before counting the payload's
+        pass
+    bucket.proxy.reset()
+    IO_STATS.reset()
+    arrays = ckptstore.read_rank(url, t.strategy, 1)
+    assert_same_dict(arrays, t.oracle(1), "read_rank(s3 URL)")
+    payload = [s for s in bucket.proxy.requests("GET") if s.range is not None]
+    assert len(payload) == plan.requests == IO_STATS.requests
+    assert len({s.path for s in payload}) == plan.files
+    assert sum(s.nbytes for s in payload) >= plan.nbytes == IO_STATS.bytes_read
+    summary = ckptstore.export(url, tmp_path / "out", strategy=t.strategy, ranks=[1])
+    assert_same_dict(T.load_oracle(summary.files[0]), t.oracle(1), "export(s3 URL)")
