@@ -493,10 +493,12 @@ def commit(store: str) -> None:
                    "ranks and nothing says).")
 @click.option("--include", multiple=True, metavar="GLOB", help="Only parameters matching (repeatable).")
 @click.option("--dtype", default=None, help="Plan a load that converts floating-point parameters, e.g. float16.")
+@click.option("--allow-whole", is_flag=True,
+              help="Plan even when the target strategy lays out few of the store's parameters (they come whole).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
 @_friendly_errors
 def plan(store: str, strategies: tuple[str, ...], rank: int | None, include: tuple[str, ...], dtype: str | None,
-         as_json: bool) -> None:
+         allow_whole: bool, as_json: bool) -> None:
     """What loading one rank of a target layout from STORE will read, before anything is read.
 
     Bytes, files (or objects), read requests and peak memory of load_rank / read_rank for that
@@ -505,7 +507,8 @@ def plan(store: str, strategies: tuple[str, ...], rank: int | None, include: tup
     """
     from ckptstore.read.rank_plan import plan_rank
 
-    result = plan_rank(store, list(strategies) or None, rank, names=list(include) or None, dtype=dtype)
+    result = plan_rank(store, list(strategies) or None, rank, names=list(include) or None, dtype=dtype,
+                       allow_whole=allow_whole)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
         return

@@ -48,7 +48,7 @@ class RankPlan:
 
 def plan_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
               names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
-              workers: int | None = None) -> RankPlan:
+              workers: int | None = None, allow_whole: bool = False) -> RankPlan:
     """What rank ``rank`` of ``strategy`` will read from ``store``, before any payload is read.
 
     Takes the arguments of :func:`ckptstore.read_rank` (``rank=None``: this process's rank;
@@ -57,7 +57,8 @@ def plan_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     these bytes in these requests (``ckptstore.store.executor.IO_STATS`` counts them).
     """
     with store_argument(store) as st:
-        view = rank_view(st, strategy, rank, names=names, dtype=dtype, verify=verify, workers=workers)
+        view = rank_view(st, strategy, rank, names=names, dtype=dtype, verify=verify, workers=workers,
+                         allow_whole=allow_whole)
         plan = view.plan
         executor = Executor(st.data, workers=view.workers)  # counts only: no pool is started
         requests = sum(executor.requests(p) for p in plan.params.values())
