@@ -27,7 +27,7 @@ from ckptstore.store.read_plan import ParamReadPlan, ReadPlan, plan_param
 from ckptstore.store.executor import POOL_MIN_BYTES, Executor, Job, check_extents
 from ckptstore.io import LocalFile
 from ckptstore.launcher import process_rank
-from ckptstore.store.store import Store, store_argument
+from ckptstore.store.store import Store, StoreLike, store_argument
 from ckptstore.checkpoint.strategy import Strategy, load_strategy, strategy_from_summary
 
 StrategyLike = Strategy | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None
@@ -125,8 +125,6 @@ def target_boxes(store: Store, target: Strategy | None, rank: int,
     the store's shape.
     """
     rank = check_rank(rank)
-    if target is not None and target.world_size == 1 and rank > 0:
-        rank = 0  # a one-rank layout is the same for every process (pure data parallel)
     if target is not None and not 0 <= rank < target.world_size:
         raise StrategyError(f"rank {rank} is outside the target layout's {target.world_size} ranks")
     wanted = set(names) if exact and names is not None else None
@@ -327,7 +325,7 @@ def rank_view(store: Store, strategy: StrategyLike = None, rank: int | None = No
     return RankView(store, boxes, out_dtype, verify, workers, rank, 1 if target is None else target.world_size)
 
 
-def read_rank(store: Store | str | os.PathLike[str], strategy: StrategyLike = None, rank: int | None = None, *,
+def read_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
               names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
               workers: int | None = None, allow_whole: bool = False) -> dict[str, np.ndarray | str]:
     """The slices rank ``rank`` of ``strategy`` holds, read from ``store`` as numpy arrays (no MindSpore).
