@@ -6,8 +6,9 @@ Shapes only. For each model the source layout is ``ckptstore.testing.sample.pang
 with optimizer sharding (Adam moments included); its strategy file is written by
 ``ckptstore.testing.sample_checkpoint.write_strategy`` (as the parallel compiler writes it) and read back by
 ``ckptstore.load_strategy``. The store manifest is built the way ``ckptstore.convert`` builds it
-(distinct boxes from ``Strategy.replica_groups``, chunk shapes from
-``manifest.chunk_shape_for`` with the default 256 MiB bound, chunks in C order over the grid,
+(distinct boxes from ``Strategy.replica_groups``, which works them out with the conversion's own
+``checkpoint.strategy.stage_slices``; chunk shapes from ``manifest.chunk_shape_for`` with the
+default 256 MiB bound, chunks in C order over the grid,
 offsets back to back in one shard file per parameter, the supplying rank = first replica; CRCs
 are fake), written as the store's root ``zarr.json`` by the Zarr backend, and opened with
 ``ckptstore.open`` (read + JSON parse + validation). Then every rank of the 64-card target

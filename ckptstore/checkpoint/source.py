@@ -10,7 +10,6 @@ between ranks. The result is pure metadata; no payload byte is read.
 from __future__ import annotations
 
 import errno
-import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from ckptstore.checkpoint.params import SourceParam, SourceSlice
 from ckptstore.checkpoint.rank_files import find_rank_files, pick_rank_file, scan_rank_file  # noqa: F401 (re-exported)
 from ckptstore.io.open_files import SourceFiles
 from ckptstore.errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
-from ckptstore.checkpoint.strategy import Layout, Strategy, StrategyPaths, load_strategy
+from ckptstore.checkpoint.strategy import Layout, Strategy, StrategyPaths, load_strategy, stage_slices
 from ckptstore.io.locations import is_url
 from ckptstore.io.s3 import READ_CONCURRENCY as S3_READ_CONCURRENCY
 
@@ -138,7 +137,7 @@ def _check_declared_shapes(params: Mapping[str, SourceParam], strategy: Strategy
     byte: ranks 0-3 of a dp 2 x mp 4 job with optimizer sharding, under an mp 4 strategy, hold
     distinct slices of the shapes that strategy gives a tensor of half the rows. Only a declared
     global shape tells them apart; the protobuf form MindSpore's compiler writes declares none
-    (a MindFormers ``param_split_shape`` does: checked in :func:`_stage_slices`).
+    (a MindFormers ``param_split_shape`` does: checked in :func:`~ckptstore.checkpoint.strategy.stage_slices`).
     """
     for p in params.values():
         if not p.in_strategy:
@@ -240,7 +239,7 @@ def _resolve_laid_out(name: str, holders: Mapping[int, CkptEntry], indexes: Mapp
     for stage in sorted(strategy.layouts[name]):
         layout = strategy.layouts[name][stage]
         try:
-            boxes, groups = _stage_slices(layout, shape, sd)
+            boxes, groups = stage_slices(layout, shape, sd)
         except StrategyError as e:
             raise LayoutMismatchError(f"parameter {name!r} of global shape {list(shape)}: {e}") from None
         base = stage * sd
@@ -272,23 +271,6 @@ def _resolve_laid_out(name: str, holders: Mapping[int, CkptEntry], indexes: Mapp
     supplier = complete[0]
     copies = tuple(sl for s, groups in sorted(stages.items()) if s != supplier for sl in held(groups))
     return SourceParam(name, first.tensor_type, first.dtype, shape, held(stages[supplier]), True, copies)
-
-
-@functools.lru_cache(maxsize=4096)
-def _stage_slices(layout: Layout, shape: tuple[int, ...],
-                  devices: int) -> tuple[tuple[Box, ...], tuple[tuple[Box, tuple[int, ...]], ...]]:
-    """Each rank's box (by rank within the stage) and the distinct boxes with their ranks.
-
-    A 128-rank job has a few dozen distinct (layout, shape) pairs over thousands of parameters:
-    worked out once each, not once per parameter and rank.
-    """
-    boxes = tuple(layout.box(i, shape) for i in range(devices))
-    groups: dict[Box, list[int]] = {}
-    for i, b in enumerate(boxes):
-        groups.setdefault(b, []).append(i)
-    for b in groups:
-        layout.check_local_shape(b)
-    return boxes, tuple((b, tuple(members)) for b, members in groups.items())
 
 
 def _global_shape(name: str, holders: Mapping[int, CkptEntry], indexes: Mapping[int, CkptIndex],

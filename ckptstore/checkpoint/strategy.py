@@ -275,10 +275,16 @@ class Strategy:
         return None if layout is None else layout.box(rank % self.stage_devices, global_shape)
 
     def replica_groups(self, name: str, global_shape: Sequence[int]) -> dict[Box, list[int]]:
-        """Each distinct box of ``name`` and the global ranks holding it (replicas), in rank order."""
+        """Each distinct box of ``name`` and the global ranks holding it (replicas), in rank order.
+
+        Worked out by :func:`stage_slices`, as a conversion does, stage by stage.
+        """
+        shape = tuple(int(s) for s in global_shape)
         groups: dict[Box, list[int]] = {}
-        for r in self.ranks_holding(name):
-            groups.setdefault(self.box(name, r, global_shape), []).append(r)  # type: ignore[arg-type]
+        for stage in sorted(self.layouts[name]):
+            base = stage * self.stage_devices
+            for box, members in stage_slices(self.layouts[name][stage], shape, self.stage_devices)[1]:
+                groups.setdefault(box, []).extend(base + i for i in members)
         return groups
 
     def summary(self) -> dict[str, object]:
@@ -289,6 +295,24 @@ class Strategy:
             "num_stages": self.num_stages,
             "params": {n: {str(s): layout_to_json(l) for s, l in st.items()} for n, st in self.layouts.items()},
         }
+
+
+@functools.lru_cache(maxsize=4096)
+def stage_slices(layout: Layout, shape: tuple[int, ...],
+                 devices: int) -> tuple[tuple[Box, ...], tuple[tuple[Box, tuple[int, ...]], ...]]:
+    """Each rank's box (by rank within the stage) and the distinct boxes with their ranks.
+
+    Every distinct box is checked against what the layout declares of a local shape. A 128-rank
+    job has a few dozen distinct (layout, shape) pairs over thousands of parameters: worked out
+    once each, not once per parameter and rank.
+    """
+    boxes = tuple(layout.box(i, shape) for i in range(devices))
+    groups: dict[Box, list[int]] = {}
+    for i, b in enumerate(boxes):
+        groups.setdefault(b, []).append(i)
+    for b in groups:
+        layout.check_local_shape(b)
+    return boxes, tuple((b, tuple(members)) for b, members in groups.items())
 
 
 def layout_to_json(layout: Layout) -> dict[str, object]:
