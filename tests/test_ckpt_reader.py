@@ -368,6 +368,7 @@ def _outcome(path: Path):
     return index
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["plain", "crc"])
 def test_truncation_at_every_offset_errors_or_is_a_clean_prefix(truncation_sources, tmp_path, variant):
     raw = truncation_sources[variant].read_bytes()

@@ -106,6 +106,7 @@ def test_a_truncated_checkpoint_is_one_line_naming_file_and_offset(known_files, 
                         result.stderr), result.stderr
 
 
+@pytest.mark.slow
 def test_console_script_reports_a_truncated_file_without_traceback(known_files, tmp_path):
     cut = tmp_path / "cut.ckpt"
     raw = known_files["plain"].read_bytes()

@@ -125,6 +125,7 @@ def multi_record_layout(tmp_path, one_kib_records) -> SavedLayout:
     return SavedLayout("multi_record", tmp_path / "src", MULTI_RECORD_SPECS, tensors, 8, 1)
 
 
+@pytest.mark.slow
 def test_tensors_split_across_several_records_convert_exactly(multi_record_layout, tmp_path):
     layout = multi_record_layout
     index = scan_checkpoint(layout.rank_file(5))
@@ -427,6 +428,7 @@ def _infos(out: Path):
         return [store.info(n) for n in store.names()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codec", CODECS)
 def test_ckptstore_verify_passes_on_a_compressed_store(saved_layout, tmp_path, codec):
     layout = saved_layout("mixed_dtypes")

@@ -187,6 +187,7 @@ def test_corrupt_bytes_inside_a_record_are_named(dp2_mp4, tmp_path):
     assert (e.path, e.offset) == (str(path), at)
 
 
+@pytest.mark.slow
 def test_cli_reports_a_source_error_in_one_line_with_exit_status_2(dp2_mp4, tmp_path):
     path = dp2_mp4.rank_file(4)
     entry = scan_checkpoint(path)["layer1.w"]
@@ -263,6 +264,7 @@ def test_disk_full_is_a_store_write_error_and_a_rerun_finishes(saved_layout, sma
     assert store_files(out) == store_files(reference_store)  # byte-identical to an uninterrupted run
 
 
+@pytest.mark.slow
 def test_cli_disk_full_exits_2_saying_no_space_left(saved_layout, small_tmpfs):
     layout = saved_layout("dp2_mp4")
     out = small_tmpfs.path / "s.zarr"

@@ -92,6 +92,7 @@ def one_process_store(tmp_path_factory, saved_layout):
     return layout, out
 
 
+@pytest.mark.slow
 @pytest.mark.mindspore
 def test_three_parts_at_once_write_the_store_one_process_writes(one_process_store, tmp_path):
     from convert_fixtures import store_files
@@ -103,6 +104,7 @@ def test_three_parts_at_once_write_the_store_one_process_writes(one_process_stor
     assert store_files(tmp_path / "s") == store_files(reference)
 
 
+@pytest.mark.slow
 @pytest.mark.mindspore
 def test_a_killed_part_rerun_completes_the_store(one_process_store, tmp_path):
     import ckptstore
@@ -119,6 +121,7 @@ def test_a_killed_part_rerun_completes_the_store(one_process_store, tmp_path):
     assert store_files(tmp_path / "s") == store_files(reference)
 
 
+@pytest.mark.slow
 @pytest.mark.mindspore
 def test_parts_racing_to_commit_leave_one_complete_store(one_process_store, tmp_path):
     """Every part finishes, the last is killed just before its manifest; two commits then race."""
@@ -136,6 +139,7 @@ def test_parts_racing_to_commit_leave_one_complete_store(one_process_store, tmp_
     assert store_files(tmp_path / "s") == store_files(reference)
 
 
+@pytest.mark.slow
 @pytest.mark.mindspore
 def test_commit_names_what_has_not_finished(one_process_store, tmp_path):
     from convert_fixtures import run_cli
@@ -158,6 +162,7 @@ def test_part_auto_reads_msrun_environment(one_process_store, tmp_path):
     assert store_files(tmp_path / "s") == store_files(reference)
 
 
+@pytest.mark.slow
 @pytest.mark.mindspore
 @pytest.mark.parametrize("fmt", ["safetensors", "index"])
 def test_other_store_kinds_split_into_parts_the_same(saved_layout, tmp_path, fmt):
@@ -177,6 +182,7 @@ def test_other_store_kinds_split_into_parts_the_same(saved_layout, tmp_path, fmt
             assert a.read(name).tobytes() == b.read(name).tobytes()
 
 
+@pytest.mark.slow
 @pytest.mark.mindspore
 def test_three_parts_into_a_bucket_one_killed_and_rerun(one_process_store, bucket):
     import ckptstore

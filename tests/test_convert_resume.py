@@ -69,6 +69,7 @@ def one_go(big_layout, tmp_path_factory) -> tuple[Path, dict]:
     return out, summary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", KILL_POINTS)
 def test_killed_conversion_resumes_without_rewriting_a_chunk(big_layout, one_go, tmp_path, n):
     out = tmp_path / "s.zarr"
@@ -169,6 +170,7 @@ def _without_lock(files: dict[str, bytes]) -> dict[str, bytes]:
     return {k: v for k, v in files.items() if k != ".ckptstore-work/lock"}
 
 
+@pytest.mark.slow
 def test_overwrite_starts_an_unfinished_store_over(big_layout, one_go, tmp_path):
     out = tmp_path / "s.zarr"
     _killed_run(big_layout, out, 11)
@@ -179,6 +181,7 @@ def test_overwrite_starts_an_unfinished_store_over(big_layout, one_go, tmp_path)
     assert store_files(out) == store_files(one_go[0])
 
 
+@pytest.mark.slow
 def test_overwrite_with_other_options_replaces_an_unfinished_store(big_layout, tmp_path):
     out = tmp_path / "s.zarr"
     _killed_run(big_layout, out, 11)
@@ -205,6 +208,7 @@ def test_rerunning_a_finished_conversion_does_nothing(saved_layout, tmp_path):
     assert store_files(out) == before
 
 
+@pytest.mark.slow
 def test_converting_other_options_into_a_complete_store_needs_overwrite(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp4")
     out = tmp_path / "s.zarr"

@@ -41,6 +41,7 @@ _WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_eight_processes_load_their_ranks_at_once(load_env, tmp_path):
     t = load_env.target("dp2_mp4->dp4_mp2")
     assert t.world == 8

@@ -155,6 +155,7 @@ _RCHAR_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id,rank", [("dp2_mp4->dp2_mp2", 1), ("pipeline2->1stage", 3),
                                           ("mixed_dtypes->dp2_mp2_optshard", 2)])
 def test_process_reads_only_the_plan_and_the_metadata(load_env, tmp_path, case_id, rank):

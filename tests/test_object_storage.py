@@ -79,6 +79,7 @@ S3_CASES = [("zarr", c) for c in CONFORMANCE_CASES] + [
     ("index", c) for c in ("dp2_mp4->dp4_mp2", "pipeline2->1stage", "mixed_dtypes->dp2_mp2_optshard")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,case_id", S3_CASES)
 def test_every_target_rank_from_s3_equals_transform_checkpoints(bucket, load_env, kind, case_id):
     t = load_env.target(case_id)
@@ -152,6 +153,7 @@ def test_an_unknown_scheme_is_refused_not_taken_for_a_folder(load_env, tmp_path)
 # ---- writing and converting from the bucket ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_convert_to_s3_writes_the_same_store_as_to_a_folder(bucket, load_env, tmp_path):
     layout = load_env.saved_layout("opt_shard")
     ckptstore.convert(layout.root, tmp_path / "local", strategy=layout.strategy_files)
@@ -161,6 +163,7 @@ def test_convert_to_s3_writes_the_same_store_as_to_a_folder(bucket, load_env, tm
     assert S.objects(bucket.url("model.zarr")) == store_files(tmp_path / "local")
 
 
+@pytest.mark.slow
 def test_rank_files_in_a_bucket_convert_like_local_ones(bucket, load_env, tmp_path):
     layout = load_env.saved_layout("pipeline2")
     S.upload(layout.root, bucket.url("ckpt"))
@@ -173,6 +176,7 @@ def test_rank_files_in_a_bucket_convert_like_local_ones(bucket, load_env, tmp_pa
     assert files["0"] == bucket.url("ckpt/rank_0/net-1_1.ckpt")
 
 
+@pytest.mark.slow
 def test_an_interrupted_conversion_to_s3_is_refused_then_resumed(bucket, load_env, tmp_path):
     layout = load_env.saved_layout("dp2_mp4")
     url = bucket.url("model.zarr")
@@ -203,6 +207,7 @@ def test_a_big_parameter_is_uploaded_in_parts(watched_bucket, tmp_path, monkeypa
     assert stored.tobytes() == np.asarray(tensors["big.w"]).tobytes()
 
 
+@pytest.mark.slow
 def test_an_index_in_a_bucket_refuses_a_rank_object_that_changed(bucket, load_env):
     layout = load_env.saved_layout("dp2_mp4")
     url = s3_store(bucket, layout, "index")
@@ -244,6 +249,7 @@ def test_obs_urls_are_s3_through_the_same_client(bucket, load_env):
         assert a.read("layer0.w").tobytes() == b.read("layer0.w").tobytes() == layout.tensors["layer0.w"].tobytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["zarr", "safetensors"])
 def test_bucket_to_bucket_convert_writes_the_store_a_local_conversion_writes(bucket, load_env, tmp_path, fmt):
     """ModelArts: rank files and the store both on OBS."""
@@ -258,6 +264,7 @@ def test_bucket_to_bucket_convert_writes_the_store_a_local_conversion_writes(buc
     assert S.objects(bucket.url("model")) == store_files(tmp_path / "local")
 
 
+@pytest.mark.slow
 def test_bucket_to_bucket_index_reads_like_the_rank_files(bucket, load_env):
     layout = load_env.saved_layout("pipeline2")
     src = bucket.url("ckpt")

@@ -93,6 +93,7 @@ def test_compression_is_refused_for_safetensors(saved_layout, tmp_path):
         convert_layout(saved_layout("mp_rows"), tmp_path / "st", fmt="safetensors", compress="zstd")
 
 
+@pytest.mark.slow
 def test_killed_conversion_resumes_to_an_identical_store(saved_layout, tmp_path):
     layout = saved_layout("mixed_dtypes")
     args = ["convert", layout.root, *strategy_args(layout), "--format", "safetensors", "-j", "1", "-q"]
@@ -122,6 +123,7 @@ def test_load_rank_from_a_safetensors_store_equals_the_zarr_store(saved_layout, 
             assert_same_array(np.asarray(a.read(name)), np.asarray(b.read(name)), name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["zarr", "safetensors"])
 def test_reading_a_store_imports_neither_zarr_nor_the_codecs_nor_mindspore(saved_layout, tmp_path, fmt):
     import subprocess

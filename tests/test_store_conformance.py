@@ -124,6 +124,7 @@ class StoreKindTests:
         with pytest.raises(StoreCorruptError, match="'..' component"):
             ckptstore.open(store)
 
+    @pytest.mark.slow
     def test_an_interrupted_write_is_refused_then_resumed_to_the_same_store(self, load_env, tmp_path):
         layout = load_env.saved_layout("dp2_mp4")
         reference, out = tmp_path / "one_go", tmp_path / "s"

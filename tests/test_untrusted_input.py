@@ -76,6 +76,7 @@ def _assert_store_holds(out: Path, layout) -> None:
 # 1. one writer per output folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["zarr", "safetensors"])
 def test_concurrent_conversions_into_one_folder_commit_one_correct_store(saved_layout, tmp_path, fmt):
     layout = saved_layout("dp2_mp4")
@@ -109,6 +110,7 @@ def test_a_conversion_waits_for_the_holder_of_the_folder_and_says_who_it_is(save
     _assert_store_holds(out, layout)
 
 
+@pytest.mark.slow
 def test_the_lock_dies_with_a_killed_holder(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp4")
     out = tmp_path / "s.zarr"
@@ -129,6 +131,7 @@ def test_the_lock_dies_with_a_killed_holder(saved_layout, tmp_path):
 # 2. the commit window
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["zarr", "safetensors"])
 def test_a_kill_between_the_data_files_and_the_manifest_resumes_to_the_same_store(saved_layout, tmp_path, fmt):
     layout = saved_layout("dp2_mp4")
@@ -261,6 +264,7 @@ def _strategy_bytes(dev_matrix: list[int], tensor_map: list[int], *, opt_size: i
     return smap.SerializeToString()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dev,tmap,opt,message", [
     ([1 << 20, 1 << 20], [0, -1], 0, "spans more than 1048576 devices"),
     ([2] * 70, [0], 0, "more than 64 entries"),
@@ -279,6 +283,7 @@ def test_a_strategy_claiming_too_many_devices_is_refused_before_anything_is_size
 # 6. dtype= only converts to floating-point types
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["int8", "int32", "bool", "uint16"])
 def test_an_integer_or_bool_dtype_is_refused(converted, tmp_path, dtype):
     import mindspore
@@ -353,6 +358,7 @@ def test_every_single_byte_flip_in_the_record_headers_gives_a_typed_error_or_a_s
     damaged.unlink()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit,message", [
     (lambda m: m.__setitem__("params", None), "'params' and 'source' must be JSON objects"),
     (lambda m: m["params"].__setitem__("layer0.w", None), "its entry is not a JSON object"),
@@ -406,6 +412,7 @@ def test_names_given_as_one_string_are_one_pattern(converted):
         assert rank_view(store, None, 0, names="layer0.*").names() == ["layer0.w", "layer0.b"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", ["3-1", "-1", "a", "1,,2"])
 def test_export_refuses_a_rank_list_that_selects_nothing(converted, tmp_path, ranks):
     r = run_cli("export", converted, tmp_path / "out", "--ranks", ranks)
@@ -417,6 +424,7 @@ def test_export_refuses_a_rank_list_that_selects_nothing(converted, tmp_path, ra
 # 9. a rank file edited in place is not mixed into a resumed store
 
 
+@pytest.mark.slow
 def test_an_in_place_edit_with_the_modification_time_restored_is_not_resumed(saved_layout, tmp_path):
     layout = copy_layout(saved_layout("dp2_mp4"), tmp_path / "ckpt")
     out = tmp_path / "s.zarr"
