@@ -6,7 +6,7 @@ the page cache dropped before every measured run, as the record ``load-cold``), 
 ``node`` (8 loaders at once), ``index`` (``ckptstore.index`` of a sparse 130B-shaped checkpoint
 on 128 ranks, from its headers: :mod:`benchmarks.bench_index`) and, with ``--scaling``, the load
 and convert scenarios again over model sizes and source world sizes. Each writes ``<out>/<name>.json`` (runs appended) and ``<out>/<name>.md``; the suite
-writes ``<out>/REPORT.md`` with every table, the targets of DESIGN.md judged on this run, and
+writes ``<out>/REPORT.md`` with every table, the targets of benchmarks/README.md judged on this run, and
 the plots.
 """
 from __future__ import annotations
@@ -205,7 +205,7 @@ def report(records: Mapping[str, Any], cfg: SuiteConfig, command: str) -> str:
                 + targets.index_convert_verdicts(records.get("convert"), bench_convert.INDEX)
                 + targets.sparse_index_verdicts(records.get("index"), bench_index.INDEX)
                 + targets.node_verdicts(records.get("node"), bench_node.CKPTSTORE))
-    lines += ["## Targets from DESIGN.md", "", targets.markdown(verdicts), ""]
+    lines += ["## Targets (benchmarks/README.md)", "", targets.markdown(verdicts), ""]
     lines += _design_context(records.get("load"))
     lines += ["### How the MindSpore routes were run", "", *bench_load.mindspore_notes(),
               "- The node scenario sets the parallel context a real job has "
@@ -282,9 +282,9 @@ def _design_context(load: Mapping[str, Any] | None) -> list[str]:
     t = s[ldc]["wall_s"]["median"] / s[bound]["wall_s"]["median"]
     m = s[ldc]["peak_above_start"]["median"] / n
     b = s[ldc]["rchar"]["median"] / n
-    return [f"For comparison with DESIGN.md's figures for `{ldc}` (~25× the pread time, 5.6× memory, 4.1× bytes "
-            f"read, on a 3 GB model 8 → 4): here {t:.1f}× the time, {m:.1f}× the rank's bytes in peak memory, "
-            f"{b:.1f}× the bytes read.", ""]
+    return [f"For comparison with the figures for `{ldc}` in benchmarks/README.md (~25× the pread time, 5.6× "
+            f"memory, 4.1× bytes read, on a 3 GB model 8 → 4): here {t:.1f}× the time, {m:.1f}× the rank's bytes in "
+            f"peak memory, {b:.1f}× the bytes read.", ""]
 
 
 def _reach_note(rec: Mapping[str, Any]) -> str:

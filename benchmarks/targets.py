@@ -1,4 +1,4 @@
-"""The targets of DESIGN.md ("Targets"), judged on one run's records.
+"""The targets of benchmarks/README.md ("Targets"), judged on one run's records.
 
 Each target is checked against the numbers of this run only: time on medians, memory and bytes
 on the worst repetition (a claim must hold every time). A target relative to a contender that

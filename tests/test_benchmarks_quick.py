@@ -43,7 +43,7 @@ def test_quick_suite_writes_a_well_formed_report(tmp_path: Path) -> None:
     report = (tmp_path / "REPORT.md").read_text(encoding="utf-8")
     assert report.startswith("# ckptstore benchmarks")
     assert "Command: `python -m benchmarks run --quick" in report
-    for heading in ("## Targets from DESIGN.md", "### Load one target rank", "### Convert", "### One node",
+    for heading in ("## Targets (benchmarks/README.md)", "### Load one target rank", "### Convert", "### One node",
                     "### Which target ranks each MindSpore route reaches", "### Index a sparse checkpoint"):
         assert heading in report, heading
     assert "× ckptstore" in report and "× bound" in report  # ratios against ckptstore and the lower bound
