@@ -151,6 +151,7 @@ def test_commit_names_what_has_not_finished(one_process_store, tmp_path):
     assert "part(s) 1 of 2 have not finished; run (or rerun) them (convert --part I/2), then commit" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.mindspore
 def test_part_auto_reads_msrun_environment(one_process_store, tmp_path):
     from convert_fixtures import store_files

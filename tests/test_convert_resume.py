@@ -97,6 +97,7 @@ def _partial_and_journal(out: Path) -> tuple[Path, Path]:
     return partial, journal
 
 
+@pytest.mark.slow
 def test_a_torn_journal_line_and_unjournalled_bytes_are_dropped(big_layout, one_go, tmp_path):
     """A kill in the middle of a chunk leaves bytes past the last journalled chunk and possibly a
     half-written journal line; the rerun must ignore both."""
@@ -114,6 +115,7 @@ def test_a_torn_journal_line_and_unjournalled_bytes_are_dropped(big_layout, one_
     assert store_files(out) == store_files(one_go[0])
 
 
+@pytest.mark.slow
 def test_a_damaged_journalled_chunk_is_rewritten_with_those_after_it(big_layout, one_go, tmp_path):
     """Chunk 1 of the partial file no longer matches its journalled CRC: chunks 1 and 2 are
     written again, chunk 0 is kept."""
@@ -133,6 +135,7 @@ def test_a_damaged_journalled_chunk_is_rewritten_with_those_after_it(big_layout,
     assert store_files(out) == store_files(one_go[0])
 
 
+@pytest.mark.slow
 def test_resumed_store_reads_the_global_tensors(big_layout, tmp_path):
     out = tmp_path / "s.zarr"
     _killed_run(big_layout, out, 11)
@@ -142,6 +145,7 @@ def test_resumed_store_reads_the_global_tensors(big_layout, tmp_path):
             assert_same_array(store.read(name, verify=True), want, name)
 
 
+@pytest.mark.slow
 def test_info_on_an_unfinished_store_says_to_rerun(big_layout, tmp_path):
     out = tmp_path / "s.zarr"
     _killed_run(big_layout, out, 3)
@@ -153,6 +157,7 @@ def test_info_on_an_unfinished_store_says_to_rerun(big_layout, tmp_path):
     assert run_cli("verify", out).returncode == 2
 
 
+@pytest.mark.slow
 def test_a_different_command_on_an_unfinished_store_is_refused(big_layout, tmp_path):
     out = tmp_path / "s.zarr"
     _killed_run(big_layout, out, 3)
@@ -196,6 +201,7 @@ def test_overwrite_with_other_options_replaces_an_unfinished_store(big_layout, t
 # guarding --out
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_conversion_does_nothing(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp4")
     out = tmp_path / "s.zarr"

@@ -298,6 +298,7 @@ def test_server_errors_after_the_retries_are_an_outage_not_a_damaged_store(watch
 _KEY, _SECRET = "AKIAUSERINFOKEY", "userinfo/Secret+Zq81"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("url", [f"s3://{_KEY}:{_SECRET}@bucket/store", f"obs://{_KEY}:{_SECRET}@bucket/store",
                                  f"s3://{_KEY}:{_SECRET.replace('/', '')}@bucket/store"])
 def test_credentials_in_a_url_are_refused_without_printing_them(load_env, url):
@@ -345,6 +346,7 @@ def test_the_library_refuses_a_url_with_one_slash_everywhere_a_location_is_taken
     assert ckptstore.open(local).names()
 
 
+@pytest.mark.slow
 def test_info_on_an_unfinished_bucket_store_says_what_verify_says(bucket, load_env):
     layout = load_env.saved_layout("dp2_mp4")
     url = bucket.url("model.zarr")
