@@ -25,7 +25,6 @@ from ckptstore.testing import s3_server as S
 from ckptstore.store.kinds import ROOT_METADATA  # noqa: E402
 from ckptstore.errors import (  # noqa: E402
     IncompleteStoreError,
-    ObjectStoreConfigError,
     SourceChangedError,
     StoreCorruptError,
     StoreExistsError,
