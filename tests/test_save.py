@@ -211,6 +211,7 @@ def test_a_rank_killed_mid_save_leaves_the_step_uncommitted_and_its_rerun_comple
     assert sum(data_files(tmp_path / "step_2").values()) == distinct_bytes(layout)  # no leftovers of the dead run
 
 
+@pytest.mark.mindspore
 def test_ckptstore_commit_commits_a_step_whose_ranks_all_finished(saved_layout, tmp_path):
     from convert_fixtures import run_cli
     from save_worker import local_slices
