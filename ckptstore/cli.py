@@ -136,6 +136,8 @@ def main() -> None:
       ckptstore info rank_0/net-1_100.ckpt          what a rank file holds
       ckptstore convert ckpt_dir --strategy strategy.ckpt --out model.zarr
       ckptstore verify model.zarr                   re-check every chunk's checksum
+      ckptstore plan model.zarr -s new_strategy.ckpt --rank 3
+                                                    what rank 3 of the new layout will read
     """
 
 

@@ -131,7 +131,7 @@ def test_tensors_split_across_several_records_convert_exactly(multi_record_layou
     index = scan_checkpoint(layout.rank_file(5))
     for spec in MULTI_RECORD_SPECS:  # the fixture really has multi-record tensors
         assert len(index[spec.name].pieces) > 1, spec.name
-    convert_layout(layout, tmp_path / "s.zarr", max_chunk_mb=1)
+    convert_layout(layout, tmp_path / "s.zarr", chunk_mb=1)
     T.transform_oracle(layout.root, layout.strategy_arg, None, tmp_path / "merged")
     (merged,) = (tmp_path / "merged").rglob("*.ckpt")
     oracle = T.load_oracle(merged)

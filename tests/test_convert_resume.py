@@ -166,7 +166,7 @@ def test_a_different_command_on_an_unfinished_store_is_refused(big_layout, tmp_p
     assert r.returncode == 2
     assert "[StoreExistsError]" in r.stderr and "--overwrite" in r.stderr and str(out) in r.stderr
     with pytest.raises(StoreExistsError, match="--overwrite"):
-        convert_layout(big_layout, out, max_chunk_mb=1, workers=1, exclude=["adam_*"])
+        convert_layout(big_layout, out, chunk_mb=1, workers=1, exclude=["adam_*"])
     # refused without touching the unfinished store (the lock file says who last held it)
     assert _without_lock(store_files(out)) == _without_lock(before)
 

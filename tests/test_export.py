@@ -139,7 +139,7 @@ def _read_safetensors_raw(path: Path) -> tuple[dict[str, np.ndarray], dict]:
 
 def test_safetensors_with_bfloat16_and_every_dtype(load_env, tmp_path):
     t = load_env.target("mixed_dtypes->dp2_mp2_optshard")
-    summary = ckptstore.export(t.store, tmp_path / "out", strategy=t.strategy, fmt="safetensors")
+    summary = ckptstore.export(t.store, tmp_path / "out", strategy=t.strategy, format="safetensors")
     assert list(summary.files) == _files(tmp_path / "out", range(t.world), "safetensors")
     for j in range(t.world):
         path = Path(summary.files[j])
@@ -262,7 +262,7 @@ def test_export_of_a_single_file_store_is_byte_identical_to_the_file(tmp_path):
 def test_string_values_go_to_safetensors_metadata(tmp_path):
     _, store_path = _single_file_store(tmp_path)
     with ckptstore.open(store_path) as store:
-        summary = ckptstore.export(store, tmp_path / "out", fmt="safetensors", names=["w.f32", "i64", "note", "lr"])
+        summary = ckptstore.export(store, tmp_path / "out", format="safetensors", names=["w.f32", "i64", "note", "lr"])
     with safetensors.safe_open(summary.files[0], framework="numpy") as f:
         assert f.metadata() == {"note": "héllo wörld"}
         assert sorted(f.keys()) == ["i64", "lr", "w.f32"]

@@ -93,7 +93,7 @@ def test_every_target_rank_from_s3_equals_transform_checkpoints(bucket, load_env
 
 @pytest.mark.parametrize("fmt", ["zarr", "safetensors"])
 def test_a_store_copied_to_a_bucket_reads_like_the_local_one(bucket, load_env, fmt):
-    local = load_env.store("mixed_dtypes", fmt=fmt) if fmt != "zarr" else load_env.store("mixed_dtypes")
+    local = load_env.store("mixed_dtypes", format=fmt) if fmt != "zarr" else load_env.store("mixed_dtypes")
     S.upload(Path(local), bucket.url("copy"))
     with ckptstore.open(local) as a, ckptstore.open(bucket.url("copy")) as b:
         assert a.names() == b.names()
@@ -225,8 +225,8 @@ def test_a_safetensors_store_in_a_bucket_is_the_one_written_to_a_folder(bucket, 
 
     monkeypatch.setattr(store_writer, "ROW_BLOCK", 256)  # many row blocks per tensor: the assembly is exercised
     layout = load_env.saved_layout("mixed_dtypes")
-    ckptstore.convert(layout.root, tmp_path / "local", strategy=layout.strategy_files, fmt="safetensors")
-    ckptstore.convert(layout.root, bucket.url("st"), strategy=layout.strategy_files, fmt="safetensors")
+    ckptstore.convert(layout.root, tmp_path / "local", strategy=layout.strategy_files, format="safetensors")
+    ckptstore.convert(layout.root, bucket.url("st"), strategy=layout.strategy_files, format="safetensors")
     assert S.objects(bucket.url("st")) == store_files(tmp_path / "local")
 
 
@@ -259,7 +259,7 @@ def test_bucket_to_bucket_convert_writes_the_store_a_local_conversion_writes(buc
     r = run_cli("convert", src, *strategy, "--out", bucket.url("model"), "--format", fmt, "-j", "1", "-q",
                 env=bucket.env)
     assert r.returncode == 0, r.stderr
-    ckptstore.convert(src, tmp_path / "local", strategy=_strategy_urls(layout, src), fmt=fmt)
+    ckptstore.convert(src, tmp_path / "local", strategy=_strategy_urls(layout, src), format=fmt)
     assert S.objects(bucket.url("model")) == store_files(tmp_path / "local")
 
 

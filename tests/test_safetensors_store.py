@@ -34,7 +34,7 @@ def _safetensors_tensors(store: Path) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_global_tensor_reads_back_bit_for_bit(saved_layout, tmp_path, kind):
     layout = saved_layout(kind)
-    convert_layout(layout, tmp_path / "st", fmt="safetensors", max_chunk_mb=1)
+    convert_layout(layout, tmp_path / "st", format="safetensors", chunk_mb=1)
     store = ckptstore.open(tmp_path / "st")
     assert store.manifest.backend == "safetensors"
     for name, expected in layout.tensors.items():
@@ -44,20 +44,20 @@ def test_every_global_tensor_reads_back_bit_for_bit(saved_layout, tmp_path, kind
 @pytest.mark.parametrize("kind", ["dp2_mp4", "mixed_dtypes"])
 def test_the_safetensors_library_reads_the_same_global_tensors(saved_layout, tmp_path, kind):
     layout = saved_layout(kind)
-    convert_layout(layout, tmp_path / "st", fmt="safetensors")
+    convert_layout(layout, tmp_path / "st", format="safetensors")
     tensors = _safetensors_tensors(tmp_path / "st")
     for name, expected in layout.tensors.items():
         assert_same_array(tensors[name], expected, name)
 
 
 def test_store_folder_holds_only_the_manifest_and_safetensors_files(saved_layout, tmp_path):
-    convert_layout(saved_layout("dp2_mp4"), tmp_path / "st", fmt="safetensors")
+    convert_layout(saved_layout("dp2_mp4"), tmp_path / "st", format="safetensors")
     assert sorted(p.name for p in (tmp_path / "st").iterdir()) == ["ckptstore.json", "model-00001-of-00001.safetensors"]
 
 
 def test_payload_is_each_tensor_once(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp4")
-    convert_layout(layout, tmp_path / "st", fmt="safetensors")
+    convert_layout(layout, tmp_path / "st", format="safetensors")
     data = (tmp_path / "st" / "model-00001-of-00001.safetensors").read_bytes()
     payload = len(data) - 8 - int.from_bytes(data[:8], "little")
     store = ckptstore.open(tmp_path / "st")
@@ -68,7 +68,7 @@ def test_payload_is_each_tensor_once(saved_layout, tmp_path):
 @pytest.mark.parametrize("kind", ["mp_cols", "opt_shard", "pipeline2"])
 def test_verify_against_the_source_passes(saved_layout, tmp_path, kind):
     layout = saved_layout(kind)
-    convert_layout(layout, tmp_path / "st", fmt="safetensors", max_chunk_mb=1)
+    convert_layout(layout, tmp_path / "st", format="safetensors", chunk_mb=1)
     report = verify_store(ckptstore.open(tmp_path / "st"), against=layout.root, strategy=layout.strategy_files)
     assert report.ok, report.problems
     assert report.compared_with_source == report.chunks
@@ -76,7 +76,7 @@ def test_verify_against_the_source_passes(saved_layout, tmp_path, kind):
 
 def test_verify_finds_a_flipped_byte_in_a_column_chunk(saved_layout, tmp_path):
     layout = saved_layout("mp_cols")
-    convert_layout(layout, tmp_path / "st", fmt="safetensors")
+    convert_layout(layout, tmp_path / "st", format="safetensors")
     store = ckptstore.open(tmp_path / "st")
     info = store.info("layer0.w")
     _, offset, _ = info.chunk_pieces(3)[1]  # second row of chunk 3 (columns 24..32)
@@ -90,7 +90,7 @@ def test_verify_finds_a_flipped_byte_in_a_column_chunk(saved_layout, tmp_path):
 
 def test_compression_is_refused_for_safetensors(saved_layout, tmp_path):
     with pytest.raises(ValueError, match="safetensors stores are not compressed"):
-        convert_layout(saved_layout("mp_rows"), tmp_path / "st", fmt="safetensors", compress="zstd")
+        convert_layout(saved_layout("mp_rows"), tmp_path / "st", format="safetensors", compress="zstd")
 
 
 @pytest.mark.slow
@@ -111,7 +111,7 @@ def test_killed_conversion_resumes_to_an_identical_store(saved_layout, tmp_path)
 
 def test_load_rank_from_a_safetensors_store_equals_the_zarr_store(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp4")
-    convert_layout(layout, tmp_path / "st", fmt="safetensors")
+    convert_layout(layout, tmp_path / "st", format="safetensors")
     convert_layout(layout, tmp_path / "zarr")
     target = T.write_strategy(tmp_path / "dst.ckpt", [
         s.__class__(**{**s.__dict__, "dev_matrix": (2, 2)}) for s in layout.specs if s.dev_matrix])
@@ -130,7 +130,7 @@ def test_reading_a_store_imports_neither_zarr_nor_the_codecs_nor_mindspore(saved
     import sys
 
     layout = saved_layout("mixed_dtypes")
-    ckptstore.convert(layout.root, tmp_path / "s", strategy=layout.strategy_files, fmt=fmt)
+    ckptstore.convert(layout.root, tmp_path / "s", strategy=layout.strategy_files, format=fmt)
     code = ("import sys, ckptstore\n"
             f"s = ckptstore.open({str(tmp_path / 's')!r})\n"
             "[s.read(n) for n in s.names()]\n"

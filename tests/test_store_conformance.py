@@ -172,7 +172,7 @@ class TestSafetensorsStore(StoreKindTests):
     kind = "safetensors"
 
     def write(self, layout, out, **kwargs):
-        ckptstore.convert(layout.root, out, strategy=layout.strategy_files, fmt="safetensors", **kwargs)
+        ckptstore.convert(layout.root, out, strategy=layout.strategy_files, format="safetensors", **kwargs)
 
     def cli_args(self):
         return ["convert", "--format", "safetensors"]
