@@ -50,3 +50,23 @@ def test_verify_of_a_missing_store_exits_2(tmp_path):
 def test_info_of_a_missing_path_is_a_usage_error(tmp_path):
     result = CliRunner().invoke(main, ["info", str(tmp_path / "nope.ckpt")], catch_exceptions=False)
     assert result.exit_code == 2 and "does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["convert"], "ckptstore: error: Missing argument 'SRC'. (see 'ckptstore convert --help') [UsageError]"),
+    (["export", "s.zarr", "out", "--format", "zip"],
+     "ckptstore: error: Invalid value for '--format': 'zip' is not one of 'ckpt', 'safetensors'. "
+     "(see 'ckptstore export --help') [UsageError]"),
+    (["plan", ".", "--rank", "x"],
+     "ckptstore: error: Invalid value for '--rank': 'x' is not a valid integer range. "
+     "(see 'ckptstore plan --help') [UsageError]"),
+    (["frobnicate"], "ckptstore: error: No such command 'frobnicate'. (see 'ckptstore --help') [UsageError]"),
+], ids=["missing-argument", "bad-choice", "bad-integer", "unknown-command"])
+def test_a_usage_error_is_one_line_and_exit_2(args, message):
+    r = run_cli(*args)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", message + "\n")
+
+
+def test_the_bare_command_prints_its_help():
+    r = run_cli()
+    assert r.returncode == 0 and r.stdout.startswith("Usage: ckptstore [OPTIONS] COMMAND [ARGS]..."), r.stdout

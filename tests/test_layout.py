@@ -104,3 +104,11 @@ def test_a_bad_json_strategy_is_refused_naming_it(tmp_path, text, message):
 def test_no_strategy_file_is_refused():
     with pytest.raises(StrategyError, match="no strategy file given"):
         load_strategy([])
+
+
+def test_a_strategy_folder_without_strategy_files_is_refused(tmp_path):
+    (tmp_path / "strategy").mkdir()
+    (tmp_path / "strategy" / "notes.txt").write_text("x")
+    with pytest.raises(StrategyError) as info:
+        load_strategy(tmp_path / "strategy")
+    assert str(info.value) == f"strategy folder {tmp_path / 'strategy'} holds no .ckpt or .json strategy file"

@@ -150,14 +150,6 @@ def test_a_strategy_folder_with_both_formats_is_refused(saved_layout, tmp_path):
                                "format (MindSpore's merge_pipeline_strategys refuses the mix too)")
 
 
-def test_a_strategy_folder_without_strategy_files_is_refused(tmp_path):
-    (tmp_path / "strategy").mkdir()
-    (tmp_path / "strategy" / "notes.txt").write_text("x")
-    with pytest.raises(StrategyError) as info:
-        load_strategy(tmp_path / "strategy")
-    assert str(info.value) == f"strategy folder {tmp_path / 'strategy'} holds no .ckpt or .json strategy file"
-
-
 # ---- 17.17: MindFormers' filtered saves ----------------------------------------------------------
 
 #: What MindFormers' CheckpointMonitor leaves out of a save (its choice_func), laid out like dp2_mp4.
