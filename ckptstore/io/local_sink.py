@@ -1,0 +1,483 @@
+"""A local (or shared-filesystem) folder as a byte sink.
+
+Whoever can create files in a shared output folder must not be able to make ckptstore write
+anywhere else. So every path is reached component by component from a descriptor of the root
+folder: folders are opened with ``O_DIRECTORY | O_NOFOLLOW`` and made with ``mkdirat``; new
+temporary files are created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (a name planted there is
+removed first: unlinking a link never touches its target); files that are reopened (a resumed
+partial file, a journal, the lock file) with ``O_NOFOLLOW``; renames and links go from one
+folder descriptor to another. A symbolic link where ckptstore would write, lock or descend is
+refused with :class:`~ckptstore.errors.UnsafePathError` naming it, before anything is written
+through it. The root itself is the user's choice and may be reached through links.
+
+A published file is fsynced before its rename; the folders that changed (renames, new folders)
+are remembered and fsynced by :meth:`LocalSink.sync`, which a commit calls once before it
+writes the manifest. The lock is an ``flock`` on a file of the work folder (see
+:class:`FolderLock`).
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import itertools
+import os
+import socket
+import stat as stat_mod
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from ckptstore.errors import UnsafePathError
+from ckptstore.io.base import check_key
+from ckptstore.io.local import LocalFile, LocalSource
+from ckptstore.io.sink import ByteSink, SinkFile, partial_key, write_error
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_unique = itertools.count()
+
+
+class LocalSinkFile(LocalFile, SinkFile):
+    """A partial file open for reading and writing at offsets."""
+
+    def pwrite(self, data: Any, offset: int) -> None:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self.fd, view[done:], offset + done)
+        self.size = max(self.size, offset + len(view))
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+        self.size = size
+
+
+class LocalSink(ByteSink):
+    """A local folder as a byte sink; see the module docstring."""
+
+    seekable = True
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.source = LocalSource(self.root)
+        self._touched: set[str] = set()
+        self._lock = threading.Lock()
+
+    # --- folders -------------------------------------------------------------------------------
+
+    def _folder(self, parts: Sequence[str], *, create: bool) -> int:
+        """A descriptor of folder ``parts`` below the root, made (with the root) if ``create``."""
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not create:
+                raise
+            os.makedirs(self.root, exist_ok=True)
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for i, part in enumerate(parts):
+                try:
+                    sub = os.open(part, _DIR, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                        self._touch("/".join(parts[:i]))
+                    except FileExistsError:
+                        pass  # another writer made it meanwhile (or planted something: the open says)
+                    sub = self._open_folder(part, fd, parts[:i + 1])
+                except OSError as e:
+                    raise self._refusal(e, "/".join(parts[:i + 1])) from None
+                os.close(fd)
+                fd = sub
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _open_folder(self, part: str, fd: int, parts: Sequence[str]) -> int:
+        try:
+            return os.open(part, _DIR, dir_fd=fd)
+        except OSError as e:
+            raise self._refusal(e, "/".join(parts)) from None
+
+    def _refusal(self, e: OSError, reached: str) -> OSError | UnsafePathError:
+        """An ``UnsafePathError`` when ``reached`` is a link (``O_NOFOLLOW`` said so), else ``e``."""
+        path = self.root / reached
+        if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and os.path.islink(path):
+            return UnsafePathError(f"{path} is a symbolic link; ckptstore writes through no links inside "
+                                   f"{self.root} (someone else may have planted it): remove it, or choose "
+                                   "another output folder")
+        return e
+
+    def _parent(self, key: str, *, create: bool = True) -> tuple[int, str]:
+        """``(descriptor of the folder of key, file name)``."""
+        parts = check_key(key, str(self.root)).split("/")
+        return self._folder(parts[:-1], create=create), parts[-1]
+
+    def _touch(self, folder: str) -> None:
+        with self._lock:
+            self._touched.add(folder)
+
+    # --- whole files ---------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        try:
+            dfd, name = self._parent(key)
+            try:
+                tmp = self._write_temp(dfd, name, data, durable)
+                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                if durable:
+                    os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as e:
+            raise write_error(e, self.key_url(key)) from e
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        try:
+            dfd, name = self._parent(key)
+            try:
+                tmp = self._write_temp(dfd, name, data, True)
+                try:
+                    os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+                except FileExistsError:
+                    return False  # another writer got there first (or a link is there: not ours)
+                finally:
+                    os.unlink(tmp, dir_fd=dfd)
+                os.fsync(dfd)
+                return True
+            finally:
+                os.close(dfd)
+        except OSError as e:
+            raise write_error(e, self.key_url(key)) from e
+
+    def _write_temp(self, dfd: int, name: str, data: bytes, durable: bool) -> str:
+        """A new file of ``data`` under a name no one else uses; returns its name."""
+        tmp = partial_key(f"{name}.{os.getpid()}-{next(_unique)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        try:
+            view, done = memoryview(data).cast("B"), 0
+            while done < len(view):
+                done += os.write(fd, view[done:])
+            if durable:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp, dir_fd=dfd)
+            raise
+        os.close(fd)
+        return tmp
+
+    def put_stream(self, key: str, pieces: Iterable[Any]) -> int:
+        f = self.create(key)
+        try:
+            offset = 0
+            for piece in pieces:
+                f.pwrite(piece, offset)
+                offset += memoryview(piece).nbytes
+        except BaseException:
+            f.close()
+            self.delete([partial_key(key)])
+            raise
+        f.close()
+        self.publish(key)
+        return offset
+
+    # --- files at offsets ----------------------------------------------------------------------
+
+    def create(self, key: str, *, resume: bool = False) -> LocalSinkFile:
+        return self._open_file(key, partial_key(key.rsplit("/", 1)[-1]), resume=resume, truncate=False)
+
+    def append_log(self, key: str, *, keep: bytes = b"") -> LocalSinkFile:
+        f = self._open_file(key, key.rsplit("/", 1)[-1], resume=True, truncate=True)
+        if keep:
+            f.pwrite(keep, 0)
+        return f
+
+    def _open_file(self, key: str, name: str, *, resume: bool, truncate: bool) -> LocalSinkFile:
+        try:
+            dfd, _ = self._parent(key)
+            try:
+                fd = self._open_in(dfd, name, resume=resume)
+            finally:
+                os.close(dfd)
+            st = os.fstat(fd)
+            if not stat_mod.S_ISREG(st.st_mode):
+                os.close(fd)
+                raise UnsafePathError(f"{self.key_url(key)} ({name}) is not a regular file; remove it, or choose "
+                                      "another output folder")
+            if truncate and st.st_size:
+                os.ftruncate(fd, 0)
+        except OSError as e:
+            raise write_error(e, self.key_url(key)) from e
+        folder = key[:len(key) - len(key.rsplit("/", 1)[-1])]
+        return LocalSinkFile(fd, key, self.key_url(folder + name), 0 if truncate else st.st_size)
+
+    def _open_in(self, dfd: int, name: str, *, resume: bool) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        if resume:
+            try:
+                return os.open(name, flags, 0o644, dir_fd=dfd)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise UnsafePathError(f"{self.root} holds a symbolic link named {name}; ckptstore writes "
+                                          "through no links (someone else may have planted it): remove it") from None
+                raise
+        try:
+            return os.open(name, flags | os.O_EXCL, 0o644, dir_fd=dfd)
+        except FileExistsError:
+            # a leftover (of an interrupted run, or planted): unlinking a name never touches a target
+            os.unlink(name, dir_fd=dfd)
+            return os.open(name, flags | os.O_EXCL, 0o644, dir_fd=dfd)
+
+    def publish(self, key: str) -> None:
+        try:
+            dfd, name = self._parent(key, create=False)
+            try:
+                fd = os.open(partial_key(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.rename(partial_key(name), name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        except OSError as e:
+            raise write_error(e, self.key_url(key)) from e
+        self._touch(key.rsplit("/", 1)[0] if "/" in key else "")
+
+    def unpublish(self, key: str) -> None:
+        try:
+            dfd, name = self._parent(key, create=False)
+            try:
+                os.rename(name, partial_key(name), src_dir_fd=dfd, dst_dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        except OSError as e:
+            raise write_error(e, self.key_url(key)) from e
+
+    # --- everything else -----------------------------------------------------------------------
+
+    def size(self, key: str) -> int | None:
+        try:
+            dfd, name = self._parent(key, create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        finally:
+            os.close(dfd)
+        return st.st_size if stat_mod.S_ISREG(st.st_mode) else None
+
+    def keys(self, prefix: str = "") -> list[str]:
+        parts = check_key(prefix, str(self.root)).split("/") if prefix else []
+        try:
+            fd = self._folder(parts, create=False)
+        except (FileNotFoundError, NotADirectoryError, UnsafePathError):
+            return []
+        return sorted(self._walk(fd, prefix))
+
+    def _walk(self, fd: int, prefix: str) -> Iterator[str]:
+        try:
+            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in os.scandir(fd)]
+            for name, is_dir in entries:
+                key = f"{prefix}/{name}" if prefix else name
+                if not is_dir:
+                    yield key
+                    continue
+                try:
+                    sub = os.open(name, _DIR, dir_fd=fd)
+                except OSError:
+                    continue  # replaced meanwhile
+                yield from self._walk(sub, key)
+        finally:
+            os.close(fd)
+
+    def delete(self, keys: Sequence[str]) -> None:
+        folders: set[str] = set()
+        for key in keys:
+            try:
+                dfd, name = self._parent(key, create=False)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            try:
+                os.unlink(name, dir_fd=dfd)
+            except FileNotFoundError:
+                pass
+            except IsADirectoryError:
+                pass  # a folder in place of a file we wrote: not ours to remove
+            except OSError as e:
+                raise write_error(e, self.key_url(key)) from e
+            finally:
+                os.close(dfd)
+            if "/" in key:
+                folders.add(key.rsplit("/", 1)[0])
+        for folder in sorted(folders, key=lambda f: -f.count("/")):
+            self._prune(folder)
+
+    def _prune(self, folder: str) -> None:
+        """Remove ``folder`` and its parents while they are empty (never the root)."""
+        parts = folder.split("/")
+        while parts:
+            try:
+                dfd = self._folder(parts[:-1], create=False)
+            except (OSError, UnsafePathError):
+                return
+            try:
+                os.rmdir(parts[-1], dir_fd=dfd)
+            except OSError:
+                return  # not empty (or not ours to remove)
+            finally:
+                os.close(dfd)
+            parts = parts[:-1]
+
+    def sync(self) -> None:
+        with self._lock:
+            folders, self._touched = sorted(self._touched, key=lambda f: -f.count("/")), set()
+        for folder in folders:
+            try:
+                fd = self._folder(folder.split("/") if folder else [], create=False)
+            except FileNotFoundError:
+                continue  # removed since (a work folder)
+            except OSError as e:
+                raise write_error(e, self.key_url(folder) if folder else self.url) from e
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def make_durable(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            try:
+                dfd, name = self._parent(key, create=False)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                raise write_error(e, self.key_url(key)) from e
+            finally:
+                os.close(dfd)
+            parts = key.split("/")[:-1]
+            for i in range(len(parts) + 1):  # its folder, and each folder that names the next
+                self._touch("/".join(parts[:i]))
+
+    def lock(self, name: str, on_wait: Callable[[str], None] | None = None, *,
+             wait: bool = True) -> "FolderLock | None":
+        from ckptstore.store.kinds import WORK_DIR
+
+        lock = FolderLock(self, f"{WORK_DIR}/{name}", on_wait=on_wait)
+        return lock.acquire() if wait else lock.try_acquire()
+
+
+class FolderLock:
+    """An exclusive ``flock`` on the lock file ``key`` of a :class:`LocalSink`.
+
+    Every rank of a job often runs the same script, so several processes may start on one
+    output at once (on a shared filesystem, from several hosts). The kernel drops the lock when
+    its holder dies, even by ``kill -9``, so a crash never leaves the folder locked. The lock
+    file lives in the work folder, which a committing holder deletes: a waiter that then gets
+    the lock on the deleted file notices (the name no longer names its file) and locks a fresh
+    one. The file is opened without following links (a planted link is refused), and holds a
+    line saying who holds it, for the messages of waiting processes.
+    """
+
+    def __init__(self, sink: LocalSink, key: str, *, on_wait: Callable[[str], None] | None = None) -> None:
+        self.sink, self.key, self.on_wait = sink, key, on_wait
+        self.path = sink.root / key
+        self._fd = -1
+
+    def acquire(self) -> "FolderLock":
+        """Block until this process holds the lock."""
+        held = self._take(wait=True)
+        if held is None:  # waiting always ends holding the lock
+            raise RuntimeError(f"could not lock {self.path}")
+        return held
+
+    def try_acquire(self) -> "FolderLock | None":
+        """Take the lock if no one holds it; ``None`` if someone does."""
+        return self._take(wait=False)
+
+    def _take(self, *, wait: bool) -> "FolderLock | None":
+        while True:
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not wait:
+                    os.close(fd)
+                    return None
+                if self.on_wait is not None:
+                    self.on_wait(self._holder(fd))
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            if self._still_named(fd):
+                self._fd = fd
+                self._describe_self()
+                return self
+            os.close(fd)  # the holder committed and removed the file: lock a fresh one
+
+    def release(self) -> None:
+        """Give the lock up (closing the file drops the ``flock``)."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> "FolderLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _open(self) -> int:
+        while True:
+            try:
+                dfd, name = self.sink._parent(self.key)
+            except FileNotFoundError:
+                continue  # a committing holder removed a folder while it was being made
+            except OSError as e:
+                raise write_error(e, f"the lock file {self.path}") from e
+            try:
+                return self.sink._open_in(dfd, name, resume=True)
+            except FileNotFoundError:
+                continue  # a committing holder removed the folder between the two calls
+            except OSError as e:
+                raise write_error(e, f"the lock file {self.path}") from e
+            finally:
+                os.close(dfd)
+
+    def _still_named(self, fd: int) -> bool:
+        try:
+            dfd, name = self.sink._parent(self.key, create=False)
+        except OSError:
+            return False
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(dfd)
+        mine = os.fstat(fd)
+        return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def _describe_self(self) -> None:
+        info = f"pid {os.getpid()} on host {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+        try:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, info.encode(), 0)
+        except OSError:
+            pass  # only a courtesy for the messages of waiting processes
+
+    def _holder(self, fd: int) -> str:
+        try:
+            who = os.pread(fd, 256, 0).decode("utf-8", "replace").strip()
+        except OSError:
+            who = ""
+        return who or "another process"

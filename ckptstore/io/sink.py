@@ -1,0 +1,196 @@
+"""The byte-sink seam: everything ckptstore writes goes through a :class:`ByteSink`.
+
+A byte sink is the writing twin of a :class:`~ckptstore.io.base.ByteSource`: one folder (or
+object-store prefix) holding files addressed by keys, checked by
+:func:`~ckptstore.io.base.check_key` (no ``..``, nothing absolute). Store data files, safetensors
+files, manifests, work records, journals, the output lock and exported rank files are all
+written through one, so a store writer never knows where its bytes go and the confinement rules
+(no symbolic link followed, temporary names created exclusively) live in one place per kind of
+storage.
+
+Two ways to write a file:
+
+* **whole**: :meth:`ByteSink.put` (a small file, atomically), :meth:`ByteSink.put_if_absent`
+  (a conditional create: the first writer wins) and :meth:`ByteSink.put_stream` (a large file
+  from an iterable of buffers: one streamed or multipart upload on object storage);
+* **at offsets** (only where :attr:`ByteSink.seekable`): :meth:`ByteSink.create` opens the
+  temporary file ``<key>.partial``, which a later run may reopen (``resume=True``) to carry on
+  where an interrupted one stopped, and :meth:`ByteSink.publish` moves it to ``key``.
+
+Durability is explicit: :meth:`publish` makes the file durable and remembers its folder;
+:meth:`ByteSink.sync` makes every folder changed since durable (the renames in them survive a
+power loss), so a commit syncs exactly what it wrote, never the whole node (no ``os.sync()``).
+"""
+from __future__ import annotations
+
+import errno
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+from ckptstore.errors import StoreWriteError
+from ckptstore.io.base import ByteSource, ReadableFile
+from ckptstore.limits import MAX_METADATA_BYTES
+
+PARTIAL_SUFFIX = ".partial"
+
+
+def partial_key(key: str) -> str:
+    """The temporary name ``key`` is written under until it is published."""
+    return key + PARTIAL_SUFFIX
+
+
+def write_error(e: OSError, where: Path | str, param: str | None = None) -> StoreWriteError:
+    """A :class:`StoreWriteError` that says what failed and that a rerun resumes."""
+    if isinstance(e, StoreWriteError):
+        return e
+    what = "no space left on the device" if e.errno == errno.ENOSPC else e.strerror or str(e)
+    at = f" (parameter {param!r})" if param else ""
+    return StoreWriteError(e.errno or 0, f"{what} while writing {where}{at}; free space or fix the "
+                           "problem, then rerun the same command to resume")
+
+
+class Lock(Protocol):
+    """A held exclusive lock; :meth:`release` gives it up (a holder's death does too)."""
+
+    def release(self) -> None: ...
+
+
+class NoLock:
+    """The lock of a sink that has none (object storage: see :class:`~ckptstore.io.s3_sink.S3Sink`)."""
+
+    def release(self) -> None:
+        pass
+
+
+class SinkFile(ReadableFile):
+    """A file being written at offsets under its temporary name; readable too (a resumed run
+    checks what an earlier one wrote). Close it, then :meth:`ByteSink.publish` its key."""
+
+    key: str
+
+    @abstractmethod
+    def pwrite(self, data: Any, offset: int) -> None:
+        """Write all of ``data`` (a byte buffer) at ``offset``."""
+
+    @abstractmethod
+    def truncate(self, size: int) -> None:
+        """Cut (or extend with zeros) the file to ``size`` bytes."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop writing (the temporary file stays; publish or delete it)."""
+
+    def __enter__(self) -> "SinkFile":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ByteSink(ABC):
+    """A folder of files written by key; see the module docstring."""
+
+    #: Whether files can be written at offsets (:meth:`create`) and resumed by a later run.
+    seekable: bool = False
+    #: Reads back what was written (metadata, sizes, a resumed file's bytes).
+    source: ByteSource
+    #: Threads that read many small work records at once (object storage wants many).
+    record_workers: int = 1
+
+    @property
+    def url(self) -> str:
+        """The sink's own location (a path or a URL), for messages and metadata."""
+        return self.source.url
+
+    def key_url(self, key: str) -> str:
+        """The location of ``key``, for messages."""
+        return self.source.key_url(key)
+
+    def read(self, key: str) -> bytes | None:
+        """A small file's bytes (at most :data:`~ckptstore.limits.MAX_METADATA_BYTES`), or ``None``."""
+        return self.source.read_bytes(key, limit=MAX_METADATA_BYTES)
+
+    # --- whole files ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        """Write a small file whole and atomically (a reader sees the old or the new content).
+
+        ``durable=False`` (work records a rerun redoes if they are lost) skips the fsyncs: after
+        a power loss the file may be missing, never torn.
+        """
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` (durably) only if it does not exist; return whether this call did."""
+
+    @abstractmethod
+    def put_stream(self, key: str, pieces: Iterable[Any]) -> int:
+        """Write ``key`` from an iterable of byte buffers; it appears, durable, only when complete
+        (if ``pieces`` raises, nothing does). Returns its size."""
+
+    # --- files at offsets ----------------------------------------------------------------------
+
+    def create(self, key: str, *, resume: bool = False) -> SinkFile:
+        """Open ``<key>.partial`` for writing at offsets: a new, empty one (created exclusively),
+        or with ``resume`` the one an earlier run left (created if absent)."""
+        raise StoreWriteError(errno.EOPNOTSUPP, f"{self.url} cannot write files at offsets")
+
+    def append_log(self, key: str, *, keep: bytes = b"") -> SinkFile:
+        """Open ``key`` itself (not a temporary name) holding ``keep``, to append records to
+        (journals: a torn last line is ignored by their reader)."""
+        raise StoreWriteError(errno.EOPNOTSUPP, f"{self.url} cannot append to files")
+
+    def publish(self, key: str) -> None:
+        """Move a closed ``<key>.partial`` to ``key``, durably (its folder is synced by :meth:`sync`)."""
+        raise StoreWriteError(errno.EOPNOTSUPP, f"{self.url} has no partial files to publish")
+
+    def unpublish(self, key: str) -> None:
+        """Move a published ``key`` back to ``<key>.partial`` (to fill it again before a commit)."""
+        raise StoreWriteError(errno.EOPNOTSUPP, f"{self.url} has no partial files")
+
+    # --- everything else -----------------------------------------------------------------------
+
+    @abstractmethod
+    def size(self, key: str) -> int | None:
+        """The size of file ``key``, or ``None`` when there is none."""
+
+    @abstractmethod
+    def keys(self, prefix: str = "") -> list[str]:
+        """Every file below folder ``prefix`` (recursively; ``""`` is the whole sink), sorted.
+
+        Symbolic links are listed (so they can be deleted), never followed.
+        """
+
+    @abstractmethod
+    def delete(self, keys: Sequence[str]) -> None:
+        """Delete files (missing ones are fine; a link is removed, not what it points to), and
+        the folders this leaves empty."""
+
+    def sync(self) -> None:
+        """Make every publish and new folder since the last call durable (sync their folders)."""
+
+    def make_durable(self, keys: Sequence[str]) -> None:
+        """Make files an earlier run published durable, with the folders that name them."""
+
+    def lock(self, name: str, on_wait: Callable[[str], None] | None = None, *, wait: bool = True) -> Lock | None:
+        """Hold the exclusive lock ``name`` of the work folder (``None`` if ``wait=False`` and it is held)."""
+        return NoLock()
+
+    def close(self) -> None:
+        """Release cached files (the sink stays usable)."""
+        self.source.close()
+
+
+def open_sink(out: str | Any) -> ByteSink:
+    """The sink of ``--out``: a folder, or an ``s3://``/``obs://`` prefix."""
+    from ckptstore.io import is_url
+
+    if is_url(out):
+        from ckptstore.io.s3_sink import S3Sink
+
+        return S3Sink(str(out))
+    from ckptstore.io.local_sink import LocalSink
+
+    return LocalSink(out)
