@@ -416,13 +416,13 @@ def index(checksum: bool, **kw: Any) -> None:
     """
     from ckptstore.store.kinds import MANIFEST
     from ckptstore.write.convert import index as index_store
-    from ckptstore.io.output_target import open_target
+    from ckptstore.io.sink import open_sink
 
     summary = index_store(kw["src"], kw["out"], checksum=checksum, **_source_kwargs(kw))
     if summary.skipped:
         _print_skipped(summary, kw["as_json"])
         return
-    size = open_target(kw["out"]).size(MANIFEST) or 0
+    size = open_sink(kw["out"]).size(MANIFEST) or 0
     _print_summary(summary, kw["as_json"],
                    f"wrote {summary.store}: an index of {summary.params} parameters in {summary.chunks} slices, "
                    f"{_fmt_bytes(summary.stored_bytes)} of the rank files' {_fmt_bytes(summary.source_bytes)} "

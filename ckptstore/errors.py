@@ -139,6 +139,10 @@ class SourceChangedError(CkptStoreError, ValueError):
     """A file changed since it was recorded (size, modification time or version differ)."""
 
 
+class StoreChangedError(SourceChangedError):
+    """The store was replaced (``convert --overwrite``) while it was open: open it again."""
+
+
 class ConversionInProgressError(CkptStoreError, RuntimeError):
     """Another process is converting into the same output folder."""
 

@@ -218,18 +218,21 @@ def copy_saved(layout: SavedLayout, dst: Path) -> SavedLayout:
 # the command line, in a subprocess
 
 
-def cli_command() -> list[str]:
-    """The installed ``ckptstore`` console script (``python -m ckptstore.cli`` if it is absent)."""
+def cli_command(kill_at: str | None = None) -> list[str]:
+    """The installed ``ckptstore`` console script (``python -m ckptstore.cli`` if it is absent);
+    with ``kill_at``, the CLI under :mod:`ckptstore.testing.kill_at`, killed at that point."""
+    if kill_at is not None:
+        return [sys.executable, "-m", "ckptstore.testing.kill_at", kill_at, "--"]
     if _CONSOLE_SCRIPT.exists():
         return [str(_CONSOLE_SCRIPT)]
     return [sys.executable, "-m", "ckptstore.cli"]
 
 
 def run_cli(*args: str | os.PathLike[str], env: Mapping[str, str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if k != "CKPTSTORE_KILL_AFTER_CHUNKS"}
-    full_env.update({"GLOG_v": "3", **(env or {})})
-    return subprocess.run([*cli_command(), *map(str, args)], capture_output=True, text=True, env=full_env,
+            timeout: float = 120, kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``ckptstore ARGS`` in a subprocess; ``kill_at`` (``"commit"``, ``"chunks:N"``) SIGKILLs it there."""
+    full_env = {**os.environ, "GLOG_v": "3", **(env or {})}
+    return subprocess.run([*cli_command(kill_at), *map(str, args)], capture_output=True, text=True, env=full_env,
                           cwd=REPO, timeout=timeout)
 
 

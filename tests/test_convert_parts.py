@@ -62,20 +62,18 @@ def _convert_args(layout, out, *extra):
     return ["convert", str(layout.root), *strategy_args(layout), "--out", str(out), "-q", *map(str, extra)]
 
 
-def _start(args, env=None):
+def _start(args, env=None, kill_at=None):
     import os
 
     from convert_fixtures import REPO, cli_command
 
-    full = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_KILL")}
-    full.update({"GLOG_v": "3", **(env or {})})
-    return subprocess.Popen([*cli_command(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    full = {**os.environ, "GLOG_v": "3", **(env or {})}
+    return subprocess.Popen([*cli_command(kill_at), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=full, cwd=REPO)
 
 
-def _run_parts(layout, out, count, env=None, extra=(), envs=None):
-    procs = [_start(_convert_args(layout, out, "--part", f"{i}/{count}", *extra), {**(env or {}),
-                                                                                    **((envs or {}).get(i, {}))})
+def _run_parts(layout, out, count, env=None, extra=(), kills=None):
+    procs = [_start(_convert_args(layout, out, "--part", f"{i}/{count}", *extra), env, (kills or {}).get(i))
              for i in range(count)]
     return [(p.wait(120), p.stdout.read(), p.stderr.read()) for p in procs]
 
@@ -112,7 +110,7 @@ def test_a_killed_part_rerun_completes_the_store(one_process_store, tmp_path):
     from convert_fixtures import run_cli, store_files
 
     layout, reference = one_process_store
-    results = _run_parts(layout, tmp_path / "s", 3, envs={1: {"CKPTSTORE_KILL_AFTER_CHUNKS": "1"}})
+    results = _run_parts(layout, tmp_path / "s", 3, kills={1: "chunks:1"})
     assert [rc for rc, _, _ in results] == [0, -signal.SIGKILL, 0]
     with pytest.raises(IncompleteStoreError):
         ckptstore.open(tmp_path / "s")
@@ -130,7 +128,7 @@ def test_parts_racing_to_commit_leave_one_complete_store(one_process_store, tmp_
     layout, reference = one_process_store
     for i in range(2):
         assert run_cli(*_convert_args(layout, tmp_path / "s", "--part", f"{i}/3")).returncode == 0
-    r = run_cli(*_convert_args(layout, tmp_path / "s", "--part", "2/3"), env={"CKPTSTORE_KILL_AT": "commit"})
+    r = run_cli(*_convert_args(layout, tmp_path / "s", "--part", "2/3"), kill_at="commit")
     assert r.returncode == -signal.SIGKILL
     racers = [_start(["commit", str(tmp_path / "s")]) for _ in range(2)]
     outs = [(p.wait(60), p.stdout.read()) for p in racers]
@@ -193,7 +191,7 @@ def test_three_parts_into_a_bucket_one_killed_and_rerun(one_process_store, bucke
 
     layout, reference = one_process_store
     url = bucket.url("model.zarr")
-    results = _run_parts(layout, url, 3, env=bucket.env, envs={0: {"CKPTSTORE_KILL_AFTER_CHUNKS": "1"}})
+    results = _run_parts(layout, url, 3, env=bucket.env, kills={0: "chunks:1"})
     assert [rc for rc, _, _ in results] == [-signal.SIGKILL, 0, 0], [e for _, _, e in results]
     with pytest.raises(IncompleteStoreError):
         ckptstore.open(url)

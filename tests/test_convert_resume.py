@@ -1,6 +1,6 @@
 """An interrupted ``ckptstore convert`` resumes where it stopped, and the output folder is guarded.
 
-The conversion runs as ``ckptstore convert`` in a subprocess with ``CKPTSTORE_KILL_AFTER_CHUNKS=N``:
+The conversion runs as ``python -m ckptstore.testing.kill_at chunks:N -- convert ...`` in a subprocess:
 the process SIGKILLs itself after writing N chunks (no cleanup, no ``finally``), exactly like an
 OOM kill or a preempted job. Running the same command again must finish the store without
 rewriting any of those N chunks, and the result must be byte-identical to an uninterrupted run.
@@ -48,7 +48,7 @@ def _convert_args(layout: SavedLayout, out: Path, *extra: str) -> list:
 
 
 def _killed_run(layout: SavedLayout, out: Path, n: int, *extra: str):
-    r = run_cli(*_convert_args(layout, out, *extra), env={"CKPTSTORE_KILL_AFTER_CHUNKS": str(n)})
+    r = run_cli(*_convert_args(layout, out, *extra), kill_at=f"chunks:{n}")
     assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr)
     return r
 

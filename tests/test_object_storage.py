@@ -180,7 +180,7 @@ def test_an_interrupted_conversion_to_s3_is_refused_then_resumed(bucket, load_en
     layout = load_env.saved_layout("dp2_mp4")
     url = bucket.url("model.zarr")
     r = run_cli("convert", layout.root, *strategy_args(layout), "--out", url, "-q",
-                env={**bucket.env, "CKPTSTORE_KILL_AT": "commit"})
+                env=bucket.env, kill_at="commit")
     assert r.returncode == -signal.SIGKILL
     with pytest.raises(IncompleteStoreError):
         ckptstore.open(url)

@@ -97,7 +97,7 @@ def test_compression_is_refused_for_safetensors(saved_layout, tmp_path):
 def test_killed_conversion_resumes_to_an_identical_store(saved_layout, tmp_path):
     layout = saved_layout("mixed_dtypes")
     args = ["convert", layout.root, *strategy_args(layout), "--format", "safetensors", "-j", "1", "-q"]
-    killed = run_cli(*args, "-o", tmp_path / "a", env={"CKPTSTORE_KILL_AFTER_CHUNKS": "7"})
+    killed = run_cli(*args, "-o", tmp_path / "a", kill_at="chunks:7")
     assert killed.returncode == -9
     with pytest.raises(IncompleteStoreError):
         ckptstore.open(tmp_path / "a")

@@ -130,7 +130,7 @@ class StoreKindTests:
         reference, out = tmp_path / "one_go", tmp_path / "s"
         assert run_cli(*self.cli_args(), layout.root, *strategy_args(layout), "--out", reference, "-q").returncode == 0
         r = run_cli(*self.cli_args(), layout.root, *strategy_args(layout), "--out", out, "-q", "--workers", "1",
-                    env={"CKPTSTORE_KILL_AT": "commit"})
+                    kill_at="commit")
         assert r.returncode == -signal.SIGKILL
         with pytest.raises(IncompleteStoreError):
             ckptstore.open(out)

@@ -45,7 +45,7 @@ from ckptstore.errors import (  # noqa: E402
     UnsafePathError,
 )
 from ckptstore.read.loader import rank_view  # noqa: E402
-from ckptstore.write.output_lock import OutputLock  # noqa: E402
+from ckptstore.io.local_sink import LocalSink  # noqa: E402
 from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
 from conftest import copy_layout  # noqa: E402
 from convert_fixtures import (  # noqa: E402
@@ -96,7 +96,7 @@ def test_concurrent_conversions_into_one_folder_commit_one_correct_store(saved_l
 def test_a_conversion_waits_for_the_holder_of_the_folder_and_says_who_it_is(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp4")
     out = tmp_path / "s.zarr"
-    lock = OutputLock(out / WORK_DIR).acquire()
+    lock = LocalSink(out).lock("lock")
     proc = subprocess.Popen(_convert_cmd(layout, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "GLOG_v": "3"})
     try:
@@ -115,7 +115,7 @@ def test_the_lock_dies_with_a_killed_holder(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp4")
     out = tmp_path / "s.zarr"
     r = run_cli("convert", layout.root, *strategy_args(layout), "--out", out, "-q", "--workers", "1",
-                env={"CKPTSTORE_KILL_AFTER_CHUNKS": "3"})
+                kill_at="chunks:3")
     assert r.returncode == -signal.SIGKILL
     fd = os.open(out / WORK_DIR / "lock", os.O_RDWR)
     try:
@@ -139,7 +139,7 @@ def test_a_kill_between_the_data_files_and_the_manifest_resumes_to_the_same_stor
     assert run_cli("convert", layout.root, *strategy_args(layout), "--out", reference, "-q", "--format",
                    fmt).returncode == 0
     r = run_cli("convert", layout.root, *strategy_args(layout), "--out", out, "-q", "--format", fmt,
-                env={"CKPTSTORE_KILL_AT": "commit"})
+                kill_at="commit")
     assert r.returncode == -signal.SIGKILL
     with pytest.raises(IncompleteStoreError):
         ckptstore.open(out)
@@ -429,7 +429,7 @@ def test_an_in_place_edit_with_the_modification_time_restored_is_not_resumed(sav
     layout = copy_layout(saved_layout("dp2_mp4"), tmp_path / "ckpt")
     out = tmp_path / "s.zarr"
     args = ["convert", layout.root, *strategy_args(layout), "--out", out, "-q", "--workers", "1"]
-    assert run_cli(*args, env={"CKPTSTORE_KILL_AFTER_CHUNKS": "3"}).returncode == -signal.SIGKILL
+    assert run_cli(*args, kill_at="chunks:3").returncode == -signal.SIGKILL
     for rank in (1, 5):  # both replicas of rows 8..16 of layer0.w: same size, new bytes, old mtime
         path = layout.rank_file(rank)
         st = path.stat()

@@ -126,6 +126,10 @@ class ByteSource(ABC):
     unit_bytes: int | None = None
     #: With ``coalesces``: the share of extra bytes one request may fetch to cover several ranges.
     gap_fraction: float = 0.0
+    #: Whether an open file keeps its content when the file is replaced (a local file: the
+    #: descriptor holds the old inode), so checking a file's identity once, at its opening, holds
+    #: for every later read of it.
+    pins_open_files: bool = False
 
     @property
     @abstractmethod

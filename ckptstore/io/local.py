@@ -130,6 +130,8 @@ def _regular_file(fd: int, url: str) -> os.stat_result:
 class LocalSource(ByteSource):
     """A local directory as a byte source; see the module docstring."""
 
+    pins_open_files = True
+
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self._files: dict[str, LocalFile] = {}

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from ckptstore.errors import UnsafePathError
+from ckptstore.errors import StoreExistsError, UnsafePathError
 from ckptstore.io.base import check_key
 from ckptstore.io.local import LocalFile, LocalSource
 from ckptstore.io.sink import ByteSink, SinkFile, partial_key, write_error
@@ -120,26 +120,55 @@ class LocalSink(ByteSink):
         with self._lock:
             self._touched.add(folder)
 
+    def contains(self, location: str) -> bool:
+        from ckptstore.io import is_url
+
+        if is_url(location):
+            return False
+        root = os.path.realpath(self.root)
+        return os.path.commonpath([root, os.path.realpath(location)]) == root
+
+    def listing(self) -> tuple[list[str], list[str]]:
+        if not self.root.exists():
+            return [], []
+        if not self.root.is_dir():
+            raise StoreExistsError(f"output path {self.root} is a file, not a folder; choose another")
+        return self.source.list()
+
+    def make_root(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise write_error(e, self.root) from e
+
+    def remove_root(self) -> None:
+        try:
+            os.rmdir(self.root)
+        except OSError:
+            pass  # not empty (files ckptstore did not write) or gone already
+
     # --- whole files ---------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
         try:
             dfd, name = self._parent(key)
             try:
-                tmp = self._write_temp(dfd, name, data, durable)
+                # one temporary name per file, which a rerun reuses: a killed writer leaves no litter
+                tmp = self._write_temp(dfd, name, partial_key(name), data, durable)
                 os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-                if durable:
-                    os.fsync(dfd)
             finally:
                 os.close(dfd)
         except OSError as e:
             raise write_error(e, self.key_url(key)) from e
+        if durable:
+            self._touch(key.rsplit("/", 1)[0] if "/" in key else "")
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         try:
             dfd, name = self._parent(key)
             try:
-                tmp = self._write_temp(dfd, name, data, True)
+                # a name of this call's own: several writers may race to create the same file
+                tmp = self._write_temp(dfd, name, partial_key(f"{name}.{os.getpid()}-{next(_unique)}"), data, True)
                 try:
                     os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
                 except FileExistsError:
@@ -153,10 +182,9 @@ class LocalSink(ByteSink):
         except OSError as e:
             raise write_error(e, self.key_url(key)) from e
 
-    def _write_temp(self, dfd: int, name: str, data: bytes, durable: bool) -> str:
-        """A new file of ``data`` under a name no one else uses; returns its name."""
-        tmp = partial_key(f"{name}.{os.getpid()}-{next(_unique)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+    def _write_temp(self, dfd: int, name: str, tmp: str, data: bytes, durable: bool) -> str:
+        """A new file ``tmp`` of ``data``, created exclusively (a leftover is replaced); returns ``tmp``."""
+        fd = self._open_in(dfd, tmp, resume=False, where=self.root / name)
         try:
             view, done = memoryview(data).cast("B"), 0
             while done < len(view):
@@ -200,7 +228,7 @@ class LocalSink(ByteSink):
         try:
             dfd, _ = self._parent(key)
             try:
-                fd = self._open_in(dfd, name, resume=resume)
+                fd = self._open_in(dfd, name, resume=resume, where=self._beside(key, name))
             finally:
                 os.close(dfd)
             st = os.fstat(fd)
@@ -215,15 +243,20 @@ class LocalSink(ByteSink):
         folder = key[:len(key) - len(key.rsplit("/", 1)[-1])]
         return LocalSinkFile(fd, key, self.key_url(folder + name), 0 if truncate else st.st_size)
 
-    def _open_in(self, dfd: int, name: str, *, resume: bool) -> int:
+    def _beside(self, key: str, name: str) -> Path:
+        """The path of file ``name`` in the folder of ``key`` (for messages)."""
+        return (self.root / key).parent / name
+
+    def _open_in(self, dfd: int, name: str, *, resume: bool, where: Path) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         if resume:
             try:
                 return os.open(name, flags, 0o644, dir_fd=dfd)
             except OSError as e:
                 if e.errno == errno.ELOOP:
-                    raise UnsafePathError(f"{self.root} holds a symbolic link named {name}; ckptstore writes "
-                                          "through no links (someone else may have planted it): remove it") from None
+                    raise UnsafePathError(f"{where} is a symbolic link; ckptstore writes through no links inside "
+                                          f"{self.root} (someone else may have planted it): remove it, or choose "
+                                          "another output folder") from None
                 raise
         try:
             return os.open(name, flags | os.O_EXCL, 0o644, dir_fd=dfd)
@@ -362,6 +395,8 @@ class LocalSink(ByteSink):
                     os.fsync(fd)
                 finally:
                     os.close(fd)
+            except FileNotFoundError:
+                continue
             except OSError as e:
                 raise write_error(e, self.key_url(key)) from e
             finally:
@@ -381,6 +416,9 @@ class LocalSink(ByteSink):
 class FolderLock:
     """An exclusive ``flock`` on the lock file ``key`` of a :class:`LocalSink`.
 
+    A conversion in one process holds the folder's lock (``lock``) for its whole run; a
+    conversion in parts holds it only while it decides and while it commits, and a lock of its
+    own part (``lock.part-<i>``) for its run (see :mod:`ckptstore.write.output_folder`).
     Every rank of a job often runs the same script, so several processes may start on one
     output at once (on a shared filesystem, from several hosts). The kernel drops the lock when
     its holder dies, even by ``kill -9``, so a crash never leaves the folder locked. The lock
@@ -445,7 +483,7 @@ class FolderLock:
             except OSError as e:
                 raise write_error(e, f"the lock file {self.path}") from e
             try:
-                return self.sink._open_in(dfd, name, resume=True)
+                return self.sink._open_in(dfd, name, resume=True, where=self.path)
             except FileNotFoundError:
                 continue  # a committing holder removed the folder between the two calls
             except OSError as e:

@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
-from ckptstore.errors import StoreWriteError
+from ckptstore.errors import StoreUnavailableError, StoreWriteError
 from ckptstore.io.base import ByteSource, ReadableFile
 from ckptstore.limits import MAX_METADATA_BYTES
 
@@ -40,9 +40,10 @@ def partial_key(key: str) -> str:
     return key + PARTIAL_SUFFIX
 
 
-def write_error(e: OSError, where: Path | str, param: str | None = None) -> StoreWriteError:
-    """A :class:`StoreWriteError` that says what failed and that a rerun resumes."""
-    if isinstance(e, StoreWriteError):
+def write_error(e: OSError, where: Path | str, param: str | None = None) -> StoreWriteError | StoreUnavailableError:
+    """A :class:`StoreWriteError` that says what failed and that a rerun resumes (an object store
+    that did not answer stays a :class:`StoreUnavailableError`, which says so already)."""
+    if isinstance(e, (StoreWriteError, StoreUnavailableError)):
         return e
     what = "no space left on the device" if e.errno == errno.ENOSPC else e.strerror or str(e)
     at = f" (parameter {param!r})" if param else ""
@@ -115,10 +116,11 @@ class ByteSink(ABC):
 
     @abstractmethod
     def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
-        """Write a small file whole and atomically (a reader sees the old or the new content).
+        """Write a file whole and atomically (a reader sees the old or the new content).
 
-        ``durable=False`` (work records a rerun redoes if they are lost) skips the fsyncs: after
-        a power loss the file may be missing, never torn.
+        Its bytes are durable before it appears; like a publish, the rename itself is made
+        durable by the next :meth:`sync`. ``durable=False`` (work records a rerun redoes if they
+        are lost) skips the fsync: after a power loss the file may be missing, never torn.
         """
 
     @abstractmethod
@@ -149,6 +151,26 @@ class ByteSink(ABC):
     def unpublish(self, key: str) -> None:
         """Move a published ``key`` back to ``<key>.partial`` (to fill it again before a commit)."""
         raise StoreWriteError(errno.EOPNOTSUPP, f"{self.url} has no partial files")
+
+    # --- the folder itself ---------------------------------------------------------------------
+
+    def contains(self, location: str) -> bool:
+        """Whether the file or folder ``location`` (a path or a URL) lies inside this sink, where
+        writing could destroy it."""
+        from ckptstore.io import is_url
+
+        here = self.url.rstrip("/") + "/"
+        return is_url(location) and (str(location).rstrip("/") + "/").startswith(here)
+
+    def listing(self) -> tuple[list[str], list[str]]:
+        """``(folders, files)`` directly in the sink (both empty when it does not exist yet)."""
+        return self.source.list()
+
+    def make_root(self) -> None:
+        """Create the sink's folder if it does not exist (nothing to do on object storage)."""
+
+    def remove_root(self) -> None:
+        """Remove the sink's folder if it is empty (nothing to do on object storage)."""
 
     # --- everything else -----------------------------------------------------------------------
 

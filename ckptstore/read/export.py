@@ -3,20 +3,23 @@
 For each target rank, the rank's parameters are read from the store one at a time (only the
 bytes of its slice) and appended to ``OUT/rank_<j>/checkpoint_<j>.ckpt`` (or ``.safetensors``),
 which MindSpore's ``load_checkpoint`` reads. Memory stays at one parameter slice; MindSpore is
-not needed.
+not needed. Files are written through a :class:`~ckptstore.io.local_sink.LocalSink` (a planted
+link is never followed) and appear whole; an output folder holding a file the store reads (an
+index's rank files) is refused.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from ckptstore.deprecated import renamed
 from ckptstore.formats.ckpt_writer import CheckpointWriter
-from ckptstore.errors import InvalidOptionError, StrategyError
+from ckptstore.errors import InvalidOptionError, StoreExistsError, StrategyError
+from ckptstore.io.atomic_file import SinkKey
+from ckptstore.io.local_sink import LocalSink
 from ckptstore.read.loader import RankView, StrategyLike, check_rank, float_dtype, rank_view, resolve_target
 from ckptstore.formats.safetensors_writer import SafetensorsWriter
 from ckptstore.store.store import Store, StoreLike, store_argument
@@ -58,11 +61,12 @@ def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, r
     world = 1 if target is None else target.world_size
     chosen = list(range(world)) if ranks is None else _chosen_ranks(ranks, world)
     float_dtype(dtype)  # refuse an integer dtype before any file is written
+    sink = LocalSink(out)
+    _refuse_store_files(store, sink)
     written, nbytes = [], 0
     for j in chosen:
         view = rank_view(store, target, j, names=names, dtype=dtype, allow_whole=allow_whole or strategy is None)
-        path = Path(out) / f"rank_{j}" / f"{prefix}{j}.{fmt}"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = SinkKey(sink, f"rank_{j}/{prefix}{j}.{fmt}")
         if fmt == "ckpt":
             with CheckpointWriter(path, crc=crc) as writer:
                 for name in view.names():
@@ -70,7 +74,7 @@ def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, r
         else:
             _write_safetensors(view, path)
         nbytes += view.plan.nbytes
-        written.append(str(path))
+        written.append(sink.key_url(path.key))
     return ExportSummary(tuple(written), nbytes)
 
 
@@ -91,7 +95,17 @@ def _chosen_ranks(ranks: Iterable[int], world: int) -> list[int]:
     return chosen
 
 
-def _write_safetensors(view: RankView, path: Path) -> None:
+def _refuse_store_files(store: Store, sink: LocalSink) -> None:
+    """Exporting over a file the store reads (an index's rank files, the store itself) would
+    destroy the checkpoint being exported: refuse an output folder that holds any of them."""
+    data = {f for p in store.manifest.params.values() for f in p.chunks.files}
+    for where in (store.location.url, *(store.data.key_url(f) for f in sorted(data))):
+        if sink.contains(where):
+            raise StoreExistsError(f"export folder {sink.root} holds {where}, which the store {store.location.url} "
+                                   "reads; choose an output folder outside the store and its rank files")
+
+
+def _write_safetensors(view: RankView, path: SinkKey) -> None:
     texts = {n: str(view.read(n)) for n in view.names() if view.store.info(n).is_str}
     plans = {n: view.plan_for(n) for n in view.names() if n not in texts}
     declared = [(n, view.dtype_of(n), p.shape) for n, p in plans.items()]

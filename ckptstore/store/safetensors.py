@@ -9,15 +9,13 @@ unfinished conversion. This module is the writer's half; reading needs only the 
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from math import prod
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from ckptstore.io.atomic_file import commit_partial, partial_path
+from ckptstore.io.sink import ByteSink, partial_key
 from ckptstore.formats.safetensors_header import build_header
 
 DEFAULT_FILE_BYTES = 4 << 30
@@ -73,40 +71,37 @@ def _layout(file: str, group: Sequence[tuple[str, np.dtype, tuple[int, ...]]]) -
     return FileLayout(file, head, slots)
 
 
-def partial(out: Path, file: str) -> Path:
-    """Where data file ``file`` is written until the store is committed."""
-    return partial_path(out / file)
-
-
-def reuse_file(out: Path, layout: FileLayout) -> bool:
+def reuse_file(sink: ByteSink, layout: FileLayout) -> bool:
     """Make ``layout``'s partial file ready to (re)fill; return whether existing bytes were kept.
 
-    An interrupted run leaves the partial file (or, if it died during the commit, the renamed
-    final one, which is moved back). Either is kept when it has exactly this header and size;
-    anything else is replaced by a new file of zeros, whose tensors must then all be written.
+    An interrupted run leaves the partial file (or, if it died during the commit, the published
+    one, which is moved back). Either is kept when it has exactly this header and size; anything
+    else is replaced by a new file of zeros, whose tensors must then all be written.
     """
-    work, final = partial(out, layout.name), out / layout.name
-    for candidate in (work, final):
-        if _matches(candidate, layout):
-            if candidate == final:
-                os.replace(final, work)
+    with sink.create(layout.name, resume=True) as f:
+        if f.size == layout.size and f.pread(0, len(layout.header)) == layout.header:
             return True
-    with open(work, "wb") as f:
-        f.write(layout.header)
+        if _published(sink, layout):
+            f.close()
+            sink.unpublish(layout.name)
+            return True
+        f.truncate(0)
+        f.pwrite(layout.header, 0)
         f.truncate(layout.size)
     return False
 
 
-def _matches(path: Path, layout: FileLayout) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return os.fstat(f.fileno()).st_size == layout.size and f.read(len(layout.header)) == layout.header
-    except (FileNotFoundError, IsADirectoryError):
+def _published(sink: ByteSink, layout: FileLayout) -> bool:
+    if sink.size(layout.name) != layout.size:
         return False
+    try:
+        return sink.source.open(layout.name).pread(0, len(layout.header)) == layout.header
+    finally:
+        sink.source.close()  # the file may be renamed next: keep no open file of it
 
 
-def finish_file(out: Path, layout: FileLayout) -> None:
-    """fsync a filled partial file and move it to its final name (idempotent)."""
-    if not partial(out, layout.name).exists() and _matches(out / layout.name, layout):
-        return  # an earlier commit of this run already moved it
-    commit_partial(out / layout.name, sync_folder=False)
+def finish_file(sink: ByteSink, layout: FileLayout) -> None:
+    """Publish a filled partial file (idempotent; a streamed file is published already)."""
+    if sink.size(partial_key(layout.name)) is None and sink.size(layout.name) == layout.size:
+        return  # an earlier commit of this run already moved it, or it was streamed whole
+    sink.publish(layout.name)

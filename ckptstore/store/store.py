@@ -20,6 +20,7 @@ from ckptstore.store.kinds import KINDS, MANIFEST, ROOT_METADATA, WORK_DIR, read
 from ckptstore.boxes import Box
 from ckptstore.errors import (
     IncompleteStoreError,
+    StoreChangedError,
     InvalidIndexError,
     InvalidOptionError,
     ParameterNotFoundError,
@@ -29,7 +30,7 @@ from ckptstore.errors import (
 from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.store.read_plan import ParamReadPlan, plan_param
 from ckptstore.store.executor import execute
-from ckptstore.io import ByteSource, LocalSource, open_location
+from ckptstore.io import ByteSource, FileStat, LocalSource, ReadableFile, open_location
 
 Index = Any  # an int, a slice, or a tuple of them
 
@@ -196,6 +197,7 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
         what = "is a file" if location.root.exists() else "does not exist"
         raise StoreNotFoundError(f"no ckptstore store at {location.url}: it {what} (a store is a folder made by "
                                  "'ckptstore convert')")
+    before = _manifest_identity(location)
     doc = read_manifest(location)
     if doc is None:
         folders = location.list()[0]
@@ -217,11 +219,14 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
     manifest = StoreManifest.from_json(doc, where=location.url)
     if manifest.backend not in KINDS:
         raise StoreCorruptError(f"{location.url}: unknown store kind {manifest.backend!r}")
+    if before is not None and _manifest_identity(location) != before:
+        raise _changed(location)
     if manifest.backend == "index":
         from ckptstore.store import index as index_backend
 
-        return Store(location, manifest, index_backend.data_source(location, manifest))
-    return Store(location, manifest)
+        data = index_backend.data_source(location, manifest)
+        return Store(location, manifest, data if before is None else ReplaceGuard(data, location, before))
+    return Store(location, manifest, None if before is None else ReplaceGuard(location, location, before))
 
 
 #: What every function that takes a store accepts: a ``Store``, a path or an ``s3://``/``obs://`` URL.
@@ -248,3 +253,71 @@ def store_argument(store: StoreLike) -> Iterator[Store]:
     finally:
         if st is not store:
             st.close()
+
+
+def _manifest_identity(location: ByteSource) -> tuple[str, FileStat] | None:
+    """The manifest file's key and identity, where open files keep their content (see
+    :class:`ReplaceGuard`); ``None`` elsewhere."""
+    if not location.pins_open_files:
+        return None
+    for key in (MANIFEST, ROOT_METADATA):
+        st = location.stat(key)
+        if st is not None:
+            return key, st
+    return None
+
+
+def _changed(location: ByteSource) -> StoreChangedError:
+    return StoreChangedError(f"the store {location.url} was replaced while it was read (by 'ckptstore convert "
+                             "--overwrite'?); open it again")
+
+
+class ReplaceGuard(ByteSource):
+    """The data files of a store, refused once the store has been replaced.
+
+    Replacing a store (``convert --overwrite``) removes its manifest before anything else and
+    writes the new one last. Each data file is checked right *after* it is first opened: if the
+    manifest is still the one the store was opened with (same size, time, inode and change
+    time), the replacement had not begun when the file was opened, so the file is the old one.
+    An open local file keeps its content when it is replaced, so it stays consistent for every
+    later read: a reader gets the old store's bytes or a
+    :class:`~ckptstore.errors.StoreChangedError`, never a mix.
+    """
+
+    def __init__(self, inner: ByteSource, location: ByteSource, manifest: tuple[str, FileStat]) -> None:
+        self.inner, self.location, self.manifest = inner, location, manifest
+        self.default_workers, self.coalesces = inner.default_workers, inner.coalesces
+        self.unit_bytes, self.gap_fraction = inner.unit_bytes, inner.gap_fraction
+        self._checked: set[str] = set()
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    def key_url(self, key: str) -> str:
+        return self.inner.key_url(key)
+
+    def open(self, key: str) -> ReadableFile:
+        f = self.inner.open(key)
+        if key not in self._checked:
+            name, identity = self.manifest
+            if self.location.stat(name) != identity:
+                raise _changed(self.location)
+            self._checked.add(key)
+        return f
+
+    def stat(self, key: str) -> FileStat | None:
+        return self.inner.stat(key)
+
+    def read_bytes(self, key: str, *, limit: int) -> bytes | None:
+        return self.inner.read_bytes(key, limit=limit)
+
+    def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
+        return self.inner.list(prefix)
+
+    def close(self) -> None:
+        self._checked.clear()  # files are reopened, and checked again, on demand
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)  # what a particular source adds (an index's checks)

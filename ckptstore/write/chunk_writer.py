@@ -9,49 +9,38 @@ the last good one.
 """
 from __future__ import annotations
 
-import os
 import threading
 from math import prod
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import crc32c
 import numpy as np
 
-from ckptstore.io.atomic_file import AtomicFile, write_atomic
 from ckptstore.store.kinds import ROOT_METADATA
 from ckptstore.store import zarr as zb
+from ckptstore.store.checksum import crc32c_read, read_blocks
 from ckptstore.store.codecs import numcodecs_codec
 from ckptstore.store.safetensors import TensorSlot
 from ckptstore.boxes import Box, byte_pieces
 from ckptstore.store.chunking import ChunkSource, ParamPlan
-from ckptstore.formats.ckpt_reader import read_str
+from ckptstore.formats.ckpt_reader import CkptEntry, read_str
 from ckptstore.errors import ReplicaMismatchError
-from ckptstore.write.journal import JournalEntry, JournalWriter, good_prefix, read_journal
+from ckptstore.io.sink import ByteSink, SinkFile
+from ckptstore.write.journal import JournalEntry, JournalWriter, good_prefix, journal_key, read_journal
 from ckptstore.store.manifest import ChunkTable, ParamManifest, dtype_label
 from ckptstore.progress import Progress
 from ckptstore.io.open_files import SourceFiles
 
-BLOCK = 16 << 20  # copy buffer per worker
-#: Test hook: SIGKILL this process after this many chunks (proves resumability; see tests).
-KILL_AFTER_ENV = "CKPTSTORE_KILL_AFTER_CHUNKS"
-
 Pieces = list[tuple[int, int]]  # (file offset, length) in chunk byte order
 
 
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], offset + done)
-
-
-def _scatter(fd: int, view: memoryview, start: int, pieces: Pieces) -> None:
+def _scatter(f: SinkFile, view: memoryview, start: int, pieces: Pieces) -> None:
     """Write ``view`` (chunk bytes ``[start, start+len)``) to where ``pieces`` put them."""
     end, pos = start + len(view), 0
     for off, length in pieces:
         lo, hi = max(start, pos), min(end, pos + length)
         if lo < hi:
-            _pwrite_all(fd, view[lo - start:hi - start], off + lo - pos)
+            f.pwrite(view[lo - start:hi - start], off + lo - pos)
         pos += length
         if pos >= end:
             break
@@ -69,46 +58,40 @@ class ChunkCopier:
         self.progress = progress
         self._lock = threading.Lock()
         self.chunks_written = self.chunks_resumed = self.params_resumed = 0
-        kill = os.environ.get(KILL_AFTER_ENV)
-        self._kill_after = int(kill) if kill else None
 
     def count(self, written: int = 0, resumed: int = 0, params_resumed: int = 0) -> None:
         with self._lock:
             self.chunks_written += written
             self.chunks_resumed += resumed
             self.params_resumed += params_resumed
-            kill = self._kill_after is not None and self.chunks_written >= self._kill_after
-        if written and kill:
-            os.kill(os.getpid(), 9)
 
-    def copy(self, chunk: ChunkSource, fd: int, pieces: Pieces) -> int:
-        """Copy a raw chunk to ``pieces`` of ``fd``; return its CRC-32C."""
-        buf = bytearray(min(BLOCK, chunk.nbytes))
-        crc, done = 0, 0
-        while done < chunk.nbytes:
-            n = min(len(buf), chunk.nbytes - done)
-            view = memoryview(buf)[:n]
-            self.files.read(chunk.path, chunk.entry, chunk.byte_start + done, view)
-            crc = crc32c.crc32c(view, crc)
-            _scatter(fd, view, done, pieces)
-            done += n
-            self.progress.add(n)
+    def _reader(self, path: str, entry: CkptEntry, start: int) -> Callable[[int, memoryview], None]:
+        return lambda offset, view: self.files.read(path, entry, start + offset, view)
+
+    def copy(self, chunk: ChunkSource, f: SinkFile, pieces: Pieces) -> int:
+        """Copy a raw chunk to ``pieces`` of ``f``; return its CRC-32C."""
+        def place(offset: int, view: memoryview) -> None:
+            _scatter(f, view, offset, pieces)
+            self.progress.add(len(view))
+
+        crc = crc32c_read(self._reader(chunk.path, chunk.entry, chunk.byte_start), chunk.nbytes, each=place)
         self._check_replicas(chunk, crc)
         return crc
 
     def blocks(self, chunk: ChunkSource, crc_out: list[int]) -> Any:
         """A raw chunk's bytes as fresh blocks (a streamed upload may keep each one until it is
         sent); its CRC-32C is left in ``crc_out[0]`` once the last block was taken."""
-        crc, done = 0, 0
-        while done < chunk.nbytes:
-            buf = bytearray(min(BLOCK, chunk.nbytes - done))
-            self.files.read(chunk.path, chunk.entry, chunk.byte_start + done, memoryview(buf))
-            crc = crc32c.crc32c(buf, crc)
-            done += len(buf)
-            self.progress.add(len(buf))
-            yield buf
+        crc = 0
+        for view in read_blocks(self._reader(chunk.path, chunk.entry, chunk.byte_start), chunk.nbytes, fresh=True):
+            crc = crc32c.crc32c(view, crc)
+            self.progress.add(len(view))
+            yield view
         self._check_replicas(chunk, crc)
         crc_out[0] = crc
+
+    def checksum(self, chunk: ChunkSource) -> int:
+        """A raw chunk's CRC-32C, read from its rank file (an index's checksums)."""
+        return crc32c_read(self._reader(chunk.path, chunk.entry, chunk.byte_start), chunk.nbytes)
 
     def compressed(self, chunk: ChunkSource) -> bytes:
         """A chunk's bytes, encoded with the store's codec (one chunk in memory)."""
@@ -124,16 +107,8 @@ class ChunkCopier:
         if not self.verify_replicas:
             return
         sl = chunk.slice
-        buf = bytearray(min(BLOCK, chunk.nbytes))
         for rank, entry, path in zip(sl.ranks[1:], sl.entries[1:], sl.paths[1:]):
-            other, done = 0, 0
-            while done < chunk.nbytes:
-                n = min(len(buf), chunk.nbytes - done)
-                view = memoryview(buf)[:n]
-                self.files.read(path, entry, chunk.byte_start + done, view)
-                other = crc32c.crc32c(view, other)
-                done += n
-            if other != crc:
+            if crc32c_read(self._reader(path, entry, chunk.byte_start), chunk.nbytes) != crc:
                 raise ReplicaMismatchError(
                     f"parameter {entry.name!r}: rank {rank} ({path}) holds different bytes "
                     f"from rank {chunk.rank} ({chunk.path}) for the replicated slice "
@@ -147,8 +122,9 @@ def str_manifest(plan: ParamPlan, path: str, copier: ChunkCopier) -> ParamManife
     return ParamManifest(p.name, path, "str", (), (), ChunkTable((), (), (), (), (), ()), None, value)
 
 
-def _resume(data: Path, journal: Path, pieces_of: Callable[[JournalEntry], Pieces]) -> list[JournalEntry]:
-    return good_prefix(data, read_journal(journal), pieces_of) if data.exists() else []
+def _resume(f: SinkFile, sink: ByteSink, key: str, pieces_of: Callable[[JournalEntry], Pieces]) -> list[JournalEntry]:
+    """The chunks an earlier run wrote to ``f`` (data file ``key``) that its journal vouches for."""
+    return good_prefix(f, read_journal(sink, journal_key(key)), pieces_of) if f.size else []
 
 
 def _table(files: Sequence[str], entries: Sequence[JournalEntry], plan: ParamPlan) -> ChunkTable:
@@ -157,53 +133,47 @@ def _table(files: Sequence[str], entries: Sequence[JournalEntry], plan: ParamPla
                       tuple(len(c.slice.ranks) for c in plan.chunks))
 
 
-def write_zarr_param(plan: ParamPlan, out: Path, path: str, copier: ChunkCopier) -> ParamManifest:
-    """Write one parameter as a Zarr array: metadata, then its single chunk or shard file."""
+def write_zarr_param(plan: ParamPlan, sink: ByteSink, path: str, copier: ChunkCopier) -> ParamManifest:
+    """Write one parameter as a Zarr array at offsets of a resumable file: metadata, then its
+    single chunk or shard file, each chunk journalled once written."""
     p = plan.param
-    array_dir = out / path
-    array_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(array_dir / ROOT_METADATA,
-                    zb.array_metadata(p.shape, dtype_label(p.dtype), plan.chunk_shape, copier.codec))
+    sink.put(f"{path}/{ROOT_METADATA}", zb.array_metadata(p.shape, dtype_label(p.dtype), plan.chunk_shape,
+                                                          copier.codec))
     key = zb.chunk_key(path, len(p.shape))
-    final = out / key
-    final.parent.mkdir(parents=True, exist_ok=True)
-    sink = AtomicFile(final, resume=True, sync_folder=False)
-    journal = final.with_name(final.name + ".journal")
-    entries = _resume(sink.partial, journal, lambda e: [(e.offset, e.nbytes)])
-    copier.count(resumed=len(entries))
-    copier.progress.add(sum(c.nbytes for c in plan.chunks[:len(entries)]))
-    fd = sink.fd
-    log = JournalWriter(journal, entries)
+    f = sink.create(key, resume=True)
     try:
-        offset = entries[-1].offset + entries[-1].nbytes if entries else 0
-        os.ftruncate(fd, offset)
-        for chunk in plan.chunks[len(entries):]:
-            if copier.codec is None:
-                crc, nbytes = copier.copy(chunk, fd, [(offset, chunk.nbytes)]), chunk.nbytes
-            else:
-                data = copier.compressed(chunk)
-                _pwrite_all(fd, memoryview(data), offset)
-                crc, nbytes = crc32c.crc32c(data), len(data)
-            entry = JournalEntry(chunk.index, offset, nbytes, crc, chunk.rank)
-            log.append(entry)
-            entries.append(entry)
-            offset += nbytes
-            copier.count(written=1)
-        if zb.is_sharded(len(plan.chunks)):
-            _pwrite_all(fd, memoryview(zb.shard_index([e.offset for e in entries], [e.nbytes for e in entries])),
-                        offset)
-    except BaseException:
-        sink.abort()
-        raise
+        entries = _resume(f, sink, key, lambda e: [(e.offset, e.nbytes)])
+        copier.count(resumed=len(entries))
+        copier.progress.add(sum(c.nbytes for c in plan.chunks[:len(entries)]))
+        log = JournalWriter(sink, journal_key(key), entries)
+        try:
+            offset = entries[-1].offset + entries[-1].nbytes if entries else 0
+            f.truncate(offset)
+            for chunk in plan.chunks[len(entries):]:
+                if copier.codec is None:
+                    crc, nbytes = copier.copy(chunk, f, [(offset, chunk.nbytes)]), chunk.nbytes
+                else:
+                    data = copier.compressed(chunk)
+                    f.pwrite(data, offset)
+                    crc, nbytes = crc32c.crc32c(data), len(data)
+                entry = JournalEntry(chunk.index, offset, nbytes, crc, chunk.rank)
+                log.append(entry)
+                entries.append(entry)
+                offset += nbytes
+                copier.count(written=1)
+            if zb.is_sharded(len(plan.chunks)):
+                f.pwrite(zb.shard_index([e.offset for e in entries], [e.nbytes for e in entries]), offset)
+        finally:
+            log.close()
     finally:
-        log.close()
-    sink.close()
-    journal.unlink()
+        f.close()  # an interrupted file stays, with its journal, for the rerun to resume
+    sink.publish(key)
+    sink.delete([journal_key(key)])
     return ParamManifest(p.name, path, dtype_label(p.dtype), p.shape, plan.chunk_shape,
                          _table([key] * len(entries), entries, plan), copier.codec)
 
 
-def stream_zarr_param(plan: ParamPlan, target: Any, path: str, copier: ChunkCopier) -> ParamManifest:
+def stream_zarr_param(plan: ParamPlan, sink: ByteSink, path: str, copier: ChunkCopier) -> ParamManifest:
     """Write one parameter as a Zarr array into object storage: metadata, then its data object.
 
     The data object is one streamed (multipart) upload of the chunks in order, then the shard
@@ -211,8 +181,8 @@ def stream_zarr_param(plan: ParamPlan, target: Any, path: str, copier: ChunkCopi
     so a rerun rewrites an unfinished parameter whole (finished ones are skipped).
     """
     p = plan.param
-    target.write(f"{path}/{ROOT_METADATA}", zb.array_metadata(p.shape, dtype_label(p.dtype), plan.chunk_shape,
-                                                              copier.codec))
+    sink.put(f"{path}/{ROOT_METADATA}", zb.array_metadata(p.shape, dtype_label(p.dtype), plan.chunk_shape,
+                                                          copier.codec))
     key = zb.chunk_key(path, len(p.shape))
     entries: list[JournalEntry] = []
 
@@ -233,7 +203,7 @@ def stream_zarr_param(plan: ParamPlan, target: Any, path: str, copier: ChunkCopi
         if zb.is_sharded(len(plan.chunks)):
             yield zb.shard_index([e.offset for e in entries], [e.nbytes for e in entries])
 
-    target.source.put_stream(key, pieces())
+    sink.put_stream(key, pieces())
     return ParamManifest(p.name, path, dtype_label(p.dtype), p.shape, plan.chunk_shape,
                          _table([key] * len(entries), entries, plan), copier.codec)
 
@@ -290,28 +260,29 @@ def dense_manifest(plan: ParamPlan, slot: TensorSlot, crcs: Mapping[int, int]) -
                          _table([slot.file] * len(entries), entries, plan), None, None, "dense", slot.data_offset)
 
 
-def write_dense_param(plan: ParamPlan, slot: TensorSlot, data_file: Path, journal: Path,
+def write_dense_param(plan: ParamPlan, slot: TensorSlot, sink: ByteSink, journal: str,
                       copier: ChunkCopier) -> ParamManifest:
-    """Fill one parameter's whole-tensor region of a (pre-sized) safetensors file."""
+    """Fill one parameter's whole-tensor region of a (pre-sized) partial safetensors file."""
     p = plan.param
     item = p.dtype.itemsize
-    journal.parent.mkdir(parents=True, exist_ok=True)
     whole = Box.full(p.shape)
     pieces = [byte_pieces(c.box, whole, item, slot.data_offset) for c in plan.chunks]
-    entries = _resume(data_file, journal, lambda e: pieces[e.index])
-    copier.count(resumed=len(entries))
-    copier.progress.add(sum(c.nbytes for c in plan.chunks[:len(entries)]))
-    fd = os.open(data_file, os.O_RDWR)
-    log = JournalWriter(journal, entries)
+    f = sink.create(slot.file, resume=True)
     try:
-        for chunk in plan.chunks[len(entries):]:
-            crc = copier.copy(chunk, fd, pieces[chunk.index])
-            entry = JournalEntry(chunk.index, pieces[chunk.index][0][0], chunk.nbytes, crc, chunk.rank)
-            log.append(entry)
-            entries.append(entry)
-            copier.count(written=1)
+        entries = good_prefix(f, read_journal(sink, journal), lambda e: pieces[e.index])
+        copier.count(resumed=len(entries))
+        copier.progress.add(sum(c.nbytes for c in plan.chunks[:len(entries)]))
+        log = JournalWriter(sink, journal, entries)
+        try:
+            for chunk in plan.chunks[len(entries):]:
+                crc = copier.copy(chunk, f, pieces[chunk.index])
+                entry = JournalEntry(chunk.index, pieces[chunk.index][0][0], chunk.nbytes, crc, chunk.rank)
+                log.append(entry)
+                entries.append(entry)
+                copier.count(written=1)
+        finally:
+            log.close()
     finally:
-        os.close(fd)
-        log.close()
+        f.close()
     return ParamManifest(p.name, slot.file, dtype_label(p.dtype), p.shape, plan.chunk_shape,
                          _table([slot.file] * len(entries), entries, plan), None, None, "dense", slot.data_offset)

@@ -8,9 +8,10 @@ stream each chunk's bytes from the one rank file that supplies it into the param
 file, checksumming on the way (:mod:`ckptstore.write.chunk_writer`) -> commit.
 
 Safety: one conversion owns an output folder at a time (a lock its holder's death releases).
-Each data file is written under ``.partial`` with a journal of finished chunks and renamed
-when complete; the manifest that makes the store readable is written last, after every data
-file is final and the file system is synced. An interrupted run leaves a store that
+Each data file is written under ``.partial`` with a journal of finished chunks and published
+(fsynced, renamed) when complete; the manifest that makes the store readable is written last,
+after every data file is final and the folders that name them are synced. Everything is
+written through the output's :class:`~ckptstore.io.sink.ByteSink`. An interrupted run leaves a store that
 :func:`ckptstore.open` refuses; running the same conversion again resumes, skipping finished
 parameters and chunks, and running it once more on the complete store does nothing. Memory
 stays at one copy buffer per worker (plus one chunk when compressing), whatever the size.
@@ -30,8 +31,8 @@ from ckptstore.store.codecs import CODECS
 from ckptstore.deprecated import renamed
 from ckptstore.errors import IncompleteStoreError, InvalidOptionError, LayoutMismatchError
 from ckptstore.store.manifest import ParamManifest, StoreManifest
-from ckptstore.write.output_folder import Claim, claim
-from ckptstore.io.output_target import OutputTarget, open_target
+from ckptstore.write.output_folder import Claim, claim, complete_manifest, drop_idle_work, lock_output
+from ckptstore.io.sink import ByteSink, open_sink
 from ckptstore.write.parts import SCHEDULER_NO_PART, Part, parse_part
 from ckptstore.progress import Progress
 from ckptstore.checkpoint.source import DistributedSource, SourceParam, resolve_source
@@ -160,24 +161,24 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
          on_wait: Callable[[str], None] | None, select: Mapping[str, Any], choose: Mapping[str, Any]) -> ConvertSummary:
     """Source -> plans -> claim the output -> write this part's share (or skip, if complete) -> commit -> summary."""
     started = time.monotonic()
-    target = open_target(out)
+    sink = open_sink(out)
     source = resolve_source(src, **choose, keep=lambda name: bool(select_params([name], **select)))
     try:
         plans = [_plan(p, chunk_bytes) for p in source.params.values()]
         fingerprint = _fingerprint(source, plans, codec, fmt, checksum)
-        hold = claim(target, fingerprint, overwrite=overwrite, on_wait=on_wait, part=part,
+        hold = claim(sink, fingerprint, overwrite=overwrite, on_wait=on_wait, part=part,
                      sources=[*map(str, source.rank_files.values()),
                               *(source.strategy.sources if source.strategy else ())])
         try:
             if hold.complete:
-                return _summary(target, plans, None, started, part, source.unsaved, already_complete=True)
+                return _summary(sink, plans, None, started, part, source.unsaved, already_complete=True)
             header = {**_source_header(source, choose.get("step")), "fingerprint": fingerprint}
             # an index without checksums reads no slice: a byte rate would be meaningless
             progress = Progress(sum(p.nbytes for p in plans), len(plans), desc=fmt if fmt == "index" else "convert",
                                 quiet=quiet, count_bytes=fmt != "index" or checksum)
             copier = ChunkCopier(codec, verify_replicas, progress, source.files)
             writer = writer_for(fmt, hold, copier, plans, checksum)
-            write_plan(target, fmt, plans, header, writer.extra(), part)
+            write_plan(sink, fmt, plans, header, writer.extra(), part)
             mine = my_share(writer, plans, part)
             progress.resize(sum(p.nbytes for p in mine), len(mine))
             try:
@@ -192,9 +193,9 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                 writer.finish_part(mine, done)
             finally:
                 progress.close()
-            mark_done(target, part, fingerprint)
+            mark_done(sink, part, fingerprint)
             manifest = _commit_if_last(hold, done, fingerprint, on_wait)
-            return _summary(target, mine, copier, started, part, source.unsaved, manifest=manifest)
+            return _summary(sink, mine, copier, started, part, source.unsaved, manifest=manifest)
         finally:
             hold.release()
     finally:
@@ -204,28 +205,28 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
 def _commit_if_last(hold: Claim, done: Mapping[str, ParamManifest], fingerprint: str,
                     on_wait: Callable[[str], None] | None) -> StoreManifest | None:
     """Commit the store if every part has finished (always, for a conversion in one part)."""
-    target, part = hold.target, hold.part
+    sink, part = hold.sink, hold.part
     if part.count == 1:
-        return commit(target, done, parts=1)  # this process holds the folder's lock for the whole run
-    lock = target.lock("lock", on_wait)
+        return commit(sink, done, parts=1)  # this process holds the folder's lock for the whole run
+    lock = lock_output(sink, on_wait)
     try:
-        if _committed(target, fingerprint):
-            target.drop_idle_work()
+        if _committed(sink, fingerprint):
+            drop_idle_work(sink)
             return None
         try:
-            return commit(target, done, parts=part.count)
+            return commit(sink, done, parts=part.count)
         except IncompleteStoreError:
-            if _committed(target, fingerprint):  # another part committed meanwhile (object storage)
+            if _committed(sink, fingerprint):  # another part committed meanwhile (object storage)
                 return None
-            if any(target.size(Part(i, part.count).marker) is None for i in range(part.count)):
+            if any(sink.size(Part(i, part.count).marker) is None for i in range(part.count)):
                 return None  # other parts are still running: the last one commits
             raise
     finally:
         lock.release()
 
 
-def _committed(target: OutputTarget, fingerprint: str) -> bool:
-    manifest = target.manifest()
+def _committed(sink: ByteSink, fingerprint: str) -> bool:
+    manifest = complete_manifest(sink)
     return manifest is not None and manifest.get("source", {}).get("fingerprint") == fingerprint
 
 
@@ -242,16 +243,16 @@ def commit_store(out: "str | os.PathLike[str] | Store", *, on_wait: Callable[[st
 
     if isinstance(out, Store):
         return False  # only a complete store opens
-    target = open_target(out)
-    lock = target.lock("lock", on_wait)
+    sink = open_sink(out)
+    lock = lock_output(sink, on_wait)
     try:
-        if target.manifest() is not None:
-            target.drop_idle_work()  # the lock file this process waited on
+        if complete_manifest(sink) is not None:
+            drop_idle_work(sink)  # the lock file this process waited on
             return False
-        if is_saved_step(target):
-            commit_step(target)
+        if is_saved_step(sink):
+            commit_step(sink)
         else:
-            commit(target)
+            commit(sink)
         return True
     finally:
         lock.release()
@@ -270,12 +271,12 @@ def _options(fmt: str, compress: str | None, chunk_mb: int | None, workers: int)
     return codec, (chunk_mb or (DEFAULT_COMPRESSED_CHUNK_MB if codec else DEFAULT_CHUNK_MB)) << 20
 
 
-def _summary(target: OutputTarget, plans: Sequence[ParamPlan], copier: ChunkCopier | None, started: float,
+def _summary(sink: ByteSink, plans: Sequence[ParamPlan], copier: ChunkCopier | None, started: float,
              part: Part, unsaved: Sequence[str], *, manifest: StoreManifest | None = None,
              already_complete: bool = False) -> ConvertSummary:
     chunks = sum(len(p.chunks) for p in plans)
     return ConvertSummary(
-        store=str(getattr(target, "root", target.url)), params=len(plans), chunks=chunks,
+        store=sink.url, params=len(plans), chunks=chunks,
         chunks_written=copier.chunks_written if copier else 0,
         chunks_resumed=copier.chunks_resumed if copier else chunks,
         params_resumed=copier.params_resumed if copier else len(plans),

@@ -1,6 +1,6 @@
 """The output of a conversion: its state, its owner, and what ckptstore may delete in it.
 
-An output (a folder, or an object-store prefix; see :mod:`ckptstore.io.output_target`) is *new*
+An output (a folder, or an object-store prefix, written through a :class:`~ckptstore.io.sink.ByteSink`) is *new*
 (absent or empty), *unfinished* (it has a work folder: a conversion was interrupted or is
 running), *complete* (its manifest exists) or *foreign* (anything else: it is refused).
 :func:`claim` takes the folder's lock first and decides under it: a complete store of the same
@@ -17,15 +17,18 @@ parts are running.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
-from ckptstore.store.kinds import WORK_DIR
-from ckptstore.errors import ConversionInProgressError, StoreExistsError
-from ckptstore.io.output_target import OutputTarget, write_error
+from ckptstore.errors import CkptStoreError, ConversionInProgressError, StoreExistsError
+from ckptstore.io.sink import ByteSink, Lock, write_error
+from ckptstore.store.kinds import MANIFEST, ROOT_METADATA, WORK_DIR, read_manifest
 from ckptstore.write.parts import Part
 
 FINGERPRINT = f"{WORK_DIR}/fingerprint"
+#: The data files of a safetensors store (and their partial files).
+SAFETENSORS_FILE = re.compile(r"^model-\d+-of-\d+\.safetensors(\.partial)?$")
 
 __all__ = ["Claim", "claim", "write_error"]
 
@@ -34,97 +37,158 @@ __all__ = ["Claim", "claim", "write_error"]
 class Claim:
     """This process's hold on an output (release it when done)."""
 
-    target: OutputTarget
-    lock: Any
+    sink: ByteSink
+    lock: Lock
     complete: bool  # the same conversion is already complete: nothing to write
     part: Part = Part()
-
-    @property
-    def out(self) -> Any:
-        """The local folder (a ``Path``), or the URL of an object-store prefix."""
-        return getattr(self.target, "root", self.target.url)
 
     def release(self) -> None:
         self.lock.release()
 
 
-def claim(target: OutputTarget, fingerprint: str, *, overwrite: bool, sources: Iterable[str],
+def claim(sink: ByteSink, fingerprint: str, *, overwrite: bool, sources: Iterable[str],
           on_wait: Callable[[str], None] | None = None, part: Part = Part()) -> Claim:
-    """Own ``target`` for this conversion (or this part of it) and make it ready to write.
+    """Own ``sink`` for this conversion (or this part of it) and make it ready to write.
 
     ``sources`` are the source files (rank files, strategy files): a folder holding any of them
     is never written into. Raises :class:`~ckptstore.errors.StoreExistsError` for an output that
     is not this conversion's, :class:`~ckptstore.errors.ConversionInProgressError` when this
-    part is already being converted, and :class:`~ckptstore.errors.StoreWriteError` when it
-    cannot be written.
+    part is already being converted, :class:`~ckptstore.errors.UnsafePathError` when a link was
+    planted where the work folder or its lock would be, and
+    :class:`~ckptstore.errors.StoreWriteError` when it cannot be written.
     """
-    target.prepare(list(sources))
-    setup = target.lock("lock", on_wait)
+    prepare(sink, list(sources))
+    setup = _lock(sink, "lock", on_wait)
     try:
-        complete = _decide(target, fingerprint, overwrite, part)
+        complete = _decide(sink, fingerprint, overwrite, part)
         if complete or part.count == 1:
-            return Claim(target, setup, complete, part)
-        mine = target.lock(f"lock.part-{part.index}", wait=False)
+            return Claim(sink, setup, complete, part)
+        mine = sink.lock(f"lock.part-{part.index}", wait=False)
         if mine is None:
-            raise ConversionInProgressError(f"part {part} of the conversion into {target.url} is already running in "
+            raise ConversionInProgressError(f"part {part} of the conversion into {sink.url} is already running in "
                                             "another process")
     except BaseException:
-        if target.manifest() is not None:  # a complete store keeps no work folder made only for a lock
-            target.drop_idle_work()
+        if complete_manifest(sink) is not None:  # a complete store keeps no work folder made only for a lock
+            drop_idle_work(sink)
         setup.release()
         raise
     setup.release()
-    return Claim(target, mine, False, part)
+    return Claim(sink, mine, False, part)
 
 
-def _decide(target: OutputTarget, fingerprint: str, overwrite: bool, part: Part) -> bool:
+def _lock(sink: ByteSink, name: str, on_wait: Callable[[str], None] | None) -> Lock:
+    held = sink.lock(name, on_wait)
+    if held is None:  # waiting always ends holding the lock
+        raise ConversionInProgressError(f"could not lock {sink.url}")
+    return held
+
+
+def lock_output(sink: ByteSink, on_wait: Callable[[str], None] | None = None) -> Lock:
+    """Hold the output's lock (to commit), waiting for its holder."""
+    return _lock(sink, "lock", on_wait)
+
+
+def complete_manifest(sink: ByteSink) -> dict | None:
+    """The manifest of a *complete* store in ``sink``, else ``None``."""
+    try:
+        doc = read_manifest(sink.source)
+    except CkptStoreError:
+        return None
+    return doc if isinstance(doc, dict) and doc.get("complete") is True else None
+
+
+def prepare(sink: ByteSink, sources: Iterable[str]) -> None:
+    """Refuse an output that holds the source or foreign files; create its folder."""
+    for src in sources:
+        if sink.contains(src):
+            raise StoreExistsError(f"output location {sink.url} contains the source checkpoint ({src}); choose an "
+                                   "output outside it")
+    folders, files = sink.listing()
+    if (folders or files) and WORK_DIR not in folders and complete_manifest(sink) is None:
+        raise StoreExistsError(f"output location {sink.url} is not empty and is not a ckptstore store; choose an "
+                               "empty or new one")
+    sink.make_root()
+
+
+def clear_store(sink: ByteSink) -> None:
+    """Delete what a conversion writes here (the lock files excepted), and nothing else: the
+    manifest, the work folder, Zarr array folders and ``model-*.safetensors`` files."""
+    keys = sink.keys()
+    arrays = {k.split("/")[0] for k in keys if k.count("/") == 1 and k.endswith("/" + ROOT_METADATA)}
+    mine = [k for k in keys
+            if (k.startswith(WORK_DIR + "/") and not _is_lock(k)) or k in (ROOT_METADATA, MANIFEST)
+            or SAFETENSORS_FILE.match(k) or k.split("/")[0] in arrays]
+    # the manifest first: a reader of the old store notices the replacement before any of its
+    # files is touched (see ckptstore.store.store.ReplaceGuard)
+    sink.delete([k for k in mine if k in (ROOT_METADATA, MANIFEST)])
+    sink.delete(mine)
+
+
+def _is_lock(key: str) -> bool:
+    return key.rsplit("/", 1)[-1].startswith("lock")
+
+
+def drop_work(sink: ByteSink) -> None:
+    """Remove the work folder (after a commit). The lock files go last: a process that takes the
+    lock while this runs then finds only lock files left and removes them itself
+    (:func:`drop_idle_work`), instead of leaving a fresh lock file behind in the complete store."""
+    keys = sink.keys(WORK_DIR)
+    sink.delete([k for k in keys if not _is_lock(k)])
+    sink.delete([k for k in keys if _is_lock(k)])
+
+
+def drop_idle_work(sink: ByteSink) -> None:
+    """Remove the work folder if it holds nothing but lock files."""
+    keys = sink.keys(WORK_DIR)
+    if all(_is_lock(k) for k in keys):
+        sink.delete(keys)
+
+
+def _decide(sink: ByteSink, fingerprint: str, overwrite: bool, part: Part) -> bool:
     """Under the folder's lock: is the store already complete? Clear or check what is there."""
-    manifest = target.manifest()
+    manifest = complete_manifest(sink)
     if manifest is not None:
         same = manifest.get("source", {}).get("fingerprint") == fingerprint
         if same and (not overwrite or part.count > 1):
-            if not target.remote:
-                target.drop_work()  # the lock file we waited on; the store itself is untouched
+            drop_idle_work(sink)  # the lock file we waited on; the store itself is untouched
             return True
         if not overwrite:
-            raise StoreExistsError(f"{target.url} already holds a complete store of other files or options; pass "
+            raise StoreExistsError(f"{sink.url} already holds a complete store of other files or options; pass "
                                    "--overwrite to replace it")
-        _refuse_running_parts(target)
-        target.clear_store()
+        _refuse_running_parts(sink)
+        clear_store(sink)
     else:
-        previous = _read_fingerprint(target)
+        previous = _read_fingerprint(sink)
         if previous is not None and previous != fingerprint:
             if not overwrite:
-                raise StoreExistsError(f"{target.url} holds an unfinished conversion of other files or options; rerun "
+                raise StoreExistsError(f"{sink.url} holds an unfinished conversion of other files or options; rerun "
                                        "that command to finish it, or pass --overwrite to start again")
-            _refuse_running_parts(target)
-            target.clear_store()
+            _refuse_running_parts(sink)
+            clear_store(sink)
         elif overwrite and part.count == 1:
-            target.clear_store()  # start an unfinished conversion over, even the same one
-    if target.remote:
-        if not target.write(FINGERPRINT, fingerprint.encode(), create=True) and _read_fingerprint(target) != fingerprint:
-            raise StoreExistsError(f"another conversion of other files or options started writing into {target.url} "
-                                   "at the same time; let it finish, or pass --overwrite once it has stopped")
-    else:
-        target.write(FINGERPRINT, fingerprint.encode())
+            clear_store(sink)  # start an unfinished conversion over, even the same one
+    # created only if absent: on object storage (no lock) two conversions starting at once find out here
+    if not sink.put_if_absent(FINGERPRINT, fingerprint.encode()) and _read_fingerprint(sink) != fingerprint:
+        raise StoreExistsError(f"another conversion of other files or options started writing into {sink.url} "
+                               "at the same time; let it finish, or pass --overwrite once it has stopped")
     return False
 
 
-def _refuse_running_parts(target: OutputTarget) -> None:
+def _refuse_running_parts(sink: ByteSink) -> None:
     """Clearing under the parts of a running conversion would destroy their work: refuse."""
-    for key in target.keys(WORK_DIR):
+    for key in sink.keys(WORK_DIR):
         name = key.rsplit("/", 1)[-1]
         if name.startswith("lock.part-"):
-            held = target.lock(name, wait=False)
+            held = sink.lock(name, wait=False)
             if held is None:
-                raise ConversionInProgressError(f"a conversion in parts is running into {target.url} ({name} is "
+                raise ConversionInProgressError(f"a conversion in parts is running into {sink.url} ({name} is "
                                                 "held); wait for it to finish")
             held.release()
 
 
-def _read_fingerprint(target: OutputTarget) -> str | None:
+def _read_fingerprint(sink: ByteSink) -> str | None:
     try:
-        raw = target.read(FINGERPRINT)
+        raw = sink.read(FINGERPRINT)
         return raw.decode() if raw is not None else None
-    except (UnicodeDecodeError, NotADirectoryError, OSError):
+    except (UnicodeDecodeError, CkptStoreError, OSError):
         return None

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -40,14 +39,14 @@ from ckptstore.errors import (
     StoreExistsError,
 )
 from ckptstore.io.locations import is_url, open_location
-from ckptstore.io.output_target import LocalTarget, OutputTarget, open_target
+from ckptstore.io.sink import ByteSink, open_sink
 from ckptstore.store import zarr as zb
 from ckptstore.store.chunking import select_params
 from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR, read_manifest
 from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest, dtype_label
 from ckptstore.store.steps import STEP_FOLDER, step_name
 from ckptstore.version import __version__
-from ckptstore.write.output_folder import claim
+from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, drop_work, lock_output
 from ckptstore.write.parts import LAUNCHERS, Part
 from ckptstore.write.save_plan import SaveChunk, SaveParam, SavePlan, plan_save
 from ckptstore.write.store_kinds import mark_done
@@ -242,26 +241,26 @@ class SaveJob:
         """Write ``pieces`` (by default straight from the arrays), record them, and commit if this
         rank is the last to finish (unless ``commit=False``: ``ckptstore commit`` does it later)."""
         started = time.monotonic()
-        target = open_target(self.location)
-        hold = self._claim(target)
+        sink = open_sink(self.location)
+        hold = self._claim(sink)
         try:
             if hold.complete:
                 raise StoreExistsError(f"step {self.step} is already committed in {self.location}; a step is saved "
                                        "once: save under a new step, or delete that folder first")
-            crcs, written = self._write_chunks(target, self.pieces() if pieces is None else pieces)
+            crcs, written = self._write_chunks(sink, self.pieces() if pieces is None else pieces)
             record = self._record(crcs)
-            target.write(f"{RECORDS_DIR}/{self.part.index}-of-{self.part.count}.json",
-                         json.dumps(record).encode(), durable=False)
-            mark_done(target, self.part, self.fingerprint)
-            committed = self._commit_if_last(hold, target) if commit else False
+            sink.put(f"{RECORDS_DIR}/{self.part.index}-of-{self.part.count}.json", json.dumps(record).encode(),
+                     durable=False)
+            mark_done(sink, self.part, self.fingerprint)
+            committed = self._commit_if_last(hold, sink) if commit else False
         finally:
             hold.release()
         return SaveSummary(self.location, self.step, self.plan.rank, self.plan.world, len(self.plan.params),
                            len(crcs), written, committed, round(time.monotonic() - started, 3))
 
-    def _claim(self, target: OutputTarget) -> Any:
+    def _claim(self, sink: ByteSink) -> Any:
         try:
-            return claim(target, self.fingerprint, overwrite=False, sources=(), part=self.part)
+            return claim(sink, self.fingerprint, overwrite=False, sources=(), part=self.part)
         except StoreExistsError:
             raise StoreExistsError(f"{self.location} holds another save of step {self.step} (another job, world size, "
                                    "strategy or chunk size) or other files; delete it, or save into another "
@@ -270,16 +269,16 @@ class SaveJob:
             raise ConversionInProgressError(f"rank {self.plan.rank} of step {self.step} is already being saved into "
                                             f"{self.location} by another process") from None
 
-    def _write_chunks(self, target: OutputTarget, pieces: Iterable[Piece]) -> tuple[dict[str, dict[int, int]], int]:
+    def _write_chunks(self, sink: ByteSink, pieces: Iterable[Piece]) -> tuple[dict[str, dict[int, int]], int]:
         for p in self.plan.params:
             if p.writes_metadata:
-                target.write(f"{p.path}/{ROOT_METADATA}",
-                             zb.array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape, None, sharded=False),
-                             durable=False)
+                sink.put(f"{p.path}/{ROOT_METADATA}",
+                         zb.array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape, None, sharded=False),
+                         durable=False)
         crcs: dict[str, dict[int, int]] = {}
         written = 0
         for p, c, data in pieces:
-            target.write(c.key, data)  # type: ignore[arg-type]  (any buffer: written whole, then renamed/PUT)
+            sink.put(c.key, data)  # any buffer: written whole, then renamed (or PUT)
             crcs.setdefault(p.name, {})[c.index] = crc32c.crc32c(data)
             written += c.nbytes
             del data  # a staged copy is freed before the next one is taken
@@ -298,23 +297,23 @@ class SaveJob:
                               "chunks": [[c.index, c.key, c.nbytes, mine[c.index]] for c in p.chunks]}
         return {"rank": self.plan.rank, "world": self.plan.world, "header": self._header(), "params": params}
 
-    def _commit_if_last(self, hold: Any, target: OutputTarget) -> bool:
+    def _commit_if_last(self, hold: Any, sink: ByteSink) -> bool:
         """Commit the step if every rank has finished (this process holds the folder's lock alone
         when the job has one rank; otherwise it takes it, as a converting part does)."""
         if self.part.count == 1:
-            commit_step(target)
+            commit_step(sink)
             return True
-        lock = target.lock("lock")
+        lock = lock_output(sink)
         try:
-            if _committed(target, self.fingerprint):
-                target.drop_idle_work()
+            if _committed(sink, self.fingerprint):
+                drop_idle_work(sink)
                 return False
-            if any(target.size(Part(i, self.part.count).marker) is None for i in range(self.part.count)):
+            if any(sink.size(Part(i, self.part.count).marker) is None for i in range(self.part.count)):
                 return False  # another rank is still writing: the last one commits
             try:
-                commit_step(target)
+                commit_step(sink)
             except IncompleteStoreError:
-                if _committed(target, self.fingerprint):  # another rank committed meanwhile (object storage)
+                if _committed(sink, self.fingerprint):  # another rank committed meanwhile (object storage)
                     return False
                 raise
             return True
@@ -344,45 +343,45 @@ def _bytes_of(array: np.ndarray | LazyArray) -> memoryview:
     return memoryview(host.reshape(-1).view(np.uint8))
 
 
-def _committed(target: OutputTarget, fingerprint: str) -> bool:
-    manifest = target.manifest()
+def _committed(sink: ByteSink, fingerprint: str) -> bool:
+    manifest = complete_manifest(sink)
     return manifest is not None and manifest.get("source", {}).get("fingerprint") == fingerprint
 
 
-def is_saved_step(target: OutputTarget) -> bool:
-    """Whether ``target`` holds an unfinished save (ranks' records) rather than a conversion."""
-    return bool(target.keys(RECORDS_DIR))
+def is_saved_step(sink: ByteSink) -> bool:
+    """Whether ``sink`` holds an unfinished save (ranks' records) rather than a conversion."""
+    return bool(sink.keys(RECORDS_DIR))
 
 
-def commit_step(target: OutputTarget) -> StoreManifest:
+def commit_step(sink: ByteSink) -> StoreManifest:
     """Merge every rank's record into the step's manifest and write it (the commit).
 
     Everything it needs is in the records, so any process can run it (``ckptstore commit``).
     Raises :class:`~ckptstore.errors.IncompleteStoreError` naming the ranks that have not
     finished, or a parameter no rank wrote.
     """
-    keys = target.keys(RECORDS_DIR)
+    keys = sink.keys(RECORDS_DIR)
     if not keys:
-        raise IncompleteStoreError(f"{target.url} holds no finished rank of a save; save the step first")
-    first = json.loads(target.read(keys[0]) or b"{}")
+        raise IncompleteStoreError(f"{sink.url} holds no finished rank of a save; save the step first")
+    first = json.loads(sink.read(keys[0]) or b"{}")
     header, world = first["header"], int(first["world"])
-    missing = [i for i in range(world) if target.size(Part(i, world).marker) is None]
+    missing = [i for i in range(world) if sink.size(Part(i, world).marker) is None]
     if missing:
-        raise IncompleteStoreError(f"step {header['step']} in {target.url} is not complete: rank(s) "
+        raise IncompleteStoreError(f"step {header['step']} in {sink.url} is not complete: rank(s) "
                                    f"{_short(missing)} of {world} have not finished saving it; save them")
     records = []
     for i in range(world):
-        raw = target.read(f"{RECORDS_DIR}/{i}-of-{world}.json")
+        raw = sink.read(f"{RECORDS_DIR}/{i}-of-{world}.json")
         record = json.loads(raw) if raw is not None else None
         if record is None or record.get("header") != header:
-            raise IncompleteStoreError(f"step {header['step']} in {target.url}: rank {i} finished but its record is "
+            raise IncompleteStoreError(f"step {header['step']} in {sink.url}: rank {i} finished but its record is "
                                        "missing or from another save; save that rank again")
         records.append(record)
-    manifest = StoreManifest(merge_records(records, target.url), dict(header), backend="zarr")
-    if not target.remote:
-        os.sync()  # every chunk file's rename is durable before the manifest that names it
-    target.write(ROOT_METADATA, zb.group_metadata({"ckptstore": manifest.to_json()}))
-    target.drop_work()
+    manifest = StoreManifest(merge_records(records, sink.url), dict(header), backend="zarr")
+    # every rank synced its chunk files' folders before its marker (mark_done): the manifest is last
+    sink.put(ROOT_METADATA, zb.group_metadata({"ckptstore": manifest.to_json()}))
+    sink.sync()
+    drop_work(sink)
     return manifest
 
 
@@ -479,9 +478,7 @@ def prune_steps(root: str | os.PathLike[str], keep: int) -> list[int]:
 def _remove_step(location: str) -> None:
     """Delete one step folder: what ckptstore wrote there (the manifest goes first, so a reader
     never finds a committed step with chunks missing)."""
-    target = open_target(location)
-    target.delete([ROOT_METADATA])
-    if isinstance(target, LocalTarget):
-        shutil.rmtree(target.root, ignore_errors=True)
-    else:
-        target.delete(target.keys(""))
+    sink = open_sink(location)
+    sink.delete([ROOT_METADATA])
+    sink.delete(sink.keys())
+    sink.remove_root()

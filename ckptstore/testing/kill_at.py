@@ -1,0 +1,79 @@
+"""Run the ``ckptstore`` CLI and ``SIGKILL`` it at a chosen point: crash tests without hooks in runtime code.
+
+    python -m ckptstore.testing.kill_at POINT -- <ckptstore arguments>
+
+``POINT`` is
+
+* ``commit``: when a commit is about to write the manifest, every data file already final (the
+  write seam's ``put`` of the root ``zarr.json`` or of ``ckptstore.json``, for every sink);
+* ``chunks:N``: once ``N`` chunks have been written by this process (after the Nth chunk's
+  bytes, and its journal line where there is one).
+
+The process kills itself with signal 9, as an OOM killer or a pre-empted node would: no
+``finally`` block, no ``atexit`` handler runs.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from ckptstore.store.kinds import MANIFEST, ROOT_METADATA
+
+
+def _die() -> None:
+    os.kill(os.getpid(), 9)
+
+
+def kill_before_manifest() -> None:
+    """Make every sink die when it is asked to write a store's manifest."""
+    from ckptstore.io.local_sink import LocalSink
+    from ckptstore.io.memory_sink import MemorySink
+    from ckptstore.io.s3_sink import S3Sink
+
+    for cls in (LocalSink, S3Sink, MemorySink):
+        setattr(cls, "put", _before(cls.put, lambda key: key in (MANIFEST, ROOT_METADATA)))
+
+
+def _before(put: Callable[..., Any], when: Callable[[str], bool]) -> Callable[..., Any]:
+    def wrapped(self: Any, key: str, *args: Any, **kwargs: Any) -> Any:
+        if when(key):
+            _die()
+        return put(self, key, *args, **kwargs)
+
+    return wrapped
+
+
+def kill_after_chunks(n: int) -> None:
+    """Make the converter die once it has written ``n`` chunks."""
+    from ckptstore.write.chunk_writer import ChunkCopier
+
+    count = ChunkCopier.count
+
+    def counted(self: ChunkCopier, written: int = 0, resumed: int = 0, params_resumed: int = 0) -> None:
+        count(self, written, resumed, params_resumed)
+        if written and self.chunks_written >= n:
+            _die()
+
+    setattr(ChunkCopier, "count", counted)
+
+
+def main(argv: Sequence[str]) -> None:
+    """``kill_at POINT -- ARGS...``: arm ``POINT``, then run ``ckptstore ARGS...``."""
+    if len(argv) < 2 or argv[1] != "--":
+        sys.exit("usage: python -m ckptstore.testing.kill_at commit|chunks:N -- <ckptstore arguments>")
+    point = argv[0]
+    if point == "commit":
+        kill_before_manifest()
+    elif point.startswith("chunks:"):
+        kill_after_chunks(int(point.split(":", 1)[1]))
+    else:
+        sys.exit(f"unknown kill point {point!r}: commit or chunks:N")
+    from ckptstore.cli import main as cli
+
+    sys.argv = ["ckptstore", *argv[2:]]
+    cli()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
