@@ -1,4 +1,7 @@
-"""Byte sources: where ckptstore reads file bytes from (see :mod:`ckptstore.io.base`)."""
+"""All file I/O of ckptstore: byte sources, where it reads file bytes from (:mod:`ckptstore.io.base`),
+and byte sinks, where it writes them (:mod:`ckptstore.io.sink`: a local folder, an object-store
+prefix, a dict in memory). Store writers see only the sink: none of them asks whether its output
+is local or remote."""
 from __future__ import annotations
 
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request, check_key

@@ -1,2 +1,3 @@
 """Writing stores: convert and index rank files, conversions split into parts, the commit, the
-output folder's lock and work journal."""
+output folder's claim and work records, saves from training; all written through a
+:class:`~ckptstore.io.sink.ByteSink`."""
