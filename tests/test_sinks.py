@@ -69,3 +69,40 @@ def test_a_local_sink_syncs_only_the_folders_it_changed(tmp_path, monkeypatch):
     sink.sync()
     out = tmp_path / "out"
     assert sorted(synced) == sorted(map(str, [out, out / "a", out / "c"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# a writer crashed at any call of its sink resumes to the same store
+
+
+def _crash_at(op: str, nth: int):
+    seen = []
+
+    def fail(call, key):
+        if call == op:
+            seen.append(key)
+            if len(seen) == nth:
+                raise Crash(f"{op} {key}")
+
+    return fail
+
+
+@pytest.mark.mindspore
+@pytest.mark.parametrize("fmt,op,nth", [("zarr", "publish", 3), ("zarr", "put", 4), ("zarr", "pwrite", 5),
+                                        ("safetensors", "pwrite", 30), ("safetensors", "publish", 1)])
+def test_a_conversion_crashed_at_a_sink_call_resumes_to_the_same_store(saved_layout, tmp_path, fmt, op, nth):
+    import ckptstore
+    from ckptstore.errors import IncompleteStoreError
+    from convert_fixtures import store_files
+
+    layout = saved_layout("dp2_mp4")
+    ckptstore.convert(layout.root, tmp_path / "reference", strategy=layout.strategy_files, fmt=fmt)
+    sink = MemorySink(fail=_crash_at(op, nth))
+    with pytest.raises(Crash):
+        ckptstore.convert(layout.root, sink, strategy=layout.strategy_files, fmt=fmt, workers=1)
+    assert any(k.startswith(".ckptstore-work/") for k in sink.files)  # an unfinished store, not a complete one
+    assert not {"zarr.json", "ckptstore.json"} & set(sink.files)
+    sink.fail = None
+    summary = ckptstore.convert(layout.root, sink, strategy=layout.strategy_files, fmt=fmt, workers=1)
+    assert summary.chunks_resumed + summary.chunks_written == summary.chunks and summary.chunks_resumed > 0
+    assert {k: bytes(v) for k, v in sink.files.items()} == store_files(tmp_path / "reference")

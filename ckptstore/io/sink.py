@@ -206,9 +206,11 @@ class ByteSink(ABC):
 
 
 def open_sink(out: str | Any) -> ByteSink:
-    """The sink of ``--out``: a folder, or an ``s3://``/``obs://`` prefix."""
+    """The sink of ``--out``: a folder, or an ``s3://``/``obs://`` prefix (a sink is itself)."""
     from ckptstore.io import is_url
 
+    if isinstance(out, ByteSink):
+        return out
     if is_url(out):
         from ckptstore.io.s3_sink import S3Sink
 
