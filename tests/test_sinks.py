@@ -92,7 +92,6 @@ def _crash_at(op: str, nth: int):
                                         ("safetensors", "pwrite", 30), ("safetensors", "publish", 1)])
 def test_a_conversion_crashed_at_a_sink_call_resumes_to_the_same_store(saved_layout, tmp_path, fmt, op, nth):
     import ckptstore
-    from ckptstore.errors import IncompleteStoreError
     from convert_fixtures import store_files
 
     layout = saved_layout("dp2_mp4")
