@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, TypeVar
 import click
 
 from ckptstore.read import describe
-from ckptstore.store.chunking import OPTIMIZER_PATTERNS
+from ckptstore.store.chunking import OPTIMIZER_STATE_PREFIXES, TRAINING_COUNTERS
 from ckptstore.store.codecs import CODECS
 from ckptstore.write.convert import convert as convert_store
 from ckptstore.errors import CkptStoreError
@@ -298,7 +298,8 @@ def _source_options(fn: F) -> F:
         click.option("--exclude", multiple=True, metavar="GLOB", help="Drop parameters matching (repeatable)."),
         click.option("--drop-optimizer", is_flag=True,
                      help="Drop optimizer state and training counters, for inference or a fresh optimizer. "
-                          "Patterns: " + ", ".join(OPTIMIZER_PATTERNS)),
+                          "State: <prefix>.P or <prefix>_P of a parameter P the checkpoint holds, for the prefixes "
+                          + ", ".join(OPTIMIZER_STATE_PREFIXES) + "; Counters: " + ", ".join(TRAINING_COUNTERS)),
         click.option("--workers", "-j", type=click.IntRange(1), default=4, show_default=True,
                      help="Parameters written in parallel."),
         click.option("--verify-crc", is_flag=True,

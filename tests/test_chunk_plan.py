@@ -89,6 +89,12 @@ def test_chunks_tile_the_tensor_and_each_is_one_byte_range_of_its_slice(case):
 
 def test_drop_optimizer_drops_state_and_counters_and_keeps_weights():
     # (the names MindSpore's own optimizers give their state are checked in test_convert.py)
-    names = ["adam_m.layer0.w", "adam_v.layer0.w", "moments.fc.weight", "accum.fc.weight", "global_step",
+    names = ["layer0.w", "adam_m.layer0.w", "adam_v.layer0.w", "moments.fc.weight", "accum.fc.weight", "global_step",
              "learning_rate", "beta1_power", "beta2_power", "scale_sense", "fc.weight", "adam_mode.flag"]
-    assert select_params(names, drop_optimizer=True) == ["fc.weight", "adam_mode.flag"]
+    assert select_params(names, drop_optimizer=True) == ["layer0.w", "fc.weight", "adam_mode.flag"]
+
+
+def test_drop_optimizer_keeps_state_named_parameters_of_no_other_parameter():
+    # 'linear.weight' would be FTRL's state of a parameter 'weight': there is none, so it is a weight
+    names = ["linear.weight", "accum.bias", "mu_x", "linear.linear.weight"]
+    assert select_params(names, drop_optimizer=True) == ["linear.weight", "accum.bias", "mu_x"]

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from ckptstore.cli import main
-from ckptstore.store.chunking import OPTIMIZER_PATTERNS
+from ckptstore.store.chunking import OPTIMIZER_STATE_PREFIXES, TRAINING_COUNTERS
 from convert_fixtures import cli_command, run_cli
 
 
@@ -21,14 +21,15 @@ def test_the_console_script_is_installed():
     assert Path(cli_command()[0]).name == "ckptstore"
 
 
-def test_convert_help_lists_every_drop_optimizer_pattern():
+def test_convert_help_lists_every_optimizer_state_prefix_and_counter():
     r = run_cli("convert", "--help")
     assert r.returncode == 0, r.stderr
     text = _one_line(r.stdout)
     assert "--drop-optimizer" in text
-    listed = text.split("Patterns:", 1)[1]
-    for pattern in OPTIMIZER_PATTERNS:
-        assert re.search(rf"(?<![\w.*]){re.escape(pattern)}(?![\w.*])", listed), pattern
+    prefixes, counters = text.split("State:", 1)[1].split("Counters:", 1)
+    for listed, names in ((prefixes, OPTIMIZER_STATE_PREFIXES), (counters, TRAINING_COUNTERS)):
+        for name in names:
+            assert re.search(rf"(?<![\w.*]){re.escape(name)}(?![\w.*])", listed), name
 
 
 @pytest.mark.parametrize("command", [["--help"], ["convert", "--help"]], ids=["ckptstore", "convert"])

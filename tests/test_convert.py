@@ -326,10 +326,6 @@ class _Dense(ms.nn.Cell):
         return self.fc(x)
 
 
-def _uncovered(reason: str):
-    return pytest.mark.xfail(strict=True, reason=f"OPTIMIZER_PATTERNS misses {reason}")
-
-
 #: MindSpore's optimizers, each as it names its state (``TrainOneStepCell(...).get_parameters()``).
 OPTIMIZERS = [
     pytest.param(lambda p: ms.nn.Adam(p, 1e-3), id="Adam"),
@@ -340,14 +336,13 @@ OPTIMIZERS = [
     pytest.param(lambda p: ms.nn.ProximalAdagrad(p), id="ProximalAdagrad"),
     pytest.param(lambda p: ms.nn.RMSProp(p), id="RMSProp"),
     pytest.param(lambda p: ms.nn.FTRL(p), id="FTRL"),
-    pytest.param(lambda p: ms.nn.Momentum(p, 0.1, 0.9), id="Momentum", marks=_uncovered("'momentum'")),
-    pytest.param(lambda p: ms.nn.SGD(p, 0.1, momentum=0.9), id="SGD", marks=_uncovered("'momentum', 'stat.*'")),
-    pytest.param(lambda p: ms.nn.LARS(ms.nn.Momentum(p, 0.1, 0.9)), id="LARS",
-                 marks=_uncovered("'momentum', 'fake_lr', 'fake_param'")),
-    pytest.param(lambda p: ms.nn.Lamb(p, 1e-3), id="Lamb", marks=_uncovered("'lamb_m.*', 'lamb_v.*'")),
-    pytest.param(lambda p: ms.nn.Adadelta(p), id="Adadelta", marks=_uncovered("'accum_update.*'")),
-    pytest.param(lambda p: ms.nn.Rprop(p), id="Rprop", marks=_uncovered("'prev.*', 'step_size.*'")),
-    pytest.param(lambda p: ms.nn.ASGD(p), id="ASGD", marks=_uncovered("'mu_*', 'eta_*', 'ax_.*'")),
+    pytest.param(lambda p: ms.nn.Momentum(p, 0.1, 0.9), id="Momentum"),
+    pytest.param(lambda p: ms.nn.SGD(p, 0.1, momentum=0.9), id="SGD"),
+    pytest.param(lambda p: ms.nn.LARS(ms.nn.Momentum(p, 0.1, 0.9)), id="LARS"),
+    pytest.param(lambda p: ms.nn.Lamb(p, 1e-3), id="Lamb"),
+    pytest.param(lambda p: ms.nn.Adadelta(p), id="Adadelta"),
+    pytest.param(lambda p: ms.nn.Rprop(p), id="Rprop"),
+    pytest.param(lambda p: ms.nn.ASGD(p), id="ASGD"),
 ]
 
 
@@ -361,8 +356,6 @@ def test_drop_optimizer_keeps_exactly_the_network_weights_of_a_mindspore_optimiz
     assert select_params(names, drop_optimizer=True) == ["fc.weight", "fc.bias"], names
 
 
-@pytest.mark.xfail(strict=True, reason="the pattern 'linear.*' (FTRL's state) also matches a network module "
-                                       "named 'linear'")
 def test_drop_optimizer_keeps_the_weights_of_a_module_named_like_optimizer_state():
     from ckptstore.store.chunking import select_params
 

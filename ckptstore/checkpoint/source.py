@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 
 from ckptstore.boxes import Box
@@ -74,7 +74,7 @@ def _scan_all(files: Mapping[int, str], verify_crc: bool) -> dict[int, CkptIndex
 
 def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Strategy | None, *,
                 verify_crc: bool = False, check_layout: bool = True,
-                keep: Callable[[str], bool] | None = None) -> DistributedSource:
+                keep: Callable[[list[str]], Iterable[str]] | None = None) -> DistributedSource:
     """Scan every rank file and resolve each parameter's global shape and slices.
 
     With ``strategy=None`` every parameter must have the same shape on every rank that holds it
@@ -89,7 +89,8 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
     ``CheckpointMonitor`` filters saves (``accu_grads.*``, ``*_cache``, ``expert_load``) while
     the strategy still lists them, and ``transform_checkpoints`` leaves them out. It is skipped
     and named in ``unsaved``. One missing from only *some* of the ranks that must hold it stays
-    an error. ``keep`` (``--include``/``--exclude``) drops names before any of these checks.
+    an error. ``keep`` (``--include``/``--exclude``/``--drop-optimizer``) takes every name at once and
+    returns those to keep, before any of these checks.
     """
     files = {r: os.fspath(p) for r, p in sorted(rank_files.items())}
     if strategy is not None and strategy.world_size != len(files):
@@ -101,9 +102,11 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
         raise MissingRankError(f"{told}: {culprit}; strategy file(s): {', '.join(strategy.sources)}")
     indexes = _scan_all(files, verify_crc)
     held = dict.fromkeys(n for idx in indexes.values() for n in idx.entries)
-    names = [n for n in held if keep is None or keep(n)]
-    unsaved = () if strategy is None else tuple(n for n in strategy.names()
-                                                 if n not in held and (keep is None or keep(n)))
+    laid_out = [] if strategy is None else [n for n in strategy.names() if n not in held]
+    # the selection sees every name at once: optimizer state is recognised by its parameter's name
+    kept = None if keep is None else set(keep(list(held) + laid_out))
+    names = [n for n in held if kept is None or n in kept]
+    unsaved = tuple(n for n in laid_out if kept is None or n in kept)
     params: dict[str, SourceParam] = {}
     uncovered: _Uncovered | None = None
     for n in names:
@@ -313,7 +316,7 @@ def _ranges(ranks: Sequence[int]) -> str:
 def resolve_source(src: str | os.PathLike[str], strategy: StrategyPaths = (), *,
                    step: int | None = None, prefix: str | None = None, verify_crc: bool = False,
                    check_layout: bool = True, src_format: str | None = None,
-                   keep: Callable[[str], bool] | None = None) -> DistributedSource:
+                   keep: Callable[[list[str]], Iterable[str]] | None = None) -> DistributedSource:
     """Open ``src`` (a folder of ``rank_<i>/`` or one ``.ckpt``/``.safetensors`` file) with its
     strategy files (or folders of them); ``step``, ``prefix`` and ``src_format`` choose each rank's
     file, ``keep`` the parameters (see :func:`open_source`)."""

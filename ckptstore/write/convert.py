@@ -162,7 +162,7 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
     """Source -> plans -> claim the output -> write this part's share (or skip, if complete) -> commit -> summary."""
     started = time.monotonic()
     sink = open_sink(out)
-    source = resolve_source(src, **choose, keep=lambda name: bool(select_params([name], **select)))
+    source = resolve_source(src, **choose, keep=lambda names: select_params(names, **select))
     try:
         plans = [_plan(p, chunk_bytes) for p in source.params.values()]
         fingerprint = _fingerprint(source, plans, codec, fmt, checksum)
