@@ -72,6 +72,73 @@ def test_a_local_sink_syncs_only_the_folders_it_changed(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
+# a local sink follows no link someone planted in the folder (issue 17.1)
+
+SECRET = b"the victim's file\n"
+
+
+@pytest.fixture
+def planted(tmp_path):
+    """``(sink, victim)``: an empty local sink and a file outside it that must stay untouched."""
+    victim = tmp_path / "elsewhere" / "victim"
+    victim.parent.mkdir()
+    victim.write_bytes(SECRET)
+    (tmp_path / "out").mkdir()
+    yield LocalSink(tmp_path / "out"), victim
+    assert victim.read_bytes() == SECRET
+
+
+def test_a_temporary_name_planted_as_a_link_is_replaced_not_followed(planted):
+    sink, victim = planted
+    (sink.root / partial_key("m.json")).symlink_to(victim)
+    (sink.root / partial_key("d")).symlink_to(victim)
+    sink.put("m.json", b"{}")
+    with sink.create("d") as f:
+        f.pwrite(b"data", 0)
+    sink.publish("d")
+    assert sink.read("m.json") == b"{}" and sink.read("d") == b"data"
+
+
+@pytest.mark.parametrize("reopen", ["resume", "log", "lock"])
+def test_a_file_reopened_through_a_planted_link_is_refused_naming_it(planted, reopen):
+    from ckptstore.errors import UnsafePathError
+
+    sink, victim = planted
+    name = {"resume": partial_key("d"), "log": "d.journal", "lock": ".ckptstore-work/lock"}[reopen]
+    (sink.root / name).parent.mkdir(exist_ok=True)
+    (sink.root / name).symlink_to(victim)
+    with pytest.raises(UnsafePathError, match=str(sink.root / name)):
+        if reopen == "resume":
+            sink.create("d", resume=True)
+        elif reopen == "log":
+            sink.append_log("d.journal", keep=b"x")
+        else:
+            sink.lock("lock")
+
+
+def test_a_folder_planted_as_a_link_is_refused_before_anything_is_written_through_it(planted):
+    from ckptstore.errors import UnsafePathError
+
+    sink, victim = planted
+    (sink.root / ".ckptstore-work").symlink_to(victim.parent, target_is_directory=True)
+    for write in (lambda: sink.put(".ckptstore-work/plan.json", b"{}"), lambda: sink.lock("lock"),
+                  lambda: sink.create(".ckptstore-work/x")):
+        with pytest.raises(UnsafePathError, match="symbolic link"):
+            write()
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["victim"]
+
+
+def test_deleting_a_planted_link_removes_the_link_and_listing_does_not_descend_it(planted):
+    sink, victim = planted
+    (sink.root / "w").mkdir()
+    (sink.root / "w" / "file").symlink_to(victim)
+    (sink.root / "w" / "folder").symlink_to(victim.parent, target_is_directory=True)
+    assert sink.keys("w") == ["w/file", "w/folder"]
+    sink.delete(sink.keys("w"))
+    assert not (sink.root / "w").exists() and victim.parent.is_dir()
+
+
+# ---------------------------------------------------------------------------------------------
 # a writer crashed at any call of its sink resumes to the same store
 
 
