@@ -1,8 +1,8 @@
 """Shared fixtures: real MindSpore distributed checkpoints, written once per session.
 
-Every fixture here is written by ``mindspore.save_checkpoint`` through :mod:`mindspore_fixtures`
-(strategy files in the compiler's format, local slices cut by MindSpore's own slicing code).
-Tests that damage a fixture copy it first with :func:`copy_layout`.
+Every fixture here is written by ``mindspore.save_checkpoint`` through
+:mod:`ckptstore.testing.layouts` (strategy files in the compiler's format, local slices cut by
+MindSpore's own slicing code). Tests that damage a fixture copy it first with :func:`copy_layout`.
 """
 from __future__ import annotations
 
@@ -10,87 +10,26 @@ import os
 
 os.environ.setdefault("GLOG_v", "3")
 
-import shutil  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable  # noqa: E402
 
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-import mindspore_fixtures as T  # noqa: E402
+from ckptstore.testing.layouts import SavedLayout, copy_layout, session_layouts  # noqa: E402,F401
 
 # Two shared cores time examples unevenly: properties are about results, not speed.
 settings.register_profile("ckptstore", deadline=None)
 settings.load_profile("ckptstore")
 
 
-@dataclass(frozen=True)
-class SavedLayout:
-    """One ``layout_specs(kind)`` fixture saved to ``root`` (``root/rank_<i>/net-1_1.ckpt``)."""
-
-    kind: str
-    root: Path
-    specs: list[T.ParamSpec]
-    tensors: dict[str, np.ndarray]
-    world: int
-    stages: int
-    strategy_format: str = "protobuf"
-
-    @property
-    def ext(self) -> str:
-        return ".json" if self.strategy_format == "json" else ".ckpt"
-
-    @property
-    def strategy_files(self) -> list[Path]:
-        """The strategy file(s) as the compiler writes them: one, or one per pipeline stage."""
-        if self.stages == 1:
-            return [self.root / f"strategy{self.ext}"]
-        return [self.root / f"strategy_stage{s}{self.ext}" for s in range(self.stages)]
-
-    @property
-    def strategy_arg(self) -> Path | list[Path]:
-        """The strategy as :func:`mindspore_fixtures.transform_oracle` takes it."""
-        files = self.strategy_files
-        return files[0] if len(files) == 1 else files
-
-    def rank_file(self, rank: int) -> Path:
-        return self.root / f"rank_{rank}" / "net-1_1.ckpt"
-
-    def spec(self, name: str) -> T.ParamSpec:
-        return next(s for s in self.specs if s.name == name)
-
-
-def save_layout(root: Path, kind: str, *, strategy_format: str = "protobuf", seed: int = 11) -> SavedLayout:
-    """Save ``layout_specs(kind)`` under ``root`` with ``epoch_num``/``step_num`` scalars appended."""
-    specs, world, stages = T.layout_specs(kind)
-    tensors = T.make_global_tensors(specs, seed=seed)
-    T.save_distributed(root, specs, tensors, world_size=world, stages=stages, extra_scalars=True,
-                       strategy_format=strategy_format)
-    return SavedLayout(kind, root, specs, tensors, world, stages, strategy_format)
-
-
 @pytest.fixture(scope="session")
 def saved_layout(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., SavedLayout]:
-    """``saved_layout(kind, strategy_format="protobuf")``: a session-cached saved fixture. Do not modify it."""
-    cache: dict[tuple[str, str], SavedLayout] = {}
-
-    def get(kind: str, strategy_format: str = "protobuf") -> SavedLayout:
-        key = (kind, strategy_format)
-        if key not in cache:
-            root = tmp_path_factory.mktemp(f"{kind}_{strategy_format}")
-            cache[key] = save_layout(root, kind, strategy_format=strategy_format)
-        return cache[key]
-
-    return get
-
-
-def copy_layout(layout: SavedLayout, dst: Path) -> SavedLayout:
-    """A private copy of a saved fixture, safe to damage."""
-    shutil.copytree(layout.root, dst)
-    return SavedLayout(layout.kind, dst, layout.specs, layout.tensors, layout.world, layout.stages,
-                       layout.strategy_format)
+    """``saved_layout(kind, strategy_format="protobuf")``: a session-cached saved fixture (the
+    session's :func:`~ckptstore.testing.layouts.session_layouts`, shared with the conformance
+    classes). Do not modify it."""
+    return session_layouts(tmp_path_factory).saved_layout
 
 
 @pytest.fixture

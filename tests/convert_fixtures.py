@@ -31,6 +31,7 @@ import pytest  # noqa: E402
 import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
 from ckptstore.write.convert import ConvertSummary  # noqa: E402
+from ckptstore.testing.compare import assert_same_array, store_files  # noqa: E402,F401
 from conftest import SavedLayout  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -46,19 +47,6 @@ _CONSOLE_SCRIPT = Path(sys.executable).parent / "ckptstore"
 
 # ---------------------------------------------------------------------------------------------
 # comparing arrays and stores
-
-
-def assert_same_array(actual, expected, what: str = "") -> None:
-    """Bit-for-bit equality: dtype, shape and bytes (bfloat16 and bool included)."""
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    assert actual.tobytes() == expected.tobytes(), f"{what}: bytes differ"
-
-
-def store_files(store: Path) -> dict[str, bytes]:
-    """Every file under ``store`` (relative path -> bytes)."""
-    return {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
 
 
 def data_files(store: Path) -> dict[str, int]:

@@ -2,6 +2,8 @@
 
     python -m ckptstore.testing.kill_at POINT -- <ckptstore arguments>
 
+(:func:`run_cli` runs it, or the plain CLI, in a subprocess.)
+
 ``POINT`` is
 
 * ``commit``: when a commit is about to write the manifest, every data file already final (the
@@ -15,8 +17,9 @@ The process kills itself with signal 9, as an OOM killer or a pre-empted node wo
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ckptstore.store.kinds import MANIFEST, ROOT_METADATA
 
@@ -73,6 +76,16 @@ def main(argv: Sequence[str]) -> None:
 
     sys.argv = ["ckptstore", *argv[2:]]
     cli()
+
+
+def run_cli(*args: str | os.PathLike[str], kill_at: str | None = None, env: Mapping[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``ckptstore ARGS`` in a subprocess of this interpreter (output captured as text); with
+    ``kill_at`` (``"commit"``, ``"chunks:N"``), under this module, killed at that point."""
+    head = ["-m", "ckptstore.testing.kill_at", kill_at, "--"] if kill_at is not None else ["-m", "ckptstore.cli"]
+    full_env = {**os.environ, "GLOG_v": "3", **(env or {})}
+    return subprocess.run([sys.executable, *head, *map(str, args)], capture_output=True, text=True, env=full_env,
+                          timeout=timeout)
 
 
 if __name__ == "__main__":
