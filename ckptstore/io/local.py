@@ -84,8 +84,8 @@ class LocalFile(ReadableFile):
             except OSError as e:
                 raise FileAccessError(e.errno, f"cannot read {self.url} at byte offset {offset + done}: "
                                       f"{e.strerror}") from None
-            if got <= 0:
-                raise ShortReadError(self.url, offset, want, offset + done)
+            if got <= 0:  # the file ends at offset + done, or before it when the read began past its end
+                raise ShortReadError(self.url, offset, want, min(offset + done, os.fstat(self.fd).st_size))
             done += got
             if done < want:  # drop what was filled, keep reading into the rest
                 bufs = [memoryview(b).cast("B") for b in bufs]

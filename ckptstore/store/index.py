@@ -99,6 +99,7 @@ class IndexSource(ByteSource):
         self.coalesces = inner.coalesces
         self.unit_bytes = inner.unit_bytes
         self.gap_fraction = inner.gap_fraction
+        self.pins_open_files = inner.pins_open_files
 
     @property
     def url(self) -> str:
@@ -108,6 +109,7 @@ class IndexSource(ByteSource):
         return self.inner.key_url(key)
 
     def open(self, key: str) -> ReadableFile:
+        check_key(key, self.url)  # an unsafe key is refused as such, not as one the index lacks
         if key not in self.records:
             raise StoreCorruptError(f"the index names {self.key_url(key)}, which it has no record of")
         f = self.inner.open(key)
