@@ -1,4 +1,5 @@
-"""The package's modules import each other without a circle (issue 16).
+"""The package's modules import each other without a circle, and the runtime leaves test
+machinery (``ckptstore.testing``) and MindSpore alone (issue 16).
 
 Read from the source with :mod:`ast`, so no module is imported: every ``import`` at a module's
 top level counts, including those under ``if TYPE_CHECKING:`` (a circle hidden from the
@@ -8,6 +9,8 @@ use) do not.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import ckptstore
@@ -99,3 +102,43 @@ def test_an_import_under_type_checking_counts():
 def test_an_import_inside_a_function_does_not_count():
     source = "def f():\n    from ckptstore.boxes import Box\n"
     assert _top_level_imports(source, _module_names()) == set()
+
+
+def _all_imports(source: str) -> set[str]:
+    """Every ``ckptstore`` module ``source`` names in an import, at any depth (inside functions too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ckptstore"):
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("ckptstore"))
+    return found
+
+
+#: Modules outside ckptstore.testing that may use it: ``make demo`` saves its sample with the
+#: sample writer and compares with MindSpore's oracle; nothing imports the demo (checked below).
+_MAY_USE_TESTING = {"ckptstore.demo"}
+
+
+def test_the_runtime_package_does_not_import_ckptstore_testing():
+    users = {name for name, path in _module_names().items()
+             if not (name == "ckptstore.testing" or name.startswith("ckptstore.testing."))
+             and any(m == "ckptstore.testing" or m.startswith("ckptstore.testing.")
+                     for m in _all_imports(path.read_text(encoding="utf-8")))}
+    assert users == _MAY_USE_TESTING
+    importers_of_demo = {name for name, path in _module_names().items()
+                         if "ckptstore.demo" in _all_imports(path.read_text(encoding="utf-8"))}
+    assert importers_of_demo == set()
+
+
+def test_an_import_of_ckptstore_testing_inside_a_function_is_seen():
+    source = "def f():\n    from ckptstore.testing import oracle\n"
+    assert "ckptstore.testing" in _all_imports(source)
+
+
+def test_importing_ckptstore_imports_neither_mindspore_nor_ckptstore_testing():
+    code = "import ckptstore, sys; print(sorted(m for m in sys.modules if m.split('.')[0] == 'mindspore' " \
+           "or m.startswith('ckptstore.testing') or m == 'ckptstore.mindspore'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,6 +1,7 @@
-"""ckptstore.testing without MindSpore: importing the sample writer and the oracle does not
-import MindSpore, and the sample values are distinct and deterministic. Runs in ``make
-test-pure``; that the samples are real MindSpore checkpoints is test_sample_checkpoint.py."""
+"""ckptstore.testing without MindSpore: importing the sample writer, the oracle, the sample
+layouts and the conformance classes does not import MindSpore, and the sample values are
+distinct and deterministic. Runs in ``make test-pure``; that the samples are real MindSpore
+checkpoints is test_sample_checkpoint.py."""
 from __future__ import annotations
 
 import subprocess
@@ -16,7 +17,9 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def test_import_does_not_import_mindspore():
-    code = "import sys, ckptstore.testing.sample_checkpoint, ckptstore.testing.oracle; print('mindspore' in sys.modules)"
+    modules = ["sample_checkpoint", "oracle", "layouts", "compare", "kill_at", "store_kind_tests", "source_tests",
+               "sink_tests"]
+    code = f"import sys, {', '.join('ckptstore.testing.' + m for m in modules)}; print('mindspore' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

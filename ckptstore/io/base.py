@@ -142,11 +142,14 @@ class ByteSource(ABC):
 
     @abstractmethod
     def open(self, key: str) -> ReadableFile:
-        """Open ``key`` for reading (cached: opening a key twice returns the same file).
+        """Open ``key`` for reading. A source may keep the file and return it again for the same key
+        (a local source keeps its descriptor until :meth:`close`; an object is opened anew).
 
         Raises :class:`~ckptstore.errors.UnsafePathError` for keys that leave the source,
         :class:`~ckptstore.errors.MissingFileError` when there is no such file and
-        :class:`~ckptstore.errors.FileAccessError` when it cannot be read as a file.
+        :class:`~ckptstore.errors.FileAccessError` when it cannot be read as a file (an object
+        store, which opens without a request, finds out at the file's first read or ``size``).
+        :class:`~ckptstore.testing.source_tests.ByteSourceTests` checks all of this.
         """
 
     @abstractmethod
