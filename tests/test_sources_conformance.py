@@ -1,6 +1,6 @@
 """Every byte source passes :class:`ckptstore.testing.source_tests.ByteSourceTests`: a local folder,
-an S3 prefix on the test server (SeaweedFS), and the rank files an index points into (over a
-local folder), plus what only the index's source does."""
+an S3 prefix on the test server (SeaweedFS), the rank files an index points into (over a local
+folder) and the files of a memory sink read back, plus what only the index's source does."""
 from __future__ import annotations
 
 import os
@@ -11,6 +11,7 @@ import pytest
 from ckptstore.errors import SourceChangedError, StoreCorruptError
 from ckptstore.io.base import ByteSource
 from ckptstore.io.local import LocalSource
+from ckptstore.io.memory_sink import MemorySink
 from ckptstore.store.index import IndexSource, file_records
 from ckptstore.testing.source_tests import ByteSourceTests
 
@@ -51,6 +52,15 @@ class TestS3Source(ByteSourceTests):
         source.put(key, data)
 
 
+class TestMemorySource(ByteSourceTests):
+    @pytest.fixture
+    def source(self):
+        yield MemorySink().source
+
+    def put(self, source: Any, key: str, data: bytes) -> None:
+        source.sink.put(key, data)
+
+
 class TestIndexSource(ByteSourceTests):
     """The index's source over a local folder; :meth:`put` records the file as ``ckptstore index``
     does. A key the index has no record of is a damaged index, not a missing file."""
@@ -78,7 +88,8 @@ class TestIndexSource(ByteSourceTests):
     def test_a_file_replaced_since_it_was_recorded_is_refused_at_open(self, source):
         self.put(source, "rank_0/net.ckpt", b"indexed bytes")
         _replace_local(source.url, "rank_0/net.ckpt", b"other bytes!!")
-        with pytest.raises(SourceChangedError, match=r"rank_0/net.ckpt changed since the index was made \(.*ino \d+, was \d+"):
+        changed = r"rank_0/net.ckpt changed since the index was made \(.*ino \d+, was \d+"
+        with pytest.raises(SourceChangedError, match=changed):
             source.open("rank_0/net.ckpt")
         with pytest.raises(SourceChangedError, match="rank_0/net.ckpt changed since the index was made"):
             source.check_all()

@@ -83,7 +83,7 @@ class MemorySource(ByteSource):
         return None if data is None else bytes(data)
 
     def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
-        base = prefix + "/" if prefix else ""
+        base = check_key(prefix, self.url) + "/" if prefix else ""
         folders, files = set(), set()
         for k in self.sink.files:
             if k.startswith(base):
