@@ -26,7 +26,8 @@ The checkpoints are the standard layouts of :mod:`ckptstore.testing.layouts`, sa
 once per session and shared with every other user of
 :func:`~ckptstore.testing.layouts.session_layouts`; the expected values are MindSpore's own. The
 class needs MindSpore (its tests are skipped without it) and is marked ``mindspore``; the crash
-test, which runs the CLI in subprocesses, is also marked ``slow``.
+test, which runs the CLI in subprocesses, is also marked ``slow`` (a project of its own registers
+both markers in its pytest configuration, as ckptstore's pyproject.toml does).
 """
 from __future__ import annotations
 
