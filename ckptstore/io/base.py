@@ -169,3 +169,37 @@ class ByteSource(ABC):
 
     def close(self) -> None:
         """Release open files (the source stays usable; files are reopened on demand)."""
+
+
+class SourceWrapper(ByteSource):
+    """A byte source that adds checks to another one (an index's record of its rank files, a
+    store's guard against being replaced): everything not overridden goes to ``inner``, and the
+    tuning of reads (workers, coalescing, units) is the inner source's."""
+
+    def __init__(self, inner: ByteSource) -> None:
+        self.inner = inner
+        self.default_workers, self.coalesces = inner.default_workers, inner.coalesces
+        self.unit_bytes, self.gap_fraction = inner.unit_bytes, inner.gap_fraction
+        self.pins_open_files = inner.pins_open_files
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    def key_url(self, key: str) -> str:
+        return self.inner.key_url(key)
+
+    def open(self, key: str) -> ReadableFile:
+        return self.inner.open(key)
+
+    def stat(self, key: str) -> FileStat | None:
+        return self.inner.stat(key)
+
+    def read_bytes(self, key: str, *, limit: int) -> bytes | None:
+        return self.inner.read_bytes(key, limit=limit)
+
+    def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
+        return self.inner.list(prefix)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from ckptstore.errors import SourceChangedError, StoreCorruptError
 from ckptstore.store.manifest import StoreManifest
-from ckptstore.io.base import ByteSource, FileStat, ReadableFile, check_key
+from ckptstore.io.base import ByteSource, FileStat, ReadableFile, SourceWrapper, check_key
 from ckptstore.io.local import local_stat
 from ckptstore.io.locations import is_url, join, open_location
 
@@ -89,24 +89,12 @@ def _record(source: ByteSource, st: FileStat) -> dict[str, Any]:
     return rec
 
 
-class IndexSource(ByteSource):
+class IndexSource(SourceWrapper):
     """The rank files an index points into: confined to their folder, checked against the index."""
 
     def __init__(self, inner: ByteSource, records: Mapping[str, Mapping[str, Any]]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.records = records
-        self.default_workers = inner.default_workers
-        self.coalesces = inner.coalesces
-        self.unit_bytes = inner.unit_bytes
-        self.gap_fraction = inner.gap_fraction
-        self.pins_open_files = inner.pins_open_files
-
-    @property
-    def url(self) -> str:
-        return self.inner.url
-
-    def key_url(self, key: str) -> str:
-        return self.inner.key_url(key)
 
     def open(self, key: str) -> ReadableFile:
         check_key(key, self.url)  # an unsafe key is refused as such, not as one the index lacks
@@ -117,18 +105,6 @@ class IndexSource(ByteSource):
         if fd is not None:  # a local file: check the one just opened, not a name that may change again
             self._check(key, local_stat(os.fstat(fd)))
         return f
-
-    def stat(self, key: str) -> FileStat | None:
-        return self.inner.stat(key)
-
-    def read_bytes(self, key: str, *, limit: int) -> bytes | None:
-        return self.inner.read_bytes(key, limit=limit)
-
-    def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
-        return self.inner.list(prefix)
-
-    def close(self) -> None:
-        self.inner.close()
 
     def _check(self, key: str, st: FileStat) -> None:
         """Compare ``st`` with every field the index recorded (older indexes lack ino and ctime)."""

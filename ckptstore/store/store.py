@@ -31,6 +31,7 @@ from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.store.read_plan import ParamReadPlan, plan_param
 from ckptstore.store.executor import execute
 from ckptstore.io import ByteSource, FileStat, LocalSource, ReadableFile, open_location
+from ckptstore.io.base import SourceWrapper
 
 Index = Any  # an int, a slice, or a tuple of them
 
@@ -272,7 +273,7 @@ def _changed(location: ByteSource) -> StoreChangedError:
                              "--overwrite'?); open it again")
 
 
-class ReplaceGuard(ByteSource):
+class ReplaceGuard(SourceWrapper):
     """The data files of a store, refused once the store has been replaced.
 
     Replacing a store (``convert --overwrite``) removes its manifest before anything else and
@@ -285,17 +286,9 @@ class ReplaceGuard(ByteSource):
     """
 
     def __init__(self, inner: ByteSource, location: ByteSource, manifest: tuple[str, FileStat]) -> None:
-        self.inner, self.location, self.manifest = inner, location, manifest
-        self.default_workers, self.coalesces = inner.default_workers, inner.coalesces
-        self.unit_bytes, self.gap_fraction = inner.unit_bytes, inner.gap_fraction
+        super().__init__(inner)
+        self.location, self.manifest = location, manifest
         self._checked: set[str] = set()
-
-    @property
-    def url(self) -> str:
-        return self.inner.url
-
-    def key_url(self, key: str) -> str:
-        return self.inner.key_url(key)
 
     def open(self, key: str) -> ReadableFile:
         f = self.inner.open(key)
@@ -305,15 +298,6 @@ class ReplaceGuard(ByteSource):
                 raise _changed(self.location)
             self._checked.add(key)
         return f
-
-    def stat(self, key: str) -> FileStat | None:
-        return self.inner.stat(key)
-
-    def read_bytes(self, key: str, *, limit: int) -> bytes | None:
-        return self.inner.read_bytes(key, limit=limit)
-
-    def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
-        return self.inner.list(prefix)
 
     def close(self) -> None:
         self._checked.clear()  # files are reopened, and checked again, on demand
