@@ -525,11 +525,14 @@ def _store_checkpoint_class() -> type:
             self.saver = AsyncSaver(memory_budget=None if memory_budget_mb is None else memory_budget_mb << 20,
                                     on_done=self._after)
             self.summaries: list[SaveSummary] = []
+            self._last = 0
 
         def on_train_step_end(self, run_context: Any) -> None:
             self.saver.check()  # a background save that failed stops training here
             cb = run_context.original_args()
-            if cb.cur_step_num % self.every == 0:
+            # as ModelCheckpoint triggers: in sink mode the step number advances by the sink size
+            if cb.cur_step_num - self._last >= self.every:
+                self._last = cb.cur_step_num
                 self._save(cb)
 
         def on_train_end(self, run_context: Any) -> None:

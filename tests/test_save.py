@@ -109,11 +109,26 @@ def test_a_saved_step_is_a_zarr_store_zarr_python_reads(tmp_path):
     assert group["b"].dtype == BFLOAT16 or str(group["b"].dtype) == "bfloat16"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "bool", "int64", "uint8"])
+@pytest.mark.parametrize("shape,chunks", [((4, 6), (2, 6)), ((), ()), ((2, 3, 4), (1, 3, 4))])
+def test_saved_array_metadata_is_what_zarr_python_writes(dtype, shape, chunks):
+    from ckptstore.store import zarr as zb
+
+    assert json.loads(zb.raw_array_metadata(shape, dtype, chunks)) == json.loads(
+        zb.array_metadata(shape, dtype, chunks, None, sharded=False))
+
+
 def test_an_unknown_format_or_step_is_refused(tmp_path):
     with pytest.raises(InvalidOptionError, match="zarr stores only"):
         ckptstore.save_rank({"w": np.ones(2)}, tmp_path, step=1, format="safetensors")
     with pytest.raises(InvalidOptionError, match="step must be a non-negative integer"):
         ckptstore.save_rank({"w": np.ones(2)}, tmp_path, step=-1)
+
+
+def test_include_and_exclude_choose_what_is_saved(tmp_path):
+    values = {"w1": np.ones(2), "w2": np.ones(2), "adam_m.w1": np.zeros(2), "global_step": np.array([1], np.int32)}
+    ckptstore.save_rank(values, tmp_path, step=1, include=["w*", "adam_m.*"], exclude=["w2"])
+    assert ckptstore.open(tmp_path).names() == ["w1", "adam_m.w1"]
 
 
 def test_a_committed_step_is_not_saved_again(tmp_path):
@@ -229,6 +244,32 @@ def test_ckptstore_commit_commits_a_step_whose_ranks_all_finished(saved_layout, 
     assert_store_holds(tmp_path, expected_values(layout))
 
 
+@pytest.mark.mindspore
+@pytest.mark.parametrize("kind", ["dp2_mp4", pytest.param("opt_shard", marks=pytest.mark.slow)])
+def test_a_compiled_cell_saves_with_its_own_parameter_layout_dict(saved_layout, tmp_path, kind):
+    import mindspore as ms
+    from ckptstore.checkpoint.strategy import load_strategy
+    from test_load_into_net import TreeNet
+
+    layout = saved_layout(kind)
+    strategy = load_strategy(layout.strategy_files)
+    for r in range(layout.world):
+        local = ms.load_checkpoint(str(layout.rank_file(r)))
+        net = TreeNet({n: (tuple(p.shape), np.dtype(str(p.dtype).lower())) for n, p in local.items()
+                       if not isinstance(p, str)})
+        assert ms.load_param_into_net(net, local)[0] == []
+        compiled = {}
+        for name, stages in strategy.layouts.items():  # what the parallel compiler gives rank r
+            lay, full = stages[0], layout.tensors[name].shape
+            box = lay.box(r, full)
+            compiled[name] = [list(lay.dev_matrix), lay.pretty_map(), list(box.shape), 0, True,
+                              "opt_group" if lay.opt_sharded else "", list(full), list(box.shape)]
+        net.parameter_layout_dict = compiled
+        ckptstore.save_rank(net, tmp_path, step=1, rank=r)  # no strategy: the cell's own layouts
+    expected = {n: v for n, v in expected_values(layout).items() if n in local}
+    assert_store_holds(tmp_path, expected)
+
+
 # ---- a real msrun job ------------------------------------------------------------------------
 
 MSRUN_JOB = '''
@@ -330,6 +371,21 @@ def test_a_failed_background_save_is_raised_by_the_next_call_and_commits_nothing
         saver.wait()
     saver.check()  # raised once, not again
     assert saver.last is None
+
+
+def test_a_failed_copy_is_raised_by_the_save_itself_once_and_commits_nothing(tmp_path):
+    from ckptstore.write.async_save import AsyncSaver
+    from ckptstore.write.save import LazyArray, prepare_save, saved_steps
+
+    def fetch():
+        raise MemoryError("no host memory for the copy")
+
+    saver = AsyncSaver()
+    job = prepare_save({"a": np.ones(4, np.float32), "w": LazyArray((4,), np.float32, fetch)}, tmp_path, step=1)
+    with pytest.raises(MemoryError, match="no host memory"):
+        saver.save(job)
+    saver.wait()  # nothing more to raise
+    assert saved_steps(tmp_path) == [(1, False)]
 
 
 @pytest.mark.mindspore

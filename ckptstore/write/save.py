@@ -47,7 +47,7 @@ from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest, d
 from ckptstore.store.steps import STEP_FOLDER, step_name
 from ckptstore.version import __version__
 from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, drop_work, lock_output
-from ckptstore.write.parts import LAUNCHERS, Part
+from ckptstore.write.parts import LAUNCHERS, PARTS_DIR, Part
 from ckptstore.write.save_plan import SaveChunk, SaveParam, SavePlan, plan_save
 from ckptstore.write.store_kinds import mark_done
 
@@ -96,8 +96,9 @@ def save_rank(params: Any, root: str | os.PathLike[str], *, step: int, strategy:
     or pure data parallelism where every rank holds everything). ``rank`` defaults to this
     process's rank. Each distinct slice is written once, by one rank of its replica group; the
     last rank to finish commits ``root/step_<step>``, which :func:`ckptstore.open` then finds
-    as the newest step. ``root`` may be an ``s3://``/``obs://`` URL. Returns a
-    :class:`SaveSummary` of this rank's share.
+    as the newest step. ``root`` may be an ``s3://``/``obs://`` URL. ``include``/``exclude``
+    are name globs (every rank must pass the same); ``chunk_mb`` caps a chunk (default 64; every
+    rank must pass the same). Returns a :class:`SaveSummary` of this rank's share.
     """
     return prepare_save(params, root, step=step, strategy=strategy, rank=rank, format=format, include=include,
                         exclude=exclude, chunk_mb=chunk_mb).write()
@@ -272,8 +273,7 @@ class SaveJob:
     def _write_chunks(self, sink: ByteSink, pieces: Iterable[Piece]) -> tuple[dict[str, dict[int, int]], int]:
         for p in self.plan.params:
             if p.writes_metadata:
-                sink.put(f"{p.path}/{ROOT_METADATA}",
-                         zb.array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape, None, sharded=False),
+                sink.put(f"{p.path}/{ROOT_METADATA}", zb.raw_array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape),
                          durable=False)
         crcs: dict[str, dict[int, int]] = {}
         written = 0
@@ -308,7 +308,7 @@ class SaveJob:
             if _committed(sink, self.fingerprint):
                 drop_idle_work(sink)
                 return False
-            if any(sink.size(Part(i, self.part.count).marker) is None for i in range(self.part.count)):
+            if _unfinished(sink, self.part.count):
                 return False  # another rank is still writing: the last one commits
             try:
                 commit_step(sink)
@@ -363,9 +363,12 @@ def commit_step(sink: ByteSink) -> StoreManifest:
     keys = sink.keys(RECORDS_DIR)
     if not keys:
         raise IncompleteStoreError(f"{sink.url} holds no finished rank of a save; save the step first")
-    first = json.loads(sink.read(keys[0]) or b"{}")
+    raw = sink.read(keys[0])
+    if raw is None:  # another rank committed and removed the records meanwhile (object storage)
+        raise IncompleteStoreError(f"{sink.url}: the ranks' records went away while committing")
+    first = json.loads(raw)
     header, world = first["header"], int(first["world"])
-    missing = [i for i in range(world) if sink.size(Part(i, world).marker) is None]
+    missing = _unfinished(sink, world)
     if missing:
         raise IncompleteStoreError(f"step {header['step']} in {sink.url} is not complete: rank(s) "
                                    f"{_short(missing)} of {world} have not finished saving it; save them")
@@ -434,6 +437,12 @@ def _param_manifest(name: str, m: Mapping[str, Any], where: str) -> ParamManifes
     manifest = ParamManifest(name, m["path"], m["dtype"], shape, chunk_shape, table)
     manifest.validate()
     return manifest
+
+
+def _unfinished(sink: ByteSink, world: int) -> list[int]:
+    """The ranks whose marker is missing (one listing, not a request per rank)."""
+    done = set(sink.keys(PARTS_DIR))
+    return [i for i in range(world) if Part(i, world).marker not in done]
 
 
 def _short(ranks: Sequence[int]) -> str:

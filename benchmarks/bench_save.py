@@ -1,0 +1,329 @@
+"""Benchmark: one training step saved by the 8 ranks of a dp2 x mp4 job at once.
+
+``python -m benchmarks.bench_save --size 1GB --reps 3 [--budget-mb 256] [--out DIR]``
+
+The synthetic PanGu-Alpha checkpoint of :mod:`benchmarks.synth` (weights and Adam moments,
+about ``--size`` bytes of global tensors) gives each rank its local slices: every rank is its
+own process that loads its rank file into ``mindspore.Parameter`` values (unmeasured setup: what
+a training job holds), waits at a barrier, and then saves them,
+all eight at once, as each contender does (each rank saves once before, unmeasured, into
+another folder: a job saves many times, and the measured save is a later one):
+
+* ``ModelCheckpoint sync``: ``mindspore.save_checkpoint`` of the rank's Parameters into its own
+  file (what ``ModelCheckpoint`` calls);
+* ``ModelCheckpoint async_save``: the same with ``async_save=True``; done when MindSpore's save
+  thread has finished (``_wait_async_thread_save_ckpt``, what ``ModelCheckpoint`` waits on);
+* ``ModelCheckpoint remove_redundancy``: sync, each replicated slice saved by one rank, chosen by
+  MindSpore's own ``get_parameter_redundancy`` + ``remove_param_redundancy`` (the selection
+  ``remove_redundancy=True`` makes; that flag itself needs a compiled parallel network);
+* ``ckptstore save_rank``: ``ckptstore.save_rank`` (sync), committed by the last rank;
+* ``ckptstore async``: ``AsyncSaver(memory_budget=--budget-mb)``: the step returns once the
+  chunks are copied to host memory; done when the writer has committed;
+* ``ckptstore async (SeaweedFS)``: the same into a bucket of a SeaweedFS server on loopback
+  (``ckptstore.testing.s3_server``), bytes written counted from the bucket's listing.
+
+Per save: **stall** = how long the rank's training loop is blocked (the call's return, slowest
+rank; the median rank too), **done** = from the barrier to the end of the last rank's save, plus
+an ``os.sync()`` by the driver afterwards, so every contender pays for durable files, **bytes written** = the
+output folder's size, **extra memory** = the largest per-rank peak RSS above its level before
+the call (``clear_refs``). ``ModelCheckpoint sync + ckptstore index`` adds the time of
+``ckptstore.index`` of the sync save's rank files (the way to a store without saving into one).
+Contenders alternate order between repetitions; medians are reported. Not measured here:
+PyTorch DCP (torch is not installed in this environment).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from benchmarks.harness import RESULTS_DIR, command_line
+from benchmarks.report import format_bytes, format_seconds
+from benchmarks.synth import Mesh, synth
+
+CONTENDERS = ("ModelCheckpoint sync", "ModelCheckpoint async_save", "ModelCheckpoint remove_redundancy",
+              "ckptstore save_rank", "ckptstore async", "ckptstore async (SeaweedFS)")
+SEAWEED = "ckptstore async (SeaweedFS)"
+NAME = "save"
+
+
+def parse_size(text: str) -> int:
+    units = {"GB": 10**9, "MB": 10**6, "KB": 10**3, "GiB": 1 << 30, "MiB": 1 << 20}
+    for u, m in units.items():
+        if text.endswith(u):
+            return int(float(text[:-len(u)]) * m)
+    return int(text)
+
+
+# ---- one rank (its own process) ----------------------------------------------------------------
+
+
+def rank_main(a: argparse.Namespace) -> None:
+    import mindspore as ms
+
+    from benchmarks.procfs import read_status, reset_peak_rss
+
+    params = _parameters(a.rank_file)
+    if a.contender.startswith("ckptstore"):  # a job imports its libraries before it trains
+        import zarr  # noqa: F401 (imported on a store's first save)
+
+        import ckptstore.mindspore  # noqa: F401
+        import ckptstore.write.async_save  # noqa: F401
+    state: dict[str, Any] = {}
+    _save(a, params, state, warm_up=True)  # a job saves many times: measure a save after the first
+    ready = Path(a.sync) / f"ready-{a.rank}"
+    ready.write_text("")
+    go = Path(a.sync) / "go"
+    while not go.exists():
+        time.sleep(0.001)
+    reset_peak_rss()
+    before = read_status()["VmRSS"]
+    t0 = time.time()
+    committed = _save(a, params, state)
+    t_stall = committed.pop("stall")
+    t_done = time.time()
+    peak = read_status()["VmHWM"] - before
+    json.dump({"rank": a.rank, "go": float(go.read_text()), "start": t0, "stall_end": t_stall, "done": t_done,
+               "peak_above": peak, **committed}, sys.stdout)
+
+
+def _parameters(rank_file: str) -> dict[str, Any]:
+    """The rank's ``mindspore.Parameter``\\s, as a training job holds them. (``load_checkpoint``
+    refuses a file larger than MemFree, which a full page cache makes small here.)"""
+    from ckptstore.formats.ckpt_reader import read_entry, scan_checkpoint
+    from ckptstore.mindspore import to_parameter
+
+    index = scan_checkpoint(rank_file)
+    return {n: to_parameter(n, read_entry(rank_file, e)) for n, e in index.entries.items()}
+
+
+def _save(a: argparse.Namespace, params: Any, state: dict[str, Any], warm_up: bool = False) -> dict[str, Any]:
+    import mindspore as ms
+
+    where = a.out + "-warm-up" if warm_up else a.out  # the warm-up's files are not counted
+    name, out = a.contender, where if where.startswith("s3://") else Path(where)
+    rank_file = Path(where) / f"rank_{a.rank}" / "net-1_1.ckpt"
+    step = 0 if warm_up else 1
+    if name.startswith("ModelCheckpoint"):
+        rank_file.parent.mkdir(parents=True, exist_ok=True)
+        items = [{"name": n, "data": p} for n, p in params.items()]
+    if name == "ModelCheckpoint sync":
+        ms.save_checkpoint(items, str(rank_file))
+        return {"stall": time.time()}
+    if name == "ModelCheckpoint async_save":
+        from mindspore.train.serialization import _wait_async_thread_save_ckpt
+
+        ms.save_checkpoint(items, str(rank_file), async_save=True)
+        stall = time.time()
+        _wait_async_thread_save_ckpt()
+        return {"stall": stall}
+    if name == "ModelCheckpoint remove_redundancy":
+        from mindspore.train._utils import get_parameter_redundancy, remove_param_redundancy
+
+        redundancy = get_parameter_redundancy(a.strategy)
+        mine = remove_param_redundancy(redundancy).get(a.rank, set())
+        ms.save_checkpoint(items, str(rank_file), choice_func=lambda n: n in mine or n not in redundancy)
+        return {"stall": time.time()}
+    import ckptstore
+
+    if name == "ckptstore save_rank":
+        s = ckptstore.save_rank(params, out, step=step, strategy=a.strategy, rank=a.rank)
+        return {"stall": time.time(), "committed": s.committed, "written": s.bytes_written}
+    from ckptstore.write.async_save import AsyncSaver
+    from ckptstore.write.save import prepare_save
+
+    if "saver" not in state:  # one per job, as StoreCheckpoint holds one
+        state["saver"] = AsyncSaver(memory_budget=a.budget_mb << 20 if a.budget_mb else None)
+    saver = state["saver"]
+    saver.save(prepare_save(params, out, step=step, strategy=a.strategy, rank=a.rank,
+                            chunk_mb=min(64, a.budget_mb) if a.budget_mb else None))
+    stall = time.time()
+    saver.wait()
+    return {"stall": stall, "committed": saver.last.committed, "written": saver.last.bytes_written,
+            "staged_peak": saver.peak_staged}
+
+
+# ---- the driver ---------------------------------------------------------------------------------
+
+
+def run_once(s: Any, contender: str, out: Path, budget_mb: int | None, bucket: Any = None) -> dict[str, Any]:
+    """Start every rank, release them together, wait, sync; the measurement of one save.
+    ``bucket`` is ``(url, environment)`` of a fresh bucket prefix for the object-storage contender."""
+    for folder in (out, out.with_name(out.name + "-warm-up")):
+        shutil.rmtree(folder, ignore_errors=True)
+    out.mkdir(parents=True)
+    os.sync()
+    world = s.src.world
+    env = {**os.environ, "GLOG_v": "3", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    target = str(out)
+    if contender == SEAWEED:
+        target, extra = bucket
+        env.update(extra)
+    with tempfile.TemporaryDirectory(prefix="bench_save_") as sync_dir:
+        procs = []
+        for r in range(world):
+            cmd = [sys.executable, "-m", "benchmarks.bench_save", "rank", "--contender", contender, "--rank", str(r),
+                   "--rank-file", str(s.rank_file(r)), "--strategy", str(s.strategy), "--out", target,
+                   "--sync", sync_dir, "--budget-mb", str(budget_mb or 0)]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        while len(list(Path(sync_dir).glob("ready-*"))) < world:
+            if any(p.poll() not in (None, 0) for p in procs):
+                break
+            time.sleep(0.01)
+        t_go = time.time()
+        tmp = Path(sync_dir) / "go.tmp"
+        tmp.write_text(repr(t_go))
+        tmp.rename(Path(sync_dir) / "go")
+        ranks = []
+        for p in procs:
+            stdout, stderr = p.communicate()
+            if p.returncode != 0:
+                raise RuntimeError(f"{contender}: a rank failed:\n{stderr[-2000:]}")
+            ranks.append(json.loads(stdout))
+    t_sync = time.time()
+    os.sync()  # every contender's files durable (ckptstore fsyncs its own; MindSpore's are not)
+    sync_s = time.time() - t_sync
+    stalls = sorted(r["stall_end"] - t_go for r in ranks)
+    written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) if contender != SEAWEED else \
+        _bucket_bytes(target, bucket[1])
+    return {"stall_max": stalls[-1], "stall_median": statistics.median(stalls), "done": max(r["done"] for r in ranks) - t_go + sync_s,
+            "bytes_written": written, "extra_memory": max(r["peak_above"] for r in ranks),
+            "committed": sum(bool(r.get("committed")) for r in ranks),
+            "staged_peak": max((r.get("staged_peak", 0) for r in ranks), default=0)}
+
+
+def _bucket_bytes(url: str, env: dict[str, str]) -> int:
+    os.environ.update(env)
+    from ckptstore.io.s3 import S3Source
+
+    return sum(st.size for _, st in S3Source(url).walk())
+
+
+def index_time(s: Any, out: Path) -> float:
+    import ckptstore
+
+    t0 = time.perf_counter()
+    ckptstore.index(out, out / "store.index", strategy=[s.strategy])
+    os.sync()
+    return time.perf_counter() - t0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_save", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="1GB")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--budget-mb", type=int, default=256, help="ckptstore async's memory budget per rank (MB)")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--out", default=str(RESULTS_DIR))
+    ap.add_argument("--work", default=None, help="where the saves go (default: a temporary folder)")
+    a = ap.parse_args(argv)
+    s = synth(parse_size(a.size), Mesh(2, 4))
+    for r in range(s.src.world):  # warm: every rank file in the page cache
+        s.rank_file(r).read_bytes()
+    names = [c for c in a.contenders.split(",") if c]
+    work = Path(a.work or tempfile.mkdtemp(prefix="bench_save_"))
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    index_runs: list[float] = []
+    server = None
+    if SEAWEED in names:
+        from ckptstore.testing.s3_server import SeaweedServer, env_for
+
+        server = SeaweedServer()
+        server.create_bucket("bench")
+    for rep in range(a.reps):
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            bucket = (f"s3://bench/run{rep}", env_for(server.url)) if name == SEAWEED else None
+            result = run_once(s, name, work / "out", a.budget_mb, bucket)
+            runs[name].append(result)
+            print(f"rep {rep} {name}: stall {result['stall_max']:.2f} s, done {result['done']:.2f} s, "
+                  f"{format_bytes(result['bytes_written'])}", flush=True)
+            if name == "ModelCheckpoint sync":
+                index_runs.append(index_time(s, work / "out"))
+    shutil.rmtree(work, ignore_errors=True)
+    if server is not None:
+        server.stop()
+    record = {"name": NAME, "command": command_line("benchmarks.bench_save", argv), "size": a.size, "model_bytes": s.model_bytes,
+              "world": s.src.world, "mesh": str(s.src), "budget_mb": a.budget_mb, "runs": runs, "index_s": index_runs,
+              "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{NAME}.json").write_text(json.dumps(record, indent=1))
+    text = report(record)
+    (out / f"{NAME}.md").write_text(text)
+    print(text)
+    return 0
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def report(record: dict[str, Any]) -> str:
+    """The Markdown table of one run, with the issue's targets judged."""
+    runs, distinct = record["runs"], record["model_bytes"]
+    lines = [f"# Saving a step: {record['world']} ranks ({record['mesh']}), {record['size']} model", "",
+             f"`{record['command']}` ({record['time']}; medians of {len(next(iter(runs.values())))} runs; ckptstore "
+             f"async budget {record['budget_mb']} MB per rank)", "",
+             "| contender | stall (slowest rank) | stall (median rank) | done, durable | bytes written | × distinct "
+             "| extra memory (largest rank) |", "|---|---|---|---|---|---|---|"]
+    for name, rs in runs.items():
+        if not rs:
+            continue
+        lines.append(f"| {name} | {format_seconds(_median(rs, 'stall_max'))} | "
+                     f"{format_seconds(_median(rs, 'stall_median'))} | {format_seconds(_median(rs, 'done'))} | "
+                     f"{format_bytes(_median(rs, 'bytes_written'))} | {_median(rs, 'bytes_written') / distinct:.3f} | "
+                     f"{format_bytes(_median(rs, 'extra_memory'))} |")
+    if record["index_s"] and runs.get("ModelCheckpoint sync"):
+        total = _median(runs["ModelCheckpoint sync"], "done") + statistics.median(record["index_s"])
+        lines.append(f"| ModelCheckpoint sync + ckptstore index | | | {format_seconds(total)} | | | |")
+    lines += ["", *targets(record)]
+    return "\n".join(lines) + "\n"
+
+
+def targets(record: dict[str, Any]) -> list[str]:
+    runs, distinct, out = record["runs"], record["model_bytes"], []
+    if runs.get("ckptstore async") and runs.get("ModelCheckpoint sync"):
+        a, sync = runs["ckptstore async"], runs["ModelCheckpoint sync"]
+        ratio = _median(a, "stall_max") / _median(sync, "stall_max")
+        out.append(f"- async stall ≤ 0.2× ModelCheckpoint sync's: {ratio:.2f}× — {'met' if ratio <= 0.2 else 'MISSED'}")
+        budget = record["budget_mb"] * 10**6 * 1.048576
+        peak = _median(a, "staged_peak")
+        out.append(f"- staged copies within the budget: {format_bytes(peak)} of {format_bytes(budget)} — "
+                   f"{'met' if peak <= budget else 'MISSED'} (extra RSS, which also counts the writer's buffers and "
+                   f"MindSpore's host copies: {format_bytes(_median(a, 'extra_memory'))})")
+    for name in ("ckptstore save_rank", "ckptstore async"):
+        if runs.get(name):
+            ratio = _median(runs[name], "bytes_written") / distinct
+            out.append(f"- {name}: bytes written {ratio:.4f}× the distinct bytes (target ≤ 1.01×; metadata included) "
+                       f"— {'met' if ratio <= 1.01 else 'MISSED'}")
+    if runs.get("ckptstore async") and runs.get("ModelCheckpoint sync") and record["index_s"]:
+        bound = _median(runs["ModelCheckpoint sync"], "done") + statistics.median(record["index_s"])
+        done = _median(runs["ckptstore async"], "done")
+        out.append(f"- committed no later than ModelCheckpoint sync + ckptstore index ({format_seconds(bound)}): "
+                   f"{format_seconds(done)} — {'met' if done <= bound else 'MISSED'}")
+    out.append("- against PyTorch DCP `dcp.save` / `async_save`: not measured (torch is not installed here)")
+    return out
+
+
+def _rank_args(argv: Sequence[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    for opt in ("--contender", "--rank-file", "--strategy", "--out", "--sync"):
+        ap.add_argument(opt, required=True)
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--budget-mb", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "rank":
+        rank_main(_rank_args(sys.argv[2:]))
+    else:
+        sys.exit(main())
