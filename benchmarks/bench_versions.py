@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import shutil
 import subprocess
 import sys
@@ -240,13 +241,14 @@ def contender_name(route: str, tree: Tree) -> str:
     return f"{route} [{tree.label} {tree.short}]"
 
 
-def contenders_for(trees: Sequence[Tree], harness_dir: Path, *, dst_strategy: str, rank: int, names_file: str,
-                   ckpt_dir: str, src_strategy: str, out_root: Path, flat_file: str, rank_nbytes: int) -> list[Contender]:
+def contenders_for(trees: Sequence[Tree], harness_dir: Path, *, routes: Sequence[str], dst_strategy: str, rank: int,
+                   names_file: str, ckpt_dir: str, src_strategy: str, out_root: Path, flat_file: str,
+                   rank_nbytes: int) -> list[Contender]:
     """The bound, then for each route its old and new contender next to each other."""
     out = [Contender(BOUND, "benchmarks.contenders", "pread_flat",
                      {"path": flat_file, "nbytes": rank_nbytes, "names_file": names_file},
                      preimport=("numpy",), check="check_flat")]
-    for route in ROUTES:
+    for route in routes:
         for t in trees:
             env = t.env(harness_dir)
             load_pre = ("mindspore", "ckptstore", t.mindspore_module)
@@ -277,7 +279,8 @@ def _files(root: Path) -> list[str]:
 
 
 def run(*, base: str, head: str, size: int, src_world: str, dst_world: str, rank: int, reps: int, seed: int,
-        repo: Path, command: str, results_dir: Path | None, log: Any = None) -> dict[str, Any]:
+        repo: Path, command: str, results_dir: Path | None, routes: Sequence[str] = ROUTES,
+        log: Any = None) -> dict[str, Any]:
     """Prepare both trees and stores, race them (``reps`` measured rounds after one warm-up round),
     and return the run record (appended to ``results_dir/versions.json`` unless None)."""
     from benchmarks.bench_load import target_files
@@ -302,13 +305,14 @@ def run(*, base: str, head: str, size: int, src_world: str, dst_world: str, rank
                                       s.strategy))
         out_root = work / "out"
         out_root.mkdir()
-        contenders = contenders_for(trees, harness_dir, dst_strategy=dst_strategy, rank=rank,
+        contenders = contenders_for(trees, harness_dir, routes=routes, dst_strategy=dst_strategy, rank=rank,
                                     names_file=str(names_file), ckpt_dir=str(s.ckpt_dir),
                                     src_strategy=str(s.strategy), out_root=out_root, flat_file=str(flat),
                                     rank_nbytes=flat.stat().st_size)
         warm = [*map(str, s.rank_files), str(flat), *[f for t in trees for f in _files(t.store)]]
         params = {**s.describe(), "dst": {"dp": dst.dp, "mp": dst.mp}, "dst_world": dst.world, "rank": rank,
                   "rank_nbytes": flat.stat().st_size, "dst_strategy": dst_strategy, "warmup_rounds": 1,
+                  "routes": list(routes),
                   "trees": [{"label": t.label, "spec": t.spec, "rev": t.rev, "short": t.short, "store": str(t.store)}
                             for t in trees]}
         record = run_benchmark(NAME, contenders, reps=reps + 1, warm_paths=warm, params=params, command=command,
@@ -322,7 +326,7 @@ def run(*, base: str, head: str, size: int, src_world: str, dst_world: str, rank
     for x in record["samples"]:
         x["warmup"] = x["round"] == 0
     check_trees(record, trees)
-    record["verdicts"] = verdicts(record, trees)
+    record["verdicts"] = verdicts(record, trees, routes)
     if results_dir is not None:
         append_result(NAME, record, results_dir)
     return record
@@ -330,7 +334,7 @@ def run(*, base: str, head: str, size: int, src_world: str, dst_world: str, rank
 
 def check_trees(record: Mapping[str, Any], trees: Sequence[Tree]) -> None:
     """Stop if any worker imported another ckptstore than its revision's (a wrong ``sys.path``)."""
-    expected = {contender_name(r, t): t.init_file for r in ROUTES for t in trees}
+    expected = {contender_name(r, t): t.init_file for r in record["params"]["routes"] for t in trees}
     for x in record["samples"]:
         want = expected.get(x["contender"])
         got = x.get("check", {}).get("ckptstore")
@@ -338,20 +342,30 @@ def check_trees(record: Mapping[str, Any], trees: Sequence[Tree]) -> None:
             raise BenchmarkError(f"{x['contender']} imported {got}, not {want}")
 
 
-def verdicts(record: Mapping[str, Any], trees: Sequence[Tree]) -> dict[str, dict[str, Any]]:
-    """Per route: medians, new/old ratios of wall time, peak memory and bytes read, and the verdict."""
+def verdicts(record: Mapping[str, Any], trees: Sequence[Tree], routes: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per route: the verdict on the ratio new/old of the median wall times, and beside it the
+    ratio of the fastest runs, the median of the per-round ratios (old and new of one round ran
+    next to each other) and the new/old ratios of peak memory and bytes read."""
     old, new = trees
     summary = record["summary"]
     out: dict[str, dict[str, Any]] = {}
-    for route in ROUTES:
-        a, b = summary.get(contender_name(route, old)), summary.get(contender_name(route, new))
+    for route in routes:
+        a_name, b_name = contender_name(route, old), contender_name(route, new)
+        a, b = summary.get(a_name), summary.get(b_name)
         if a is None or b is None:
             out[route] = {"verdict": "not judged (a contender failed)"}
             continue
         ratio = b["wall_s"]["median"] / a["wall_s"]["median"]
+        walls: dict[tuple[str, int], float] = {(x["contender"], x["round"]): x["wall_s"]
+                                               for x in record["samples"] if x["round"] >= 1}
+        paired = [walls[b_name, r] / walls[a_name, r] for r in range(1, record["reps"] + 1)
+                  if (a_name, r) in walls and (b_name, r) in walls]
         entry: dict[str, Any] = {"old_wall_s": a["wall_s"]["median"], "new_wall_s": b["wall_s"]["median"],
-                                 "wall_ratio": ratio, "within": ratio <= LIMIT}
-        for metric in ("peak_above_start", "tree_peak_above_start", "rchar"):
+                                 "wall_ratio": ratio, "within": ratio <= LIMIT,
+                                 "min_ratio": b["wall_s"]["min"] / a["wall_s"]["min"],
+                                 "paired_ratios": paired,
+                                 "paired_median": statistics.median(paired) if paired else None}
+        for metric in ("cpu_s", "peak_above_start", "tree_peak_above_start", "rchar"):
             if metric in a and metric in b and a[metric]["median"]:
                 entry[f"{metric}_ratio"] = b[metric]["median"] / a[metric]["median"]
         out[route] = entry
@@ -407,18 +421,21 @@ def render(record: Mapping[str, Any]) -> str:
         f"{', '.join(f'{x:.2f}' for x in load['after'])} after; other processes kept "
         f"{record['foreign_cpu_cores']:.2f} of the 2 cores busy on average (other helpers running tests). "
         "Old and new of a route run next to each other, in alternating order, so they share that disturbance; "
-        "the absolute times are not comparable with REPORT.md's quiet run, the ratios are.", "",
+        "the absolute times are not comparable with REPORT.md's quiet run, the ratios are. CPU time (user + "
+        "system, the worker's threads) is far less sensitive to that load than wall time.", "",
         f"{record['reps']} measured rounds after 1 warm-up round (left out); cells are median (min–max).", "",
-        "| route | old wall | new wall | **new / old** | verdict (≤ 1.05×) | old peak RSS above start | "
-        "new peak RSS above start | old bytes read (rchar) | new bytes read (rchar) | REPORT.md (rev) | new / REPORT.md |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| route | old wall | new wall | **new / old** (medians) | verdict (≤ 1.05×) | new / old of the fastest runs | "
+        "new / old per round: median (min–max) | old CPU time | new CPU time | new / old CPU | "
+        "old peak RSS above start | new peak RSS above start | "
+        "old bytes read (rchar) | new bytes read (rchar) | REPORT.md (rev) | new / REPORT.md |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     mem = "tree_peak_above_start"
-    for route in ROUTES:
+    for route in p["routes"]:
         a_name, b_name = (f"{route} [{t['label']} {t['short']}]" for t in (old, new))
         if a_name not in summary or b_name not in summary:
             why = "; ".join(f"{n}: {not_run_reason(record, n)}" for n in (a_name, b_name) if n not in summary)
-            lines.append(f"| {ROUTE_TITLES[route]} | {why} | | | not judged | | | | | | |")
+            lines.append(f"| {ROUTE_TITLES[route]} | {why} | | | not judged |" + " |" * 11)
             continue
         a, b = summary[a_name], summary[b_name]
         v = record["verdicts"][route]
@@ -428,7 +445,9 @@ def render(record: Mapping[str, Any]) -> str:
         ref_ratio = f"{b['wall_s']['median'] / ref[0]:.3f}×" if ref else "–"
         lines.append(
             f"| {ROUTE_TITLES[route]} | {_stat(a, 'wall_s', format_seconds)} | {_stat(b, 'wall_s', format_seconds)} | "
-            f"**{v['wall_ratio']:.3f}×** | {'within' if v['within'] else '**over**'} | "
+            f"**{v['wall_ratio']:.3f}×** | {'within' if v['within'] else '**over**'} | {v['min_ratio']:.3f}× | "
+            f"{_paired(v['paired_ratios'])} | {_stat(a, 'cpu_s', format_seconds)} | {_stat(b, 'cpu_s', format_seconds)} | "
+            f"{v['cpu_s_ratio']:.3f}× | "
             f"{_stat(a, m, format_bytes)} | {_stat(b, m, format_bytes)} | {_stat(a, 'rchar', format_bytes)} | "
             f"{_stat(b, 'rchar', format_bytes)} | {ref_cell} | {ref_ratio} |")
     if BOUND in summary:
@@ -442,11 +461,17 @@ def render(record: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _paired(ratios: Sequence[float]) -> str:
+    if not ratios:
+        return "–"
+    return f"{statistics.median(ratios):.3f}× ({min(ratios):.2f}–{max(ratios):.2f})"
+
+
 def same_values_line(record: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     """Whether old and new loaded the same tensors (digests), and the sizes of what they wrote."""
     checks = record["checks"]
     parts = []
-    for route in ROUTES:
+    for route in record["params"]["routes"]:
         got = {t["label"]: checks.get(f"{route} [{t['label']} {t['short']}]", {}) for t in (old, new)}
         key = "digest" if route.startswith("load") else "output_bytes"
         va, vb = got["old"].get(key), got["new"].get(key)
@@ -469,8 +494,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--reps", type=int, default=5, help="measured rounds (one warm-up round is added)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--routes", default=",".join(ROUTES),
+                    help=f"comma-separated subset of {','.join(ROUTES)} (default: all)")
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.routes = [r.strip() for r in args.routes.split(",") if r.strip()]
+    unknown = [r for r in args.routes if r not in ROUTES]
+    if unknown or not args.routes:
+        ap.error(f"--routes: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(ROUTES)}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -481,6 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_and_publish(
         lambda: run(base=args.base, head=args.head, size=parse_size(args.size), src_world=args.src_world,
                     dst_world=args.dst_world, rank=args.rank, reps=args.reps, seed=args.seed, repo=REPO_ROOT,
+                    routes=args.routes,
                     command=command_line("benchmarks.bench_versions", argv), results_dir=args.results_dir),
         render, args.results_dir, NAME)
 
