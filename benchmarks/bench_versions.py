@@ -75,6 +75,11 @@ def _which() -> str:
     return str(Path(ckptstore.__file__).resolve())
 
 
+def which_ckptstore() -> dict[str, str]:
+    """The ``ckptstore/__init__.py`` this process imports (what every check records)."""
+    return {"ckptstore": _which()}
+
+
 def load_rank(store: str, strategy: str, rank: int, names_file: str) -> Any:
     """``ckptstore.load_rank(store, strategy, rank).materialize()`` with the revision's default workers."""
     from benchmarks.contenders import ckptstore_load_rank
