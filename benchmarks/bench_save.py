@@ -269,7 +269,7 @@ def _median(runs: list[dict[str, Any]], key: str) -> float:
 def report(record: dict[str, Any]) -> str:
     """The Markdown table of one run, with the issue's targets judged."""
     runs, distinct = record["runs"], record["model_bytes"]
-    lines = [f"# Saving a step: {record['world']} ranks ({record['mesh']}), {record['size']} model", "",
+    lines = [f"# Saving a step: {record['mesh']} ranks at once, {record['size']} model", "",
              f"`{record['command']}` ({record['time']}; medians of {len(next(iter(runs.values())))} runs; ckptstore "
              f"async budget {record['budget_mb']} MB per rank)", "",
              "| contender | stall (slowest rank) | stall (median rank) | done, durable | bytes written | × distinct "

@@ -241,7 +241,7 @@ def report(records: Mapping[str, Any], cfg: SuiteConfig, command: str) -> str:
 
 
 #: Benchmarks run on their own (each section gives its command), included in REPORT.md when present.
-SEPARATE = ("s3", "parts", "scan")
+SEPARATE = ("s3", "parts", "scan", "save")
 
 
 def _separate_runs(out: Path) -> list[str]:
