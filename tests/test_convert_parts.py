@@ -198,3 +198,41 @@ def test_three_parts_into_a_bucket_one_killed_and_rerun(one_process_store, bucke
     r = run_cli(*_convert_args(layout, url, "--part", "0/3"), env=bucket.env)
     assert r.returncode == 0, r.stderr
     assert S.objects(url) == store_files(reference)
+
+
+#: The fields of a stat result beyond its ten sequence fields, copied into a changed one.
+_STAT_EXTRA = ("st_atime", "st_mtime", "st_ctime", "st_atime_ns", "st_mtime_ns", "st_ctime_ns", "st_blksize",
+               "st_blocks", "st_rdev")
+
+
+@pytest.mark.mindspore
+def test_a_part_that_sees_the_rank_files_under_another_device_number_joins_the_conversion(
+        saved_layout, tmp_path, monkeypatch):
+    # NFS gives the same files another device number on each host that mounts them (inode, size
+    # and times are the files' own): part 1 runs as if on a second host
+    import os
+
+    import numpy as np
+
+    import ckptstore
+
+    layout = saved_layout("dp2_mp4")
+    out = tmp_path / "s.zarr"
+    assert not ckptstore.convert(layout.root, out, strategy=layout.strategy_files, part="0/2").committed
+    real_stat = os.stat
+
+    def another_host(path, *args, **kwargs):
+        st = real_stat(path, *args, **kwargs)
+        if not os.fspath(path).startswith(str(layout.root)):
+            return st
+        fields = [st[i] for i in range(os.stat_result.n_sequence_fields)]
+        fields[2] += 1  # st_dev
+        return os.stat_result(fields, {k: getattr(st, k) for k in _STAT_EXTRA})
+
+    monkeypatch.setattr(os, "stat", another_host)
+    assert os.stat(layout.rank_file(0)).st_dev != real_stat(layout.rank_file(0)).st_dev
+    second = ckptstore.convert(layout.root, out, strategy=layout.strategy_files, part="1/2")
+    assert second.committed
+    with ckptstore.open(out) as store:
+        for name in ("layer0.w", "moe.w"):
+            assert np.array_equal(store.read(name), layout.tensors[name])

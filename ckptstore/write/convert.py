@@ -316,10 +316,11 @@ def _fingerprint(source: DistributedSource, plans: Sequence[ParamPlan], codec: M
                  fmt: str, checksum: bool = True) -> str:
     """What identifies this conversion, so a rerun resumes (or skips) only the same one.
 
-    Each rank file counts with its size, modification time and *version* (device, inode and
-    status-change time of a local file; an object's ETag): an edit in place changes the
-    status-change time even when it restores the modification time, so a rerun never mixes
-    bytes of two versions of a file. It does not depend on the number of parts: every part
+    Each rank file counts with its size, modification time and *version* (inode and status-change
+    time of a local file; an object's ETag): an edit in place changes the status-change time even
+    when it restores the modification time, so a rerun never mixes bytes of two versions of a
+    file. The device number does not count: a shared filesystem (NFS) has another one on each
+    host that mounts it, and parts of one conversion run on several hosts. It does not depend on the number of parts: every part
     computes the same one, and the store is the same, byte for byte, however it was split.
     The strategy counts with its parsed layouts (in name order, so the order of its files does
     not matter): a strategy that gives the same files' slices to other ranks makes other global
@@ -341,7 +342,7 @@ def _identity(path: str) -> tuple[Any, ...]:
         st = source.stat(path.rsplit("/", 1)[1])
         return (path, st.size, st.mtime_ns, st.version) if st else (path,)
     st = os.stat(path)
-    return (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino, st.st_ctime_ns)
+    return (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
 def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any]:
