@@ -20,7 +20,18 @@ another folder: a job saves many times, and the measured save is a later one):
 * ``ckptstore async``: ``AsyncSaver(memory_budget=--budget-mb)``: the step returns once the
   chunks are copied to host memory; done when the writer has committed;
 * ``ckptstore async (SeaweedFS)``: the same into a bucket of a SeaweedFS server on loopback
-  (``ckptstore.testing.s3_server``), bytes written counted from the bucket's listing.
+  (``ckptstore.testing.s3_server``), bytes written counted from the bucket's listing;
+* ``PyTorch DCP save``: the same local slices as torch tensors in the rank's memory, wrapped as
+  DTensors of the source layout (:func:`benchmarks.peers.dcp.rank_state`), on a ``gloo`` process
+  group of the 8 ranks (set up before the barrier, unmeasured); one collective
+  ``dcp.save(state, storage_writer=FileSystemWriter(out))``: DCP's default planner writes each
+  replicated shard once (balanced across its replicas), one file per rank, fsynced; done when
+  the coordinator has written ``.metadata`` and every rank has returned;
+* ``PyTorch DCP async_save``: ``dcp.async_save`` of that state dict with a ``DefaultStager``
+  kept for the job (it caches its host copies between saves, as ckptstore's saver reuses its
+  buffers; pinned memory and async staging need CUDA, so staging is a blocking copy on this
+  CPU build), the default thread executor, and the collectives of the background save on a
+  ``gloo`` group of their own (as PyTorch advises); done when the returned future completes.
 
 Per save: **stall** = how long the rank's training loop is blocked (the call's return, slowest
 rank; the median rank too), **done** = from the barrier to the end of the last rank's save, plus
@@ -28,8 +39,7 @@ an ``os.sync()`` by the driver afterwards, so every contender pays for durable f
 output folder's size, **extra memory** = the largest per-rank peak RSS above its level before
 the call (``clear_refs``). ``ModelCheckpoint sync + ckptstore index`` adds the time of
 ``ckptstore.index`` of the sync save's rank files (the way to a store without saving into one).
-Contenders alternate order between repetitions; medians are reported. Not measured here:
-PyTorch DCP (torch is not installed in this environment).
+Contenders alternate order between repetitions; medians are reported.
 """
 from __future__ import annotations
 
@@ -50,8 +60,10 @@ from benchmarks.report import format_bytes, format_seconds
 from benchmarks.synth import Mesh, synth
 
 CONTENDERS = ("ModelCheckpoint sync", "ModelCheckpoint async_save", "ModelCheckpoint remove_redundancy",
-              "ckptstore save_rank", "ckptstore async", "ckptstore async (SeaweedFS)")
+              "ckptstore save_rank", "ckptstore async", "ckptstore async (SeaweedFS)",
+              "PyTorch DCP save", "PyTorch DCP async_save")
 SEAWEED = "ckptstore async (SeaweedFS)"
+DCP_ASYNC = "PyTorch DCP async_save"
 NAME = "save"
 
 
@@ -67,17 +79,15 @@ def parse_size(text: str) -> int:
 
 
 def rank_main(a: argparse.Namespace) -> None:
-    import mindspore as ms
-
     from benchmarks.procfs import read_status, reset_peak_rss
 
-    params = _parameters(a.rank_file)
+    state: dict[str, Any] = {}
+    params = _dcp_setup(a, state) if a.contender.startswith("PyTorch DCP") else _parameters(a.rank_file)
     if a.contender.startswith("ckptstore"):  # a job imports its libraries before it trains
         import zarr  # noqa: F401 (imported on a store's first save)
 
         import ckptstore.mindspore  # noqa: F401
         import ckptstore.write.async_save  # noqa: F401
-    state: dict[str, Any] = {}
     _save(a, params, state, warm_up=True)  # a job saves many times: measure a save after the first
     ready = Path(a.sync) / f"ready-{a.rank}"
     ready.write_text("")
@@ -93,6 +103,30 @@ def rank_main(a: argparse.Namespace) -> None:
     peak = read_status()["VmHWM"] - before
     json.dump({"rank": a.rank, "go": float(go.read_text()), "start": t0, "stall_end": t_stall, "done": t_done,
                "peak_above": peak, **committed}, sys.stdout)
+    if "stager" in state:  # a stager passed to async_save is the caller's to close
+        state["stager"].close()
+    if a.contender.startswith("PyTorch DCP"):
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+def _dcp_setup(a: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
+    """Unmeasured: the rank's ``gloo`` process group (and, for async_save, a second group and
+    the job's stager) and its state dict of DTensors, every tensor in the rank's own memory."""
+    import torch.distributed as dist
+
+    from benchmarks.peers.dcp import rank_state
+
+    dist.init_process_group("gloo", init_method=f"file://{Path(a.sync) / 'torch-rendezvous'}", rank=a.rank,
+                            world_size=a.world)
+    if a.contender == DCP_ASYNC:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        state["pg"] = dist.new_group(backend="gloo")
+        state["stager"] = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                                       use_async_staging=False, use_non_blocking_copy=False))
+    return rank_state(a.rank, a.rank_file, a.strategy, in_memory=True)
 
 
 def _parameters(rank_file: str) -> dict[str, Any]:
@@ -132,6 +166,19 @@ def _save(a: argparse.Namespace, params: Any, state: dict[str, Any], warm_up: bo
         mine = remove_param_redundancy(redundancy).get(a.rank, set())
         ms.save_checkpoint(items, str(rank_file), choice_func=lambda n: n in mine or n not in redundancy)
         return {"stall": time.time()}
+    if name.startswith("PyTorch DCP"):
+        import torch.distributed.checkpoint as dcp
+
+        local = sum(t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes for t in params.values())
+        writer = dcp.FileSystemWriter(str(out))
+        if name == DCP_ASYNC:
+            future = dcp.async_save(params, storage_writer=writer, process_group=state["pg"],
+                                    async_stager=state["stager"])
+            stall = time.time()
+            future.result()
+            return {"stall": stall, "committed": a.rank == 0, "staged_peak": local}
+        dcp.save(params, storage_writer=writer)
+        return {"stall": time.time(), "committed": a.rank == 0}
     import ckptstore
 
     if name == "ckptstore save_rank":
@@ -172,7 +219,7 @@ def run_once(s: Any, contender: str, out: Path, budget_mb: int | None, bucket: A
         for r in range(world):
             cmd = [sys.executable, "-m", "benchmarks.bench_save", "rank", "--contender", contender, "--rank", str(r),
                    "--rank-file", str(s.rank_file(r)), "--strategy", str(s.strategy), "--out", target,
-                   "--sync", sync_dir, "--budget-mb", str(budget_mb or 0)]
+                   "--sync", sync_dir, "--budget-mb", str(budget_mb or 0), "--world", str(world)]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
         while len(list(Path(sync_dir).glob("ready-*"))) < world:
             if any(p.poll() not in (None, 0) for p in procs):
@@ -273,19 +320,28 @@ def report(record: dict[str, Any]) -> str:
              f"`{record['command']}` ({record['time']}; medians of {len(next(iter(runs.values())))} runs; ckptstore "
              f"async budget {record['budget_mb']} MB per rank)", "",
              "| contender | stall (slowest rank) | stall (median rank) | done, durable | bytes written | × distinct "
-             "| extra memory (largest rank) |", "|---|---|---|---|---|---|---|"]
+             "| extra memory (largest rank) | host copies kept between saves (largest rank) |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, rs in runs.items():
         if not rs:
             continue
         lines.append(f"| {name} | {format_seconds(_median(rs, 'stall_max'))} | "
                      f"{format_seconds(_median(rs, 'stall_median'))} | {format_seconds(_median(rs, 'done'))} | "
                      f"{format_bytes(_median(rs, 'bytes_written'))} | {_median(rs, 'bytes_written') / distinct:.3f} | "
-                     f"{format_bytes(_median(rs, 'extra_memory'))} |")
+                     f"{format_bytes(_median(rs, 'extra_memory'))} | {_kept(name, rs)} |")
     if record["index_s"] and runs.get("ModelCheckpoint sync"):
         total = _median(runs["ModelCheckpoint sync"], "done") + statistics.median(record["index_s"])
-        lines.append(f"| ModelCheckpoint sync + ckptstore index | | | {format_seconds(total)} | | | |")
+        lines.append(f"| ModelCheckpoint sync + ckptstore index | | | {format_seconds(total)} | | | | |")
     lines += ["", *targets(record)]
     return "\n".join(lines) + "\n"
+
+
+def _kept(name: str, runs: list[dict[str, Any]]) -> str:
+    """The staging buffers a saver holds from one save to the next (allocated in the unmeasured
+    first save, so the measured save's extra RSS does not show them): ckptstore's reused chunk
+    buffers (their peak use), DCP's cached copy of the rank's whole state dict."""
+    staged = _median(runs, "staged_peak")
+    return format_bytes(staged) if staged else ""
 
 
 def targets(record: dict[str, Any]) -> list[str]:
@@ -309,7 +365,16 @@ def targets(record: dict[str, Any]) -> list[str]:
         done = _median(runs["ckptstore async"], "done")
         out.append(f"- committed no later than ModelCheckpoint sync + ckptstore index ({format_seconds(bound)}): "
                    f"{format_seconds(done)} — {'met' if done <= bound else 'MISSED'}")
-    out.append("- against PyTorch DCP `dcp.save` / `async_save`: not measured (torch is not installed here)")
+    for name in ("PyTorch DCP save", DCP_ASYNC):
+        if runs.get(name):
+            ratio = _median(runs[name], "bytes_written") / distinct
+            out.append(f"- {name}: bytes written {ratio:.4f}× the distinct bytes (for comparison)")
+    if runs.get("ckptstore async") and runs.get(DCP_ASYNC):
+        mine, theirs = _median(runs["ckptstore async"], "stall_max"), _median(runs[DCP_ASYNC], "stall_max")
+        out.append(f"- async stall no more than PyTorch DCP async_save's ({format_seconds(theirs)}): "
+                   f"{format_seconds(mine)} = {mine / theirs:.2f}× — {'met' if mine <= theirs else 'MISSED'}")
+    else:
+        out.append("- async stall no more than PyTorch DCP async_save's: not measured in this run")
     return out
 
 
@@ -318,6 +383,7 @@ def _rank_args(argv: Sequence[str]) -> argparse.Namespace:
     for opt in ("--contender", "--rank-file", "--strategy", "--out", "--sync"):
         ap.add_argument(opt, required=True)
     ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--world", type=int, required=True)
     ap.add_argument("--budget-mb", type=int, default=0)
     return ap.parse_args(argv)
 

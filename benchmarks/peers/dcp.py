@@ -171,14 +171,15 @@ def to_numpy(tensor: Any) -> np.ndarray:
 # save: one process per source rank
 
 
-def _save_rank(rank: int, world: int, rendezvous: str, rank_file: str, strategy: str, out: str) -> None:
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-
+def rank_state(rank: int, rank_file: str, strategy: str, *, in_memory: bool = False) -> dict[str, Any]:
+    """The state dict DCP saves for source rank ``rank``: the tensors of its MindSpore rank file as
+    DTensors of the source layout (plain tensors for names absent from the strategy). Needs the
+    process group initialised (the meshes are built collectively, in the same order on every
+    rank). ``in_memory`` reads every tensor into its own memory, as a training job holds its
+    weights; otherwise single-piece tensors are private copy-on-write maps of the file."""
     import ckptstore
     from ckptstore.formats.ckpt_reader import read_entry
 
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     src = ckptstore.checkpoint.strategy.load_strategy(strategy)
     layouts = {n: mesh_layout(st[0]) for n, st in src.layouts.items()}
     meshes = _Meshes()
@@ -190,7 +191,7 @@ def _save_rank(rank: int, world: int, rendezvous: str, rank_file: str, strategy:
         entry = index[name]
         if entry.is_str:
             continue
-        if len(entry.pieces) == 1 and entry.nbytes:  # a private copy-on-write map: no read up front
+        if not in_memory and len(entry.pieces) == 1 and entry.nbytes:  # no read up front
             array = np.memmap(rank_file, dtype=entry.dtype, mode="c", offset=entry.pieces[0][0], shape=entry.shape)
         else:
             array = read_entry(rank_file, entry)
@@ -202,6 +203,15 @@ def _save_rank(rank: int, world: int, rendezvous: str, rank_file: str, strategy:
             state[name] = _dtensor(local, meshes.get(layouts[name]), layouts[name], shape, rank, name)
         else:
             state[name] = local
+    return state
+
+
+def _save_rank(rank: int, world: int, rendezvous: str, rank_file: str, strategy: str, out: str) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    state = rank_state(rank, rank_file, strategy)
     dcp.save(state, storage_writer=storage_writer(out))
     dist.barrier()
     dist.destroy_process_group()
