@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from benchmarks.harness import RESULTS_DIR, command_line
+from benchmarks.procfs import ForeignLoad
 from benchmarks.report import format_bytes, format_seconds
 from benchmarks.synth import Mesh, synth
 
@@ -279,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(a.work or tempfile.mkdtemp(prefix="bench_save_"))
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     index_runs: list[float] = []
+    load_avg: list[float] = []  # the machine is shared: its 1-minute load average before each run
+    foreign = ForeignLoad()
     server = None
     if SEAWEED in names:
         from ckptstore.testing.s3_server import SeaweedServer, env_for
@@ -288,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for rep in range(a.reps):
         for name in (names if rep % 2 == 0 else names[::-1]):
             bucket = (f"s3://bench/run{rep}", env_for(server.url)) if name == SEAWEED else None
+            load_avg.append(round(os.getloadavg()[0], 2))
             result = run_once(s, name, work / "out", a.budget_mb, bucket)
             runs[name].append(result)
             print(f"rep {rep} {name}: stall {result['stall_max']:.2f} s, done {result['done']:.2f} s, "
@@ -299,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.stop()
     record = {"name": NAME, "command": command_line("benchmarks.bench_save", argv), "size": a.size, "model_bytes": s.model_bytes,
               "world": s.src.world, "mesh": str(s.src), "budget_mb": a.budget_mb, "runs": runs, "index_s": index_runs,
+              "load_avg": load_avg, "foreign_cpu_cores": round(foreign.cores(), 2),
               "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -332,6 +337,13 @@ def report(record: dict[str, Any]) -> str:
     if record["index_s"] and runs.get("ModelCheckpoint sync"):
         total = _median(runs["ModelCheckpoint sync"], "done") + statistics.median(record["index_s"])
         lines.append(f"| ModelCheckpoint sync + ckptstore index | | | {format_seconds(total)} | | | | |")
+    if record.get("load_avg"):
+        la = record["load_avg"]
+        foreign = (f"; other processes kept {record['foreign_cpu_cores']:.2f} of the 2 cores busy on average"
+                   if "foreign_cpu_cores" in record else "")
+        lines += ["", f"Machine load (shared 2-core machine): 1-minute load average before each run median "
+                      f"{statistics.median(la):.1f} (min {min(la):.1f}, max {max(la):.1f}; it counts this benchmark's "
+                      f"own rank processes){foreign}."]
     lines += ["", *targets(record)]
     return "\n".join(lines) + "\n"
 
