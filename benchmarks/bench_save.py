@@ -31,15 +31,19 @@ another folder: a job saves many times, and the measured save is a later one):
   kept for the job (it caches its host copies between saves, as ckptstore's saver reuses its
   buffers; pinned memory and async staging need CUDA, so staging is a blocking copy on this
   CPU build), the default thread executor, and the collectives of the background save on a
-  ``gloo`` group of their own (as PyTorch advises); done when the returned future completes.
+  ``gloo`` group of their own (not the one a training loop would use); done when the returned
+  future completes.
 
 Per save: **stall** = how long the rank's training loop is blocked (the call's return, slowest
 rank; the median rank too), **done** = from the barrier to the end of the last rank's save, plus
 an ``os.sync()`` by the driver afterwards, so every contender pays for durable files, **bytes written** = the
 output folder's size, **extra memory** = the largest per-rank peak RSS above its level before
-the call (``clear_refs``). ``ModelCheckpoint sync + ckptstore index`` adds the time of
+the call (``clear_refs``), **host copies kept** = the staging buffers an async saver allocated in
+the unmeasured first save and reuses (so extra memory does not show them: ckptstore's peak use of
+its chunk buffers, DCP's cached copy of the whole rank). ``ModelCheckpoint sync + ckptstore index`` adds the time of
 ``ckptstore.index`` of the sync save's rank files (the way to a store without saving into one).
-Contenders alternate order between repetitions; medians are reported.
+Contenders alternate order between repetitions; medians are reported, with the machine's
+1-minute load average before each run and the cores other processes kept busy (it is shared).
 """
 from __future__ import annotations
 
@@ -341,7 +345,8 @@ def report(record: dict[str, Any]) -> str:
         la = record["load_avg"]
         foreign = (f"; other processes kept {record['foreign_cpu_cores']:.2f} of the 2 cores busy on average"
                    if "foreign_cpu_cores" in record else "")
-        lines += ["", f"Machine load (shared 2-core machine): 1-minute load average before each run median "
+        when = record.get("load_avg_sampled", "before each run")
+        lines += ["", f"Machine load (shared 2-core machine): 1-minute load average {when} median "
                       f"{statistics.median(la):.1f} (min {min(la):.1f}, max {max(la):.1f}; it counts this benchmark's "
                       f"own rank processes){foreign}."]
     lines += ["", *targets(record)]
