@@ -350,6 +350,8 @@ def report(record: dict[str, Any]) -> str:
                       f"{statistics.median(la):.1f} (min {min(la):.1f}, max {max(la):.1f}; it counts this benchmark's "
                       f"own rank processes){foreign}."]
     lines += ["", *targets(record)]
+    for note in record.get("notes", []):  # added afterwards, e.g. a follow-up run with another budget
+        lines += ["", note]
     return "\n".join(lines) + "\n"
 
 
