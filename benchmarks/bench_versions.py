@@ -424,10 +424,11 @@ def render(record: Mapping[str, Any]) -> str:
         f"holds {format_bytes(p['rank_nbytes'])}. Loads read a store converted by the same revision.", "",
         f"Load on the machine: load average {', '.join(f'{x:.2f}' for x in load['before'])} before, "
         f"{', '.join(f'{x:.2f}' for x in load['after'])} after; other processes kept "
-        f"{record['foreign_cpu_cores']:.2f} of the 2 cores busy on average (other helpers running tests). "
-        "Old and new of a route run next to each other, in alternating order, so they share that disturbance; "
-        "the absolute times are not comparable with REPORT.md's quiet run, the ratios are. CPU time (user + "
-        "system, the worker's threads) is far less sensitive to that load than wall time.", "",
+        f"{record['foreign_cpu_cores']:.2f} of the {record['environment'].get('nproc', '?')} cores busy on average "
+        f"({'above ~0.3: timings disturbed' if record['foreign_cpu_cores'] > 0.3 else 'a quiet machine'}). "
+        "Old and new of a route run next to each other, in alternating order, so they share any disturbance; "
+        "the ratios are the result, absolute times depend on the machine's state. CPU time (user + "
+        "system, the worker's threads) is far less sensitive to other processes than wall time.", "",
         f"{record['reps']} measured rounds after 1 warm-up round (left out); cells are median (min–max).", "",
         "| route | old wall | new wall | **new / old** (medians) | verdict (≤ 1.05×) | new / old of the fastest runs | "
         "new / old per round: median (min–max) | old CPU time | new CPU time | new / old CPU | "
@@ -461,8 +462,9 @@ def render(record: Mapping[str, Any]) -> str:
     lines += ["", "Same values: " + same_values_line(record, old, new), "",
               "Peak RSS of convert / index includes the processes they start (`tree_peak_above_start`). "
               "Every convert / index ends with `os.sync()` (as in bench_convert), so both revisions pay for "
-              "durability. The REPORT.md column is the latest 1 GB warm record of `results/load.json` / "
-              "`results/convert.json` (a quieter machine): context, not the verdict.", ""]
+              "durability. The REPORT.md column is the latest warm record of `results/load.json` / "
+              "`results/convert.json` on the same checkpoint (another run, another revision, another state of the "
+              "machine): context, not the verdict.", ""]
     return "\n".join(lines)
 
 
