@@ -222,19 +222,21 @@ def make_store(tree_path: Path, harness_dir: Path, ckpt_dir: Path, strategy: Pat
 
 def prepare_tree(label: str, spec: str, repo: Path, work: Path, cache_root: Path, harness_dir: Path,
                  ckpt_dir: Path, strategy: Path) -> Tree:
-    """Extract ``spec`` and make its store (cached per commit under ``cache_root``; a dirty
-    checkout's store is made again in ``work``)."""
+    """Extract ``spec`` and make its store (cached under ``cache_root`` per git tree of
+    ``ckptstore/``; a dirty checkout's store is made again in ``work``)."""
     path = work / label
     rev = extract(spec, repo, path)
     if rev.endswith("+dirty"):
         store = work / f"{label}-store.zarr"
         make_store(path, harness_dir, ckpt_dir, strategy, store)
     else:
-        store = cache_root / rev / "store.zarr"
-        if not (cache_root / rev / "DONE").exists():
-            store.parent.mkdir(parents=True, exist_ok=True)
+        # keyed by the ckptstore/ folder's git tree: commits that did not touch it share one store
+        folder = cache_root / _git(repo, "rev-parse", f"{rev}:ckptstore")
+        store = folder / "store.zarr"
+        if not (folder / "DONE").exists():
+            folder.mkdir(parents=True, exist_ok=True)
             make_store(path, harness_dir, ckpt_dir, strategy, store)
-            (cache_root / rev / "DONE").write_text("", encoding="utf-8")
+            (folder / "DONE").write_text("", encoding="utf-8")
     return Tree(label, spec, rev, path, store)
 
 
