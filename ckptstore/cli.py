@@ -191,8 +191,8 @@ def _print_store(info: dict[str, Any]) -> None:
     params, totals = info["params"], info["totals"]
     src = info["source"]
     kind = {"zarr": "Zarr v3", "safetensors": "safetensors", "index": "an index of the rank files"}.get(
-        info["backend"], info["backend"])
-    verb = "of" if info["backend"] == "index" else "converted from"
+        info["store_kind"], info["store_kind"])
+    verb = "of" if info["store_kind"] == "index" else "converted from"
     saved = bool(src.get("saved_by"))  # a training step saved by its ranks (save_rank, StoreCheckpoint)
     origin = f"of step {src['step']} saved by {src['world_size']} rank(s)" if saved else \
         f"{verb} {src['world_size']} rank file(s)"
@@ -205,7 +205,7 @@ def _print_store(info: dict[str, Any]) -> None:
             continue
         click.echo(f"  {name:<{width}}  {p['dtype']:<8}  {str(p['shape']):<16}  {str(p['chunk_shape']):<16}  "
                    f"{p['chunks']:>6}  {p['nbytes']:>12,}")
-    if info["backend"] == "index":
+    if info["store_kind"] == "index":
         click.echo(f"  tensors: {_fmt_bytes(totals['nbytes'])}, none of it stored here: the index refers to "
                    f"{_fmt_bytes(totals['referenced_bytes'])} of the rank files, which held "
                    f"{_fmt_bytes(totals['source_bytes'])} (each replica referenced once)")

@@ -36,7 +36,7 @@ def test_every_global_tensor_reads_back_bit_for_bit(saved_layout, tmp_path, kind
     layout = saved_layout(kind)
     convert_layout(layout, tmp_path / "st", format="safetensors", chunk_mb=1)
     store = ckptstore.open(tmp_path / "st")
-    assert store.manifest.backend == "safetensors"
+    assert store.manifest.kind == "safetensors"
     for name, expected in layout.tensors.items():
         assert_same_array(np.asarray(store.read(name)), expected, name)
 

@@ -200,13 +200,20 @@ class StoreManifest:
 
     params: Mapping[str, ParamManifest]
     source: Mapping[str, Any] = field(default_factory=dict)
-    backend: str = "zarr"
+    #: The store kind: ``"zarr"``, ``"safetensors"``, ``"index"`` (written as ``"kind"``; stores
+    #: made before the rename say ``"backend"``, which is still read).
+    kind: str = "zarr"
     format_version: int = FORMAT_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def backend(self) -> str:
+        """The old name of :attr:`kind`."""
+        return self.kind
+
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT_NAME, "format_version": self.format_version, "complete": True,
-                "backend": self.backend, "checksum": "crc32c", "source": dict(self.source), **self.extra,
+                "kind": self.kind, "checksum": "crc32c", "source": dict(self.source), **self.extra,
                 "params": {n: p.to_json() for n, p in self.params.items()}}
 
     @classmethod
@@ -218,8 +225,8 @@ class StoreManifest:
         if version != FORMAT_VERSION:
             raise StoreCorruptError(f"{where} has format version {version!r}; this ckptstore reads version "
                                     f"{FORMAT_VERSION}. Convert again with this version")
-        params, source, backend = d.get("params"), d.get("source", {}), d.get("backend", "zarr")
-        if not isinstance(params, Mapping) or not isinstance(source, Mapping) or not isinstance(backend, str):
+        params, source, kind = d.get("params"), d.get("source", {}), _kind(d, where)
+        if not isinstance(params, Mapping) or not isinstance(source, Mapping):
             raise StoreCorruptError(f"{where}: malformed manifest ('params' and 'source' must be JSON objects)")
         parsed = {}
         for n, p in params.items():
@@ -228,13 +235,26 @@ class StoreManifest:
             except StoreCorruptError as e:
                 raise StoreCorruptError(f"{where}: {e}") from None
         extra = {k: v for k, v in d.items() if k not in _HEADER_KEYS}
-        return cls(parsed, source, backend, version, extra)
+        return cls(parsed, source, kind, version, extra)
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), separators=(",", ":"))
 
 
-_HEADER_KEYS = {"format", "format_version", "complete", "backend", "checksum", "source", "params"}
+_HEADER_KEYS = {"format", "format_version", "complete", "kind", "backend", "checksum", "source", "params"}
+
+
+def _kind(d: Mapping[str, Any], where: str) -> str:
+    """The manifest's store kind: ``"kind"``, or ``"backend"`` in stores written before the
+    rename (``"zarr"`` when neither is there, as in the first stores)."""
+    kind, old = d.get("kind"), d.get("backend")
+    if kind is not None and old is not None and kind != old:
+        raise StoreCorruptError(f"{where}: the manifest says 'kind' {kind!r} but 'backend' {old!r}; they name the "
+                                "same thing and must agree")
+    found = kind if kind is not None else old if old is not None else "zarr"
+    if not isinstance(found, str):
+        raise StoreCorruptError(f"{where}: the store kind {found!r} is not a string")
+    return found
 
 
 def dtype_label(dtype: np.dtype | str) -> str:

@@ -56,7 +56,7 @@ class Store:
     @property
     def kind(self) -> str:
         """``"zarr"``, ``"safetensors"`` or ``"index"``."""
-        return self.manifest.backend
+        return self.manifest.kind
 
     def __repr__(self) -> str:
         return f"<ckptstore.Store {self.location.url} ({self.kind}, {len(self.manifest.params)} parameters)>"
@@ -218,11 +218,11 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
     if doc.get("complete") is not True:
         raise IncompleteStoreError(f"the store at {location.url} is marked incomplete; rerun the conversion")
     manifest = StoreManifest.from_json(doc, where=location.url)
-    if manifest.backend not in KINDS:
-        raise StoreCorruptError(f"{location.url}: unknown store kind {manifest.backend!r}")
+    if manifest.kind not in KINDS:
+        raise StoreCorruptError(f"{location.url}: unknown store kind {manifest.kind!r}")
     if before is not None and _manifest_identity(location) != before:
         raise _changed(location)
-    if manifest.backend == "index":
+    if manifest.kind == "index":
         from ckptstore.store import index as index_backend
 
         data = index_backend.data_source(location, manifest)

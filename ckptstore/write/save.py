@@ -380,7 +380,7 @@ def commit_step(sink: ByteSink) -> StoreManifest:
             raise IncompleteStoreError(f"step {header['step']} in {sink.url}: rank {i} finished but its record is "
                                        "missing or from another save; save that rank again")
         records.append(record)
-    manifest = StoreManifest(merge_records(records, sink.url), dict(header), backend="zarr")
+    manifest = StoreManifest(merge_records(records, sink.url), dict(header), kind="zarr")
     # every rank synced its chunk files' folders before its marker (mark_done): the manifest is last
     sink.put(ROOT_METADATA, zb.group_metadata({"ckptstore": manifest.to_json()}))
     sink.sync()

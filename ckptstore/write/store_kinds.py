@@ -80,7 +80,7 @@ class StoreWriter:
     and commits a store of its kind. Subclasses set :attr:`kind` and write one parameter in
     :meth:`_write`; they write only through the claim's :class:`~ckptstore.io.sink.ByteSink`."""
 
-    #: The store kind (the manifest's ``backend``) this writer makes.
+    #: The store kind (the manifest's ``kind``) this writer makes.
     kind = ""
     #: Whether each finished parameter is recorded at once (so a rerun skips it); a kind whose
     #: parameters cost nothing to redo records a part's parameters together at its end instead.
@@ -146,7 +146,7 @@ class StoreWriter:
     def commit(cls, sink: ByteSink, plan: Mapping[str, Any], known: Mapping[str, ParamManifest]) -> StoreManifest:
         """Make the store complete: every parameter's record, the data files final and durable,
         then the manifest, last; then drop the work folder."""
-        manifest = StoreManifest(_collect(sink, plan, known), plan["source"], backend=plan["format"],
+        manifest = StoreManifest(_collect(sink, plan, known), plan["source"], kind=plan["format"],
                                  extra=plan["extra"])
         cls.finish_store(sink, manifest)
         sink.sync()  # every data file and folder this process changed is durable before the manifest names them
