@@ -17,6 +17,7 @@ import click
 from ckptstore.read import describe
 from ckptstore.store.chunking import OPTIMIZER_STATE_PREFIXES, TRAINING_COUNTERS
 from ckptstore.store.codecs import CODECS
+from ckptstore.store.kinds import store_kind, store_kinds
 from ckptstore.write.convert import convert as convert_store
 from ckptstore.errors import CkptStoreError
 from ckptstore.checkpoint.rank_files import find_rank_files
@@ -190,9 +191,10 @@ def _print_strategy(info: dict[str, Any]) -> None:
 def _print_store(info: dict[str, Any]) -> None:
     params, totals = info["params"], info["totals"]
     src = info["source"]
-    kind = {"zarr": "Zarr v3", "safetensors": "safetensors", "index": "an index of the rank files"}.get(
-        info["store_kind"], info["store_kind"])
-    verb = "of" if info["store_kind"] == "index" else "converted from"
+    declared = store_kind(info["store_kind"])
+    kind = declared.label if declared is not None else info["store_kind"]
+    copied = declared is None or declared.stores_data
+    verb = "converted from" if copied else "of"
     saved = bool(src.get("saved_by"))  # a training step saved by its ranks (save_rank, StoreCheckpoint)
     origin = f"of step {src['step']} saved by {src['world_size']} rank(s)" if saved else \
         f"{verb} {src['world_size']} rank file(s)"
@@ -205,7 +207,7 @@ def _print_store(info: dict[str, Any]) -> None:
             continue
         click.echo(f"  {name:<{width}}  {p['dtype']:<8}  {str(p['shape']):<16}  {str(p['chunk_shape']):<16}  "
                    f"{p['chunks']:>6}  {p['nbytes']:>12,}")
-    if info["store_kind"] == "index":
+    if not copied:
         click.echo(f"  tensors: {_fmt_bytes(totals['nbytes'])}, none of it stored here: the index refers to "
                    f"{_fmt_bytes(totals['referenced_bytes'])} of the rank files, which held "
                    f"{_fmt_bytes(totals['source_bytes'])} (each replica referenced once)")
@@ -359,9 +361,9 @@ def _print_summary(summary: Any, as_json: bool, done: str) -> None:
 
 @main.command()
 @_source_options
-@click.option("--format", "fmt", type=click.Choice(["zarr", "safetensors"]), default="zarr", show_default=True,
-              help="Store format: Zarr v3 (chunked, optional compression) or safetensors (whole global tensors "
-                   "in model-*.safetensors files, readable with safetensors.safe_open).")
+@click.option("--format", "fmt", type=click.Choice([k.name for k in store_kinds(convert=True)]), default="zarr",
+              show_default=True,
+              help="Store format (kind): " + "; ".join(f"{k.name}: {k.help}" for k in store_kinds(convert=True)) + ".")
 @click.option("--compress", type=click.Choice(["none", *CODECS]), default="none", show_default=True,
               help="Compress chunks (smaller store; chunks are then decoded whole on read, not memory-mapped).")
 @click.option("--chunk-mb", type=click.IntRange(1), default=None,

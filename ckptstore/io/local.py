@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from ckptstore.errors import FileAccessError, MissingFileError, ShortReadError, UnsafePathError
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request, check_key
+from ckptstore.io.schemes import PATH, Scheme
 
 #: Buffers per preadv call (Linux's IOV_MAX is 1024).
 _IOV_MAX = 1024
@@ -248,3 +249,7 @@ class LocalSource(ByteSource):
             self.close()
         except Exception:
             pass
+
+
+#: Plain paths are read from the local (or a shared) file system.
+BYTE_SOURCE = Scheme((PATH,), LocalSource, "a local or shared-filesystem path")

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from ckptstore.errors import StoreExistsError, UnsafePathError
 from ckptstore.io.base import check_key
 from ckptstore.io.local import LocalFile, LocalSource
+from ckptstore.io.schemes import PATH, Scheme
 from ckptstore.io.sink import ByteSink, SinkFile, partial_key, write_error
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -531,3 +532,7 @@ class FolderLock:
         except OSError:
             who = ""
         return who or "another process"
+
+
+#: Plain paths are written on the local (or a shared) file system.
+BYTE_SINK = Scheme((PATH,), LocalSink, "a local or shared-filesystem path")

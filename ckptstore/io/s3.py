@@ -42,6 +42,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from ckptstore.errors import (AccessDeniedError, CkptStoreError, FileAccessError, MissingFileError,
                               ObjectStoreConfigError, ShortReadError, StoreUnavailableError, UnsupportedLocationError)
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request, check_key, worth_merging
+from ckptstore.io.schemes import Scheme
 
 SCHEMES = ("s3", "obs")
 #: Extra bytes one coalesced GET may fetch between wanted ranges, as a fraction of the bytes wanted.
@@ -669,3 +670,7 @@ class _Handoff:
             self._given.put(e)  # the upload is abandoned, then says it is over
             while self._wanted.get():
                 pass
+
+
+#: ``s3://`` and ``obs://`` URLs are read from object storage.
+BYTE_SOURCE = Scheme(SCHEMES, S3Source, "s3://bucket/prefix (obs://bucket/prefix for Huawei OBS)")

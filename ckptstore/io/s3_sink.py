@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from ckptstore.io.s3 import S3Source
+from ckptstore.io.s3 import SCHEMES, S3Source
+from ckptstore.io.schemes import Scheme
 from ckptstore.io.sink import ByteSink
 
 
@@ -48,3 +49,7 @@ class S3Sink(ByteSink):
 
     def delete(self, keys: Sequence[str]) -> None:
         self.source.delete(list(keys))
+
+
+#: ``s3://`` and ``obs://`` URLs are written to object storage.
+BYTE_SINK = Scheme(SCHEMES, S3Sink, "s3://bucket/prefix (obs://bucket/prefix for Huawei OBS)")

@@ -206,15 +206,12 @@ class ByteSink(ABC):
 
 
 def open_sink(out: str | Any) -> ByteSink:
-    """The sink of ``--out``: a folder, or an ``s3://``/``obs://`` prefix (a sink is itself)."""
-    from ckptstore.io import is_url
+    """The sink of ``--out``: a folder, an ``s3://``/``obs://`` prefix, or a location of another
+    scheme some module declares a sink for (:mod:`ckptstore.io.schemes`); a sink is itself."""
+    from ckptstore.io.locations import handler, is_url
+    from ckptstore.io.schemes import BYTE_SINKS
 
     if isinstance(out, ByteSink):
         return out
-    if is_url(out):
-        from ckptstore.io.s3_sink import S3Sink
-
-        return S3Sink(str(out))
-    from ckptstore.io.local_sink import LocalSink
-
-    return LocalSink(out)
+    sink: ByteSink = handler(BYTE_SINKS, out).open(str(out) if is_url(out) else out)
+    return sink

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ckptstore.store.kinds import MANIFEST, ROOT_METADATA, WORK_DIR, read_manifest
+from ckptstore.store.kinds import WORK_DIR, manifest_files, read_manifest, store_kind
 from ckptstore.formats.ckpt_reader import CkptIndex
 from ckptstore.dtypes import dtype_name
 from ckptstore.checkpoint.rank_files import scan_rank_file
@@ -67,7 +67,7 @@ def sniff_kind(path: str | os.PathLike[str]) -> str:
 
 def _strategy_folder(p: Path) -> bool:
     names = [e.name for e in os.scandir(p)]
-    if any(n in (MANIFEST, ROOT_METADATA, WORK_DIR) or n.startswith("rank_") for n in names):
+    if any(n in (*manifest_files(), WORK_DIR) or n.startswith("rank_") for n in names):
         return False
     return any(n.endswith((".ckpt", ".json")) for n in names)
 
@@ -120,7 +120,8 @@ def describe_store(store: "Store") -> dict[str, object]:
     """
     params: dict[str, dict[str, object]] = {}
     nbytes = stored = source = 0
-    is_index = store.manifest.kind == "index"
+    kind = store_kind(store.kind)
+    is_index = kind is not None and not kind.stores_data  # the chunks are bytes of the rank files
     for name in store.names():
         p = store.info(name)
         if p.is_str:

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ckptstore.store import steps
-from ckptstore.store.kinds import KINDS, MANIFEST, ROOT_METADATA, WORK_DIR, read_manifest
+from ckptstore.store.kinds import WORK_DIR, manifest_files, read_manifest, store_kind, store_kinds
 from ckptstore.boxes import Box
 from ckptstore.errors import (
     IncompleteStoreError,
@@ -55,7 +55,8 @@ class Store:
 
     @property
     def kind(self) -> str:
-        """``"zarr"``, ``"safetensors"`` or ``"index"``."""
+        """The store kind: ``"zarr"``, ``"safetensors"``, ``"index"`` (or a plugin's, see
+        :mod:`ckptstore.store.kinds`)."""
         return self.manifest.kind
 
     def __repr__(self) -> str:
@@ -211,21 +212,22 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
             raise IncompleteStoreError(f"{location.url} holds no committed step yet: step(s) "
                                        f"{', '.join(map(str, pending[:5]))} are still being saved or some rank did "
                                        "not finish saving them")
-        raise StoreNotFoundError(f"no ckptstore store at {location.url} (no {ROOT_METADATA} or {MANIFEST})")
+        raise StoreNotFoundError(f"no ckptstore store at {location.url} (no {' or '.join(manifest_files())})")
     if doc is False:
         raise StoreNotFoundError(f"{location.url} is a Zarr group but not a ckptstore store (no 'ckptstore' "
                                  "attributes)")
     if doc.get("complete") is not True:
         raise IncompleteStoreError(f"the store at {location.url} is marked incomplete; rerun the conversion")
     manifest = StoreManifest.from_json(doc, where=location.url)
-    if manifest.kind not in KINDS:
-        raise StoreCorruptError(f"{location.url}: unknown store kind {manifest.kind!r}")
+    kind = store_kind(manifest.kind)
+    if kind is None:
+        known = ", ".join(k.name for k in store_kinds())
+        raise StoreCorruptError(f"{location.url}: unknown store kind {manifest.kind!r} (this ckptstore reads {known}; "
+                                "a kind from a plugin needs that plugin installed)")
     if before is not None and _manifest_identity(location) != before:
         raise _changed(location)
-    if manifest.kind == "index":
-        from ckptstore.store import index as index_backend
-
-        data = index_backend.data_source(location, manifest)
+    if kind.open_data is not None:  # the chunks are elsewhere (an index's rank files)
+        data = kind.open_data(location, manifest)
         return Store(location, manifest, data if before is None else ReplaceGuard(data, location, before))
     return Store(location, manifest, None if before is None else ReplaceGuard(location, location, before))
 
@@ -261,7 +263,7 @@ def _manifest_identity(location: ByteSource) -> tuple[str, FileStat] | None:
     :class:`ReplaceGuard`); ``None`` elsewhere."""
     if not location.pins_open_files:
         return None
-    for key in (MANIFEST, ROOT_METADATA):
+    for key in manifest_files():
         st = location.stat(key)
         if st is not None:
             return key, st

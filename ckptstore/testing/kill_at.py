@@ -7,7 +7,8 @@
 ``POINT`` is
 
 * ``commit``: when a commit is about to write the manifest, every data file already final (the
-  write seam's ``put`` of the root ``zarr.json`` or of ``ckptstore.json``, for every sink);
+  write seam's ``put`` of any store kind's manifest file, the root ``zarr.json`` or
+  ``ckptstore.json``, for every built-in sink);
 * ``chunks:N``: once ``N`` chunks have been written by this process (after the Nth chunk's
   bytes, and its journal line where there is one).
 
@@ -21,7 +22,7 @@ import subprocess
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
-from ckptstore.store.kinds import MANIFEST, ROOT_METADATA
+from ckptstore.store.kinds import manifest_files
 
 
 def _die() -> None:
@@ -35,7 +36,7 @@ def kill_before_manifest() -> None:
     from ckptstore.io.s3_sink import S3Sink
 
     for cls in (LocalSink, S3Sink, MemorySink):
-        setattr(cls, "put", _before(cls.put, lambda key: key in (MANIFEST, ROOT_METADATA)))
+        setattr(cls, "put", _before(cls.put, lambda key: key in manifest_files()))
 
 
 def _before(put: Callable[..., Any], when: Callable[[str], bool]) -> Callable[..., Any]:

@@ -6,8 +6,11 @@ the planned bytes are read and only when a parameter is touched, a damaged manif
 an interrupted write resumes to the same store, and file names in the metadata cannot reach
 outside the store (or, for an index, outside its rank files' folder).
 
-A new store kind passes by subclassing (pytest collects ``Test*`` classes): set ``kind`` (what
-``Store.kind`` and ``ckptstore info`` say), write a store of a saved layout in :meth:`write`,
+A new store kind is declared by its own module (``KIND = StoreKind(...)``, see
+:mod:`ckptstore.store.kinds`; a third party's through the entry-point group
+``ckptstore.store_kinds``) and passes by subclassing (pytest collects ``Test*`` classes): set
+``kind`` (what ``Store.kind`` and ``ckptstore info`` say) and ``manifest_file`` when it is not
+``ckptstore.json``, write a store of a saved layout in :meth:`write`,
 and give the ``ckptstore`` arguments that write one (without the source, strategy and
 ``--out``) in :meth:`cli_args`::
 

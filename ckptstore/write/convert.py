@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ckptstore.store.chunking import ParamPlan, check_even_slices, plan_param, select_params
 from ckptstore.store.codecs import CODECS
+from ckptstore.store.kinds import store_kind, store_kinds
 from ckptstore.deprecated import renamed
 from ckptstore.errors import IncompleteStoreError, InvalidOptionError, LayoutMismatchError
 from ckptstore.store.manifest import ParamManifest, StoreManifest
@@ -145,7 +146,7 @@ def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     index holds no checksums. Returns a :class:`ConvertSummary` (``stored_bytes`` counts the
     rank-file bytes the index refers to).
     """
-    _options("index", None, None, workers)
+    _options("index", None, None, workers, converting=False)
     chosen = parse_part(part)
     if chosen is None:
         return _no_part(out)
@@ -258,13 +259,17 @@ def commit_store(out: "str | os.PathLike[str] | Store", *, on_wait: Callable[[st
         lock.release()
 
 
-def _options(fmt: str, compress: str | None, chunk_mb: int | None, workers: int) -> tuple[dict | None, int]:
-    if fmt not in ("zarr", "safetensors", "index"):
-        raise InvalidOptionError(f"unknown store format {fmt!r}; choose zarr or safetensors (or use "
-                                 "ckptstore index for an index of the rank files)")
+def _options(fmt: str, compress: str | None, chunk_mb: int | None, workers: int, *,
+             converting: bool = True) -> tuple[dict | None, int]:
+    kind = store_kind(fmt) if isinstance(fmt, str) else None
+    if kind is None or (converting and not kind.convert):
+        choices = ", ".join(k.name for k in store_kinds(convert=True))
+        others = "".join(f"; {k.name} is not made by convert: it is {k.help}" for k in store_kinds(convert=False))
+        raise InvalidOptionError(f"unknown store format {fmt!r}; choose one of: {choices}{others}")
     codec = _codec(compress)
-    if codec is not None and fmt == "safetensors":
-        raise InvalidOptionError("safetensors stores are not compressed; use the zarr format for --compress")
+    if codec is not None and not kind.compressible:
+        compressible = " or ".join(k.name for k in store_kinds(convert=True) if k.compressible)
+        raise InvalidOptionError(f"{fmt} stores are not compressed; use the {compressible} format for --compress")
     for what, value in (("workers", workers), ("chunk_mb", 1 if chunk_mb is None else chunk_mb)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidOptionError(f"{what} must be a positive integer, not {value!r}")

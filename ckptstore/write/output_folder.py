@@ -17,18 +17,15 @@ parts are running.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from ckptstore.errors import CkptStoreError, ConversionInProgressError, StoreExistsError
 from ckptstore.io.sink import ByteSink, Lock, write_error
-from ckptstore.store.kinds import MANIFEST, ROOT_METADATA, WORK_DIR, read_manifest
+from ckptstore.store.kinds import WORK_DIR, manifest_files, read_manifest, store_kinds
 from ckptstore.write.parts import Part
 
 FINGERPRINT = f"{WORK_DIR}/fingerprint"
-#: The data files of a safetensors store (and their partial files).
-SAFETENSORS_FILE = re.compile(r"^model-\d+-of-\d+\.safetensors(\.partial)?$")
 
 __all__ = ["Claim", "claim", "write_error"]
 
@@ -112,15 +109,16 @@ def prepare(sink: ByteSink, sources: Iterable[str]) -> None:
 
 def clear_store(sink: ByteSink) -> None:
     """Delete what a conversion writes here (the lock files excepted), and nothing else: the
-    manifest, the work folder, Zarr array folders and ``model-*.safetensors`` files."""
+    manifest, the work folder and the data files of every store kind (Zarr array folders,
+    ``model-*.safetensors`` files: each kind's ``written``)."""
     keys = sink.keys()
-    arrays = {k.split("/")[0] for k in keys if k.count("/") == 1 and k.endswith("/" + ROOT_METADATA)}
+    manifests = manifest_files()
+    data = {k for kind in store_kinds() for k in kind.written(keys)}
     mine = [k for k in keys
-            if (k.startswith(WORK_DIR + "/") and not _is_lock(k)) or k in (ROOT_METADATA, MANIFEST)
-            or SAFETENSORS_FILE.match(k) or k.split("/")[0] in arrays]
+            if (k.startswith(WORK_DIR + "/") and not _is_lock(k)) or k in manifests or k in data]
     # the manifest first: a reader of the old store notices the replacement before any of its
     # files is touched (see ckptstore.store.store.ReplaceGuard)
-    sink.delete([k for k in mine if k in (ROOT_METADATA, MANIFEST)])
+    sink.delete([k for k in mine if k in manifests])
     sink.delete(mine)
 
 

@@ -18,12 +18,12 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
-from ckptstore.store.kinds import MANIFEST, ROOT_METADATA, WORK_DIR
+from ckptstore.store.kinds import MANIFEST, ROOT_METADATA, WORK_DIR, store_kind
 from ckptstore.store import index as ib
 from ckptstore.store import safetensors as sb
 from ckptstore.store import zarr as zb
 from ckptstore.store.chunking import ParamPlan
-from ckptstore.errors import CkptStoreError, IncompleteStoreError
+from ckptstore.errors import CkptStoreError, IncompleteStoreError, InvalidOptionError
 from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest, dtype_label
 from ckptstore.io.sink import ByteSink, partial_key, write_error
 from ckptstore.write.output_folder import Claim, drop_work
@@ -161,8 +161,10 @@ class StoreWriter:
 
     @classmethod
     def manifest_file(cls, manifest: StoreManifest) -> tuple[str, bytes]:
-        """The key and bytes of the file that makes the store complete."""
-        return MANIFEST, manifest.dumps().encode()
+        """The key and bytes of the file that makes the store complete: the manifest as JSON, in
+        the file the kind declares (``ckptstore.json`` unless it says otherwise)."""
+        kind = store_kind(manifest.kind)
+        return (kind.manifest_file if kind is not None else MANIFEST), manifest.dumps().encode()
 
 
 def _collect(sink: ByteSink, plan: Mapping[str, Any], known: Mapping[str, ParamManifest]) -> dict[str, ParamManifest]:
@@ -189,9 +191,20 @@ def _collect(sink: ByteSink, plan: Mapping[str, Any], known: Mapping[str, ParamM
     return {n: have[n] for n in names}
 
 
+def writer_class(fmt: str) -> type[StoreWriter]:
+    """The writer class of store kind ``fmt`` (a registered kind: see :mod:`ckptstore.store.kinds`)."""
+    kind = store_kind(fmt)
+    if kind is None:
+        raise InvalidOptionError(f"no store kind {fmt!r} is registered")
+    cls = kind.writer_class()
+    if not (isinstance(cls, type) and issubclass(cls, StoreWriter)):
+        raise InvalidOptionError(f"the writer of store kind {fmt!r} ({kind.writer!r}) is not a StoreWriter")
+    return cls
+
+
 def writer_for(fmt: str, hold: Claim, copier: ChunkCopier, plans: Sequence[ParamPlan], checksum: bool) -> StoreWriter:
     """The writer of store kind ``fmt``."""
-    return WRITERS[fmt](hold, copier, plans, checksum=checksum)
+    return writer_class(fmt)(hold, copier, plans, checksum=checksum)
 
 
 def my_share(writer: StoreWriter, plans: Sequence[ParamPlan], part: Part) -> list[ParamPlan]:
@@ -223,7 +236,8 @@ def read_plan(sink: ByteSink) -> dict[str, Any] | None:
         doc = json.loads(raw) if raw is not None else None
     except (ValueError, RecursionError):
         return None
-    ok = (isinstance(doc, dict) and doc.get("format") in WRITERS and isinstance(doc.get("names"), list)
+    ok = (isinstance(doc, dict) and isinstance(doc.get("format"), str) and store_kind(doc["format"]) is not None
+          and isinstance(doc.get("names"), list)
           and all(isinstance(n, str) for n in doc["names"]) and isinstance(doc.get("source"), dict)
           and isinstance(doc.get("extra"), dict))
     return doc if ok else None
@@ -257,7 +271,7 @@ def commit(sink: ByteSink, known: Mapping[str, ParamManifest] | None = None, *,
         shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
         raise IncompleteStoreError(f"the conversion into {sink.url} is not finished: part(s) {shown} of {count} "
                                    "have not finished; run them (convert --part I/N), then commit")
-    return WRITERS[plan["format"]].commit(sink, plan, known or {})
+    return writer_class(plan["format"]).commit(sink, plan, known or {})
 
 
 def _unfinished(sink: ByteSink, count: int, lost: Sequence[str], total: int) -> str:
@@ -425,6 +439,3 @@ class IndexWriter(StoreWriter):
     def extra(self) -> dict[str, Any]:
         return ib.extra_fields(self.sink.url, open_location(self.source_root), sorted(set(self.keys.values())))
 
-
-#: The writer of each store kind (the plan's ``format``).
-WRITERS: dict[str, type[StoreWriter]] = {w.kind: w for w in (ZarrWriter, SafetensorsWriter, IndexWriter)}

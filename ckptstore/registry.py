@@ -1,0 +1,85 @@
+"""Registries of the pluggable parts: store kinds, byte sources and byte sinks, found, not listed.
+
+A pluggable part declares itself in its own module, as a module-level object under an agreed
+name (``KIND`` in a module of :mod:`ckptstore.store.kinds`, ``BYTE_SOURCE``/``BYTE_SINK`` in a
+module of :mod:`ckptstore.io`); a :class:`Registry` finds the built-in ones by importing every
+module of its package (no hand-written list to edit), then those another distribution names
+under its entry-point group (``ckptstore.store_kinds``, ``ckptstore.byte_sources``,
+``ckptstore.byte_sinks``). Adding a part is therefore one new file. Discovery runs on first use,
+not at import time, so importing ckptstore stays cheap and no module has to import its plugins.
+
+A declaration that cannot be loaded, is of the wrong type, or reuses a name already taken is
+skipped with a :class:`RuntimeWarning` that says which (a broken plugin does not break the
+built-in kinds); the built-in ones are registered first and so keep their names.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import pkgutil
+import threading
+import warnings
+from typing import Callable, Generic, Iterable, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Declarations of type ``cls``, by name: a package's modules' ``attribute``, then entry points."""
+
+    def __init__(self, what: str, cls: type[T], package: str, attribute: str, group: str,
+                 names: Callable[[T], Iterable[str]]) -> None:
+        self.what, self.cls, self.package, self.attribute, self.group = what, cls, package, attribute, group
+        self._names = names
+        self._found: dict[str, T] | None = None
+        self._lock = threading.Lock()
+
+    def entries(self) -> dict[str, T]:
+        """Every declaration by each of its names: built-in ones (in module-name order), then plugins."""
+        with self._lock:
+            if self._found is None:
+                self._found = self._discover()
+            return self._found
+
+    def get(self, name: str) -> T | None:
+        """The declaration registered as ``name``, or ``None``."""
+        return self.entries().get(name)
+
+    def names(self) -> list[str]:
+        """Every registered name, in registration order."""
+        return list(self.entries())
+
+    def reload(self) -> None:
+        """Forget what was found; the next lookup discovers again (after a plugin was installed)."""
+        with self._lock:
+            self._found = None
+
+    def _discover(self) -> dict[str, T]:
+        found: dict[str, T] = {}
+        package = importlib.import_module(self.package)
+        for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+            module = importlib.import_module(f"{self.package}.{info.name}")
+            declared = getattr(module, self.attribute, None)
+            if declared is not None:
+                self._add(found, declared, f"{module.__name__}.{self.attribute}")
+        for ep in sorted(importlib.metadata.entry_points(group=self.group), key=lambda e: e.name):
+            try:
+                declared = ep.load()
+            except Exception as e:  # a broken plugin must not break the built-in parts
+                warnings.warn(f"ckptstore: the {self.what} {ep.value!r} (entry point {ep.name!r} of group "
+                              f"{self.group!r}) could not be loaded and is ignored: {e}", RuntimeWarning, stacklevel=3)
+                continue
+            self._add(found, declared, f"{ep.value} (entry point {ep.name!r} of group {self.group!r})")
+        return found
+
+    def _add(self, found: dict[str, T], declared: object, where: str) -> None:
+        if not isinstance(declared, self.cls):
+            warnings.warn(f"ckptstore: {where} is a {type(declared).__name__}, not a {self.cls.__name__}; the "
+                          f"{self.what} is ignored", RuntimeWarning, stacklevel=4)
+            return
+        for name in self._names(declared):
+            if name in found:
+                warnings.warn(f"ckptstore: {where} declares the {self.what} {name!r}, which is taken already; it is "
+                              "ignored under that name", RuntimeWarning, stacklevel=4)
+                continue
+            found[name] = declared

@@ -1,0 +1,130 @@
+"""Store kinds: what each is called, where its manifest is, how it is read and who writes it.
+
+A store kind is declared by one module of this package (or of another distribution, through
+the entry-point group ``ckptstore.store_kinds``) holding ``KIND = StoreKind(...)``; everything
+that depends on the kind (``ckptstore.open``, ``convert(format=...)`` and its error message, the
+CLI's ``--format`` choices, the commit, ``ckptstore info``) asks :func:`store_kind` /
+:func:`store_kinds` instead of listing the kinds. The built-in ones:
+
+* ``zarr`` (default): a Zarr v3 group; the manifest is the ``"ckptstore"`` attribute of the
+  root ``zarr.json``.
+* ``safetensors``: ``model-*.safetensors`` files of whole global tensors and ``ckptstore.json``.
+* ``index``: only ``ckptstore.json``, whose chunks are byte ranges inside the original rank
+  files (a folder recorded in the manifest).
+
+The manifest file is written last, so a folder without it is an unfinished conversion, which
+leaves its work folder :data:`WORK_DIR` behind. A built-in kind names its writer rather than
+importing it, so that the store (read) layer does not import the write layer, which imports it.
+Writing a Zarr store needs zarr-python; reading any store needs none of it.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from ckptstore.errors import StoreCorruptError
+from ckptstore.limits import MAX_METADATA_BYTES
+from ckptstore.io.base import ByteSource
+from ckptstore.registry import Registry
+
+if TYPE_CHECKING:
+    from ckptstore.store.manifest import StoreManifest
+
+ROOT_METADATA = "zarr.json"
+MANIFEST = "ckptstore.json"
+WORK_DIR = ".ckptstore-work"
+
+
+def _whole(doc: dict[str, Any]) -> Any:
+    return doc
+
+
+def _nothing(keys: Sequence[str]) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class StoreKind:
+    """What ckptstore needs to know of one kind of store; a kind's module declares one as ``KIND``.
+
+    ``writer`` is the kind's :class:`~ckptstore.write.store_kinds.StoreWriter` subclass, or its
+    ``"module:Class"`` name (imported when a store is written: the built-in kinds name theirs,
+    which live in the write layer). ``manifest_file`` is the file whose existence makes a store complete;
+    ``manifest_in`` takes that file's JSON object to the ckptstore manifest (``False`` when the
+    file is there but holds none); kinds that share a file share the first one's ``manifest_in``.
+    ``open_data`` gives the byte source of the chunk files (``None``: the store's own folder).
+    ``convert`` says whether ``convert(format=...)`` and ``ckptstore convert --format`` may
+    produce it; ``help`` is its line in ``--format``'s help and ``label`` its name in
+    ``ckptstore info``.
+    """
+
+    name: str
+    writer: type | str
+    help: str
+    label: str
+    manifest_file: str = MANIFEST
+    manifest_in: Callable[[dict[str, Any]], Any] = _whole
+    open_data: Callable[[ByteSource, "StoreManifest"], ByteSource] | None = None
+    convert: bool = True
+    #: Whether ``compress=`` applies (chunks are stored encoded).
+    compressible: bool = False
+    #: ``False`` for a kind whose chunks are bytes of files outside the store (an index).
+    stores_data: bool = True
+    #: The keys, among a listing of an output, of data files a store of this kind writes (what
+    #: ``convert --overwrite`` may delete besides the manifest and the work folder).
+    written: Callable[[Sequence[str]], list[str]] = _nothing
+
+    def writer_class(self) -> type:
+        """The writer class (imported now when ``writer`` names it)."""
+        if isinstance(self.writer, str):
+            module, _, attr = self.writer.partition(":")
+            return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+        return self.writer
+
+
+#: Every store kind: each module of this package's ``KIND``, then the entry points'.
+KINDS: Registry[StoreKind] = Registry("store kind", StoreKind, __name__, "KIND", "ckptstore.store_kinds",
+                                      lambda k: (k.name,))
+
+
+def store_kind(name: str) -> StoreKind | None:
+    """The store kind called ``name``, or ``None``."""
+    return KINDS.get(name)
+
+
+def store_kinds(*, convert: bool | None = None) -> list[StoreKind]:
+    """Every store kind (only those ``convert`` may or may not produce, when it is given)."""
+    return [k for k in KINDS.entries().values() if convert is None or k.convert == convert]
+
+
+def manifest_files() -> list[str]:
+    """The files a store's manifest may be in, in the order they are looked for."""
+    return list(dict.fromkeys(k.manifest_file for k in store_kinds()))
+
+
+def read_manifest(source: ByteSource) -> Any:
+    """The ckptstore manifest of the store in ``source``, whichever kind holds it.
+
+    Returns ``ckptstore.json`` of a safetensors store or an index, or the ``"ckptstore"``
+    attributes of the root ``zarr.json`` (each kind's ``manifest_in``); ``None`` when no
+    manifest file exists; ``False`` for a file that holds no ckptstore manifest (a Zarr group
+    without ckptstore attributes). Raises :class:`StoreCorruptError` when the metadata file is
+    not a JSON object.
+    """
+    readers: dict[str, Callable[[dict[str, Any]], Any]] = {}
+    for kind in store_kinds():
+        readers.setdefault(kind.manifest_file, kind.manifest_in)
+    for name, manifest_in in readers.items():
+        raw = source.read_bytes(name, limit=MAX_METADATA_BYTES)
+        if raw is None:
+            continue
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep
+            raise StoreCorruptError(f"{source.key_url(name)} is not valid JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise StoreCorruptError(f"{source.key_url(name)} is not a JSON object")
+        return manifest_in(doc)
+    return None
