@@ -40,6 +40,7 @@ from ckptstore.errors import (
 )
 from ckptstore.io.locations import is_url, open_location
 from ckptstore.io.sink import ByteSink, open_sink
+from ckptstore.launcher import is_scheduler, process_rank
 from ckptstore.store import zarr as zb
 from ckptstore.store.chunking import select_params
 from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR, read_manifest
@@ -199,18 +200,13 @@ def _this_rank(rank: int | None, world: int) -> int:
 
 
 def _env_rank(world: int) -> int:
-    if os.environ.get("MS_ROLE") == "MS_SCHED":
+    """This process's rank as the job says it (:func:`~ckptstore.launcher.process_rank`)."""
+    if is_scheduler():  # said here in a saver's words; process_rank would say it in a loader's
         raise InvalidOptionError("this is msrun's scheduler process (MS_ROLE=MS_SCHED), which holds no rank: "
                                  "save from the worker processes only")
-    if "mindspore" in sys.modules:
-        from ckptstore import mindspore as ms_adapter
-
-        rank = ms_adapter.initialised_rank()
-        if rank is not None:
-            return rank
-    for rank_var, _ in LAUNCHERS:
-        if os.environ.get(rank_var, "").isdigit():
-            return int(os.environ[rank_var])
+    rank = process_rank()
+    if rank is not None:
+        return rank
     if world == 1:
         return 0
     raise InvalidOptionError(f"which rank is this process? The job has {world} ranks but neither MindSpore's "
