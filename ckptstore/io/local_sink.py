@@ -334,23 +334,28 @@ class LocalSink(ByteSink):
         finally:
             os.close(fd)
 
+    def _in_folder(self, key: str, op: Callable[[int, str], None]) -> bool:
+        """Run ``op(folder descriptor, file name)`` for ``key`` in its folder (opened without
+        following links). ``False`` when the folder or the file is missing; any other failure is
+        a :class:`~ckptstore.errors.StoreWriteError` naming the key."""
+        try:
+            dfd, name = self._parent(key, create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        try:
+            op(dfd, name)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise write_error(e, self.key_url(key)) from e
+        finally:
+            os.close(dfd)
+        return True
+
     def delete(self, keys: Sequence[str]) -> None:
         folders: set[str] = set()
         for key in keys:
-            try:
-                dfd, name = self._parent(key, create=False)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            try:
-                os.unlink(name, dir_fd=dfd)
-            except FileNotFoundError:
-                pass
-            except IsADirectoryError:
-                pass  # a folder in place of a file we wrote: not ours to remove
-            except OSError as e:
-                raise write_error(e, self.key_url(key)) from e
-            finally:
-                os.close(dfd)
+            self._in_folder(key, _unlink_file)
             if "/" in key:
                 folders.add(key.rsplit("/", 1)[0])
         for folder in sorted(folders, key=lambda f: -f.count("/")):
@@ -398,22 +403,8 @@ class LocalSink(ByteSink):
 
     def make_durable(self, keys: Sequence[str]) -> None:
         for key in keys:
-            try:
-                dfd, name = self._parent(key, create=False)
-            except (FileNotFoundError, NotADirectoryError):
+            if not self._in_folder(key, _fsync_file):
                 continue
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            except FileNotFoundError:
-                continue
-            except OSError as e:
-                raise write_error(e, self.key_url(key)) from e
-            finally:
-                os.close(dfd)
             parts = key.split("/")[:-1]
             for i in range(len(parts) + 1):  # its folder, and each folder that names the next
                 self._touch("/".join(parts[:i]))
@@ -424,6 +415,21 @@ class LocalSink(ByteSink):
 
         lock = FolderLock(self, f"{WORK_DIR}/{name}", on_wait=on_wait)
         return lock.acquire() if wait else lock.try_acquire()
+
+
+def _unlink_file(dfd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except IsADirectoryError:
+        pass  # a folder in place of a file we wrote: not ours to remove
+
+
+def _fsync_file(dfd: int, name: str) -> None:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class FolderLock:
