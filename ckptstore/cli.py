@@ -359,11 +359,33 @@ def _print_summary(summary: Any, as_json: bool, done: str) -> None:
         click.echo(_unsaved_line(list(summary.unsaved)))
 
 
+class _KindChoice(click.Choice):
+    """``--format``'s choices: the store kinds ``convert`` may produce, asked when used (so a kind
+    registered after this module was imported counts, see :mod:`ckptstore.store.kinds`)."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        return tuple(k.name for k in store_kinds(convert=True))
+
+    @choices.setter
+    def choices(self, value: object) -> None:
+        pass  # set by click.Choice.__init__; the registry answers instead
+
+
+class _KindOption(click.Option):
+    """``--format``, whose help lists each kind with its own help line."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        self.help = "Store format (kind): " + "; ".join(f"{k.name}: {k.help}" for k in store_kinds(convert=True)) + "."
+        return super().get_help_record(ctx)
+
+
 @main.command()
 @_source_options
-@click.option("--format", "fmt", type=click.Choice([k.name for k in store_kinds(convert=True)]), default="zarr",
-              show_default=True,
-              help="Store format (kind): " + "; ".join(f"{k.name}: {k.help}" for k in store_kinds(convert=True)) + ".")
+@click.option("--format", "fmt", cls=_KindOption, type=_KindChoice(), default="zarr", show_default=True)
 @click.option("--compress", type=click.Choice(["none", *CODECS]), default="none", show_default=True,
               help="Compress chunks (smaller store; chunks are then decoded whole on read, not memory-mapped).")
 @click.option("--chunk-mb", type=click.IntRange(1), default=None,

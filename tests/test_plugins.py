@@ -18,8 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import ckptstore
+from ckptstore.cli import main  # imported before any plugin is installed
 from ckptstore.errors import InvalidOptionError
 from ckptstore.io.locations import open_location
 from ckptstore.io.schemes import BYTE_SINKS, BYTE_SOURCES
@@ -109,6 +111,11 @@ def test_the_cli_offers_the_kind_with_its_help(plugins):
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())  # as click wraps it
     assert "--format [safetensors|zarr|tiny]" in text and "tiny: Zarr arrays with the manifest in tiny.json" in text
+
+
+def test_the_cli_asks_for_the_kinds_when_it_runs_not_when_it_is_imported(plugins):
+    r = CliRunner().invoke(main, ["convert", "SRC", "--out", "OUT", "--format", "nonesuch"])
+    assert r.exit_code == 2 and "'nonesuch' is not one of 'safetensors', 'zarr', 'tiny'" in r.output
 
 
 @pytest.mark.mindspore
