@@ -32,13 +32,21 @@ class Registry(Generic[T]):
         self.what, self.cls, self.package, self.attribute, self.group = what, cls, package, attribute, group
         self._names = names
         self._found: dict[str, T] | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._discovering = False
 
     def entries(self) -> dict[str, T]:
         """Every declaration by each of its names: built-in ones (in module-name order), then plugins."""
         with self._lock:
             if self._found is None:
-                self._found = self._discover()
+                if self._discovering:  # a declaring module asked while being imported: it would wait forever
+                    raise RuntimeError(f"a module declaring a {self.what} looked the {self.what}s up while it was "
+                                       "being imported; look them up when called, not at import time")
+                self._discovering = True
+                try:
+                    self._found = self._discover()
+                finally:
+                    self._discovering = False
             return self._found
 
     def get(self, name: str) -> T | None:

@@ -195,3 +195,17 @@ def test_a_plugin_cannot_take_a_built_in_name(tmp_path, monkeypatch):
     with pytest.warns(RuntimeWarning, match="declares the store kind 'zarr', which is taken already"):
         assert registry.get("zarr").label == "Zarr v3"
 
+
+
+def test_a_plugin_that_looks_the_kinds_up_while_it_is_imported_is_refused_not_hung(tmp_path, monkeypatch):
+    _install(tmp_path, "eager", "[ckptstore.store_kinds]\neager = eager_kind:KIND\n")
+    (tmp_path / "eager_kind.py").write_text(
+        "from ckptstore.store.kinds import store_kinds\nKNOWN = store_kinds()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _rediscover()
+    try:
+        with pytest.warns(RuntimeWarning, match="'eager_kind:KIND'.*looked the store kinds up while it was being"):
+            assert [k.name for k in KINDS.entries().values()] == ["index", "safetensors", "zarr"]
+    finally:
+        monkeypatch.undo()
+        _rediscover()

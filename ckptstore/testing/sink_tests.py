@@ -1,7 +1,10 @@
 """``ByteSinkTests``: the behaviour every :class:`~ckptstore.io.sink.ByteSink` shares.
 
-A new sink passes by subclassing (pytest collects ``Test*`` classes) and providing a ``sink``
-fixture that yields an empty sink; ``has_locks = False`` for storage without locks::
+A new sink is reached by the URL schemes its module declares (``BYTE_SINK = Scheme(...)``, see
+:mod:`ckptstore.io.schemes`; a third party's through the entry-point group
+``ckptstore.byte_sinks``). It passes by subclassing (pytest collects ``Test*`` classes) and
+providing a ``sink`` fixture that yields an empty sink; ``has_locks = False`` for storage
+without locks::
 
     class TestMySink(ByteSinkTests):
         @pytest.fixture

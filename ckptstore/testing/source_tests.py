@@ -9,10 +9,13 @@ access; type every failure (a missing key, a short read, a folder in place of a 
 (:class:`~ckptstore.io.base.FileStat`) that changes when its bytes are replaced; and, where the
 storage has symbolic links, follow none.
 
-A new source passes by subclassing (pytest collects ``Test*`` classes), providing a ``source``
-fixture that yields a source over an empty location, and :meth:`ByteSourceTests.put`, which
-writes a file where that source reads (replacing any file of that key, as a writer would, by a
-new one); :meth:`ByteSourceTests.plant_link` where the storage has symbolic links::
+A new source is reached by the URL schemes its module declares (``BYTE_SOURCE = Scheme(...)``,
+see :mod:`ckptstore.io.schemes`; a third party's through the entry-point group
+``ckptstore.byte_sources``). It passes by subclassing (pytest collects ``Test*`` classes),
+providing a ``source`` fixture that yields a source over an empty location, and
+:meth:`ByteSourceTests.put`, which writes a file where that source reads (replacing any file of
+that key, as a writer would, by a new one); :meth:`ByteSourceTests.plant_link` where the
+storage has symbolic links::
 
     from ckptstore.testing.source_tests import ByteSourceTests
 

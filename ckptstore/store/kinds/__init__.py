@@ -51,9 +51,10 @@ class StoreKind:
 
     ``writer`` is the kind's :class:`~ckptstore.write.store_kinds.StoreWriter` subclass, or its
     ``"module:Class"`` name (imported when a store is written: the built-in kinds name theirs,
-    which live in the write layer). ``manifest_file`` is the file whose existence makes a store complete;
-    ``manifest_in`` takes that file's JSON object to the ckptstore manifest (``False`` when the
-    file is there but holds none); kinds that share a file share the first one's ``manifest_in``.
+    which live in the write layer). ``manifest_file`` is the file whose existence makes a store
+    complete; ``manifest_in`` takes that file's JSON object to the ckptstore manifest (``False``
+    when the file is there but holds none); kinds that share a file share the first one's
+    ``manifest_in``.
     ``open_data`` gives the byte source of the chunk files (``None``: the store's own folder).
     ``convert`` says whether ``convert(format=...)`` and ``ckptstore convert --format`` may
     produce it; ``help`` is its line in ``--format``'s help and ``label`` its name in
@@ -95,7 +96,7 @@ def store_kind(name: str) -> StoreKind | None:
 
 
 def store_kinds(*, convert: bool | None = None) -> list[StoreKind]:
-    """Every store kind (only those ``convert`` may or may not produce, when it is given)."""
+    """Every store kind; with ``convert=True`` only those ``convert`` may produce, with ``False`` the others."""
     return [k for k in KINDS.entries().values() if convert is None or k.convert == convert]
 
 
