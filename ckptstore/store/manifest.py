@@ -213,7 +213,9 @@ class StoreManifest:
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT_NAME, "format_version": self.format_version, "complete": True,
-                "kind": self.kind, "checksum": "crc32c", "source": dict(self.source), **self.extra,
+                # "backend" repeats the kind for ckptstore releases that read only that name: without
+                # it they take an index or a safetensors store for a Zarr one and fail on a missing file
+                "kind": self.kind, "backend": self.kind, "checksum": "crc32c", "source": dict(self.source), **self.extra,
                 "params": {n: p.to_json() for n, p in self.params.items()}}
 
     @classmethod
