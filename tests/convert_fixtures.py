@@ -30,6 +30,7 @@ import pytest  # noqa: E402
 
 import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
+from ckptstore.testing import kill_at as kill_at_module  # noqa: E402
 from ckptstore.write.convert import ConvertSummary  # noqa: E402
 from ckptstore.testing.compare import assert_same_array, store_files  # noqa: E402,F401
 from conftest import SavedLayout  # noqa: E402
@@ -203,7 +204,7 @@ def copy_saved(layout: SavedLayout, dst: Path) -> SavedLayout:
 
 
 # ---------------------------------------------------------------------------------------------
-# the command line, in a subprocess
+# the command line: in this process (click's CliRunner), or in a subprocess where the process is the point
 
 
 def cli_command(kill_at: str | None = None) -> list[str]:
@@ -217,8 +218,15 @@ def cli_command(kill_at: str | None = None) -> list[str]:
 
 
 def run_cli(*args: str | os.PathLike[str], env: Mapping[str, str] | None = None,
-            timeout: float = 120, kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``ckptstore ARGS`` in a subprocess; ``kill_at`` (``"commit"``, ``"chunks:N"``) SIGKILLs it there."""
+            timeout: float = 120, kill_at: str | None = None,
+            process: bool = False) -> subprocess.CompletedProcess[str]:
+    """``ckptstore ARGS`` from the repository folder: in this process by default
+    (:func:`ckptstore.testing.kill_at.run_cli`: no interpreter start per call; an exception the CLI
+    does not turn into a message is raised into the test); with ``process=True`` (tests of the
+    process: the installed script, its real stderr) or ``kill_at`` (``"commit"``, ``"chunks:N"``:
+    SIGKILLed there), in a subprocess, as :func:`cli_command` gives it."""
+    if not process and kill_at is None:
+        return kill_at_module.run_cli(*args, env=env, cwd=REPO)
     full_env = {**os.environ, "GLOG_v": "3", **(env or {})}
     return subprocess.run([*cli_command(kill_at), *map(str, args)], capture_output=True, text=True, env=full_env,
                           cwd=REPO, timeout=timeout)

@@ -1,5 +1,6 @@
-"""The ``ckptstore`` command line for converting and checking stores, run as a real subprocess
-(the installed console script), on real MindSpore fixtures."""
+"""The ``ckptstore`` command line for converting and checking stores, on real MindSpore fixtures:
+in this process through click's CliRunner (:func:`convert_fixtures.run_cli`), and the one-line
+summary also as a real subprocess (the installed console script, whose whole stderr is checked)."""
 from __future__ import annotations
 
 import json
@@ -28,9 +29,9 @@ from convert_fixtures import (  # noqa: E402,F401
 def test_convert_prints_a_one_line_summary(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp4")
     out = tmp_path / "s.zarr"
-    r = run_cli("convert", layout.root, *strategy_args(layout), "--out", out, "-q")
+    r = run_cli("convert", layout.root, *strategy_args(layout), "--out", out, "-q", process=True)
     assert r.returncode == 0, r.stderr
-    assert r.stderr == ""  # -q: no progress
+    assert r.stderr == ""  # -q: no progress, and nothing else on the process's stderr
     exp = expected_for(layout)
     (line,) = r.stdout.splitlines()
     params, chunks = len(exp.shapes), sum(exp.chunks(n) for n in exp.shapes)

@@ -43,7 +43,7 @@ def test_help_describes_every_source_format_and_store_kind(command):
 
 
 def test_verify_of_a_missing_store_exits_2(tmp_path):
-    r = run_cli("verify", tmp_path / "nothing.zarr")
+    r = run_cli("verify", tmp_path / "nothing.zarr", process=True)  # the installed script's real stderr
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
 

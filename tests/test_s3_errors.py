@@ -41,7 +41,8 @@ def test_access_denied_is_a_typed_error_naming_the_url_and_no_credentials(auth_s
 
 
 def test_the_cli_reports_access_denied_in_one_line_without_credentials(auth_server):
-    r = run_cli("info", "s3://private-bucket/models/pangu.zarr", env=S.env_for(auth_server.url))
+    # a real process: what the client itself might write to the stderr file descriptor is seen too
+    r = run_cli("info", "s3://private-bucket/models/pangu.zarr", env=S.env_for(auth_server.url), process=True)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "access to s3://private-bucket/models/pangu.zarr" in r.stderr
     assert S.SECRET_KEY not in r.stderr + r.stdout and S.ACCESS_KEY not in r.stderr + r.stdout

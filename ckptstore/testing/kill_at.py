@@ -2,7 +2,7 @@
 
     python -m ckptstore.testing.kill_at POINT -- <ckptstore arguments>
 
-(:func:`run_cli` runs it, or the plain CLI, in a subprocess.)
+(:func:`run_cli` runs it in a subprocess, or the plain CLI in this process or a subprocess.)
 
 ``POINT`` is
 
@@ -17,6 +17,7 @@ The process kills itself with signal 9, as an OOM killer or a pre-empted node wo
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -80,13 +81,33 @@ def main(argv: Sequence[str]) -> None:
 
 
 def run_cli(*args: str | os.PathLike[str], kill_at: str | None = None, env: Mapping[str, str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``ckptstore ARGS`` in a subprocess of this interpreter (output captured as text); with
-    ``kill_at`` (``"commit"``, ``"chunks:N"``), under this module, killed at that point."""
-    head = ["-m", "ckptstore.testing.kill_at", kill_at, "--"] if kill_at is not None else ["-m", "ckptstore.cli"]
-    full_env = {**os.environ, "GLOG_v": "3", **(env or {})}
-    return subprocess.run([sys.executable, *head, *map(str, args)], capture_output=True, text=True, env=full_env,
-                          timeout=timeout)
+            timeout: float = 120, process: bool = False,
+            cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``ckptstore ARGS``: its exit status, stdout and stderr (as text), run in ``cwd`` with ``env``
+    added to the environment.
+
+    By default in this process, through click's ``CliRunner``: a subprocess pays an interpreter
+    start and the package's imports (about a second on two shared cores) per call, which a test of
+    what a command prints does not test. An exception the CLI does not turn into its one-line
+    message is raised into the caller (a process would print a traceback and exit 1), and
+    ``timeout`` is not enforced. With ``process=True`` (tests of the process itself: what reaches
+    its real stderr, signals) a subprocess of this interpreter; with ``kill_at`` (``"commit"``,
+    ``"chunks:N"``) a subprocess under this module, killed at that point.
+    """
+    argv = [str(a) for a in args]
+    if process or kill_at is not None:
+        head = ["-m", "ckptstore.testing.kill_at", kill_at, "--"] if kill_at is not None else ["-m", "ckptstore.cli"]
+        full_env = {**os.environ, "GLOG_v": "3", **(env or {})}
+        return subprocess.run([sys.executable, *head, *argv], capture_output=True, text=True, env=full_env,
+                              cwd=cwd, timeout=timeout)
+    from click.testing import CliRunner
+
+    from ckptstore.cli import main as cli
+
+    with contextlib.chdir(cwd if cwd is not None else os.getcwd()):
+        result = CliRunner().invoke(cli, argv, env={"GLOG_v": "3", **(env or {})}, prog_name="ckptstore",
+                                    catch_exceptions=False)
+    return subprocess.CompletedProcess(["ckptstore", *argv], result.exit_code, result.stdout, result.stderr)
 
 
 if __name__ == "__main__":
