@@ -27,7 +27,7 @@ test: $(STAMP)
 	GLOG_v=3 $(PY) -m pytest -q -p no:cacheprovider tests
 
 test-fast: $(STAMP)
-	GLOG_v=3 $(PY) -m pytest -q -p no:cacheprovider -m "not slow and not fuzz" tests
+	GLOG_v=3 $(PY) -m pytest -q -p no:cacheprovider -m "not slow and not fuzz" --hypothesis-profile=fast tests
 
 # The pure tier (box math, layouts, chunk plan, planner and executor, manifest, the wire and .ckpt
 # record parsers, rank-file choice, CLI usage, S3 errors) in a venv

@@ -20,8 +20,19 @@ from hypothesis import settings  # noqa: E402
 from ckptstore.testing.layouts import SavedLayout, copy_layout, session_layouts  # noqa: E402,F401
 
 # Two shared cores time examples unevenly: properties are about results, not speed.
+# "ckptstore" (make test) runs each property with the examples its test asks for; "fast" (make
+# test-fast passes --hypothesis-profile=fast) a tenth of them (see examples()), so the edit-run loop
+# still tries every property and make test does the full search.
 settings.register_profile("ckptstore", deadline=None)
+settings.register_profile("fast", deadline=None, max_examples=10)
 settings.load_profile("ckptstore")
+
+
+def examples(n: int) -> int:
+    """A property's ``max_examples``: ``n`` under the default profile (100 examples), scaled by the
+    loaded profile's ``max_examples`` / 100 under another (``fast``: a tenth), never below
+    ``min(n, 10)``. Read when the test module is imported, after pytest loaded the profile."""
+    return max(min(n, 10), n * settings.default.max_examples // 100)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from box_checks import tiles_exactly
 from ckptstore.boxes import Box, byte_pieces, even_part, paired_runs
 
@@ -69,7 +70,7 @@ def box_in_two_containers(draw) -> tuple[Box, Box, Box]:
             Box(tuple(dst_start), tuple(dst_stop)))
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(box_in_two_containers())
 def test_paired_runs_copy_exactly_the_box_between_containers(case):
     box, src, dst = case
@@ -84,7 +85,7 @@ def test_paired_runs_copy_exactly_the_box_between_containers(case):
     assert np.array_equal(target, expected)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(box_in_two_containers())
 def test_paired_runs_are_maximal_and_ascending(case):
     box, src, dst = case
@@ -112,7 +113,7 @@ def test_paired_runs_refuse_a_box_outside_a_container():
         paired_runs(Box((0,), (5,)), Box((0,), (4,)), Box((0,), (8,)))
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(shape_and_box(), st.sampled_from([1, 2, 4, 8]), st.integers(min_value=0, max_value=100))
 def test_byte_pieces_concatenate_to_the_box_in_c_order(case, itemsize, base):
     shape, box = case
@@ -131,14 +132,14 @@ def two_boxes(draw):
     return shape, draw(box_in(shape)), draw(box_in(shape))
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(two_boxes())
 def test_intersect_is_commutative(case):
     _, a, b = case
     assert a.intersect(b) == b.intersect(a)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(two_boxes())
 def test_intersect_is_contained_in_both_and_is_exactly_the_common_elements(case):
     shape, a, b = case
@@ -152,14 +153,14 @@ def test_intersect_is_contained_in_both_and_is_exactly_the_common_elements(case)
         assert overlap.size > 0
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(grid())
 def test_even_grid_split_tiles_exactly(case):
     shape, boxes, _ = case
     assert tiles_exactly(boxes, shape)
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(grid(), st.data())
 def test_replicated_boxes_still_tile(case, data):
     shape, boxes, _ = case
@@ -167,7 +168,7 @@ def test_replicated_boxes_still_tile(case, data):
     assert tiles_exactly(boxes + [dup, dup], shape)
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(grid(), st.data())
 def test_grid_with_a_box_dropped_does_not_tile(case, data):
     shape, boxes, _ = case
@@ -175,7 +176,7 @@ def test_grid_with_a_box_dropped_does_not_tile(case, data):
     assert not tiles_exactly(boxes[:drop] + boxes[drop + 1:], shape)
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(grid(), st.data())
 def test_grid_plus_an_overlapping_box_does_not_tile(case, data):
     shape, boxes, parts = case
@@ -217,7 +218,7 @@ def test_box_refuses_invalid_bounds(start, stop):
         Box(start, stop)
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(shape_and_box(NONEMPTY_SHAPES), st.data())
 def test_relative_to_expresses_a_sub_box_in_the_outer_box_frame(case, data):
     shape, outer = case

@@ -13,6 +13,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from box_checks import tiles_exactly
 from ckptstore.boxes import Box, even_part
 from ckptstore.store.chunking import chunk_shape_for, plan_param, select_params
@@ -22,7 +23,7 @@ from ckptstore.checkpoint.params import SourceParam, SourceSlice
 SHAPES = st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size=4).map(tuple)
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(SHAPES, st.sampled_from([1, 2, 4, 8]), st.integers(min_value=1, max_value=4096))
 def test_chunk_shape_for_is_a_contiguous_block_of_the_slice_within_the_bound(shape, itemsize, max_bytes):
     chunk = chunk_shape_for(shape, itemsize, max_bytes)
@@ -36,7 +37,7 @@ def test_chunk_shape_for_is_a_contiguous_block_of_the_slice_within_the_bound(sha
         assert chunk == tuple(shape)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(SHAPES, st.sampled_from([1, 2, 4, 8]), st.integers(min_value=1, max_value=2048))
 def test_chunk_shape_for_is_as_large_as_the_bound_allows_on_its_cut_axis(shape, itemsize, max_bytes):
     chunk = chunk_shape_for(shape, itemsize, max_bytes)
@@ -69,7 +70,7 @@ def _source_param(shape, parts, dtype) -> SourceParam:
     return SourceParam("w", "Float32", dtype, shape, tuple(slices), True)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(split_param())
 def test_chunks_tile_the_tensor_and_each_is_one_byte_range_of_its_slice(case):
     shape, parts, dtype, max_bytes = case

@@ -23,6 +23,7 @@ import mindspore as ms  # noqa: E402
 import mindspore.train.serialization as ms_serialization  # noqa: E402
 from mindspore.train import checkpoint_pb2  # noqa: E402
 
+from conftest import examples  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
 from test_ckpt_records import scan_or_refuse  # noqa: E402
 from ckptstore.formats.ckpt_reader import (  # noqa: E402
@@ -443,7 +444,7 @@ def junk_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("junk")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.data())
 def test_damaged_real_files_raise_checkpoint_file_error_or_scan(junk_dir, truncation_sources, data):
     raw = bytearray(truncation_sources[data.draw(st.sampled_from(["plain", "crc"]))].read_bytes())

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from ckptstore.dtypes import DTYPES, STR_TYPE
 from ckptstore.errors import CheckpointFileError, CorruptCheckpointError, TruncatedCheckpointError
 from ckptstore.formats import ckpt_reader
@@ -120,7 +121,7 @@ def scratch(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("records")
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(checkpoint_files())
 def test_the_fast_and_the_general_record_parser_give_the_same_entries(scratch, case):
     data, n_records, mindspore_layout = case
@@ -166,7 +167,7 @@ def scan_or_refuse(path: Path) -> None:
             pass
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=300))
 def test_random_bytes_raise_checkpoint_file_error_or_scan(scratch, data):
     path = scratch / "junk.ckpt"

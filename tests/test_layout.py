@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from box_checks import tiles_exactly
 from ckptstore.boxes import Box
 from ckptstore.checkpoint.strategy import Layout, load_strategy
@@ -57,7 +58,7 @@ def layouts(draw):
     return dev, tmap, step, size, tuple(shape)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(layouts())
 def test_boxes_of_all_ranks_tile_the_tensor_and_are_equally_replicated(case):
     dev, tmap, step, size, shape = case

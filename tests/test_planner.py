@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from ckptstore.boxes import Box
 from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest
 from ckptstore.store.read_plan import plan_param
@@ -86,7 +87,7 @@ def case(draw):
     return shape, chunk, np.dtype(dtype), Box(start, stop), layout, draw(st.integers(0, 2**16))
 
 
-_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _values(shape, dtype, seed) -> np.ndarray:

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from ckptstore.formats import protowire
 from ckptstore.formats.protowire import FIXED32, FIXED64, LEN, VARINT, WireError
 
@@ -48,7 +49,7 @@ def _decoded(buf: bytes) -> list[tuple[int, int, object, int]]:
     return [(num, wire, bytes(v) if wire == LEN else v, at) for num, wire, v, at in protowire.iter_fields(buf)]
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(U64)
 def test_varint_round_trips_every_uint64(value):
     encoded = protowire.encode_varint(value)
@@ -56,14 +57,14 @@ def test_varint_round_trips_every_uint64(value):
     assert len(encoded) == max(1, -(-value.bit_length() // 7))
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.binary(max_size=5), U64)
 def test_varint_decodes_at_an_offset_inside_a_buffer(prefix, value):
     buf = prefix + protowire.encode_varint(value) + b"\x01"
     assert protowire.decode_varint(buf, len(prefix)) == (value, len(buf) - 1)
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(I64)
 def test_negative_int64_round_trips_through_as_signed64(value):
     encoded = protowire.encode_varint(value)
@@ -82,7 +83,7 @@ def test_varint_encoding_matches_the_protobuf_spec(value, encoded):
     assert protowire.encode_varint(value) == encoded
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(FIELDS)
 def test_iter_fields_returns_the_fields_a_message_was_built_from(fields):
     buf, offsets = _message(fields)
@@ -90,7 +91,7 @@ def test_iter_fields_returns_the_fields_a_message_was_built_from(fields):
     assert _decoded(buf) == expected
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(FIELDS, st.binary(max_size=6), st.binary(max_size=6))
 def test_iter_fields_honours_start_and_end(fields, before, after):
     buf, offsets = _message(fields)
@@ -100,7 +101,7 @@ def test_iter_fields_honours_start_and_end(fields, before, after):
     assert got == [(n, w, v, at + len(before)) for (n, w, v), at in zip(fields, offsets)]
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(FIELDS.filter(bool))
 def test_truncated_messages_raise_wire_error_except_at_field_boundaries(fields):
     buf, offsets = _message(fields)
@@ -115,7 +116,7 @@ def test_truncated_messages_raise_wire_error_except_at_field_boundaries(fields):
             assert str(info.value).endswith(f"at offset {info.value.offset}")
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.binary(max_size=64))
 def test_arbitrary_bytes_decode_or_raise_wire_error(buf):
     try:
@@ -159,7 +160,7 @@ def test_iter_fields_error_messages(buf, message):
     assert str(info.value) == message
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.lists(U64, max_size=10))
 def test_packed_varints_round_trip(values):
     payload = b"".join(protowire.encode_varint(v) for v in values)

@@ -27,6 +27,7 @@ from mindspore.parallel._tensor import (  # noqa: E402
     _get_tensor_strategy,
 )
 
+from conftest import examples  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
 from box_checks import tiles_exactly  # noqa: E402
 from test_layout import layout_of, layouts  # noqa: E402
@@ -46,7 +47,7 @@ def _mindspore_slice(dev, tmap, step, size, g: np.ndarray, rank: int) -> np.ndar
     return _chunk_tensor_by_strategy(g.reshape(nshape), strat)[int(idx)]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(layouts())
 def test_layout_box_selects_what_mindspore_slices_for_every_rank(case):
     dev, tmap, step, size, shape = case
