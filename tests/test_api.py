@@ -328,6 +328,7 @@ def test_store_plan_refuses_a_box_that_mixes_pairs_and_slices(load_env):
 # 8. a store in a bucket: its URL wherever a store is taken, and the plan counts its GETs
 
 
+@pytest.mark.slow  # a conversion, a verify, a load and an export through the counting proxy: 5-9 s here
 def test_a_store_url_in_a_bucket_is_taken_and_planned_request_for_request(watched_bucket, load_env, tmp_path):
     bucket = watched_bucket  # behind the counting proxy: the requests the server saw
     pytest.importorskip("obstore")

@@ -77,6 +77,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # msrun starts a scheduler and two workers: 7-9 s here
 def test_part_auto_under_msrun_converts_once_and_the_job_succeeds(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp4")
     out, logs = tmp_path / "s.zarr", tmp_path / "logs"

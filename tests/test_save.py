@@ -160,8 +160,8 @@ def test_a_rank_cannot_be_guessed_in_a_job_of_several(tmp_path, saved_layout, mo
 # ---- every layout, every rank its own process ------------------------------------------------
 
 
-#: dp2_mp4 runs in the fast tier; the other layouts start 8 processes each.
-KINDS = [k if k == "dp2_mp4" else pytest.param(k, marks=pytest.mark.slow) for k in T.LAYOUT_KINDS]
+#: Every layout starts one process per rank (8 interpreters importing MindSpore, 6-20 s here): slow tier.
+KINDS = [pytest.param(k, marks=pytest.mark.slow) for k in T.LAYOUT_KINDS]
 
 
 @pytest.mark.mindspore
@@ -182,6 +182,7 @@ def test_each_distinct_byte_is_written_once(saved_by_ranks, kind):
 
 
 @pytest.mark.mindspore
+@pytest.mark.slow
 def test_replicated_slices_are_shared_out_over_their_replica_group(saved_by_ranks):
     layout, root, summaries = saved_by_ranks("dp2_mp4")
     written = [summaries[r]["bytes_written"] for r in range(layout.world)]
@@ -210,6 +211,7 @@ def test_load_rank_of_a_saved_step_equals_transform_checkpoints(saved_by_ranks, 
 
 
 @pytest.mark.mindspore
+@pytest.mark.slow
 def test_a_rank_killed_mid_save_leaves_the_step_uncommitted_and_its_rerun_completes_it(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp2")
     run_ranks(layout, tmp_path, step=1)
