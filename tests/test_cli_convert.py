@@ -56,7 +56,6 @@ def test_convert_json_summary(saved_layout, tmp_path):
     assert summary["dedup_saved_bytes"] == summary["source_bytes"] - summary["unique_bytes"]
 
 
-@pytest.mark.slow
 def test_convert_a_single_checkpoint_file_without_strategy(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp4")
     out = tmp_path / "rank3.zarr"
@@ -144,7 +143,6 @@ def test_verify_fails_on_a_flipped_byte_naming_parameter_and_chunk(private_store
     assert r.stdout.startswith("FAILED:") and "1 problem(s)" in r.stdout
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dp2_mp4", "opt_shard", "pipeline2", "mixed_dtypes"])
 def test_verify_against_the_source_passes(converted, kind):
     c = converted(kind)
@@ -153,7 +151,6 @@ def test_verify_against_the_source_passes(converted, kind):
     assert f"{c.summary.chunks} chunks compared with the source; 0 problem(s)" in r.stdout
 
 
-@pytest.mark.slow
 def test_verify_against_a_source_with_a_damaged_replica_names_the_rank(saved_layout, tmp_path):
     """The store came from rank 0's copy; rank 4's replica of layer0.w is then damaged."""
     layout = copy_saved(saved_layout("dp2_mp4"), tmp_path / "src")
@@ -167,7 +164,6 @@ def test_verify_against_a_source_with_a_damaged_replica_names_the_rank(saved_lay
     assert problem == f"ckptstore: parameter 'layer0.w': chunk 0 differs from rank 4 ({layout.rank_file(4)})"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("command", ["convert", "index"])
 def test_the_progress_line_counts_every_parameter(saved_layout, tmp_path, command):
     layout = saved_layout("dp2_mp4")

@@ -112,7 +112,6 @@ def test_the_cli_reports_an_outage_in_one_line():
     assert f"the object store at http://127.0.0.1:{port} is unavailable: the connection was refused" in r.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("value", ["", "   ", "obs.cn-north-4.myhuaweicloud.com", "http//127.0.0.1:9000",
                                    "http://127.0.0.1:99999", "https://exa mple.com"])
 def test_an_empty_or_malformed_endpoint_is_one_line_naming_the_variable(value):

@@ -264,7 +264,6 @@ def _strategy_bytes(dev_matrix: list[int], tensor_map: list[int], *, opt_size: i
     return smap.SerializeToString()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("dev,tmap,opt,message", [
     ([1 << 20, 1 << 20], [0, -1], 0, "spans more than 1048576 devices"),
     ([2] * 70, [0], 0, "more than 64 entries"),
@@ -283,7 +282,6 @@ def test_a_strategy_claiming_too_many_devices_is_refused_before_anything_is_size
 # 6. dtype= only converts to floating-point types
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["int8", "int32", "bool", "uint16"])
 def test_an_integer_or_bool_dtype_is_refused(converted, tmp_path, dtype):
     import mindspore
@@ -358,7 +356,6 @@ def test_every_single_byte_flip_in_the_record_headers_gives_a_typed_error_or_a_s
     damaged.unlink()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("edit,message", [
     (lambda m: m.__setitem__("params", None), "'params' and 'source' must be JSON objects"),
     (lambda m: m["params"].__setitem__("layer0.w", None), "its entry is not a JSON object"),
@@ -412,7 +409,6 @@ def test_names_given_as_one_string_are_one_pattern(converted):
         assert rank_view(store, None, 0, names="layer0.*").names() == ["layer0.w", "layer0.b"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("ranks", ["3-1", "-1", "a", "1,,2"])
 def test_export_refuses_a_rank_list_that_selects_nothing(converted, tmp_path, ranks):
     r = run_cli("export", converted, tmp_path / "out", "--ranks", ranks)
