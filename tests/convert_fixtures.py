@@ -218,18 +218,19 @@ def cli_command(kill_at: str | None = None) -> list[str]:
 
 
 def run_cli(*args: str | os.PathLike[str], env: Mapping[str, str] | None = None,
-            timeout: float = 120, kill_at: str | None = None,
+            timeout: float | None = None, kill_at: str | None = None,
             process: bool = False) -> subprocess.CompletedProcess[str]:
     """``ckptstore ARGS`` from the repository folder: in this process by default
     (:func:`ckptstore.testing.kill_at.run_cli`: no interpreter start per call; an exception the CLI
-    does not turn into a message is raised into the test); with ``process=True`` (tests of the
-    process: the installed script, its real stderr) or ``kill_at`` (``"commit"``, ``"chunks:N"``:
-    SIGKILLed there), in a subprocess, as :func:`cli_command` gives it."""
-    if not process and kill_at is None:
+    does not turn into a message is raised into the test). In a subprocess, as :func:`cli_command`
+    gives it, with ``process=True`` (tests of the process: the installed script, its real stderr),
+    ``kill_at`` (``"commit"``, ``"chunks:N"``: SIGKILLed there) or a ``timeout`` (tests whose
+    failure would be a hang: the subprocess is ended after ``timeout`` seconds and the test fails)."""
+    if not process and kill_at is None and timeout is None:
         return kill_at_module.run_cli(*args, env=env, cwd=REPO)
     full_env = {**os.environ, "GLOG_v": "3", **(env or {})}
     return subprocess.run([*cli_command(kill_at), *map(str, args)], capture_output=True, text=True, env=full_env,
-                          cwd=REPO, timeout=timeout)
+                          cwd=REPO, timeout=120 if timeout is None else timeout)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -81,7 +81,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 def run_cli(*args: str | os.PathLike[str], kill_at: str | None = None, env: Mapping[str, str] | None = None,
-            timeout: float = 120, process: bool = False,
+            timeout: float | None = None, process: bool = False,
             cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
     """``ckptstore ARGS``: its exit status, stdout and stderr (as text), run in ``cwd`` with ``env``
     added to the environment.
@@ -89,17 +89,18 @@ def run_cli(*args: str | os.PathLike[str], kill_at: str | None = None, env: Mapp
     By default in this process, through click's ``CliRunner``: a subprocess pays an interpreter
     start and the package's imports (about a second on two shared cores) per call, which a test of
     what a command prints does not test. An exception the CLI does not turn into its one-line
-    message is raised into the caller (a process would print a traceback and exit 1), and
-    ``timeout`` is not enforced. With ``process=True`` (tests of the process itself: what reaches
-    its real stderr, signals) a subprocess of this interpreter; with ``kill_at`` (``"commit"``,
-    ``"chunks:N"``) a subprocess under this module, killed at that point.
+    message is raised into the caller (a process would print a traceback and exit 1). In a
+    subprocess of this interpreter with ``process=True`` (tests of the process itself: what reaches
+    its real stderr, signals) or a ``timeout`` (tests whose failure would be a hang: it is ended
+    after ``timeout`` seconds); with ``kill_at`` (``"commit"``, ``"chunks:N"``) under this module,
+    killed at that point.
     """
     argv = [str(a) for a in args]
-    if process or kill_at is not None:
+    if process or kill_at is not None or timeout is not None:
         head = ["-m", "ckptstore.testing.kill_at", kill_at, "--"] if kill_at is not None else ["-m", "ckptstore.cli"]
         full_env = {**os.environ, "GLOG_v": "3", **(env or {})}
         return subprocess.run([sys.executable, *head, *argv], capture_output=True, text=True, env=full_env,
-                              cwd=cwd, timeout=timeout)
+                              cwd=cwd, timeout=120 if timeout is None else timeout)
     from click.testing import CliRunner
 
     from ckptstore.cli import main as cli
