@@ -109,6 +109,44 @@ def test_a_saved_step_is_a_zarr_store_zarr_python_reads(tmp_path):
     assert group["b"].dtype == BFLOAT16 or str(group["b"].dtype) == "bfloat16"
 
 
+def _two_column_ranks() -> Any:
+    """A job of 2 ranks, each holding half the columns of ``w``."""
+    from ckptstore.checkpoint.strategy import Layout, Strategy
+
+    return Strategy({"w": {0: Layout((2,), ((), (0,)))}}, stage_devices=2)
+
+
+def test_a_slice_cut_into_many_chunks_is_written_as_one_shard_file_zarr_python_reads(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    w = np.arange(1031 * 512, dtype=np.float32).reshape(1031, 512)  # 1031 rows (a prime): cut row by row
+    for rank in (0, 1):
+        local = np.ascontiguousarray(w[:, rank * 256:(rank + 1) * 256])  # 1 MiB and a bit: over chunk_mb=1
+        ckptstore.save_rank({"w": local}, tmp_path, step=1, strategy=_two_column_ranks(), rank=rank, chunk_mb=1)
+    step = tmp_path / "step_1"
+    shard = 1031 * 256 * 4 + 1031 * 16 + 4  # the slice's 1031 one-row chunks, then the shard index
+    assert data_files(step) == {"w/c/0/0": shard, "w/c/0/1": shard}  # not one file per row
+    np.testing.assert_array_equal(zarr.open_group(str(step), mode="r")["w"][...], w)
+    store = ckptstore.open(tmp_path)
+    assert len(store.info("w").chunks) == 2 * 1031
+    assert_same_array(store.read("w"), w, "w")
+
+
+def test_a_background_save_hands_a_sharded_slice_over_in_pieces_within_its_budget(tmp_path):
+    from ckptstore.write.async_save import AsyncSaver
+    from ckptstore.write.save import prepare_save
+
+    w = np.arange(1031 * 1024, dtype=np.float32).reshape(1031, 1024)  # 4 MiB of one-row chunks
+    expected = w.copy()
+    saver = AsyncSaver(memory_budget=2 << 20)
+    saver.save(prepare_save({"w": w}, tmp_path, step=1, chunk_mb=1))
+    w += 1  # training goes on
+    saver.wait()
+    assert saver.last.committed and saver.last.bytes_written == expected.nbytes
+    assert (1 << 20) - 4096 <= saver.peak_staged <= 2 << 20  # pieces of up to 1 MiB, not 4 KiB rows, nor all of it
+    assert list(data_files(tmp_path / "step_1")) == ["w/c/0/0"]
+    assert_store_holds(tmp_path, {"w": expected})
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "bool", "int64", "uint8"])
 @pytest.mark.parametrize("shape,chunks", [((4, 6), (2, 6)), ((), ()), ((2, 3, 4), (1, 3, 4))])
 def test_saved_array_metadata_is_what_zarr_python_writes(dtype, shape, chunks):

@@ -402,12 +402,21 @@ class LocalSink(ByteSink):
             os.close(fd)
 
     def make_durable(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            if not self._in_folder(key, _fsync_file):
-                continue
-            parts = key.split("/")[:-1]
-            for i in range(len(parts) + 1):  # its folder, and each folder that names the next
-                self._touch("/".join(parts[:i]))
+        if len(keys) <= 1:
+            for key in keys:
+                self._make_durable(key)
+            return
+        # Several at once, as in sync(): a saving rank's few hundred files fsynced one after
+        # another cost ~9 ms each here, concurrently a fraction of that (commits are batched).
+        with ThreadPoolExecutor(min(SYNC_THREADS, len(keys))) as pool:
+            list(pool.map(self._make_durable, keys))
+
+    def _make_durable(self, key: str) -> None:
+        if not self._in_folder(key, _fsync_file):
+            return
+        parts = key.split("/")[:-1]
+        for i in range(len(parts) + 1):  # its folder, and each folder that names the next
+            self._touch("/".join(parts[:i]))
 
     def lock(self, name: str, on_wait: Callable[[str], None] | None = None, *,
              wait: bool = True) -> "FolderLock | None":

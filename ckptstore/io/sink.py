@@ -120,7 +120,8 @@ class ByteSink(ABC):
 
         Its bytes are durable before it appears; like a publish, the rename itself is made
         durable by the next :meth:`sync`. ``durable=False`` (work records a rerun redoes if they
-        are lost) skips the fsync: after a power loss the file may be missing, never torn.
+        are lost, or files :meth:`make_durable` syncs later, many at once) skips the fsync: after
+        a power loss before that, the file may be missing or torn.
         """
 
     @abstractmethod
@@ -194,7 +195,9 @@ class ByteSink(ABC):
         """Make every publish and new folder since the last call durable (sync their folders)."""
 
     def make_durable(self, keys: Sequence[str]) -> None:
-        """Make files an earlier run published durable, with the folders that name them."""
+        """Make files durable, with the folders that name them: files an earlier run published, or
+        files put with ``durable=False`` whose fsyncs are done here together (at once on a local
+        folder)."""
 
     def lock(self, name: str, on_wait: Callable[[str], None] | None = None, *, wait: bool = True) -> Lock | None:
         """Hold the exclusive lock ``name`` of the work folder (``None`` if ``wait=False`` and it is held)."""

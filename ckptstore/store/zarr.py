@@ -71,19 +71,21 @@ def _zarr_codec(codec: Mapping[str, Any] | None, itemsize: int) -> list[Any] | N
 
 
 def array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
-                   codec: Mapping[str, Any] | None, *, sharded: bool | None = None) -> bytes:
+                   codec: Mapping[str, Any] | None, *, sharded: bool | None = None,
+                   shard_shape: Sequence[int] | None = None) -> bytes:
     """The ``zarr.json`` of one parameter's array, as zarr-python itself writes it.
 
-    An array of several chunks keeps them in one shard file unless ``sharded=False`` (a saving
-    job's ranks write its chunks as separate files, ``<path>/c/<i>/<j>``).
+    An array of several chunks keeps them in one shard file unless ``sharded=False`` (then each
+    chunk is its own file, ``<path>/c/<i>/<j>``) or ``shard_shape`` is given (shards of that
+    shape: a saving job's ranks write one shard per slice).
     """
     zarr = _zarr()
     dt = numpy_dtype(dtype)
     store = zarr.storage.MemoryStore()
     if sharded is None:
         sharded = prod(-(-s // c) for s, c in zip(shape, chunk_shape)) > 1
-    zarr.create_array(store=store, shape=tuple(shape), dtype=dt, chunks=tuple(chunk_shape),
-                      shards=tuple(shape) if sharded else None,
+    shards = tuple(shard_shape) if shard_shape is not None else tuple(shape) if sharded else None
+    zarr.create_array(store=store, shape=tuple(shape), dtype=dt, chunks=tuple(chunk_shape), shards=shards,
                       compressors=_zarr_codec(codec, dt.itemsize), fill_value=0, zarr_format=3)
     return store._store_dict[ROOT_METADATA].to_bytes()  # noqa: SLF001 (MemoryStore has no sync getter)
 
@@ -106,15 +108,23 @@ def _raw_template(dtype: str, ndim: int) -> str:
 def group_metadata(attributes: Mapping[str, Any]) -> bytes:
     """The root group's ``zarr.json`` carrying ``attributes`` (the ckptstore manifest).
 
-    zarr-python makes the document; it is re-serialised without indentation because the
-    manifest's chunk columns make it large (a 13B model's is 4 MiB compact, 13 MiB indented),
-    and parsing it is most of what opening a store costs.
+    zarr-python makes the document of an empty group (once); the attributes are put into it
+    here, because a round trip of a large manifest through zarr-python (serialised indented,
+    parsed again) took seconds when a training job commits a step. It is serialised without
+    indentation because the manifest's chunk columns make it large (a 13B model's is 4 MiB
+    compact, 13 MiB indented), and parsing it is most of what opening a store costs.
     """
+    doc = json.loads(_group_template())
+    doc["attributes"] = dict(attributes)
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+@functools.lru_cache(maxsize=1)
+def _group_template() -> str:
     zarr = _zarr()
     store = zarr.storage.MemoryStore()
-    zarr.create_group(store=store, attributes=dict(attributes), zarr_format=3)
-    doc = json.loads(store._store_dict[ROOT_METADATA].to_bytes())  # noqa: SLF001
-    return json.dumps(doc, separators=(",", ":")).encode()
+    zarr.create_group(store=store, attributes={}, zarr_format=3)
+    return store._store_dict[ROOT_METADATA].to_bytes().decode()  # noqa: SLF001
 
 
 def shard_index(offsets: Sequence[int], nbytes: Sequence[int]) -> bytes:

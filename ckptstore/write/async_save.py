@@ -1,7 +1,7 @@
 """Saving in the background: the training loop waits only while a rank's slices are copied.
 
-:meth:`AsyncSaver.save` copies each chunk this rank writes into a fresh host buffer and hands
-it to a writer thread, which writes, records and commits the step (:class:`SaveJob.write`)
+:meth:`AsyncSaver.save` copies each piece this rank writes (consecutive chunks of a slice, at
+most a chunk's size) into a host buffer and hands it to a writer thread, which writes, records and commits the step (:class:`SaveJob.write`)
 while training goes on. The writer starts once the copying is done, so the two do not share
 the CPU while training waits. The copies stay under ``memory_budget`` bytes: when the budget
 is smaller than the rank's share, the writer starts as soon as the budget is full and the
@@ -94,10 +94,10 @@ class AsyncSaver:
                                         daemon=True)
         self._thread.start()
         try:
-            for p, c, view in job.pieces():
-                if not budget.take(c.nbytes):
+            for p, run, view in job.pieces():
+                if not budget.take(len(view)):
                     break  # the writer failed: its error is raised by the next call
-                staged.put((p, c, self._copy(view)))
+                staged.put((p, run, self._copy(view)))
         except BaseException as e:
             staged.put(e)  # the writer abandons the step (nothing marked done, nothing committed)
             budget.release.set()
@@ -158,4 +158,4 @@ def _drain(staged: "queue.Queue[Any]", budget: _Budget, free: dict[int, list[byt
             raise item
         yield item
         free.setdefault(len(item[2]), []).append(item[2])
-        budget.give(item[1].nbytes)
+        budget.give(len(item[2]))

@@ -4,10 +4,12 @@ Each step goes to its own store, ``ROOT/step_<N>`` (a Zarr store like a converte
 rank passes its local slices; :mod:`ckptstore.write.save_plan` says which chunks it writes
 (each distinct slice once, by one rank of its replica group, balanced by bytes). Ranks write
 disjoint files as the parts of one conversion (:mod:`ckptstore.write.parts`: part index = rank,
-count = world size): each claims the step folder for its part, writes its chunk files (one
-file per chunk, so ranks never share a file, locally or in a bucket), records what it wrote
-in ``.ckptstore-work/saved/<rank>-of-<world>.json``, marks its part done, and the last rank
-to finish merges the records into the manifest and commits. Until then the step is
+count = world size): each claims the step folder for its part, writes one file per slice it
+was given (the slice's chunk, or a Zarr shard of its chunks, so ranks never share a file,
+locally or in a bucket), makes them durable together (concurrent fsyncs, which a journaling
+file system commits in a few batches, not one after another), records what it wrote in
+``.ckptstore-work/saved/<rank>-of-<world>.json``, marks its part done, and the last rank to
+finish merges the records into the manifest and commits. Until then the step is
 incomplete: :func:`ckptstore.open` on ``ROOT`` takes the newest *committed* step, and a rank
 that died mid-save completes the step when it saves it again.
 
@@ -56,7 +58,7 @@ from ckptstore.write.store_kinds import mark_done
 DEFAULT_SAVE_CHUNK_MB = 64
 RECORDS_DIR = f"{WORK_DIR}/saved"
 
-Piece = tuple[SaveParam, SaveChunk, Any]  # a chunk and a buffer holding its bytes
+Piece = tuple[SaveParam, tuple[SaveChunk, ...], Any]  # consecutive chunks of a slice and a buffer of their bytes
 
 
 @dataclass(frozen=True)
@@ -226,13 +228,16 @@ class SaveJob:
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()
 
     def pieces(self) -> Iterator[Piece]:
-        """Each chunk this rank writes with a view of its bytes in the local array (no copy; a
-        MindSpore tensor is brought to host memory when its first chunk comes)."""
+        """What this rank writes, in order, as runs of consecutive chunks of a slice of at most
+        the chunk size (a slice of one-row chunks is not handed over row by row), each with a
+        view of its bytes in the local array (no copy; a MindSpore tensor is brought to host
+        memory when its first piece comes)."""
         for p in self.plan.params:
             if p.chunks:
                 flat = _bytes_of(self.arrays[p.name])  # type: ignore[arg-type]
-                for c in p.chunks:
-                    yield p, c, flat[c.byte_start:c.byte_start + c.nbytes]
+                for run in _runs(p.chunks, self.chunk_bytes):
+                    start = run[0].byte_start
+                    yield p, run, flat[start:run[-1].byte_start + run[-1].nbytes]
 
     def write(self, pieces: Iterable[Piece] | None = None, *, commit: bool = True) -> SaveSummary:
         """Write ``pieces`` (by default straight from the arrays), record them, and commit if this
@@ -267,17 +272,28 @@ class SaveJob:
                                             f"{self.location} by another process") from None
 
     def _write_chunks(self, sink: ByteSink, pieces: Iterable[Piece]) -> tuple[dict[str, dict[int, int]], int]:
+        """Write the slices' files from ``pieces``; return each chunk's CRC-32C and the bytes written."""
         for p in self.plan.params:
             if p.writes_metadata:
-                sink.put(f"{p.path}/{ROOT_METADATA}", zb.raw_array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape),
-                         durable=False)
+                meta = zb.array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape, None, shard_shape=p.shard_shape) \
+                    if p.sharded else zb.raw_array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape)
+                sink.put(f"{p.path}/{ROOT_METADATA}", meta, durable=False)
         crcs: dict[str, dict[int, int]] = {}
         written = 0
-        for p, c, data in pieces:
-            sink.put(c.key, data)  # any buffer: written whole, then renamed (or PUT)
-            crcs.setdefault(p.name, {})[c.index] = crc32c.crc32c(data)
-            written += c.nbytes
+        unsynced: list[str] = []
+        rest = iter(pieces)
+        for p, run, data in rest:
+            mine = crcs.setdefault(p.name, {})
+            if p.sharded:
+                sink.put_stream(p.file, _shard(p, run, data, rest, mine, fresh=not sink.seekable))
+            else:
+                # written whole and renamed (or PUT); fsynced below with the others, at once
+                sink.put(p.file, data, durable=False)
+                unsynced.append(p.file)
+                mine[run[0].index] = crc32c.crc32c(data)
+            written += p.nbytes
             del data  # a staged copy is freed before the next one is taken
+        sink.make_durable(unsynced)
         return crcs, written
 
     def _record(self, crcs: Mapping[str, Mapping[int, int]]) -> dict[str, Any]:
@@ -290,7 +306,8 @@ class SaveJob:
             mine = crcs.get(p.name, {})
             params[p.name] = {"dtype": dtype_label(p.dtype), "shape": list(p.shape), "path": p.path,
                               "chunk_shape": list(p.chunk_shape), "replicas": p.replicas,
-                              "chunks": [[c.index, c.key, c.nbytes, mine[c.index]] for c in p.chunks]}
+                              **({"file": p.file} if p.chunks else {}),
+                              "chunks": [[c.index, c.byte_start, c.nbytes, mine[c.index]] for c in p.chunks]}
         return {"rank": self.plan.rank, "world": self.plan.world, "header": self._header(), "params": params}
 
     def _commit_if_last(self, hold: Any, sink: ByteSink) -> bool:
@@ -320,6 +337,43 @@ class SaveJob:
         return {"world_size": self.plan.world, "step": self.step, "saved_by": "save_rank",
                 "strategy": None if self.strategy is None else self.strategy.summary(),
                 "fingerprint": self.fingerprint, "created_by": f"ckptstore {__version__}"}
+
+
+def _runs(chunks: Sequence[SaveChunk], limit: int) -> Iterator[tuple[SaveChunk, ...]]:
+    """Consecutive chunks (adjacent bytes of one slice) grouped up to ``limit`` bytes (at least one each)."""
+    run: list[SaveChunk] = []
+    size = 0
+    for c in chunks:
+        if run and size + c.nbytes > limit:
+            yield tuple(run)
+            run, size = [], 0
+        run.append(c)
+        size += c.nbytes
+    if run:
+        yield tuple(run)
+
+
+def _shard(p: SaveParam, run: tuple[SaveChunk, ...], data: Any, rest: Iterator[Piece], crcs: dict[int, int], *,
+           fresh: bool) -> Iterator[Any]:
+    """The bytes of parameter ``p``'s shard file: its slice's pieces, the first given and the others
+    taken from ``rest`` as the file is written, then the shard index. Each chunk's CRC-32C goes to
+    ``crcs``. ``fresh``: hand over copies (a streamed upload may keep a buffer until it is sent,
+    and a staged buffer is reused once the next piece is taken)."""
+    left = len(p.chunks)
+    while True:
+        view = memoryview(data).cast("B")
+        base = run[0].byte_start
+        for c in run:
+            crcs[c.index] = crc32c.crc32c(view[c.byte_start - base:c.byte_start - base + c.nbytes])
+        yield bytes(view) if fresh else view
+        del view
+        left -= len(run)
+        if not left:
+            break
+        q, run, data = next(rest)
+        if q.name != p.name:  # pieces come parameter by parameter, in the plan's order
+            raise RuntimeError(f"pieces of {q.name!r} came before the last of {p.name!r}")
+    yield zb.shard_index([c.byte_start for c in p.chunks], [c.nbytes for c in p.chunks])
 
 
 class LazyArray:
@@ -399,11 +453,11 @@ def merge_records(records: Sequence[Mapping[str, Any]], where: str) -> dict[str,
                     "must save the same model with the same strategy")
             if "value" in d:
                 m["value"] = d["value"]
-            for index, key, nbytes, crc in d.get("chunks", []):
+            for index, offset, nbytes, crc in d.get("chunks", []):
                 if m["chunk_shape"] not in (None, d["chunk_shape"]):
                     raise LayoutMismatchError(f"parameter {name!r}: ranks cut it into chunks of different shapes")
                 m["chunk_shape"] = d["chunk_shape"]
-                m["chunks"][index] = (key, nbytes, crc, rank, d["replicas"])
+                m["chunks"][index] = (d["file"], offset, nbytes, crc, rank, d["replicas"])
     return {name: _param_manifest(name, m, where) for name, m in merged.items()}
 
 
@@ -428,8 +482,7 @@ def _param_manifest(name: str, m: Mapping[str, Any], where: str) -> ParamManifes
         raise IncompleteStoreError(f"{where}: chunk {lost} of parameter {name!r} was written by no rank; every rank "
                                    "must save its slices of the same parameters")
     rows = [chunks[i] for i in range(n)]
-    table = ChunkTable(tuple(r[0] for r in rows), (0,) * n, tuple(r[1] for r in rows), tuple(r[2] for r in rows),
-                       tuple(r[3] for r in rows), tuple(r[4] for r in rows))
+    table = ChunkTable(*(tuple(r[k] for r in rows) for k in range(6)))
     manifest = ParamManifest(name, m["path"], m["dtype"], shape, chunk_shape, table)
     manifest.validate()
     return manifest

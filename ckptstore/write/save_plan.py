@@ -13,7 +13,11 @@ and every rank holds all of them (one process, or pure data parallelism).
 
 Chunks are the slices, cut along leading axes only to bound their size
 (:func:`ckptstore.store.chunking.chunk_shape_for`), so each chunk is a contiguous byte range
-of the local array that holds it.
+of the local array that holds it. A rank writes each slice it is given as **one file**: the
+slice's single chunk, or, when the slice is cut into several chunks, a Zarr shard of exactly
+that slice (the chunks in C order, which is their byte order, then the shard index). A slice
+whose leading axis has no divisor that fits (a vocabulary of 46747 rows, a prime) is cut into
+one-row chunks; as separate files that made 46747 files, each fsynced, for one tensor.
 """
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ from ckptstore.store.zarr import array_path, chunk_key
 @dataclass(frozen=True)
 class SaveChunk:
     """Chunk ``index`` (C order over the parameter's grid): its global box and where its bytes
-    are in the local array (``byte_start``, ``nbytes``)."""
+    are in the local array (``byte_start``, ``nbytes``); ``key`` is the file that holds it (its
+    slice's file), at offset ``byte_start`` there too (the file is the slice, in C order)."""
 
     index: int
     key: str
@@ -49,7 +54,8 @@ class SaveParam:
 
     ``replicas`` is the size of each slice's replica group; ``writes_value`` says this rank
     records a string value; ``writes_metadata`` that it writes the Zarr array metadata (the
-    rank that writes chunk 0).
+    rank that writes chunk 0). ``shard_shape`` is the slice shape when slices are cut into
+    several chunks (each slice is then one Zarr shard), else ``None``.
     """
 
     name: str
@@ -60,6 +66,16 @@ class SaveParam:
     replicas: int
     chunks: tuple[SaveChunk, ...]
     writes_value: bool = False
+    shard_shape: tuple[int, ...] | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.shard_shape is not None
+
+    @property
+    def file(self) -> str:
+        """The one file this rank writes for the parameter (its slice)."""
+        return self.chunks[0].key
 
     @property
     def is_str(self) -> bool:
@@ -206,25 +222,31 @@ def _param(name: str, value: np.ndarray, shape: tuple[int, ...], box: Box, slice
     item = value.dtype.itemsize
     chunk_shape = chunk_shape_for(box.shape, item, max_chunk_bytes)
     replicas = len(slices[0].group) if slices else 1
+    # every rank holds a slice of the same shape, so all agree whether slices are sharded
+    whole = tuple(max(s, 1) for s in box.shape)
+    shard_shape = whole if chunk_shape != whole else None
     chunks: list[SaveChunk] = []
     if writer.get((name, box.start)) == rank and slices:
         grid = tuple(s // c for s, c in zip(shape, chunk_shape))
         grid_strides = [prod(grid[a + 1:]) for a in range(len(grid))]
         local_strides = [prod(box.shape[a + 1:]) for a in range(len(box.shape))]
         per_axis = [range(n // c) for n, c in zip(box.shape, chunk_shape)]
+        cut = shard_shape or chunk_shape
+        key = _chunk_key(name, tuple(s // c for s, c in zip(box.start, cut)))  # the slice's one file
+        nbytes = prod(chunk_shape) * item
         for local in itertools.product(*per_axis):
             start = tuple(b + i * c for b, i, c in zip(box.start, local, chunk_shape))
             coords = tuple(s // c for s, c in zip(start, chunk_shape))
             index = sum(c * st for c, st in zip(coords, grid_strides))
             first = sum(i * c * st for i, c, st in zip(local, chunk_shape, local_strides))
-            chunks.append(SaveChunk(index, _chunk_key(name, coords),
-                                    Box(start, tuple(s + c for s, c in zip(start, chunk_shape))),
-                                    first * item, prod(chunk_shape) * item))
-    return SaveParam(name, array_path(name), value.dtype, shape, chunk_shape, replicas, tuple(chunks))
+            chunks.append(SaveChunk(index, key, Box(start, tuple(s + c for s, c in zip(start, chunk_shape))),
+                                    first * item, nbytes))
+    return SaveParam(name, array_path(name), value.dtype, shape, chunk_shape, replicas, tuple(chunks),
+                     shard_shape=shard_shape)
 
 
 def _chunk_key(name: str, coords: Sequence[int]) -> str:
-    """The Zarr v3 key of one chunk of an unsharded array (``<path>/c/<i>/<j>``; ``<path>/c`` for a scalar)."""
+    """The Zarr v3 key of one chunk (or shard) at grid ``coords`` (``<path>/c/<i>/<j>``; ``<path>/c`` for a scalar)."""
     if not coords:
         return chunk_key(array_path(name), 0)
     return f"{array_path(name)}/c/" + "/".join(map(str, coords))
