@@ -195,8 +195,7 @@ def _save(a: argparse.Namespace, params: Any, state: dict[str, Any], warm_up: bo
     if "saver" not in state:  # one per job, as StoreCheckpoint holds one
         state["saver"] = AsyncSaver(memory_budget=a.budget_mb << 20 if a.budget_mb else None)
     saver = state["saver"]
-    saver.save(prepare_save(params, out, step=step, strategy=a.strategy, rank=a.rank,
-                            chunk_mb=min(64, a.budget_mb) if a.budget_mb else None))
+    saver.save(prepare_save(params, out, step=step, strategy=a.strategy, rank=a.rank))
     stall = time.time()
     saver.wait()
     return {"stall": stall, "committed": saver.last.committed, "written": saver.last.bytes_written,

@@ -202,7 +202,7 @@ class LocalSink(ByteSink):
         os.close(fd)
         return tmp
 
-    def put_stream(self, key: str, pieces: Iterable[Any]) -> int:
+    def put_stream(self, key: str, pieces: Iterable[Any], *, durable: bool = True) -> int:
         f = self.create(key)
         try:
             offset = 0
@@ -214,7 +214,7 @@ class LocalSink(ByteSink):
             self.delete([partial_key(key)])
             raise
         f.close()
-        self.publish(key)
+        self._publish(key, durable)
         return offset
 
     # --- files at offsets ----------------------------------------------------------------------
@@ -270,20 +270,25 @@ class LocalSink(ByteSink):
             return os.open(name, flags | os.O_EXCL, 0o644, dir_fd=dfd)
 
     def publish(self, key: str) -> None:
+        self._publish(key, True)
+
+    def _publish(self, key: str, durable: bool) -> None:
         try:
             dfd, name = self._parent(key, create=False)
             try:
-                fd = os.open(partial_key(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                if durable:
+                    fd = os.open(partial_key(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
                 os.rename(partial_key(name), name, src_dir_fd=dfd, dst_dir_fd=dfd)
             finally:
                 os.close(dfd)
         except OSError as e:
             raise write_error(e, self.key_url(key)) from e
-        self._touch(key.rsplit("/", 1)[0] if "/" in key else "")
+        if durable:
+            self._touch(key.rsplit("/", 1)[0] if "/" in key else "")
 
     def unpublish(self, key: str) -> None:
         try:

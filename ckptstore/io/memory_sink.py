@@ -134,7 +134,7 @@ class MemorySink(ByteSink):
             self.files[key] = bytearray(data)
             return True
 
-    def put_stream(self, key: str, pieces: Iterable[Any]) -> int:
+    def put_stream(self, key: str, pieces: Iterable[Any], *, durable: bool = True) -> int:
         self._hook("put_stream", check_key(key, self.name))
         data = bytearray()
         for piece in pieces:

@@ -37,8 +37,8 @@ class S3Sink(ByteSink):
     def put_if_absent(self, key: str, data: bytes) -> bool:
         return self.source.put_if_absent(key, data)
 
-    def put_stream(self, key: str, pieces: Iterable[Any]) -> int:
-        return self.source.put_stream(key, pieces)
+    def put_stream(self, key: str, pieces: Iterable[Any], *, durable: bool = True) -> int:
+        return self.source.put_stream(key, pieces)  # an object is durable once it appears
 
     def size(self, key: str) -> int | None:
         st = self.source.stat(key)

@@ -129,9 +129,10 @@ class ByteSink(ABC):
         """Create ``key`` (durably) only if it does not exist; return whether this call did."""
 
     @abstractmethod
-    def put_stream(self, key: str, pieces: Iterable[Any]) -> int:
+    def put_stream(self, key: str, pieces: Iterable[Any], *, durable: bool = True) -> int:
         """Write ``key`` from an iterable of byte buffers; it appears, durable, only when complete
-        (if ``pieces`` raises, nothing does). Returns its size."""
+        (if ``pieces`` raises, nothing does). Returns its size. ``durable=False`` skips the fsync,
+        as :meth:`put`'s does (:meth:`make_durable` does it later)."""
 
     # --- files at offsets ----------------------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """Saving in the background: the training loop waits only while a rank's slices are copied.
 
-:meth:`AsyncSaver.save` copies each piece this rank writes (consecutive chunks of a slice, at
-most a chunk's size) into a host buffer and hands it to a writer thread, which writes, records and commits the step (:class:`SaveJob.write`)
-while training goes on. The writer starts once the copying is done, so the two do not share
+:meth:`AsyncSaver.save` copies each piece this rank writes (a byte range of a slice's file, at
+most 64 MiB and at most the budget) into a host buffer and hands it to a writer thread, which
+writes, records and commits the step (:class:`SaveJob.write`) while training goes on. The writer starts once the copying is done, so the two do not share
 the CPU while training waits. The copies stay under ``memory_budget`` bytes: when the budget
 is smaller than the rank's share, the writer starts as soon as the budget is full and the
 copying waits for it to free buffers, so the loop is held until the last pieces are copied
@@ -94,10 +94,12 @@ class AsyncSaver:
                                         daemon=True)
         self._thread.start()
         try:
-            for p, run, view in job.pieces():
+            if self.memory_budget is not None:  # pieces fit the budget (a smaller one would wait for an empty budget)
+                job.piece_bytes = max(1, min(job.piece_bytes, self.memory_budget))
+            for p, offset, view in job.pieces():
                 if not budget.take(len(view)):
                     break  # the writer failed: its error is raised by the next call
-                staged.put((p, run, self._copy(view)))
+                staged.put((p, offset, self._copy(view)))
         except BaseException as e:
             staged.put(e)  # the writer abandons the step (nothing marked done, nothing committed)
             budget.release.set()

@@ -51,14 +51,18 @@ from ckptstore.store.steps import STEP_FOLDER, step_name
 from ckptstore.version import __version__
 from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, drop_work, lock_output
 from ckptstore.write.parts import LAUNCHERS, PARTS_DIR, Part
-from ckptstore.write.save_plan import SaveChunk, SaveParam, SavePlan, plan_save
+from ckptstore.write.save_plan import SaveParam, SavePlan, plan_save
 from ckptstore.write.store_kinds import mark_done
 
-#: Largest chunk a save writes (a slice bigger than this is cut along its leading axes).
-DEFAULT_SAVE_CHUNK_MB = 64
+#: Largest chunk a save writes (a slice bigger than this is cut along its leading axes), as
+#: ``ckptstore convert``'s default.
+DEFAULT_SAVE_CHUNK_MB = 256
+#: Largest piece of a file handed to the writer at once (what a background save copies to host
+#: memory in one go, within its budget), whatever the chunk size.
+PIECE_BYTES = 64 << 20
 RECORDS_DIR = f"{WORK_DIR}/saved"
 
-Piece = tuple[SaveParam, tuple[SaveChunk, ...], Any]  # consecutive chunks of a slice and a buffer of their bytes
+Piece = tuple[SaveParam, int, Any]  # a parameter, an offset in the file of its slice, a buffer of bytes from there
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,7 @@ def save_rank(params: Any, root: str | os.PathLike[str], *, step: int, strategy:
     process's rank. Each distinct slice is written once, by one rank of its replica group; the
     last rank to finish commits ``root/step_<step>``, which :func:`ckptstore.open` then finds
     as the newest step. ``root`` may be an ``s3://``/``obs://`` URL. ``include``/``exclude``
-    are name globs (every rank must pass the same); ``chunk_mb`` caps a chunk (default 64; every
+    are name globs (every rank must pass the same); ``chunk_mb`` caps a chunk (default 256; every
     rank must pass the same). Returns a :class:`SaveSummary` of this rank's share.
     """
     return prepare_save(params, root, step=step, strategy=strategy, rank=rank, format=format, include=include,
@@ -222,22 +226,23 @@ class SaveJob:
                  strategy: Strategy | None, chunk_bytes: int) -> None:
         self.location, self.step, self.plan, self.arrays = location, step, plan, arrays
         self.strategy, self.chunk_bytes = strategy, chunk_bytes
+        #: Bytes of one piece at most (a background saver lowers it to fit its budget).
+        self.piece_bytes = min(chunk_bytes, PIECE_BYTES)
         self.part = Part(plan.rank, plan.world)
         blob = json.dumps({"step": step, "world": plan.world, "chunk_bytes": chunk_bytes, "version": __version__,
                            "strategy": None if strategy is None else strategy.summary()}, sort_keys=True)
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()
 
     def pieces(self) -> Iterator[Piece]:
-        """What this rank writes, in order, as runs of consecutive chunks of a slice of at most
-        the chunk size (a slice of one-row chunks is not handed over row by row), each with a
-        view of its bytes in the local array (no copy; a MindSpore tensor is brought to host
-        memory when its first piece comes)."""
+        """What this rank writes, in order: each slice it writes (the bytes of its one file, which
+        are the local array's) in pieces of at most :attr:`piece_bytes`, as views of the local
+        array (no copy; a MindSpore tensor is brought to host memory when its first piece comes)."""
+        step = max(self.piece_bytes, 1)
         for p in self.plan.params:
             if p.chunks:
                 flat = _bytes_of(self.arrays[p.name])  # type: ignore[arg-type]
-                for run in _runs(p.chunks, self.chunk_bytes):
-                    start = run[0].byte_start
-                    yield p, run, flat[start:run[-1].byte_start + run[-1].nbytes]
+                for offset in range(0, p.nbytes, step):
+                    yield p, offset, flat[offset:min(offset + step, p.nbytes)]
 
     def write(self, pieces: Iterable[Piece] | None = None, *, commit: bool = True) -> SaveSummary:
         """Write ``pieces`` (by default straight from the arrays), record them, and commit if this
@@ -282,15 +287,15 @@ class SaveJob:
         written = 0
         unsynced: list[str] = []
         rest = iter(pieces)
-        for p, run, data in rest:
+        for p, _, data in rest:
             mine = crcs.setdefault(p.name, {})
-            if p.sharded:
-                sink.put_stream(p.file, _shard(p, run, data, rest, mine, fresh=not sink.seekable))
-            else:
-                # written whole and renamed (or PUT); fsynced below with the others, at once
+            # written whole and renamed (or uploaded); every file is fsynced below, all at once
+            if len(data) == p.nbytes and not p.sharded:
                 sink.put(p.file, data, durable=False)
-                unsynced.append(p.file)
-                mine[run[0].index] = crc32c.crc32c(data)
+                mine[p.chunks[0].index] = crc32c.crc32c(data)
+            else:
+                sink.put_stream(p.file, _file_bytes(p, data, rest, mine, fresh=not sink.seekable), durable=False)
+            unsynced.append(p.file)
             written += p.nbytes
             del data  # a staged copy is freed before the next one is taken
         sink.make_durable(unsynced)
@@ -339,41 +344,33 @@ class SaveJob:
                 "fingerprint": self.fingerprint, "created_by": f"ckptstore {__version__}"}
 
 
-def _runs(chunks: Sequence[SaveChunk], limit: int) -> Iterator[tuple[SaveChunk, ...]]:
-    """Consecutive chunks (adjacent bytes of one slice) grouped up to ``limit`` bytes (at least one each)."""
-    run: list[SaveChunk] = []
-    size = 0
-    for c in chunks:
-        if run and size + c.nbytes > limit:
-            yield tuple(run)
-            run, size = [], 0
-        run.append(c)
-        size += c.nbytes
-    if run:
-        yield tuple(run)
-
-
-def _shard(p: SaveParam, run: tuple[SaveChunk, ...], data: Any, rest: Iterator[Piece], crcs: dict[int, int], *,
-           fresh: bool) -> Iterator[Any]:
-    """The bytes of parameter ``p``'s shard file: its slice's pieces, the first given and the others
-    taken from ``rest`` as the file is written, then the shard index. Each chunk's CRC-32C goes to
-    ``crcs``. ``fresh``: hand over copies (a streamed upload may keep a buffer until it is sent,
-    and a staged buffer is reused once the next piece is taken)."""
-    left = len(p.chunks)
+def _file_bytes(p: SaveParam, data: Any, rest: Iterator[Piece], crcs: dict[int, int], *,
+                fresh: bool) -> Iterator[Any]:
+    """The bytes of the file of parameter ``p``'s slice: its pieces (the first given, the others
+    taken from ``rest`` as the file is written), then, for a shard, its index. Each chunk's
+    CRC-32C goes to ``crcs``. ``fresh``: hand over copies (a streamed upload may keep a buffer
+    until it is sent, and a staged buffer is reused once the next piece is taken)."""
+    chunks, j, crc, done = p.chunks, 0, 0, 0
+    left = p.nbytes
     while True:
         view = memoryview(data).cast("B")
-        base = run[0].byte_start
-        for c in run:
-            crcs[c.index] = crc32c.crc32c(view[c.byte_start - base:c.byte_start - base + c.nbytes])
+        pos = 0
+        while pos < len(view):  # a piece may end inside a chunk, or hold many
+            take = min(chunks[j].nbytes - done, len(view) - pos)
+            crc = crc32c.crc32c(view[pos:pos + take], crc)
+            pos, done = pos + take, done + take
+            if done == chunks[j].nbytes:
+                crcs[chunks[j].index], j, crc, done = crc, j + 1, 0, 0
         yield bytes(view) if fresh else view
+        left -= len(view)
         del view
-        left -= len(run)
-        if not left:
+        if left <= 0:
             break
-        q, run, data = next(rest)
+        q, _, data = next(rest)
         if q.name != p.name:  # pieces come parameter by parameter, in the plan's order
             raise RuntimeError(f"pieces of {q.name!r} came before the last of {p.name!r}")
-    yield zb.shard_index([c.byte_start for c in p.chunks], [c.nbytes for c in p.chunks])
+    if p.sharded:
+        yield zb.shard_index([c.byte_start for c in chunks], [c.nbytes for c in chunks])
 
 
 class LazyArray:
