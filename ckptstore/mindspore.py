@@ -520,8 +520,6 @@ def _store_checkpoint_class() -> type:
             self.root, self.every, self.keep = root, save_checkpoint_steps, keep_checkpoint_max
             self.strategy, self.rank, self.async_save = strategy, rank, async_save
             self.include, self.exclude, self.append_info = tuple(include), tuple(exclude), append_info
-            # staged copies are whole chunks: chunks no bigger than the budget keep the copies under it
-            self.chunk_mb = None if memory_budget_mb is None else min(64, memory_budget_mb)
             self.saver = AsyncSaver(memory_budget=None if memory_budget_mb is None else memory_budget_mb << 20,
                                     on_done=self._after)
             self.summaries: list[SaveSummary] = []
@@ -543,7 +541,7 @@ def _store_checkpoint_class() -> type:
             values.update(_append(self.append_info, cb))
             strategy = self.strategy if self.strategy is not None else compiled
             job = prepare_save(values, self.root, step=int(cb.cur_step_num), strategy=strategy, rank=self.rank,
-                               include=self.include, exclude=self.exclude, chunk_mb=self.chunk_mb)
+                               include=self.include, exclude=self.exclude)  # the saver copies within its budget
             if self.async_save:
                 self.saver.save(job)
             else:
