@@ -10,9 +10,11 @@ folder descriptor to another. A symbolic link where ckptstore would write, lock 
 refused with :class:`~ckptstore.errors.UnsafePathError` naming it, before anything is written
 through it. The root itself is the user's choice and may be reached through links.
 
-A published file is fsynced before its rename; the folders that changed (renames, new folders)
-are remembered and fsynced by :meth:`LocalSink.sync`, which a commit calls once before it
-writes the manifest. The lock is an ``flock`` on a file of the work folder (see
+A published file is fsynced before its rename (unless it is put with ``durable=False``: a
+saving rank renames its files at once and fsyncs them together, concurrently, with
+:meth:`LocalSink.make_durable` before it says it has finished); the folders that changed
+(renames, new folders) are remembered and fsynced by :meth:`LocalSink.sync`, which a commit
+calls once before it writes the manifest. The lock is an ``flock`` on a file of the work folder (see
 :class:`FolderLock`).
 """
 from __future__ import annotations

@@ -450,11 +450,16 @@ def merge_records(records: Sequence[Mapping[str, Any]], where: str) -> dict[str,
                     "must save the same model with the same strategy")
             if "value" in d:
                 m["value"] = d["value"]
-            for index, offset, nbytes, crc in d.get("chunks", []):
+            for row in d.get("chunks", []):
                 if m["chunk_shape"] not in (None, d["chunk_shape"]):
                     raise LayoutMismatchError(f"parameter {name!r}: ranks cut it into chunks of different shapes")
                 m["chunk_shape"] = d["chunk_shape"]
-                m["chunks"][index] = (d["file"], offset, nbytes, crc, rank, d["replicas"])
+                if "file" in d:  # [index, offset, nbytes, crc] in the slice's one file
+                    index, offset, nbytes, crc = row
+                    key = d["file"]
+                else:  # a record of an earlier release, one file per chunk: [index, key, nbytes, crc]
+                    (index, key, nbytes, crc), offset = row, 0
+                m["chunks"][index] = (key, offset, nbytes, crc, rank, d["replicas"])
     return {name: _param_manifest(name, m, where) for name, m in merged.items()}
 
 
