@@ -17,7 +17,7 @@ import click
 from ckptstore.read import describe
 from ckptstore.store.chunking import OPTIMIZER_STATE_PREFIXES, TRAINING_COUNTERS
 from ckptstore.store.codecs import CODECS
-from ckptstore.store.kinds import store_kind, store_kinds
+from ckptstore.store.kinds import StoreKind, store_kind, store_kinds
 from ckptstore.write.convert import convert as convert_store
 from ckptstore.errors import CkptStoreError
 from ckptstore.checkpoint.rank_files import find_rank_files
@@ -359,6 +359,11 @@ def _print_summary(summary: Any, as_json: bool, done: str) -> None:
         click.echo(_unsaved_line(list(summary.unsaved)))
 
 
+def _convert_kinds() -> list[StoreKind]:
+    """The store kinds ``convert`` may produce, the default (Zarr) first as ``--help`` shows it."""
+    return sorted(store_kinds(convert=True), key=lambda k: k.name != "zarr")
+
+
 class _KindChoice(click.Choice):
     """``--format``'s choices: the store kinds ``convert`` may produce, asked when used (so a kind
     registered after this module was imported counts, see :mod:`ckptstore.store.kinds`)."""
@@ -368,7 +373,7 @@ class _KindChoice(click.Choice):
 
     @property  # type: ignore[override]
     def choices(self) -> tuple[str, ...]:
-        return tuple(k.name for k in store_kinds(convert=True))
+        return tuple(k.name for k in _convert_kinds())
 
     @choices.setter
     def choices(self, value: object) -> None:
@@ -379,7 +384,7 @@ class _KindOption(click.Option):
     """``--format``, whose help lists each kind with its own help line."""
 
     def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
-        self.help = "Store format (kind): " + "; ".join(f"{k.name}: {k.help}" for k in store_kinds(convert=True)) + "."
+        self.help = "Store format (kind): " + "; ".join(f"{k.name}: {k.help}" for k in _convert_kinds()) + "."
         return super().get_help_record(ctx)
 
 

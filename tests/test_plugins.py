@@ -110,12 +110,12 @@ def test_the_cli_offers_the_kind_with_its_help(plugins):
     r = run_cli("convert", "--help")
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())  # as click wraps it
-    assert "--format [safetensors|zarr|tiny]" in text and "tiny: Zarr arrays with the manifest in tiny.json" in text
+    assert "--format [zarr|safetensors|tiny]" in text and "tiny: Zarr arrays with the manifest in tiny.json" in text
 
 
 def test_the_cli_asks_for_the_kinds_when_it_runs_not_when_it_is_imported(plugins):
     r = CliRunner().invoke(main, ["convert", "SRC", "--out", "OUT", "--format", "nonesuch"])
-    assert r.exit_code == 2 and "'nonesuch' is not one of 'safetensors', 'zarr', 'tiny'" in r.output
+    assert r.exit_code == 2 and "'nonesuch' is not one of 'zarr', 'safetensors', 'tiny'" in r.output
 
 
 @pytest.mark.mindspore
