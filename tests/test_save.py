@@ -164,6 +164,22 @@ def test_a_chunk_larger_than_the_budget_is_copied_in_pieces_and_checksummed_whol
     assert_store_holds(tmp_path, expected)
 
 
+def test_a_rank_makes_its_array_metadata_durable_with_its_slice_files(tmp_path, monkeypatch):
+    # a committed step whose arrays' zarr.json was never fsynced could lose them in a power loss
+    from ckptstore.io.local_sink import LocalSink
+
+    synced: list[str] = []
+    make_durable = LocalSink.make_durable
+
+    def recording(sink: LocalSink, keys: list[str]) -> None:
+        synced.extend(keys)
+        make_durable(sink, keys)
+
+    monkeypatch.setattr(LocalSink, "make_durable", recording)
+    ckptstore.save_rank({"w": np.ones((4, 2), np.float32), "b": np.zeros(3, np.float32)}, tmp_path, step=1)
+    assert sorted(synced) == ["b/c/0", "b/zarr.json", "w/c/0/0", "w/zarr.json"]
+
+
 def test_a_rank_record_of_an_earlier_release_one_file_per_chunk_still_merges():
     from ckptstore.write.save import merge_records
 

@@ -277,15 +277,17 @@ class SaveJob:
                                             f"{self.location} by another process") from None
 
     def _write_chunks(self, sink: ByteSink, pieces: Iterable[Piece]) -> tuple[dict[str, dict[int, int]], int]:
-        """Write the slices' files from ``pieces``; return each chunk's CRC-32C and the bytes written."""
+        """Write the slices' files from ``pieces`` (and the array metadata this rank writes), all
+        made durable together at the end; return each chunk's CRC-32C and the bytes written."""
+        unsynced: list[str] = []
         for p in self.plan.params:
             if p.writes_metadata:
                 meta = zb.array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape, None, shard_shape=p.shard_shape) \
                     if p.sharded else zb.raw_array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape)
                 sink.put(f"{p.path}/{ROOT_METADATA}", meta, durable=False)
+                unsynced.append(f"{p.path}/{ROOT_METADATA}")
         crcs: dict[str, dict[int, int]] = {}
         written = 0
-        unsynced: list[str] = []
         rest = iter(pieces)
         for p, _, data in rest:
             mine = crcs.setdefault(p.name, {})
