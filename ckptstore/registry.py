@@ -8,9 +8,10 @@ under its entry-point group (``ckptstore.store_kinds``, ``ckptstore.byte_sources
 ``ckptstore.byte_sinks``). Adding a part is therefore one new file. Discovery runs on first use,
 not at import time, so importing ckptstore stays cheap and no module has to import its plugins.
 
-A declaration that cannot be loaded, is of the wrong type, or reuses a name already taken is
-skipped with a :class:`RuntimeWarning` that says which (a broken plugin does not break the
-built-in kinds); the built-in ones are registered first and so keep their names.
+An entry point that cannot be loaded, or a declaration of the wrong type or reusing a name
+already taken, is skipped with a :class:`RuntimeWarning` that says which (a broken plugin does
+not break the built-in kinds; a built-in module that fails to import is a bug and raises); the
+built-in ones are registered first and so keep their names.
 """
 from __future__ import annotations
 
