@@ -18,7 +18,7 @@ another folder: a job saves many times, and the measured save is a later one):
   ``remove_redundancy=True`` makes; that flag itself needs a compiled parallel network);
 * ``ckptstore save_rank``: ``ckptstore.save_rank`` (sync), committed by the last rank;
 * ``ckptstore async``: ``AsyncSaver(memory_budget=--budget-mb)``: the step returns once the
-  chunks are copied to host memory; done when the writer has committed;
+  rank's slices are copied to host memory (in pieces of at most 64 MiB, within the budget); done when the writer has committed;
 * ``ckptstore async (SeaweedFS)``: the same into a bucket of a SeaweedFS server on loopback
   (``ckptstore.testing.s3_server``), bytes written counted from the bucket's listing;
 * ``PyTorch DCP save``: the same local slices as torch tensors in the rank's memory, wrapped as
@@ -40,7 +40,7 @@ an ``os.sync()`` by the driver afterwards, so every contender pays for durable f
 output folder's size, **extra memory** = the largest per-rank peak RSS above its level before
 the call (``clear_refs``), **host copies kept** = the staging buffers an async saver allocated in
 the unmeasured first save and reuses (so extra memory does not show them: ckptstore's peak use of
-its chunk buffers, DCP's cached copy of the whole rank). ``ModelCheckpoint sync + ckptstore index`` adds the time of
+its piece buffers, DCP's cached copy of the whole rank). ``ModelCheckpoint sync + ckptstore index`` adds the time of
 ``ckptstore.index`` of the sync save's rank files (the way to a store without saving into one).
 Contenders alternate order between repetitions; medians are reported, with the machine's
 1-minute load average before each run and the cores other processes kept busy (it is shared).
@@ -356,7 +356,7 @@ def report(record: dict[str, Any]) -> str:
 
 def _kept(name: str, runs: list[dict[str, Any]]) -> str:
     """The staging buffers a saver holds from one save to the next (allocated in the unmeasured
-    first save, so the measured save's extra RSS does not show them): ckptstore's reused chunk
+    first save, so the measured save's extra RSS does not show them): ckptstore's reused piece
     buffers (their peak use), DCP's cached copy of the rank's whole state dict."""
     staged = _median(runs, "staged_peak")
     return format_bytes(staged) if staged else ""
