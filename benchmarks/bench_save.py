@@ -18,7 +18,8 @@ another folder: a job saves many times, and the measured save is a later one):
   ``remove_redundancy=True`` makes; that flag itself needs a compiled parallel network);
 * ``ckptstore save_rank``: ``ckptstore.save_rank`` (sync), committed by the last rank;
 * ``ckptstore async``: ``AsyncSaver(memory_budget=--budget-mb)``: the step returns once the
-  rank's slices are copied to host memory (in pieces of at most 64 MiB, within the budget); done when the writer has committed;
+  rank's slices are copied to host memory (in pieces of at most 64 MiB, within the budget);
+  done when the writer has committed;
 * ``ckptstore async (SeaweedFS)``: the same into a bucket of a SeaweedFS server on loopback
   (``ckptstore.testing.s3_server``), bytes written counted from the bucket's listing;
 * ``PyTorch DCP save``: the same local slices as torch tensors in the rank's memory, wrapped as

@@ -2,14 +2,14 @@
 
 :meth:`AsyncSaver.save` copies each piece this rank writes (a byte range of a slice's file, at
 most 64 MiB and at most the budget) into a host buffer and hands it to a writer thread, which
-writes, records and commits the step (:class:`SaveJob.write`) while training goes on. The writer starts once the copying is done, so the two do not share
-the CPU while training waits. The copies stay under ``memory_budget`` bytes: when the budget
-is smaller than the rank's share, the writer starts as soon as the budget is full and the
-copying waits for it to free buffers, so the loop is held until the last pieces are copied
-(and the rest written). One save at a time:
-the next one first waits for the previous. An error of the writer is kept and raised by the
-next call (:meth:`check`, :meth:`save` or :meth:`wait`), never lost; the step it was saving
-stays uncommitted.
+writes, records and commits the step (:class:`SaveJob.write`) while training goes on. The
+writer starts once the copying is done, so the two do not share the CPU while training waits.
+The copies stay under ``memory_budget`` bytes: when the budget is smaller than the rank's
+share, the writer starts as soon as the budget is full and the copying waits for it to free
+buffers, so the loop is held until the last pieces are copied (and the rest written). One save
+at a time: the next one first waits for the previous. An error of the writer is kept and
+raised by the next call (:meth:`check`, :meth:`save` or :meth:`wait`), never lost; the step it
+was saving stays uncommitted.
 """
 from __future__ import annotations
 
