@@ -3,12 +3,14 @@
 Each parameter is one Zarr v3 array under a path derived from its name. When the array has
 one chunk, the chunk is a plain file of raw little-endian C-order bytes; with several, they go
 into a single shard file (the ``sharding_indexed`` codec, index at the end, CRC-32C over the
-index) so the store has one file per parameter, not one per chunk. ckptstore writes chunk
-bytes itself, streamed from the source ``.ckpt`` files (zarr-python would encode a whole shard
-in memory), and uses zarr-python only to produce the metadata documents, so any Zarr v3 reader
-(zarr-python, tensorstore) reads the store. The root ``zarr.json`` is written last: a
-directory without it is an unfinished conversion. This module is the writer's half (it imports
-zarr-python); reading a store needs only the JSON manifest.
+index) so the store has one file per parameter, not one per chunk. A training step saved by
+its ranks (:mod:`ckptstore.write.save`) has one shard per slice instead, the shard shape being
+the slice shape, so that each rank writes files of its own. ckptstore writes chunk bytes
+itself, streamed from the source ``.ckpt`` files or the ranks' arrays (zarr-python would
+encode a whole shard in memory), and uses zarr-python only to produce the metadata documents,
+so any Zarr v3 reader (zarr-python, tensorstore) reads the store. The root ``zarr.json`` is
+written last: a directory without it is an unfinished conversion. This module is the writer's
+half (it imports zarr-python); reading a store needs only the JSON manifest.
 """
 from __future__ import annotations
 
