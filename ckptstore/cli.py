@@ -504,8 +504,10 @@ def verify(store: str, against: str | None, strategies: tuple[str, ...], step: i
 def commit(store: str) -> None:
     """Complete a store converted in parts (convert --part I/N) whose parts have all finished.
 
-    The last part to finish does this by itself; run it when that part could not (it was
-    killed after its share was written). Fails, naming them, while parts have not finished.
+    The same for a training step saved by its ranks (StoreCheckpoint, save_rank): STORE is then
+    the step's folder, ROOT/step_<N>. The last part or rank to finish does this by itself; run
+    it when that one could not (it was killed after its share was written). Fails, naming them,
+    while parts or ranks have not finished.
     """
     from ckptstore.write.convert import commit_store
 
