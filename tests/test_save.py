@@ -138,11 +138,22 @@ def test_a_background_save_hands_a_sharded_slice_over_in_pieces_within_its_budge
     w = np.arange(1031 * 1024, dtype=np.float32).reshape(1031, 1024)  # 4 MiB of one-row chunks
     expected = w.copy()
     saver = AsyncSaver(memory_budget=2 << 20)
-    saver.save(prepare_save({"w": w}, tmp_path, step=1, chunk_mb=1))
+    job = prepare_save({"w": w}, tmp_path, step=1, chunk_mb=1)
+    sizes: list[int] = []
+    pieces = job.pieces
+
+    def recording() -> Any:
+        for piece in pieces():
+            sizes.append(len(piece[2]))
+            yield piece
+
+    job.pieces = recording  # type: ignore[method-assign]
+    saver.save(job)
     w += 1  # training goes on
     saver.wait()
     assert saver.last.committed and saver.last.bytes_written == expected.nbytes
-    assert saver.peak_staged == 2 << 20  # pieces as large as the budget allows, not 4 KiB rows, nor all of it
+    assert sizes == [1 << 20] * 4 + [expected.nbytes - (4 << 20)]  # pieces of chunk_mb, not 4 KiB rows
+    assert saver.peak_staged == 2 << 20  # two pieces staged at once: the budget, not all of it
     assert list(data_files(tmp_path / "step_1")) == ["w/c/0/0"]
     assert_store_holds(tmp_path, {"w": expected})
 
