@@ -71,6 +71,26 @@ def test_a_local_sink_syncs_only_the_folders_it_changed(tmp_path, monkeypatch):
     assert sorted(synced) == sorted(map(str, [out, out / "a", out / "c"]))
 
 
+def test_a_local_sink_fsyncs_files_put_without_durability_only_when_made_durable(tmp_path, monkeypatch):
+    """A saving rank puts its files with durable=False and fsyncs them all at once at the end."""
+    import os
+
+    sink = LocalSink(tmp_path / "out")
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+    assert sink.put_stream("a/x", iter([b"12", b"3"]), durable=False) == 3
+    sink.put("b/y", b"4", durable=False)
+    assert synced == []
+    sink.make_durable(["a/x", "b/y", "gone/z"])  # a missing file is skipped
+    out = tmp_path / "out"
+    assert sorted(synced) == sorted(map(str, [out / "a" / "x", out / "b" / "y"]))
+    synced.clear()
+    sink.sync()  # then the folders that name them
+    assert sorted(synced) == sorted(map(str, [out, out / "a", out / "b"]))
+    assert (out / "a" / "x").read_bytes() == b"123"
+
+
 # ---------------------------------------------------------------------------------------------
 # a local sink follows no link someone planted in the folder (issue 17.1)
 
