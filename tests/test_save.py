@@ -124,11 +124,44 @@ def test_a_slice_cut_into_many_chunks_is_written_as_one_shard_file_zarr_python_r
         ckptstore.save_rank({"w": local}, tmp_path, step=1, strategy=_two_column_ranks(), rank=rank, chunk_mb=1)
     step = tmp_path / "step_1"
     shard = 1031 * 256 * 4 + 1031 * 16 + 4  # the slice's 1031 one-row chunks, then the shard index
-    assert data_files(step) == {"w/c/0/0": shard, "w/c/0/1": shard}  # not one file per row
+    assert data_files(step) == {"w/c.0.0": shard, "w/c.0.1": shard}  # not one file per row
     np.testing.assert_array_equal(zarr.open_group(str(step), mode="r")["w"][...], w)
     store = ckptstore.open(tmp_path)
     assert len(store.info("w").chunks) == 2 * 1031
     assert_same_array(store.read("w"), w, "w")
+
+
+def test_a_saved_array_keeps_its_slice_files_beside_its_zarr_json_which_zarr_python_reads(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    w = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    for rank in (0, 1):  # each rank's half of the columns is one chunk
+        local = {"w": np.ascontiguousarray(w[:, rank * 3:(rank + 1) * 3]), "global_step": np.array([5], np.int32)}
+        ckptstore.save_rank(local, tmp_path, step=1, strategy=_two_column_ranks(), rank=rank)
+    step = tmp_path / "step_1"
+    meta = json.loads((step / "w" / "zarr.json").read_text())
+    assert meta["chunk_key_encoding"] == {"name": "default", "configuration": {"separator": "."}}
+    assert data_files(step) == {"w/c.0.0": 8 * 3 * 4, "w/c.0.1": 8 * 3 * 4, "global_step/c.0": 4}
+    assert sorted(p.name for p in (step / "w").iterdir()) == ["c.0.0", "c.0.1", "zarr.json"]  # no c/ folders
+    group = zarr.open_group(str(step), mode="r")
+    np.testing.assert_array_equal(group["w"][...], w)
+    np.testing.assert_array_equal(group["global_step"][...], [5])
+
+
+def test_a_step_saved_with_chunk_folders_still_opens(tmp_path, monkeypatch):
+    # steps saved before the "." separator keep their files under <array>/c/<i>/<j>
+    from ckptstore.write import save, save_plan
+
+    monkeypatch.setattr(save_plan, "SEPARATOR", "/")
+    monkeypatch.setattr(save, "SEPARATOR", "/")
+    w = np.arange(1031 * 512, dtype=np.float32).reshape(1031, 512)
+    for rank in (0, 1):
+        local = {"w": np.ascontiguousarray(w[:, rank * 256:(rank + 1) * 256]), "b": np.ones(3, np.float32)}
+        ckptstore.save_rank(local, tmp_path, step=1, strategy=_two_column_ranks(), rank=rank, chunk_mb=1)
+    step = tmp_path / "step_1"
+    assert sorted(data_files(step)) == ["b/c/0", "w/c/0/0", "w/c/0/1"]
+    monkeypatch.undo()
+    assert_store_holds(tmp_path, {"w": w, "b": np.ones(3, np.float32)})
+    assert ckptstore.verify(tmp_path).ok
 
 
 def test_a_background_save_hands_a_sharded_slice_over_in_pieces_within_its_budget(tmp_path):
@@ -154,7 +187,7 @@ def test_a_background_save_hands_a_sharded_slice_over_in_pieces_within_its_budge
     assert saver.last.committed and saver.last.bytes_written == expected.nbytes
     assert sizes == [1 << 20] * 4 + [expected.nbytes - (4 << 20)]  # pieces of chunk_mb, not 4 KiB rows
     assert saver.peak_staged == 2 << 20  # two pieces staged at once: the budget, not all of it
-    assert list(data_files(tmp_path / "step_1")) == ["w/c/0/0"]
+    assert list(data_files(tmp_path / "step_1")) == ["w/c.0.0"]
     assert_store_holds(tmp_path, {"w": expected})
 
 
@@ -168,7 +201,7 @@ def test_a_chunk_larger_than_the_budget_is_copied_in_pieces_and_checksummed_whol
     saver.save(prepare_save(values, tmp_path, step=1, chunk_mb=4))  # w: one 4 MiB chunk, four 1 MiB pieces
     saver.wait()
     assert saver.peak_staged == 1 << 20
-    assert data_files(tmp_path / "step_1") == {"w/c/0/0": 4 << 20, "b/c/0": 20}
+    assert data_files(tmp_path / "step_1") == {"w/c.0.0": 4 << 20, "b/c.0": 20}
     assert len(ckptstore.open(tmp_path).info("w").chunks) == 1
     report = ckptstore.verify(tmp_path)
     assert report.ok and report.chunks == 2, report.problems  # the CRC-32C is of the whole chunk
@@ -188,7 +221,7 @@ def test_a_rank_makes_its_array_metadata_durable_with_its_slice_files(tmp_path, 
 
     monkeypatch.setattr(LocalSink, "make_durable", recording)
     ckptstore.save_rank({"w": np.ones((4, 2), np.float32), "b": np.zeros(3, np.float32)}, tmp_path, step=1)
-    assert sorted(synced) == ["b/c/0", "b/zarr.json", "w/c/0/0", "w/zarr.json"]
+    assert sorted(synced) == ["b/c.0", "b/zarr.json", "w/c.0.0", "w/zarr.json"]
 
 
 def test_a_rank_record_of_an_earlier_release_one_file_per_chunk_still_merges():

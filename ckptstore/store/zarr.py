@@ -42,9 +42,15 @@ def array_path(name: str) -> str:
     return safe
 
 
-def chunk_key(path: str, ndim: int) -> str:
+def chunk_key(path: str, ndim: int, separator: str = "/") -> str:
     """The file holding all of an array's bytes (its single chunk or its single shard)."""
-    return f"{path}/c" + "/0" * ndim
+    return f"{path}/c" + f"{separator}0" * ndim
+
+
+def grid_key(path: str, coords: Sequence[int], separator: str = "/") -> str:
+    """The Zarr v3 ``default`` key of the chunk (or shard) at grid ``coords``: ``<path>/c/<i>/<j>``,
+    or ``<path>/c.<i>.<j>`` with ``separator="."``; ``<path>/c`` for a scalar."""
+    return f"{path}/c" + "".join(f"{separator}{c}" for c in coords)
 
 
 def _zarr() -> Any:
@@ -74,12 +80,14 @@ def _zarr_codec(codec: Mapping[str, Any] | None, itemsize: int) -> list[Any] | N
 
 def array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
                    codec: Mapping[str, Any] | None, *, sharded: bool | None = None,
-                   shard_shape: Sequence[int] | None = None) -> bytes:
+                   shard_shape: Sequence[int] | None = None, separator: str = "/") -> bytes:
     """The ``zarr.json`` of one parameter's array, as zarr-python itself writes it.
 
     An array of several chunks keeps them in one shard file unless ``sharded=False`` (then each
     chunk is its own file, ``<path>/c/<i>/<j>``) or ``shard_shape`` is given (shards of that
-    shape: a saving job's ranks write one shard per slice).
+    shape: a saving job's ranks write one shard per slice). ``separator`` is the chunk key
+    encoding's: ``"."`` puts chunk files beside the array's ``zarr.json`` (``<path>/c.<i>.<j>``),
+    which a saving job uses so that each array is one folder, not a ``c/<i>/`` tree of them.
     """
     zarr = _zarr()
     dt = numpy_dtype(dtype)
@@ -88,23 +96,25 @@ def array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
         sharded = prod(-(-s // c) for s, c in zip(shape, chunk_shape)) > 1
     shards = tuple(shard_shape) if shard_shape is not None else tuple(shape) if sharded else None
     zarr.create_array(store=store, shape=tuple(shape), dtype=dt, chunks=tuple(chunk_shape), shards=shards,
-                      compressors=_zarr_codec(codec, dt.itemsize), fill_value=0, zarr_format=3)
+                      compressors=_zarr_codec(codec, dt.itemsize), fill_value=0, zarr_format=3,
+                      chunk_key_encoding={"name": "default", "separator": separator})
     return store._store_dict[ROOT_METADATA].to_bytes()  # noqa: SLF001 (MemoryStore has no sync getter)
 
 
-def raw_array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int]) -> bytes:
+def raw_array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
+                       separator: str = "/") -> bytes:
     """The ``zarr.json`` of an unsharded, uncompressed array (one file per chunk), as
     :func:`array_metadata` with ``sharded=False`` makes it, from a document zarr-python made once
-    per data type and rank (a save writes hundreds of these; each zarr-python call costs ms)."""
-    doc = json.loads(_raw_template(dtype, len(shape)))
+    per data type, rank and separator (a save writes hundreds of these; each zarr-python call costs ms)."""
+    doc = json.loads(_raw_template(dtype, len(shape), separator))
     doc["shape"] = [int(s) for s in shape]
     doc["chunk_grid"]["configuration"]["chunk_shape"] = [int(c) for c in chunk_shape]
     return json.dumps(doc, indent=2).encode()
 
 
 @functools.lru_cache(maxsize=256)
-def _raw_template(dtype: str, ndim: int) -> str:
-    return array_metadata((1,) * ndim, dtype, (1,) * ndim, None, sharded=False).decode()
+def _raw_template(dtype: str, ndim: int, separator: str) -> str:
+    return array_metadata((1,) * ndim, dtype, (1,) * ndim, None, sharded=False, separator=separator).decode()
 
 
 def group_metadata(attributes: Mapping[str, Any]) -> bytes:
