@@ -18,11 +18,25 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import pkgutil
+import sys
 import threading
 import warnings
 from typing import Callable, Generic, Iterable, TypeVar
 
 T = TypeVar("T")
+
+#: Every installed distribution's entry points, read once per ``sys.path`` for all registries
+#: (reading them scans each distribution's metadata: a few milliseconds in a fresh process, paid
+#: by every rank).
+_ENTRY_POINTS: dict[tuple[str, ...], importlib.metadata.EntryPoints] = {}
+
+
+def _entry_points(group: str) -> importlib.metadata.EntryPoints:
+    """The entry points of ``group``, from one reading per ``sys.path`` (until a registry reloads)."""
+    key = tuple(sys.path)
+    if key not in _ENTRY_POINTS:
+        _ENTRY_POINTS[key] = importlib.metadata.entry_points()
+    return _ENTRY_POINTS[key].select(group=group)
 
 
 class Registry(Generic[T]):
@@ -32,27 +46,22 @@ class Registry(Generic[T]):
                  names: Callable[[T], Iterable[str]]) -> None:
         self.what, self.cls, self.package, self.attribute, self.group = what, cls, package, attribute, group
         self._names = names
+        self._builtins: dict[str, T] | None = None
         self._found: dict[str, T] | None = None
         self._lock = threading.RLock()
         self._discovering = False
 
     def entries(self) -> dict[str, T]:
         """Every declaration by each of its names: built-in ones (in module-name order), then plugins."""
-        with self._lock:
-            if self._found is None:
-                if self._discovering:  # a declaring module asked while being imported: it would wait forever
-                    raise RuntimeError(f"a module declaring a {self.what} looked the {self.what}s up while it was "
-                                       "being imported; look them up when called, not at import time")
-                self._discovering = True
-                try:
-                    self._found = self._discover()
-                finally:
-                    self._discovering = False
-            return self._found
+        return self._discovered(plugins=True)
 
     def get(self, name: str) -> T | None:
         """The declaration registered as ``name``, or ``None``."""
-        return self.entries().get(name)
+        # A plugin cannot take a built-in's name, so a built-in is found without reading every
+        # installed distribution's entry points (a few milliseconds per registry in a fresh process,
+        # which every rank's first open of a local store paid three times).
+        found = self._discovered(plugins=False).get(name)
+        return found if found is not None else self.entries().get(name)
 
     def names(self) -> list[str]:
         """Every registered name, in registration order."""
@@ -61,9 +70,27 @@ class Registry(Generic[T]):
     def reload(self) -> None:
         """Forget what was found; the next lookup discovers again (after a plugin was installed)."""
         with self._lock:
-            self._found = None
+            self._builtins = self._found = None
+            _ENTRY_POINTS.clear()
 
-    def _discover(self) -> dict[str, T]:
+    def _discovered(self, *, plugins: bool) -> dict[str, T]:
+        """The built-in declarations, with the plugins' when ``plugins``; discovered on first use."""
+        with self._lock:
+            if self._builtins is None or (plugins and self._found is None):
+                if self._discovering:  # a declaring module asked while being imported: it would wait forever
+                    raise RuntimeError(f"a module declaring a {self.what} looked the {self.what}s up while it was "
+                                       "being imported; look them up when called, not at import time")
+                self._discovering = True
+                try:
+                    if self._builtins is None:
+                        self._builtins = self._discover_builtins()
+                    if plugins:
+                        self._found = self._discover_plugins(dict(self._builtins))
+                finally:
+                    self._discovering = False
+            return self._found if plugins else self._builtins  # type: ignore[return-value]
+
+    def _discover_builtins(self) -> dict[str, T]:
         found: dict[str, T] = {}
         package = importlib.import_module(self.package)
         for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
@@ -71,7 +98,10 @@ class Registry(Generic[T]):
             declared = getattr(module, self.attribute, None)
             if declared is not None:
                 self._add(found, declared, f"{module.__name__}.{self.attribute}")
-        for ep in sorted(importlib.metadata.entry_points(group=self.group), key=lambda e: e.name):
+        return found
+
+    def _discover_plugins(self, found: dict[str, T]) -> dict[str, T]:
+        for ep in sorted(_entry_points(self.group), key=lambda e: e.name):
             try:
                 declared = ep.load()
             except Exception as e:  # a broken plugin must not break the built-in parts

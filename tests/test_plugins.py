@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 from itertools import count
 from pathlib import Path
 
@@ -193,7 +194,22 @@ def test_a_plugin_cannot_take_a_built_in_name(tmp_path, monkeypatch):
     registry = Registry("store kind", StoreKind, "ckptstore.store.kinds", "KIND", "ckptstore.store_kinds",
                         lambda k: (k.name,))
     with pytest.warns(RuntimeWarning, match="declares the store kind 'zarr', which is taken already"):
+        assert registry.entries()["zarr"].label == "Zarr v3"
+    assert registry.get("zarr").label == "Zarr v3"
+
+
+def test_a_built_in_is_found_without_reading_the_entry_points(tmp_path, monkeypatch):
+    # every rank's first open of a local store looks up a built-in scheme and kind
+    _install(tmp_path, "broken", "[ckptstore.store_kinds]\nbroken = no_such_module_here:KIND\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    registry = Registry("store kind", StoreKind, "ckptstore.store.kinds", "KIND", "ckptstore.store_kinds",
+                        lambda k: (k.name,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # loading the broken plugin would warn
         assert registry.get("zarr").label == "Zarr v3"
+    with pytest.warns(RuntimeWarning, match="could not be loaded"):
+        assert registry.get("tiny-unknown") is None
 
 
 
