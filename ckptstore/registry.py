@@ -55,6 +55,10 @@ class Registry(Generic[T]):
         """Every declaration by each of its names: built-in ones (in module-name order), then plugins."""
         return self._discovered(plugins=True)
 
+    def builtins(self) -> dict[str, T]:
+        """The declarations of the package's own modules, by name (no entry point is read)."""
+        return self._discovered(plugins=False)
+
     def get(self, name: str) -> T | None:
         """The declaration registered as ``name``, or ``None``."""
         # A plugin cannot take a built-in's name, so a built-in is found without reading every

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ckptstore.store import steps
-from ckptstore.store.kinds import WORK_DIR, manifest_files, read_manifest, store_kind, store_kinds
+from ckptstore.store.kinds import WORK_DIR, manifest_candidates, manifest_files, read_manifest, store_kind, store_kinds
 from ckptstore.boxes import Box
 from ckptstore.errors import (
     IncompleteStoreError,
@@ -263,7 +263,7 @@ def _manifest_identity(location: ByteSource) -> tuple[str, FileStat] | None:
     :class:`ReplaceGuard`); ``None`` elsewhere."""
     if not location.pins_open_files:
         return None
-    for key in manifest_files():
+    for _, key in manifest_candidates():
         st = location.stat(key)
         if st is not None:
             return key, st

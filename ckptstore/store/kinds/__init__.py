@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ckptstore.errors import StoreCorruptError
 from ckptstore.limits import MAX_METADATA_BYTES
@@ -102,7 +102,23 @@ def store_kinds(*, convert: bool | None = None) -> list[StoreKind]:
 
 def manifest_files() -> list[str]:
     """The files a store's manifest may be in, in the order they are looked for."""
-    return list(dict.fromkeys(k.manifest_file for k in store_kinds()))
+    return list(dict.fromkeys(k.manifest_file for k, _ in manifest_candidates()))
+
+
+def manifest_candidates() -> Iterator[tuple[StoreKind, str]]:
+    """Each kind with a manifest file not named before it: the built-in kinds first, then the
+    plugins' — read only when the caller goes on looking, so opening a built-in kind's store
+    reads no installed distribution's entry points."""
+    seen: set[str] = set()
+    builtins = KINDS.builtins()
+    def kinds() -> Iterator[StoreKind]:
+        yield from builtins.values()
+        yield from (k for n, k in KINDS.entries().items() if n not in builtins)
+
+    for kind in kinds():
+        if kind.manifest_file not in seen:
+            seen.add(kind.manifest_file)
+            yield kind, kind.manifest_file
 
 
 def read_manifest(source: ByteSource) -> Any:
@@ -114,10 +130,7 @@ def read_manifest(source: ByteSource) -> Any:
     without ckptstore attributes). Raises :class:`StoreCorruptError` when the metadata file is
     not a JSON object.
     """
-    readers: dict[str, Callable[[dict[str, Any]], Any]] = {}
-    for kind in store_kinds():
-        readers.setdefault(kind.manifest_file, kind.manifest_in)
-    for name, manifest_in in readers.items():
+    for kind, name in manifest_candidates():
         raw = source.read_bytes(name, limit=MAX_METADATA_BYTES)
         if raw is None:
             continue
@@ -127,5 +140,5 @@ def read_manifest(source: ByteSource) -> Any:
             raise StoreCorruptError(f"{source.key_url(name)} is not valid JSON: {e}") from None
         if not isinstance(doc, dict):
             raise StoreCorruptError(f"{source.key_url(name)} is not a JSON object")
-        return manifest_in(doc)
+        return kind.manifest_in(doc)
     return None
