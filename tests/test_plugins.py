@@ -174,12 +174,17 @@ def test_a_store_is_converted_into_and_opened_from_the_plugin_s_scheme(plugins, 
 # ---- the registry ------------------------------------------------------------------------------
 
 
+def _kind_registry_seeing(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Registry:
+    """A new store-kind registry, like ``ckptstore.store.kinds.KINDS``, that sees what is installed in ``folder``."""
+    monkeypatch.syspath_prepend(str(folder))
+    importlib.invalidate_caches()
+    return Registry("store kind", StoreKind, "ckptstore.store.kinds", "KIND", "ckptstore.store_kinds",
+                    lambda k: (k.name,))
+
+
 def test_a_plugin_that_does_not_load_is_skipped_with_a_warning(tmp_path, monkeypatch):
     _install(tmp_path, "broken_plugin", "[ckptstore.store_kinds]\nbroken = no_such_module_here:KIND\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    registry = Registry("store kind", StoreKind, "ckptstore.store.kinds", "KIND", "ckptstore.store_kinds",
-                        lambda k: (k.name,))
+    registry = _kind_registry_seeing(tmp_path, monkeypatch)
     with pytest.warns(RuntimeWarning, match=r"'no_such_module_here:KIND' \(entry point 'broken' .*could not be loaded"):
         assert registry.names() == ["index", "safetensors", "zarr"]
 
@@ -189,10 +194,7 @@ def test_a_plugin_cannot_take_a_built_in_name(tmp_path, monkeypatch):
     (tmp_path / "usurper_kind.py").write_text(
         "import dataclasses\nfrom ckptstore.store.kinds.zarr import KIND as ZARR\n"
         "KIND = dataclasses.replace(ZARR, label='not zarr')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    registry = Registry("store kind", StoreKind, "ckptstore.store.kinds", "KIND", "ckptstore.store_kinds",
-                        lambda k: (k.name,))
+    registry = _kind_registry_seeing(tmp_path, monkeypatch)
     with pytest.warns(RuntimeWarning, match="declares the store kind 'zarr', which is taken already"):
         assert registry.entries()["zarr"].label == "Zarr v3"
     assert registry.get("zarr").label == "Zarr v3"
@@ -201,10 +203,7 @@ def test_a_plugin_cannot_take_a_built_in_name(tmp_path, monkeypatch):
 def test_a_built_in_is_found_without_reading_the_entry_points(tmp_path, monkeypatch):
     # every rank's first open of a local store looks up a built-in scheme and kind
     _install(tmp_path, "broken", "[ckptstore.store_kinds]\nbroken = no_such_module_here:KIND\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    registry = Registry("store kind", StoreKind, "ckptstore.store.kinds", "KIND", "ckptstore.store_kinds",
-                        lambda k: (k.name,))
+    registry = _kind_registry_seeing(tmp_path, monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # loading the broken plugin would warn
         assert registry.get("zarr").label == "Zarr v3"
