@@ -23,7 +23,7 @@ import numpy as np
 
 from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.errors import LayoutMismatchError, ReplicaMismatchError
-from ckptstore.io.open_files import SourceFiles
+from ckptstore.checkpoint.rank_bytes import RankFiles
 
 from ckptstore.boxes import Box
 from ckptstore.checkpoint.params import SourceParam, SourceSlice
@@ -44,14 +44,14 @@ class Sample:
 class Sampler:
     """Reads and digests samples of rank-file entries (the files stay open for the next sample)."""
 
-    def __init__(self, files: SourceFiles) -> None:
+    def __init__(self, files: RankFiles) -> None:
         self.files = files
         self._cache: dict[tuple[str, str], Sample] = {}
 
     def read(self, path: str, entry: CkptEntry, start: int, nbytes: int) -> bytes:
         """Bytes ``[start, start + nbytes)`` of an entry (its pieces concatenated)."""
         buf = bytearray(nbytes)
-        self.files.read(path, entry, start, memoryview(buf))
+        self.files.read_windows(path, entry, [(start, memoryview(buf))])
         return bytes(buf)
 
     def sample(self, path: str, entry: CkptEntry) -> Sample:
@@ -65,9 +65,7 @@ class Sampler:
         head = min(WINDOW, n)
         tail = min(WINDOW, n - head)
         buf = bytearray(head + tail)
-        self.files.read(path, entry, 0, memoryview(buf)[:head])
-        if tail:
-            self.files.read(path, entry, n - tail, memoryview(buf)[head:])
+        self.files.read_windows(path, entry, [(0, memoryview(buf)[:head]), (n - tail, memoryview(buf)[head:])])
         item = entry.dtype.itemsize
         values = np.frombuffer(buf, dtype=f"u{item}" if item in (1, 2, 4, 8) else "u1")
         trivial = values.size == 0 or bool(np.all(values == values[0]))

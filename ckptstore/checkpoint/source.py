@@ -22,7 +22,7 @@ from ckptstore.formats.ckpt_reader import CkptEntry, CkptIndex
 from ckptstore.checkpoint.layout_check import Sampler, check_against_strategy
 from ckptstore.checkpoint.params import SourceParam, SourceSlice
 from ckptstore.checkpoint.rank_files import find_rank_files, pick_rank_file, scan_rank_file  # noqa: F401 (re-exported)
-from ckptstore.io.open_files import SourceFiles
+from ckptstore.checkpoint.rank_bytes import RankFiles
 from ckptstore.errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
 from ckptstore.checkpoint.strategy import Layout, Strategy, StrategyPaths, load_strategy, stage_slices
 from ckptstore.io.locations import is_url
@@ -37,7 +37,8 @@ class DistributedSource:
     ``integrated_save`` is true when the rank files hold whole tensors although the strategy
     splits them (``save_checkpoint(integrated_save=True)``); parameters are then whole.
     ``unsaved`` names what the strategy lays out and no rank file holds (see :func:`open_source`).
-    ``files`` keeps the rank files open for whoever reads them next; close the source after use.
+    ``files`` reads the rank files (through the load's planner and executor) and keeps them open
+    for whoever reads them next; close the source after use.
     """
 
     rank_files: Mapping[int, str]
@@ -45,7 +46,7 @@ class DistributedSource:
     strategy: Strategy | None
     params: Mapping[str, SourceParam]
     integrated_save: bool = False
-    files: SourceFiles = field(default_factory=SourceFiles, compare=False, repr=False)
+    files: RankFiles = field(default_factory=lambda: RankFiles(()), compare=False, repr=False)
     #: parameters the strategy lays out but no rank file holds: not saved (a filtered save), so not stored
     unsaved: tuple[str, ...] = ()
 
@@ -117,7 +118,7 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
     _check_redundancy(params, indexes)
     if uncovered is not None:
         raise uncovered
-    opened = SourceFiles()
+    opened = RankFiles(list(files.values()))
     integrated = False
     if check_layout and len(files) > 1:
         try:

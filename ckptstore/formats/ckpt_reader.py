@@ -547,22 +547,32 @@ def verify_checkpoint_crc(index: CkptIndex, f: ReadableFile | None = None) -> No
             path=index.path, offset=index.data_end)
 
 
-def entry_requests(pieces: Sequence[tuple[int, int]], start: int, out: memoryview) -> list[tuple[int, memoryview]]:
-    """Read requests that fill ``out`` with the logical bytes ``[start, start + len(out))`` of an
-    entry stored as ``pieces`` (``(offset, length)`` in the file, concatenated in order)."""
-    want_end = start + len(out)
-    logical, written = 0, 0
-    requests = []
+def entry_ranges(pieces: Sequence[tuple[int, int]], start: int, nbytes: int) -> list[tuple[int, int]]:
+    """``(file offset, length)`` of the logical bytes ``[start, start + nbytes)`` of an entry stored
+    as ``pieces`` (``(offset, length)`` in the file, concatenated in order)."""
+    want_end = start + nbytes
+    logical, found = 0, 0
+    ranges = []
     for offset, length in pieces:
         lo, hi = max(start, logical), min(want_end, logical + length)
         if lo < hi:
-            requests.append((offset + lo - logical, out[written:written + hi - lo]))
-            written += hi - lo
+            ranges.append((offset + lo - logical, hi - lo))
+            found += hi - lo
         logical += length
         if logical >= want_end:
             break
-    if written != len(out):
+    if found != nbytes:
         raise ValueError(f"asked for bytes [{start}, {want_end}) but the entry has {logical}")
+    return ranges
+
+
+def entry_requests(pieces: Sequence[tuple[int, int]], start: int, out: memoryview) -> list[tuple[int, memoryview]]:
+    """Read requests that fill ``out`` with the logical bytes ``[start, start + len(out))`` of an
+    entry stored as ``pieces`` (``(offset, length)`` in the file, concatenated in order)."""
+    requests, written = [], 0
+    for offset, length in entry_ranges(pieces, start, len(out)):
+        requests.append((offset, out[written:written + length]))
+        written += length
     return requests
 
 

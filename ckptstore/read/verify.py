@@ -18,7 +18,7 @@ from ckptstore.store.codecs import decode
 from ckptstore.errors import AccessDeniedError, CkptStoreError, StoreUnavailableError
 from ckptstore.store.manifest import ParamManifest
 from ckptstore.checkpoint.source import DistributedSource, resolve_source
-from ckptstore.io.open_files import SourceFiles
+from ckptstore.checkpoint.rank_bytes import RankFiles
 from ckptstore.store.store import Store, StoreLike, store_argument
 
 
@@ -143,7 +143,7 @@ def _stored_chunk(store: Store, info: ParamManifest, i: int) -> bytes:
     return bytes(decode(info.codec, buf, info.chunk_box(i).size * info.np_dtype.itemsize, info.name, i))
 
 
-def _same_bytes(files: SourceFiles, stored: bytes, path: str, entry: CkptEntry, start: int) -> bool:
+def _same_bytes(files: RankFiles, stored: bytes, path: str, entry: CkptEntry, start: int) -> bool:
     buf = bytearray(len(stored))
     files.read(path, entry, start, memoryview(buf))
     return bytes(buf) == stored

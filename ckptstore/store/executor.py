@@ -17,7 +17,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import crc32c
 import numpy as np
@@ -42,7 +42,8 @@ CHECKED_ALLOCATION = 64 << 20
 
 @dataclass
 class IOStats:
-    """What this process read through the executor: a test and benchmark hook.
+    """What this process's loads read through the executor: a test and benchmark hook (an
+    executor given its own ``stats``, such as a converter's reading rank files, counts there).
 
     ``bytes_read`` and ``reads`` (byte ranges) as planned; ``requests``: calls to a byte source
     (one vectored read of a local file, one ranged GET of an object); ``files``: the locations
@@ -172,8 +173,15 @@ class Executor:
     """
 
     def __init__(self, source: ByteSource, *, workers: int = 1, max_inflight: int = MAX_INFLIGHT,
-                 unit_bytes: int | None = None, pool_min_bytes: int = POOL_MIN_BYTES) -> None:
+                 unit_bytes: int | None = None, pool_min_bytes: int = POOL_MIN_BYTES,
+                 reading: Callable[[ParamReadPlan], ContextManager[None]] | None = None,
+                 stats: IOStats | None = None) -> None:
         self.source = source
+        # a load's reads count in IO_STATS (what plan_rank predicts); a converter keeps its own
+        self.stats = IO_STATS if stats is None else stats
+        # what a failed open or read says: by default, about a store (a converter reading rank
+        # files says it about the checkpoint instead)
+        self._reading_ctx = reading or _reading
         self.workers = max(1, int(workers))
         self.unit_bytes = max(1, unit_bytes or source.unit_bytes or UNIT_BYTES)
         self.pool_min_bytes = pool_min_bytes
@@ -231,7 +239,10 @@ class Executor:
 
     def _units(self, g: ReadGroup) -> list[_Ranges]:
         """The group's ranges cut into pieces of at most one unit, grouped into units."""
-        r = _split_long(_Ranges(g.files, g.offsets, g.lengths, g.dests), self.unit_bytes)
+        r = _Ranges(g.files, g.offsets, g.lengths, g.dests)
+        if len(r.lengths) == 1 and int(r.lengths[0]) <= self.unit_bytes:
+            return [r]  # one range of at most a unit (a converter's block, a small parameter): nothing to cut
+        r = _split_long(r, self.unit_bytes)
         if not len(r.lengths):
             return []
         if self.source.coalesces:
@@ -247,19 +258,20 @@ class Executor:
         keys = []
         for a, b in calls:
             key = plan.keys[int(r.files[a])]
-            keys.append(self.source.key_url(key))
-            with _reading(plan):
+            with self._reading_ctx(plan):
+                f = self.source.open(key)
+                keys.append(f.url)
                 buffers = _buffers(flat, r.dests[a:b], r.lengths[a:b])
                 if self.source.coalesces:  # every range of the file in one call: near ones share a request
-                    self.source.open(key).read_requests(list(zip(r.offsets[a:b].tolist(), buffers)))
+                    f.read_requests(list(zip(r.offsets[a:b].tolist(), buffers)))
                 else:
-                    self.source.open(key).readv(int(r.offsets[a]), buffers)
-        IO_STATS.add(int(r.lengths.sum()), len(r.lengths), len(calls), keys)
+                    f.readv(int(r.offsets[a]), buffers)
+        self.stats.add(int(r.lengths.sum()), len(r.lengths), len(calls), keys)
 
     def _scratch(self, plan: ParamReadPlan, g: ReadGroup, out: np.ndarray) -> None:
         n = g.scratch_nbytes
         self._budget.acquire(n)
-        IO_STATS.hold(n)
+        self.stats.hold(n)
         try:
             buf = np.empty(n, dtype=np.uint8)
             self._read(plan, _Ranges(g.files, g.offsets, g.lengths, g.dests), buf)
@@ -275,7 +287,7 @@ class Executor:
             block = np.frombuffer(data, dtype=plan.dtype, count=g.frame.size).reshape(g.frame.shape)
             out[g.overlap.relative_to(plan.box).slices()] = block[g.overlap.relative_to(g.frame).slices()]
         finally:
-            IO_STATS.hold(-n)
+            self.stats.hold(-n)
             self._budget.release(n)
 
 
@@ -298,8 +310,8 @@ def _calls(r: _Ranges, coalesces: bool) -> list[tuple[int, int]]:
     """``(first, stop)`` of the ranges each read call covers: a run contiguous in one file, or for
     a source that coalesces (an object store), every range of one file."""
     n = len(r.lengths)
-    if not n:
-        return []
+    if n < 2:
+        return [(0, n)] if n else []
     breaks = r.files[1:] != r.files[:-1]
     if not coalesces:
         breaks = breaks | (r.offsets[:-1] + r.lengths[:-1] != r.offsets[1:])

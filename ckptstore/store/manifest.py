@@ -124,6 +124,10 @@ class ParamManifest:
         return tuple(-(-s // c) for s, c in zip(self.shape, self.chunk_shape))
 
     @cached_property
+    def _one_chunk(self) -> bool:
+        return all(g == 1 for g in self.grid)
+
+    @cached_property
     def _grid_strides(self) -> tuple[int, ...]:
         return tuple(prod(self.grid[a + 1:]) for a in range(len(self.grid)))
 
@@ -167,7 +171,7 @@ class ParamManifest:
 
     def chunks_overlapping(self, box: Box) -> list[int]:
         """Indices of the chunks that intersect the global ``box``."""
-        if not self.shape:
+        if not self.shape or self._one_chunk:
             return [0]
         ranges = [range(lo // k, -(-hi // k)) if hi > lo else range(0)
                   for lo, hi, k in zip(box.start, box.stop, self.chunk_shape)]

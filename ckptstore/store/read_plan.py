@@ -133,8 +133,9 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
     every touched chunk whole to check its CRC-32C. Raises ``ValueError`` when ``box`` is not
     inside the tensor.
     """
-    box = Box.full(manifest.shape) if box is None else box
-    if box.ndim != len(manifest.shape) or not Box.full(manifest.shape).contains(box):
+    full = Box.full(manifest.shape)
+    box = full if box is None else box
+    if box is not full and (box.ndim != len(manifest.shape) or not full.contains(box)):
         raise ValueError(f"box [{list(box.start)}, {list(box.stop)}) is outside parameter {manifest.name!r} "
                          f"of shape {list(manifest.shape)}")
     keys: dict[str, int] = {}
@@ -153,7 +154,8 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
         if whole:
             groups.append(_whole_group(manifest, i, cbox, overlap, keys))
             continue
-        container, pieces = manifest.container(i)
+        # the chunk itself holds its bytes, unless the layout is dense (the whole tensor does)
+        container, pieces = manifest.container(i) if manifest.dense else (cbox, manifest.chunks.chunk_pieces(i))
         frame = overlap if cast else box
         at = _contiguous_at(overlap, frame) if overlap == container and len(pieces) == 1 else None
         if at is not None and not cast:  # a whole chunk landing in one run of the destination
@@ -257,7 +259,10 @@ def _runs(overlap: Box, container: Box, pieces: Sequence[Piece], frame: Box, ite
 
 def _coalesce(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
     """Concatenate range columns and merge neighbours contiguous in the same file and the destination."""
-    files, offsets, lengths, dests = (np.concatenate([p[k] for p in parts]) if parts else _EMPTY for k in range(4))
+    if len(parts) == 1:
+        files, offsets, lengths, dests = parts[0]
+    else:
+        files, offsets, lengths, dests = (np.concatenate([p[k] for p in parts]) if parts else _EMPTY for k in range(4))
     if len(files) < 2:
         return files, offsets, lengths, dests
     joins = ((files[1:] == files[:-1]) & (offsets[:-1] + lengths[:-1] == offsets[1:])

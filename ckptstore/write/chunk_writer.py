@@ -23,13 +23,13 @@ from ckptstore.store.codecs import numcodecs_codec
 from ckptstore.store.safetensors import TensorSlot
 from ckptstore.boxes import Box, byte_pieces
 from ckptstore.store.chunking import ChunkSource, ParamPlan
-from ckptstore.formats.ckpt_reader import CkptEntry, read_str
+from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.errors import ReplicaMismatchError
 from ckptstore.io.sink import ByteSink, SinkFile
 from ckptstore.write.journal import JournalEntry, JournalWriter, good_prefix, journal_key, read_journal
 from ckptstore.store.manifest import ChunkTable, ParamManifest, dtype_label
 from ckptstore.progress import Progress
-from ckptstore.io.open_files import SourceFiles
+from ckptstore.checkpoint.rank_bytes import RankFiles
 
 Pieces = list[tuple[int, int]]  # (file offset, length) in chunk byte order
 
@@ -50,7 +50,7 @@ class ChunkCopier:
     """Streams chunks from rank files to store files; shared by the worker threads."""
 
     def __init__(self, codec: Mapping[str, Any] | None, verify_replicas: bool, progress: Progress,
-                 files: SourceFiles) -> None:
+                 files: RankFiles) -> None:
         self.codec = codec
         self.files = files
         self._compressor = numcodecs_codec(codec)
@@ -118,7 +118,7 @@ class ChunkCopier:
 def str_manifest(plan: ParamPlan, path: str, copier: ChunkCopier) -> ParamManifest:
     """A string parameter: its text lives in the manifest."""
     p = plan.param
-    value = read_str(copier.files.open(p.slices[0].path), p.slices[0].entry)
+    value = copier.files.read_str(p.slices[0].path, p.slices[0].entry)
     return ParamManifest(p.name, path, "str", (), (), ChunkTable((), (), (), (), (), ()), None, value)
 
 
