@@ -98,7 +98,8 @@ class RankFiles:
         """Fill ``out`` with bytes ``[start, start + len(out))`` of ``entry`` (its pieces concatenated)."""
         n = len(out)
         if n:
-            self.executor.run([(self.plan(path, entry, start, n), np.frombuffer(out, dtype=np.uint8))])
+            # one worker: the reads happen here, before submit returns
+            self.executor.submit(self.plan(path, entry, start, n), np.frombuffer(out, dtype=np.uint8))
 
     def read_windows(self, path: str, entry: CkptEntry, windows: Sequence[tuple[int, memoryview]]) -> None:
         """Fill each ``(start, view)`` of ``windows`` with bytes ``[start, start + len(view))`` of ``entry``,

@@ -118,7 +118,7 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
     _check_redundancy(params, indexes)
     if uncovered is not None:
         raise uncovered
-    opened = RankFiles(list(files.values()))
+    opened = RankFiles([idx.path for idx in indexes.values()])  # the paths slices name their files by
     integrated = False
     if check_layout and len(files) > 1:
         try:

@@ -222,7 +222,7 @@ class Executor:
 
     def run(self, jobs: Sequence[tuple[ParamReadPlan, np.ndarray]]) -> None:
         """Fill each destination array with its plan's bytes (all plans share the pool)."""
-        parallel = sum(p.nbytes for p, _ in jobs) >= self.pool_min_bytes
+        parallel = self.workers > 1 and sum(p.nbytes for p, _ in jobs) >= self.pool_min_bytes
         try:
             for job in [self.submit(plan, out, parallel=parallel) for plan, out in jobs]:
                 job.wait()

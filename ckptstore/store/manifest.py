@@ -124,10 +124,6 @@ class ParamManifest:
         return tuple(-(-s // c) for s, c in zip(self.shape, self.chunk_shape))
 
     @cached_property
-    def _one_chunk(self) -> bool:
-        return all(g == 1 for g in self.grid)
-
-    @cached_property
     def _grid_strides(self) -> tuple[int, ...]:
         return tuple(prod(self.grid[a + 1:]) for a in range(len(self.grid)))
 
@@ -165,14 +161,17 @@ class ParamManifest:
 
     def chunk_box(self, index: int) -> Box:
         """The global box of chunk ``index`` (C order over the grid)."""
+        if not index:  # the first (often the only) chunk needs no grid
+            stop = tuple(map(min, self.chunk_shape, self.shape))
+            return Box((0,) * len(stop), stop)
         start = tuple((index // st) % g * k for st, g, k in zip(self._grid_strides, self.grid, self.chunk_shape))
         stop = tuple(min(s + k, n) for s, k, n in zip(start, self.chunk_shape, self.shape))
         return Box(start, stop)
 
     def chunks_overlapping(self, box: Box) -> list[int]:
         """Indices of the chunks that intersect the global ``box``."""
-        if not self.shape or self._one_chunk:
-            return [0]
+        if all(k >= n for n, k in zip(self.shape, self.chunk_shape)):
+            return [0]  # one chunk (or a scalar): nothing to search
         ranges = [range(lo // k, -(-hi // k)) if hi > lo else range(0)
                   for lo, hi, k in zip(box.start, box.stop, self.chunk_shape)]
         strides = self._grid_strides

@@ -1,7 +1,8 @@
 """Write one parameter's chunks into a store, resumably: the converter's I/O half.
 
-A chunk's bytes are a contiguous range of one rank file's entry (see :mod:`chunk_plan`). They are
-streamed through a small buffer, checksummed (CRC-32C), and *placed*: a Zarr parameter appends
+A chunk's bytes are a contiguous range of one rank file's entry (see :mod:`ckptstore.store.chunking`).
+They are read a bounded block at a time through the same read plan and executor as a load
+(:class:`~ckptstore.checkpoint.rank_bytes.RankFiles`), checksummed (CRC-32C), and *placed*: a Zarr parameter appends
 chunks one after another to its data file (``offset`` grows); a dense (safetensors) parameter
 scatters each chunk's rows into the whole tensor at fixed positions. After each chunk, a journal
 line records it; a rerun verifies journalled chunks against their checksum and continues after

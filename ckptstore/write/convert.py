@@ -5,7 +5,9 @@ parameter's global shape and distinct slices and check a sample of their bytes a
 strategy (:mod:`ckptstore.checkpoint.source`) -> plan chunks aligned to the slices
 (:mod:`ckptstore.store.chunking`) -> claim the output folder (:mod:`ckptstore.write.output_folder`) ->
 stream each chunk's bytes from the one rank file that supplies it into the parameter's data
-file, checksumming on the way (:mod:`ckptstore.write.chunk_writer`) -> commit.
+file, a bounded block at a time through the load's read plan and executor
+(:mod:`ckptstore.checkpoint.rank_bytes`), checksumming on the way (:mod:`ckptstore.write.chunk_writer`)
+-> commit.
 
 Safety: one conversion owns an output folder at a time (a lock its holder's death releases).
 Each data file is written under ``.partial`` with a journal of finished chunks and published
