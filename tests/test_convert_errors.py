@@ -169,6 +169,26 @@ def test_truncated_rank_file_names_file_parameter_and_offset(dp2_mp4, tmp_path):
     assert str(path) in msg and "'layer1.w'" in msg and f"byte offset {entry.record_offset}" in msg, msg
 
 
+def test_rank_file_cut_after_its_scan_is_named_with_the_parameter_not_as_a_damaged_store(dp2_mp4):
+    # the converter reads rank files through the load's executor, which calls a short file a damaged
+    # store; a rank file that shrinks between the scan and the copy is the checkpoint's fault
+    from ckptstore.checkpoint.source import resolve_source
+
+    path = dp2_mp4.rank_file(4)
+    source = resolve_source(dp2_mp4.root, dp2_mp4.strategy_files)
+    try:
+        entry = source.indexes[4].entries["layer1.w"]
+        offset, _ = entry.pieces[0]
+        with open(path, "r+b") as f:
+            f.truncate(offset)
+        with pytest.raises(TruncatedCheckpointError) as info:
+            source.files.read(str(path), entry, 0, memoryview(bytearray(entry.nbytes)))
+    finally:
+        source.close()
+    assert (info.value.path, info.value.param, info.value.offset) == (str(path), "layer1.w", offset)
+    assert str(info.value).startswith("the file ends before this parameter's bytes")
+
+
 def test_corrupt_rank_file_of_random_bytes_is_named(dp2_mp4, tmp_path):
     path = dp2_mp4.rank_file(1)
     path.write_bytes(np.random.default_rng(0).bytes(5000))
