@@ -3,19 +3,19 @@
 An index store describes rank files as byte ranges; so does the converter. Every rank file is a
 key of one :class:`~ckptstore.io.base.ByteSource`, rooted at the folder (or bucket prefix) that
 holds them all (:func:`~ckptstore.store.index.common_folder`, as ``ckptstore index`` records it),
-and each entry (one parameter of one rank file) is described like an index's chunk: a
-one-dimensional byte array whose one chunk is the entry's pieces ``(file key, offset, length)``.
-Reading bytes ``[start, stop)`` of an entry is then planning that box with
-:func:`~ckptstore.store.read_plan.plan_param` and running the plan with the
-:class:`~ckptstore.store.executor.Executor`, straight into the caller's buffer. Callers read in
-bounded blocks (:func:`~ckptstore.store.checksum.read_blocks`), so memory stays at one block
-per thread whatever the checkpoint's size.
+and the byte ranges to read (a converter's chunks: ``nbytes`` bytes from ``byte_start`` of a rank
+file's entry) are described as an index describes its chunks: a one-dimensional byte array whose
+chunk ``k`` lies at the pieces ``(file key, offset, length)`` of the ``k``-th range. Reading is then
+planning that array with :func:`~ckptstore.store.read_plan.plan_param` and running the plan with
+the :class:`~ckptstore.store.executor.Executor`, straight into the caller's buffer. Callers read
+in bounded blocks (at most :data:`~ckptstore.store.checksum.BLOCK` bytes at once, several small
+chunks per plan), so memory stays at one block per thread whatever the checkpoint's size.
 """
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import ContextManager, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -76,30 +76,40 @@ class RankFiles:
         """The open rank file ``path`` (for its headers; payload goes through :meth:`read`)."""
         return self.source.open(self.key(path))
 
-    def manifest(self, path: str, entry: CkptEntry, start: int, nbytes: int) -> ParamManifest:
-        """Bytes ``[start, start + nbytes)`` of entry ``entry`` of rank file ``path`` described as an
-        index describes a chunk: a byte array of ``nbytes`` whose one chunk lies at the pieces of
-        the entry's records that hold those bytes."""
-        key = self.key(path)
-        try:
-            ranges = entry_ranges(entry.pieces, start, nbytes)
-        except ValueError as e:
-            raise CorruptCheckpointError(str(e), path=str(path), param=entry.name) from None
-        pieces = tuple((key, o, n) for o, n in ranges)
-        table = ChunkTable((key,), (pieces[0][1],), (nbytes,), None, (0,), (1,), {0: pieces} if len(pieces) > 1 else {})
-        return ParamManifest(entry.name, key, "uint8", (nbytes,), (nbytes,), table)
+    def manifest(self, parts: Sequence[tuple[str, CkptEntry, int]], nbytes: int) -> ParamManifest:
+        """Ranges of rank files described as an index describes chunks: a byte array of
+        ``len(parts) * nbytes`` whose chunk ``k`` is bytes ``[start, start + nbytes)`` of ``entry`` of
+        rank file ``path`` (``parts[k]``), lying at the pieces of the entry's records that hold them."""
+        files, offsets, pieces = [], [], {}
+        for k, (path, entry, start) in enumerate(parts):
+            key = self.key(path)
+            try:
+                ranges = entry_ranges(entry.pieces, start, nbytes)
+            except ValueError as e:
+                raise CorruptCheckpointError(str(e), path=str(path), param=entry.name) from None
+            files.append(key)
+            offsets.append(ranges[0][0])
+            if len(ranges) > 1:
+                pieces[k] = tuple((key, o, n) for o, n in ranges)
+        n = len(parts)
+        table = ChunkTable(tuple(files), tuple(offsets), (nbytes,) * n, None, (0,) * n, (1,) * n, pieces)
+        return ParamManifest(parts[0][1].name, files[0], "uint8", (n * nbytes,), (nbytes,), table)
 
-    def plan(self, path: str, entry: CkptEntry, start: int, nbytes: int) -> ParamReadPlan:
-        """The reads of bytes ``[start, start + nbytes)`` (``nbytes`` > 0) of ``entry`` (its pieces
-        concatenated), as the load's planner makes them."""
-        return plan_param(self.manifest(path, entry, start, nbytes))
+    def plan(self, parts: Sequence[tuple[str, CkptEntry, int]], nbytes: int) -> ParamReadPlan:
+        """The reads of :meth:`manifest`'s whole array (``nbytes`` > 0), as the load's planner makes them."""
+        return plan_param(self.manifest(parts, nbytes))
 
     def read(self, path: str, entry: CkptEntry, start: int, out: memoryview) -> None:
         """Fill ``out`` with bytes ``[start, start + len(out))`` of ``entry`` (its pieces concatenated)."""
-        n = len(out)
-        if n:
+        self.read_chunks([(path, entry, start)], len(out), out)
+
+    def read_chunks(self, parts: Sequence[tuple[str, CkptEntry, int]], nbytes: int, out: memoryview) -> None:
+        """Fill ``out`` (``len(parts) * nbytes`` bytes) with ``nbytes`` bytes from each ``(path, entry,
+        start)`` of ``parts`` in turn: one plan, executed at once (planning costs per plan, not per byte,
+        so a converter reads its small chunks together)."""
+        if nbytes and parts:
             # one worker: the reads happen here, before submit returns
-            self.executor.submit(self.plan(path, entry, start, n), np.frombuffer(out, dtype=np.uint8))
+            self.executor.submit(self.plan(parts, nbytes), np.frombuffer(out, dtype=np.uint8))
 
     def read_windows(self, path: str, entry: CkptEntry, windows: Sequence[tuple[int, memoryview]]) -> None:
         """Fill each ``(start, view)`` of ``windows`` with bytes ``[start, start + len(view))`` of ``entry``,
@@ -122,18 +132,20 @@ class RankFiles:
         """A string parameter's text."""
         return read_str(self.open(path), entry)
 
-    def _plan_reading(self, plan: ParamReadPlan) -> ContextManager[None]:
-        return self._reading(self._paths.get(plan.keys[0], self.root) if plan.keys else self.root, plan.name)
+    @contextmanager
+    def _plan_reading(self, plan: ParamReadPlan) -> Iterator[None]:
+        try:
+            yield
+        except ShortReadError as e:  # name the rank file as the source gave it (a plan may read several)
+            path = next((self._paths[k] for k in plan.keys if self.source.key_url(k) == e.path), e.path)
+            raise _truncated(path, plan.name, e) from None
 
     @contextmanager
     def _reading(self, path: str, param: str) -> Iterator[None]:
-        # a rank file that ends before an entry's bytes was cut after its headers were scanned;
-        # say so as the scan would, not as a damaged store
         try:
             yield
         except ShortReadError as e:
-            raise TruncatedCheckpointError("the file ends before this parameter's bytes", path=str(path),
-                                           param=param, offset=e.end) from None
+            raise _truncated(path, param, e) from None
 
     def close(self) -> None:
         with self._lock:
@@ -146,3 +158,10 @@ class RankFiles:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _truncated(path: str, param: str, e: ShortReadError) -> TruncatedCheckpointError:
+    # a rank file that ends before an entry's bytes was cut after its headers were scanned: say so
+    # as the scan would, not as a damaged store (the executor's words for a short file)
+    return TruncatedCheckpointError("the file ends before this parameter's bytes", path=str(path), param=param,
+                                    offset=e.end)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from math import prod
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import crc32c
 import numpy as np
@@ -34,6 +34,10 @@ from ckptstore.checkpoint.rank_bytes import RankFiles
 
 Pieces = list[tuple[int, int]]  # (file offset, length) in chunk byte order
 
+#: Most bytes of small chunks read together (one plan, one buffer per thread): enough that planning
+#: costs little beside the reads, small enough that the buffer is a fraction of a block.
+BATCH = 4 << 20
+
 
 def _scatter(f: SinkFile, view: memoryview, start: int, pieces: Pieces) -> None:
     """Write ``view`` (chunk bytes ``[start, start+len)``) to where ``pieces`` put them."""
@@ -54,6 +58,7 @@ class ChunkCopier:
                  files: RankFiles) -> None:
         self.codec = codec
         self.files = files
+        self._local = threading.local()
         self._compressor = numcodecs_codec(codec)
         self.verify_replicas = verify_replicas
         self.progress = progress
@@ -68,6 +73,46 @@ class ChunkCopier:
 
     def _reader(self, path: str, entry: CkptEntry, start: int) -> Callable[[int, memoryview], None]:
         return lambda offset, view: self.files.read(path, entry, start + offset, view)
+
+    def batches(self, chunks: Sequence[ChunkSource], *, fresh: bool = False) -> Iterator[tuple[ChunkSource, memoryview | None]]:
+        """Each of ``chunks`` in order, with its bytes when it is small, else ``None`` (read it a block
+        at a time with :meth:`copy`, :meth:`blocks` or :meth:`checksum`).
+
+        Consecutive chunks of one size that fit in :data:`BATCH` bytes together are read as one
+        plan into one buffer: a parameter of many small slices costs one plan, not one per slice.
+        The buffer is this thread's, reused (each view is valid until the next is taken), unless
+        ``fresh`` (a streamed upload may keep every block until it is sent).
+        """
+        i = 0
+        while i < len(chunks):
+            nbytes = chunks[i].nbytes
+            if not 0 < nbytes <= BATCH:
+                yield chunks[i], None
+                i += 1
+                continue
+            j = i + 1
+            while j < len(chunks) and chunks[j].nbytes == nbytes and (j - i + 1) * nbytes <= BATCH:
+                j += 1
+            total = (j - i) * nbytes
+            buf = memoryview(bytearray(total) if fresh else self._buffer(total))[:total]
+            self.files.read_chunks([(c.path, c.entry, c.byte_start) for c in chunks[i:j]], nbytes, buf)
+            for k in range(i, j):
+                yield chunks[k], buf[(k - i) * nbytes:(k - i + 1) * nbytes]
+            i = j
+
+    def _buffer(self, nbytes: int) -> bytearray:
+        buf = getattr(self._local, "buffer", None)
+        if buf is None or len(buf) < nbytes:
+            buf = self._local.buffer = bytearray(nbytes)
+        return buf
+
+    def place(self, chunk: ChunkSource, data: memoryview, f: SinkFile, pieces: Pieces) -> int:
+        """Write a raw chunk's bytes ``data`` (from :meth:`batches`) to ``pieces`` of ``f``; return its CRC-32C."""
+        _scatter(f, data, 0, pieces)
+        self.progress.add(len(data))
+        crc = crc32c.crc32c(data)
+        self._check_replicas(chunk, crc)
+        return crc
 
     def copy(self, chunk: ChunkSource, f: SinkFile, pieces: Pieces) -> int:
         """Copy a raw chunk to ``pieces`` of ``f``; return its CRC-32C."""
@@ -90,14 +135,24 @@ class ChunkCopier:
         self._check_replicas(chunk, crc)
         crc_out[0] = crc
 
+    def streamed(self, chunk: ChunkSource, data: memoryview) -> int:
+        """A raw chunk's CRC-32C, its bytes ``data`` (from :meth:`batches`) about to be sent on."""
+        crc = crc32c.crc32c(data)
+        self.progress.add(len(data))
+        self._check_replicas(chunk, crc)
+        return crc
+
     def checksum(self, chunk: ChunkSource) -> int:
         """A raw chunk's CRC-32C, read from its rank file (an index's checksums)."""
         return crc32c_read(self._reader(chunk.path, chunk.entry, chunk.byte_start), chunk.nbytes)
 
-    def compressed(self, chunk: ChunkSource) -> bytes:
-        """A chunk's bytes, encoded with the store's codec (one chunk in memory)."""
-        raw = bytearray(chunk.nbytes)
-        self.files.read(chunk.path, chunk.entry, chunk.byte_start, memoryview(raw))
+    def compressed(self, chunk: ChunkSource, data: memoryview | None = None) -> bytes:
+        """A chunk's bytes (``data`` when :meth:`batches` read them), encoded with the store's codec
+        (one chunk in memory)."""
+        raw: Any = data
+        if raw is None:
+            raw = bytearray(chunk.nbytes)
+            self.files.read(chunk.path, chunk.entry, chunk.byte_start, memoryview(raw))
         self._check_replicas(chunk, crc32c.crc32c(raw))
         # typed view: Blosc shuffles by the element size, as the array's zarr.json declares
         data = self._compressor.encode(np.frombuffer(raw, dtype=f"u{chunk.entry.dtype.itemsize}"))
@@ -150,11 +205,13 @@ def write_zarr_param(plan: ParamPlan, sink: ByteSink, path: str, copier: ChunkCo
         try:
             offset = entries[-1].offset + entries[-1].nbytes if entries else 0
             f.truncate(offset)
-            for chunk in plan.chunks[len(entries):]:
+            for chunk, raw in copier.batches(plan.chunks[len(entries):]):
                 if copier.codec is None:
-                    crc, nbytes = copier.copy(chunk, f, [(offset, chunk.nbytes)]), chunk.nbytes
+                    crc = (copier.copy(chunk, f, [(offset, chunk.nbytes)]) if raw is None
+                           else copier.place(chunk, raw, f, [(offset, chunk.nbytes)]))
+                    nbytes = chunk.nbytes
                 else:
-                    data = copier.compressed(chunk)
+                    data = copier.compressed(chunk, raw)
                     f.pwrite(data, offset)
                     crc, nbytes = crc32c.crc32c(data), len(data)
                 entry = JournalEntry(chunk.index, offset, nbytes, crc, chunk.rank)
@@ -189,13 +246,16 @@ def stream_zarr_param(plan: ParamPlan, sink: ByteSink, path: str, copier: ChunkC
 
     def pieces() -> Any:
         offset = 0
-        for chunk in plan.chunks:
-            if copier.codec is None:
+        for chunk, raw in copier.batches(plan.chunks, fresh=True):
+            if copier.codec is None and raw is None:
                 crc = [0]
                 yield from copier.blocks(chunk, crc)
                 crc_value, nbytes = crc[0], chunk.nbytes
+            elif copier.codec is None:
+                crc_value, nbytes = copier.streamed(chunk, raw), chunk.nbytes
+                yield raw
             else:
-                data = copier.compressed(chunk)
+                data = copier.compressed(chunk, raw)
                 yield data
                 crc_value, nbytes = crc32c.crc32c(data), len(data)
             entries.append(JournalEntry(chunk.index, offset, nbytes, crc_value, chunk.rank))
@@ -275,8 +335,9 @@ def write_dense_param(plan: ParamPlan, slot: TensorSlot, sink: ByteSink, journal
         copier.progress.add(sum(c.nbytes for c in plan.chunks[:len(entries)]))
         log = JournalWriter(sink, journal, entries)
         try:
-            for chunk in plan.chunks[len(entries):]:
-                crc = copier.copy(chunk, f, pieces[chunk.index])
+            for chunk, raw in copier.batches(plan.chunks[len(entries):]):
+                crc = (copier.copy(chunk, f, pieces[chunk.index]) if raw is None
+                       else copier.place(chunk, raw, f, pieces[chunk.index]))
                 entry = JournalEntry(chunk.index, pieces[chunk.index][0][0], chunk.nbytes, crc, chunk.rank)
                 log.append(entry)
                 entries.append(entry)

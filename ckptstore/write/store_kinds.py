@@ -18,6 +18,8 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
+import crc32c
+
 from ckptstore.store.kinds import MANIFEST, ROOT_METADATA, WORK_DIR, store_kind
 from ckptstore.store import index as ib
 from ckptstore.store import safetensors as sb
@@ -421,7 +423,8 @@ class IndexWriter(StoreWriter):
     def _write(self, plan: ParamPlan) -> ParamManifest:
         p = plan.param
         files, offsets, nbytes, crcs, pieces = [], [], [], [], {}
-        for c in plan.chunks:
+        read = self.copier.batches(plan.chunks) if self.checksum else ((c, None) for c in plan.chunks)
+        for c, raw in read:
             key = self.keys[c.path]
             parts = [(key, o, n) for o, n in c.entry.pieces] or [(key, 0, 0)]
             files.append(key)
@@ -429,7 +432,7 @@ class IndexWriter(StoreWriter):
             nbytes.append(c.nbytes)
             if len(parts) > 1:
                 pieces[c.index] = tuple(parts)
-            crcs.append(self.copier.checksum(c) if self.checksum else 0)
+            crcs.append((self.copier.checksum(c) if raw is None else crc32c.crc32c(raw)) if self.checksum else 0)
             self.copier.count(written=1)
             self.copier.progress.add(c.nbytes)
         table = ChunkTable(tuple(files), tuple(offsets), tuple(nbytes), tuple(crcs) if self.checksum else None,
