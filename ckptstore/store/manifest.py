@@ -161,6 +161,9 @@ class ParamManifest:
 
     def chunk_box(self, index: int) -> Box:
         """The global box of chunk ``index`` (C order over the grid)."""
+        if len(self.shape) == 1:  # a vector (a converter's row of chunks) needs no grid
+            start = index * self.chunk_shape[0]
+            return Box((start,), (min(start + self.chunk_shape[0], self.shape[0]),))
         if not index:  # the first (often the only) chunk needs no grid
             stop = tuple(map(min, self.chunk_shape, self.shape))
             return Box((0,) * len(stop), stop)
@@ -172,6 +175,9 @@ class ParamManifest:
         """Indices of the chunks that intersect the global ``box``."""
         if all(k >= n for n, k in zip(self.shape, self.chunk_shape)):
             return [0]  # one chunk (or a scalar): nothing to search
+        if len(self.shape) == 1:
+            k, lo, hi = self.chunk_shape[0], box.start[0], box.stop[0]
+            return list(range(lo // k, -(-hi // k))) if hi > lo else []
         ranges = [range(lo // k, -(-hi // k)) if hi > lo else range(0)
                   for lo, hi, k in zip(box.start, box.stop, self.chunk_shape)]
         strides = self._grid_strides
