@@ -20,7 +20,8 @@ Routes, per revision, on the cached PanGu-shaped checkpoint of :mod:`benchmarks.
   prebuilt zero-filled Cell with the rank's Parameters (built in the untimed setup);
 * ``convert``: ``ckptstore.convert(src, out, strategy=[...], workers=4)`` of the rank files
   into an empty folder (Zarr), then ``os.sync()``, as ``bench_convert``;
-* ``index``: ``ckptstore.index(src, out, strategy=[...], workers=4)`` (no checksum), then ``os.sync()``.
+* ``index``: ``ckptstore.index(src, out, strategy=[...], workers=4)`` (no checksum), then ``os.sync()``;
+* ``index_checksum``: the same with ``checksum=True`` (every payload byte read and CRC-32C'd).
 
 plus the single-thread numpy ``preadv`` bound of the rank's bytes (no ckptstore), as the
 benchmarks' fairness rule asks. Contenders alternate (forward, then reversed order each round),
@@ -47,12 +48,13 @@ NAME = "versions"
 MODULE = "benchmarks.bench_versions"
 #: A route is "within" when new/old of the median wall time is at most this (issue 16: "within 5%").
 LIMIT = 1.05
-ROUTES = ("load_rank", "load_into_net", "convert", "index")
+ROUTES = ("load_rank", "load_into_net", "convert", "index", "index_checksum")
 ROUTE_TITLES = {
     "load_rank": "`load_rank(store, strategy, 0).materialize()` (Parameters built)",
     "load_into_net": "`load_into_net(net, store, strategy=..., rank=0)` (prebuilt Cell)",
     "convert": "`convert(src, out, strategy=[...])` (Zarr) + `os.sync()`",
     "index": "`index(src, out, strategy=[...])` + `os.sync()`",
+    "index_checksum": "`index(src, out, strategy=[...], checksum=True)` + `os.sync()`",
 }
 #: The contender of REPORT.md's load / convert tables that each route repeats.
 REPORT_CONTENDERS = {
@@ -60,6 +62,7 @@ REPORT_CONTENDERS = {
     "load_into_net": ("load", "ckptstore.load_into_net (into a prebuilt Cell)"),
     "convert": ("convert", "ckptstore convert"),
     "index": ("convert", "ckptstore index"),
+    "index_checksum": ("convert", "ckptstore index --checksum"),
 }
 BOUND = "lower bound: numpy preadv"
 
@@ -128,6 +131,13 @@ def index(src_dir: str, strategy: str, out: str) -> dict[str, Any]:
     from benchmarks.contenders import ckptstore_index
 
     return ckptstore_index(src_dir, strategy, out)
+
+
+def index_checksum(src_dir: str, strategy: str, out: str) -> dict[str, Any]:
+    """``ckptstore.index(src, out, strategy=[strategy], checksum=True, workers=4)``, then ``os.sync()``."""
+    from benchmarks.contenders import ckptstore_index
+
+    return ckptstore_index(src_dir, strategy, out, checksum=True)
 
 
 def check_written(result: Mapping[str, Any], **args: Any) -> dict[str, Any]:
