@@ -6,10 +6,12 @@ holds them all (:func:`~ckptstore.store.index.common_folder`, as ``ckptstore ind
 and the byte ranges to read (a converter's chunks: ``nbytes`` bytes from ``byte_start`` of a rank
 file's entry) are described as an index describes its chunks: a one-dimensional byte array whose
 chunk ``k`` lies at the pieces ``(file key, offset, length)`` of the ``k``-th range. Reading is then
-planning that array with :func:`~ckptstore.store.read_plan.plan_param` and running the plan with
-the :class:`~ckptstore.store.executor.Executor`, straight into the caller's buffer. Callers read
-in bounded blocks (at most :data:`~ckptstore.store.checksum.BLOCK` bytes at once, several small
-chunks per plan), so memory stays at one block per thread whatever the checkpoint's size.
+planning that array (:func:`~ckptstore.store.read_plan.plan_ranges`: what
+:func:`~ckptstore.store.read_plan.plan_param` makes of such a manifest, from its columns) and
+running the plan with the :class:`~ckptstore.store.executor.Executor`, straight into the
+caller's buffer. Callers read in bounded blocks (at most :data:`~ckptstore.store.checksum.BLOCK`
+bytes at once, several small chunks per plan), so memory stays at one block per thread whatever
+the checkpoint's size.
 """
 from __future__ import annotations
 
@@ -25,8 +27,7 @@ from ckptstore.io.base import ByteSource, ReadableFile
 from ckptstore.io.locations import open_location
 from ckptstore.store.executor import Executor, IOStats
 from ckptstore.store.index import common_folder
-from ckptstore.store.manifest import ChunkTable, ParamManifest
-from ckptstore.store.read_plan import ParamReadPlan, plan_param
+from ckptstore.store.read_plan import ParamReadPlan, plan_ranges
 
 
 class RankFiles:
@@ -76,28 +77,36 @@ class RankFiles:
         """The open rank file ``path`` (for its headers; payload goes through :meth:`read`)."""
         return self.source.open(self.key(path))
 
-    def manifest(self, parts: Sequence[tuple[str, CkptEntry, int]], nbytes: int) -> ParamManifest:
-        """Ranges of rank files described as an index describes chunks: a byte array of
-        ``len(parts) * nbytes`` whose chunk ``k`` is bytes ``[start, start + nbytes)`` of ``entry`` of
-        rank file ``path`` (``parts[k]``), lying at the pieces of the entry's records that hold them."""
-        files, offsets, pieces = [], [], {}
-        for k, (path, entry, start) in enumerate(parts):
-            key = self.key(path)
+    def plan(self, parts: Sequence[tuple[str, CkptEntry, int]], nbytes: int) -> ParamReadPlan:
+        """The reads that fill a byte array of ``len(parts) * nbytes`` whose chunk ``k`` is bytes
+        ``[start, start + nbytes)`` of ``entry`` of rank file ``path`` (``parts[k]``), lying at the
+        pieces of the entry's records that hold them: an index-like manifest of the ranges, planned
+        by :func:`~ckptstore.store.read_plan.plan_ranges` from its columns (``nbytes`` > 0)."""
+        keys: dict[str, int] = {}
+        files: list[int] = []
+        offsets: list[int] = []
+        lengths: list[int] = []
+        for path, entry, start in parts:
+            key = self.keys.get(path)
+            if key is None:
+                key = self.key(path)  # raises, naming the path
+            fid = keys.setdefault(key, len(keys))
+            pieces = entry.pieces
+            if len(pieces) == 1 and 0 <= start and start + nbytes <= pieces[0][1]:
+                # one record holds the tensor (the usual case): one range, no search
+                files.append(fid)
+                offsets.append(pieces[0][0] + start)
+                lengths.append(nbytes)
+                continue
             try:
-                ranges = entry_ranges(entry.pieces, start, nbytes)
+                ranges = entry_ranges(pieces, start, nbytes)
             except ValueError as e:
                 raise CorruptCheckpointError(str(e), path=str(path), param=entry.name) from None
-            files.append(key)
-            offsets.append(ranges[0][0])
-            if len(ranges) > 1:
-                pieces[k] = tuple((key, o, n) for o, n in ranges)
-        n = len(parts)
-        table = ChunkTable(tuple(files), tuple(offsets), (nbytes,) * n, None, (0,) * n, (1,) * n, pieces)
-        return ParamManifest(parts[0][1].name, files[0], "uint8", (n * nbytes,), (nbytes,), table)
-
-    def plan(self, parts: Sequence[tuple[str, CkptEntry, int]], nbytes: int) -> ParamReadPlan:
-        """The reads of :meth:`manifest`'s whole array (``nbytes`` > 0), as the load's planner makes them."""
-        return plan_param(self.manifest(parts, nbytes))
+            for offset, length in ranges:
+                files.append(fid)
+                offsets.append(offset)
+                lengths.append(length)
+        return plan_ranges(parts[0][1].name, tuple(keys), files, offsets, lengths)
 
     def read(self, path: str, entry: CkptEntry, start: int, out: memoryview) -> None:
         """Fill ``out`` with bytes ``[start, start + len(out))`` of ``entry`` (its pieces concatenated)."""

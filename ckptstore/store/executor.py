@@ -35,6 +35,8 @@ UNIT_BYTES = 8 << 20
 MAX_INFLIGHT = 256 << 20
 #: Below this many planned bytes, reading on the calling thread beats starting a pool.
 POOL_MIN_BYTES = 4 << 20
+#: Up to this many ranges, a read's calls are found with plain ints rather than numpy.
+_FEW_RANGES = 64
 #: Destinations at least this large are allocated only once the files are known to hold the
 #: planned bytes (:func:`check_extents`).
 CHECKED_ALLOCATION = 64 << 20
@@ -240,8 +242,8 @@ class Executor:
     def _units(self, g: ReadGroup) -> list[_Ranges]:
         """The group's ranges cut into pieces of at most one unit, grouped into units."""
         r = _Ranges(g.files, g.offsets, g.lengths, g.dests)
-        if len(r.lengths) == 1 and int(r.lengths[0]) <= self.unit_bytes:
-            return [r]  # one range of at most a unit (a converter's block, a small parameter): nothing to cut
+        if (len(r.lengths) == 1 or not self.source.coalesces) and int(r.lengths.sum()) <= self.unit_bytes:
+            return [r]  # at most a unit in all (a converter's block, a small parameter): nothing to cut
         r = _split_long(r, self.unit_bytes)
         if not len(r.lengths):
             return []
@@ -254,12 +256,14 @@ class Executor:
 
     def _read(self, plan: ParamReadPlan, r: _Ranges, flat: np.ndarray) -> None:
         """Read ranges into ``flat`` (uint8): one vectored call per run that is contiguous in a file."""
+        if not self.source.coalesces and len(r.lengths) <= _FEW_RANGES:
+            self._read_few(plan, r, flat)
+            return
         calls = _calls(r, self.source.coalesces)
         keys = []
-        for a, b in calls:
-            key = plan.keys[int(r.files[a])]
-            with self._reading_ctx(plan):
-                f = self.source.open(key)
+        with self._reading_ctx(plan):
+            for a, b in calls:
+                f = self.source.open(plan.keys[int(r.files[a])])
                 keys.append(f.url)
                 buffers = _buffers(flat, r.dests[a:b], r.lengths[a:b])
                 if self.source.coalesces:  # every range of the file in one call: near ones share a request
@@ -267,6 +271,27 @@ class Executor:
                 else:
                     f.readv(int(r.offsets[a]), buffers)
         self.stats.add(int(r.lengths.sum()), len(r.lengths), len(calls), keys)
+
+    def _read_few(self, plan: ParamReadPlan, r: _Ranges, flat: np.ndarray) -> None:
+        """:meth:`_read` of a few ranges from a source that does not coalesce (a converter's batch
+        of small chunks, a small parameter): the same calls, found with plain ints, because
+        numpy's fixed cost per call would exceed the work."""
+        files, offsets, lengths, dests = r.files.tolist(), r.offsets.tolist(), r.lengths.tolist(), r.dests.tolist()
+        n, i, calls = len(files), 0, 0
+        opened: dict[int, Any] = {}
+        with self._reading_ctx(plan):
+            while i < n:
+                f_id, end, j = files[i], offsets[i] + lengths[i], i + 1
+                while j < n and files[j] == f_id and offsets[j] == end:  # a run contiguous in the file
+                    end += lengths[j]
+                    j += 1
+                f = opened.get(f_id)
+                if f is None:
+                    f = opened[f_id] = self.source.open(plan.keys[f_id])
+                f.readv(offsets[i], [flat[d:d + m] for d, m in zip(dests[i:j], lengths[i:j])])
+                calls += 1
+                i = j
+        self.stats.add(sum(lengths), n, calls, [f.url for f in opened.values()])
 
     def _scratch(self, plan: ParamReadPlan, g: ReadGroup, out: np.ndarray) -> None:
         n = g.scratch_nbytes
@@ -385,6 +410,6 @@ def _check_out(plan: ParamReadPlan, out: np.ndarray) -> None:
     if out.shape != plan.shape or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"out must be a writeable C-contiguous array of shape {list(plan.shape)}, got "
                          f"{list(out.shape)}")
-    if any(g.into_destination for g in plan.groups) and out.dtype != plan.dtype:
+    if out.dtype != plan.dtype and any(g.into_destination for g in plan.groups):
         raise ValueError(f"out has dtype {out.dtype} but the plan reads {plan.dtype} straight into it; "
                          "plan with out_dtype= to convert")

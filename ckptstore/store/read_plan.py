@@ -173,6 +173,35 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
                          tuple(i for i, _ in touched), tuple(o for _, o in touched))
 
 
+def plan_ranges(name: str, keys: Sequence[str], files: Sequence[int], offsets: Sequence[int],
+                lengths: Sequence[int]) -> ParamReadPlan:
+    """The plan that reads byte ranges back to back into a flat ``uint8`` destination.
+
+    ``files`` (indices into ``keys``), ``offsets`` and ``lengths`` give one range per row, in
+    destination order. This is what :func:`plan_param` makes of an index-like manifest of a
+    one-dimensional byte array read whole, raw and unchecked, whose chunk ``k`` lies at the
+    ``k``-th ranges (a converter's chunks of rank files): one group straight into the
+    destination, neighbours contiguous in the file coalesced. It is worked out from the columns
+    in one pass, without the manifest, the chunk boxes or numpy calls per step, because a
+    converter plans thousands of such reads of a few ranges each.
+    """
+    cols: list[list[int]] = [[], [], [], []]
+    c_files, c_offsets, c_lengths, c_dests = cols
+    dest = 0
+    for f, offset, length in zip(files, offsets, lengths):
+        if c_files and c_files[-1] == f and c_offsets[-1] + c_lengths[-1] == offset:
+            c_lengths[-1] += length  # continues the previous range in the file and the destination
+        else:
+            c_files.append(f)
+            c_offsets.append(offset)
+            c_lengths.append(length)
+            c_dests.append(dest)
+        dest += length
+    box = Box((0,), (dest,))
+    group = ReadGroup(box, box, *np.array(cols, dtype=np.int64), into_destination=True)
+    return ParamReadPlan(name, np.dtype(np.uint8), box, tuple(keys), (group,), None)
+
+
 class _Columns:
     """Range columns collected in order: single ranges as Python ints (cheap), runs as arrays."""
 
