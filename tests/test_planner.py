@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from conftest import examples
 from ckptstore.boxes import Box
 from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest
-from ckptstore.store.read_plan import plan_param
-from ckptstore.store.executor import IO_STATS, Executor
+from ckptstore.store import executor
+from ckptstore.store.read_plan import plan_param, plan_ranges
+from ckptstore.store.executor import IO_STATS, Executor, IOStats
 from ckptstore.io import LocalSource
 from ckptstore.store.store import Store
 
@@ -169,3 +170,58 @@ def test_a_checksum_mismatch_names_the_parameter_chunk_and_file(tmp_path):
 
     with pytest.raises(StoreCorruptError, match=r"checksum mismatch in chunk 2 of parameter 'w' \(file .*a.bin"):
         store.read("w", verify=True)
+
+
+@st.composite
+def byte_chunks(draw):
+    """A one-dimensional byte array as a converter describes rank files: ``nbytes``-byte chunks,
+    each one range or two pieces in two files, often right after the previous range of a file."""
+    nbytes = draw(st.integers(min_value=1, max_value=9))
+    chunks, end = [], {"a.bin": 0, "b.bin": 0}
+    for _ in range(draw(st.integers(min_value=1, max_value=8))):
+        cut = draw(st.integers(min_value=0, max_value=nbytes - 1))  # 0: one piece
+        pieces = []
+        for size in ([cut, nbytes - cut] if cut else [nbytes]):
+            f = draw(st.sampled_from(["a.bin", "b.bin"]))
+            offset = end[f] if draw(st.booleans()) else draw(st.integers(min_value=0, max_value=100))
+            pieces.append((f, offset, size))
+            end[f] = offset + size
+        chunks.append(tuple(pieces))
+    return nbytes, chunks
+
+
+@settings(max_examples=300, deadline=None)
+@given(byte_chunks())
+def test_plan_ranges_is_what_plan_param_makes_of_the_index_like_manifest(c):
+    nbytes, chunks = c
+    n = len(chunks)
+    table = ChunkTable(tuple(p[0][0] for p in chunks), tuple(p[0][1] for p in chunks), (nbytes,) * n, None,
+                       (0,) * n, (1,) * n, {k: p for k, p in enumerate(chunks) if len(p) > 1})
+    want = plan_param(ParamManifest("x", "x", "uint8", (n * nbytes,), (nbytes,), table))
+    keys = ["a.bin", "b.bin"]
+    flat = [piece for p in chunks for piece in p]
+    got = plan_ranges("x", keys, [keys.index(f) for f, _, _ in flat], [o for _, o, _ in flat], [m for _, _, m in flat])
+    assert list(got.ranges()) == list(want.ranges())
+    assert (got.box, got.dtype, got.nbytes) == (want.box, want.dtype, want.nbytes)
+
+
+@pytest.mark.parametrize("shape, chunk, box, layout", [
+    ((4, 6), (2, 3), Box((0, 0), (4, 6)), "chunks"),  # each chunk's rows: runs contiguous in the file
+    ((4, 6), (2, 3), Box((1, 1), (4, 5)), "pieces"),  # chunks in two pieces in two files
+    ((100, 4), (100, 2), Box((0, 0), (100, 4)), "chunks"),  # 200 ranges
+    ((7, 5), (7, 5), Box((2, 0), (5, 3)), "dense"),
+])
+def test_few_and_many_ranges_are_read_with_the_same_calls(tmp_path, monkeypatch, shape, chunk, box, layout):
+    values = _values(shape, "float32", 0)
+    store = write_store(tmp_path, values, chunk, layout, 0)
+    plan = store.plan("w", box)
+    seen = []
+    for few in (10**6, 0):  # the calls found with plain ints, then with numpy
+        monkeypatch.setattr(executor, "_FEW_RANGES", few)
+        out, stats = np.empty(box.shape, dtype="float32"), IOStats()
+        with Executor(store.data, stats=stats) as ex:
+            ex.run([(plan, out)])
+            assert stats.requests == ex.requests(plan)
+        assert np.array_equal(out, values[box.slices()])
+        seen.append((stats.bytes_read, stats.reads, stats.requests, stats.files))
+    assert seen[0] == seen[1]
