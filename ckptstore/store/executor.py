@@ -207,6 +207,15 @@ class Executor:
         With one worker, or ``parallel=False``, the reads happen here, before this returns.
         """
         _check_out(plan, out)
+        if self.workers == 1 or not parallel:  # the same units, run here in order
+            for g in plan.groups:
+                if g.into_destination:
+                    flat = out.reshape(-1).view(np.uint8)
+                    for r in self._units(g):
+                        self._read(plan, r, flat)
+                else:
+                    self._scratch(plan, g, out)
+            return _DONE
         units: list[Callable[[], None]] = []
         for g in plan.groups:
             if g.into_destination:
@@ -214,10 +223,6 @@ class Executor:
                 units += [_bind(self._read, plan, r, flat) for r in self._units(g)]
             else:
                 units.append(_bind(self._scratch, plan, g, out))
-        if self.workers == 1 or not parallel:
-            for u in units:
-                u()
-            return Job([])
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ckptstore-read")
         return Job([self._pool.submit(u) for u in units])
@@ -242,8 +247,13 @@ class Executor:
     def _units(self, g: ReadGroup) -> list[_Ranges]:
         """The group's ranges cut into pieces of at most one unit, grouped into units."""
         r = _Ranges(g.files, g.offsets, g.lengths, g.dests)
-        if (len(r.lengths) == 1 or not self.source.coalesces) and int(r.lengths.sum()) <= self.unit_bytes:
-            return [r]  # at most a unit in all (a converter's block, a small parameter): nothing to cut
+        n = len(r.lengths)
+        # at most a unit in all (a converter's block, a small parameter): nothing to cut or group (a
+        # source that coalesces groups several ranges by their gaps, below)
+        if n == 1 and int(r.lengths[0]) <= self.unit_bytes:
+            return [r]
+        if n > 1 and not self.source.coalesces and int(r.lengths.sum()) <= self.unit_bytes:
+            return [r]
         r = _split_long(r, self.unit_bytes)
         if not len(r.lengths):
             return []
@@ -257,7 +267,14 @@ class Executor:
     def _read(self, plan: ParamReadPlan, r: _Ranges, flat: np.ndarray) -> None:
         """Read ranges into ``flat`` (uint8): one vectored call per run that is contiguous in a file."""
         if not self.source.coalesces and len(r.lengths) <= _FEW_RANGES:
-            self._read_few(plan, r, flat)
+            if len(r.lengths) == 1:  # one range (a converter's chunk or block): one call, nothing to find
+                dest, length = int(r.dests[0]), int(r.lengths[0])
+                with self._reading_ctx(plan):
+                    f = self.source.open(plan.keys[int(r.files[0])])
+                    f.readv(int(r.offsets[0]), [flat[dest:dest + length]])
+                self.stats.add(length, 1, 1, (f.url,))
+            else:
+                self._read_few(plan, r, flat)
             return
         calls = _calls(r, self.source.coalesces)
         keys = []
@@ -329,6 +346,10 @@ class Job:
         """Block until every read is done; raise the first error one of them met."""
         for f in self._futures:
             f.result()
+
+
+#: The job of a plan read on the calling thread (nothing left to wait for).
+_DONE = Job([])
 
 
 def _calls(r: _Ranges, coalesces: bool) -> list[tuple[int, int]]:

@@ -185,6 +185,11 @@ def plan_ranges(name: str, keys: Sequence[str], files: Sequence[int], offsets: S
     in one pass, without the manifest, the chunk boxes or numpy calls per step, because a
     converter plans thousands of such reads of a few ranges each.
     """
+    if len(files) == 1:  # one range (a converter's chunk or block)
+        box = Box((0,), (int(lengths[0]),))
+        group = ReadGroup(box, box, *np.array([[files[0]], [offsets[0]], [lengths[0]], [0]], dtype=np.int64),
+                          into_destination=True)
+        return ParamReadPlan(name, _BYTES, box, tuple(keys), (group,), None)
     cols: list[list[int]] = [[], [], [], []]
     c_files, c_offsets, c_lengths, c_dests = cols
     dest = 0
@@ -199,7 +204,10 @@ def plan_ranges(name: str, keys: Sequence[str], files: Sequence[int], offsets: S
         dest += length
     box = Box((0,), (dest,))
     group = ReadGroup(box, box, *np.array(cols, dtype=np.int64), into_destination=True)
-    return ParamReadPlan(name, np.dtype(np.uint8), box, tuple(keys), (group,), None)
+    return ParamReadPlan(name, _BYTES, box, tuple(keys), (group,), None)
+
+
+_BYTES = np.dtype(np.uint8)
 
 
 class _Columns:
