@@ -16,8 +16,7 @@ the checkpoint's size.
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -75,7 +74,7 @@ class RankFiles:
 
     def open(self, path: str) -> ReadableFile:
         """The open rank file ``path`` (for its headers; payload goes through :meth:`read`)."""
-        return self.source.open(self.key(path))
+        return self.source.open(self.keys.get(path) or self.key(path))
 
     def plan(self, parts: Sequence[tuple[str, CkptEntry, int]], nbytes: int) -> ParamReadPlan:
         """The reads that fill a byte array of ``len(parts) * nbytes`` whose chunk ``k`` is bytes
@@ -131,30 +130,21 @@ class RankFiles:
         requests = []
         try:
             for start, view in windows:
-                requests += entry_requests(entry.pieces, start, view)
+                if len(view):
+                    requests += entry_requests(entry.pieces, start, view)
         except ValueError as e:
             raise CorruptCheckpointError(str(e), path=str(path), param=entry.name) from None
-        with self._reading(path, entry.name):
+        try:
             self.open(path).read_requests(requests)
+        except ShortReadError as e:
+            raise _truncated(path, entry.name, e) from None
 
     def read_str(self, path: str, entry: CkptEntry) -> str:
         """A string parameter's text."""
         return read_str(self.open(path), entry)
 
-    @contextmanager
-    def _plan_reading(self, plan: ParamReadPlan) -> Iterator[None]:
-        try:
-            yield
-        except ShortReadError as e:  # name the rank file as the source gave it (a plan may read several)
-            path = next((self._paths[k] for k in plan.keys if self.source.key_url(k) == e.path), e.path)
-            raise _truncated(path, plan.name, e) from None
-
-    @contextmanager
-    def _reading(self, path: str, param: str) -> Iterator[None]:
-        try:
-            yield
-        except ShortReadError as e:
-            raise _truncated(path, param, e) from None
+    def _plan_reading(self, plan: ParamReadPlan) -> "_PlanReading":
+        return _PlanReading(self, plan)
 
     def close(self) -> None:
         with self._lock:
@@ -167,6 +157,25 @@ class RankFiles:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _PlanReading:
+    """While a plan of rank-file ranges is read: a file that ends too soon is named as the source
+    gave it (a plan may read several). A class, not a generator: it wraps every read call."""
+
+    __slots__ = ("files", "plan")
+
+    def __init__(self, files: RankFiles, plan: ParamReadPlan) -> None:
+        self.files, self.plan = files, plan
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
+        if isinstance(e, ShortReadError):
+            files, plan = self.files, self.plan
+            path = next((files._paths[k] for k in plan.keys if files.source.key_url(k) == e.path), e.path)
+            raise _truncated(path, plan.name, e) from None
 
 
 def _truncated(path: str, param: str, e: ShortReadError) -> TruncatedCheckpointError:
