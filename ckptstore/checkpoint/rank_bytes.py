@@ -81,6 +81,12 @@ class RankFiles:
         ``[start, start + nbytes)`` of ``entry`` of rank file ``path`` (``parts[k]``), lying at the
         pieces of the entry's records that hold them: an index-like manifest of the ranges, planned
         by :func:`~ckptstore.store.read_plan.plan_ranges` from its columns (``nbytes`` > 0)."""
+        if len(parts) == 1:  # one chunk or block (most reads): one range when one record holds it
+            path, entry, start = parts[0]
+            pieces = entry.pieces
+            if len(pieces) == 1 and 0 <= start and start + nbytes <= pieces[0][1]:
+                key = self.keys.get(path) or self.key(path)
+                return plan_ranges(entry.name, (key,), (0,), (pieces[0][0] + start,), (nbytes,))
         keys: dict[str, int] = {}
         files: list[int] = []
         offsets: list[int] = []

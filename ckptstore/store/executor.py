@@ -268,10 +268,15 @@ class Executor:
         """Read ranges into ``flat`` (uint8): one vectored call per run that is contiguous in a file."""
         if not self.source.coalesces and len(r.lengths) <= _FEW_RANGES:
             if len(r.lengths) == 1:  # one range (a converter's chunk or block): one call, nothing to find
-                dest, length = int(r.dests[0]), int(r.lengths[0])
-                with self._reading_ctx(plan):
-                    f = self.source.open(plan.keys[int(r.files[0])])
-                    f.readv(int(r.offsets[0]), [flat[dest:dest + length]])
+                dest, length = r.dests.item(0), r.lengths.item(0)
+                try:
+                    f = self.source.open(plan.keys[r.files.item(0)])
+                    f.readv(r.offsets.item(0), [flat[dest:dest + length]])
+                except Exception:
+                    # said in the plan's words; entered only on failure (a context per read costs
+                    # more than the read of a small chunk)
+                    with self._reading_ctx(plan):
+                        raise
                 self.stats.add(length, 1, 1, (f.url,))
             else:
                 self._read_few(plan, r, flat)

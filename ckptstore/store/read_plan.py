@@ -18,6 +18,7 @@ and :meth:`ParamReadPlan.ranges` are what will be read, before a byte moves.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -186,9 +187,9 @@ def plan_ranges(name: str, keys: Sequence[str], files: Sequence[int], offsets: S
     converter plans thousands of such reads of a few ranges each.
     """
     if len(files) == 1:  # one range (a converter's chunk or block)
-        box = Box((0,), (int(lengths[0]),))
-        group = ReadGroup(box, box, *np.array([[files[0]], [offsets[0]], [lengths[0]], [0]], dtype=np.int64),
-                          into_destination=True)
+        box = _byte_box(int(lengths[0]))
+        col = np.array((files[0], offsets[0], lengths[0], 0), dtype=np.int64)
+        group = ReadGroup(box, box, col[0:1], col[1:2], col[2:3], col[3:4], into_destination=True)
         return ParamReadPlan(name, _BYTES, box, tuple(keys), (group,), None)
     cols: list[list[int]] = [[], [], [], []]
     c_files, c_offsets, c_lengths, c_dests = cols
@@ -202,12 +203,18 @@ def plan_ranges(name: str, keys: Sequence[str], files: Sequence[int], offsets: S
             c_lengths.append(length)
             c_dests.append(dest)
         dest += length
-    box = Box((0,), (dest,))
+    box = _byte_box(dest)
     group = ReadGroup(box, box, *np.array(cols, dtype=np.int64), into_destination=True)
     return ParamReadPlan(name, _BYTES, box, tuple(keys), (group,), None)
 
 
 _BYTES = np.dtype(np.uint8)
+
+
+@lru_cache(maxsize=1024)
+def _byte_box(nbytes: int) -> Box:
+    # a converter's chunks come in a few sizes; a Box is immutable, so plans of one size share it
+    return Box((0,), (nbytes,))
 
 
 class _Columns:
