@@ -21,7 +21,7 @@ from conftest import examples
 from ckptstore.boxes import Box
 from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest
 from ckptstore.store import executor
-from ckptstore.store.read_plan import plan_param, plan_ranges
+from ckptstore.store.read_plan import ParamReadPlan, plan_param, plan_ranges
 from ckptstore.store.executor import IO_STATS, Executor, IOStats
 from ckptstore.io import LocalSource
 from ckptstore.store.store import Store
@@ -203,6 +203,29 @@ def test_plan_ranges_is_what_plan_param_makes_of_the_index_like_manifest(c):
     got = plan_ranges("x", keys, [keys.index(f) for f, _, _ in flat], [o for _, o, _ in flat], [m for _, _, m in flat])
     assert list(got.ranges()) == list(want.ranges())
     assert (got.box, got.dtype, got.nbytes) == (want.box, want.dtype, want.nbytes)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(byte_chunks())
+def test_a_byte_ranges_plan_read_in_place_makes_the_calls_of_its_group(tmp_path, c):
+    nbytes, chunks = c
+    files = {name: np.random.default_rng(len(name)).integers(0, 256, 200, dtype=np.uint8) for name in ("a.bin", "b.bin")}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data.tobytes())
+    keys = ["a.bin", "b.bin"]
+    flat = [piece for p in chunks for piece in p]
+    plan = plan_ranges("x", keys, [keys.index(f) for f, _, _ in flat], [o for _, o, _ in flat], [m for _, _, m in flat])
+    want = np.concatenate([files[f][o:o + m] for f, o, m in flat])
+    seen = []
+    # in place from the plan's columns, then its group through the general path (a plain ParamReadPlan)
+    for p in (plan, ParamReadPlan(plan.name, plan.dtype, plan.box, plan.keys, plan.groups, None)):
+        out, stats = np.zeros(len(want), dtype=np.uint8), IOStats()
+        with Executor(LocalSource(tmp_path), stats=stats) as ex:
+            ex.submit(p, out).wait()
+            assert stats.requests == ex.requests(p)
+        assert np.array_equal(out, want)
+        seen.append((stats.bytes_read, stats.reads, stats.requests, stats.files))
+    assert seen[0] == seen[1]
 
 
 @pytest.mark.parametrize("shape, chunk, box, layout", [

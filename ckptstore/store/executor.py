@@ -25,7 +25,7 @@ import numpy as np
 from ckptstore.store.codecs import decode
 from ckptstore.errors import (AccessDeniedError, FileAccessError, MissingFileError, ShortReadError, StoreCorruptError,
                               StoreUnavailableError)
-from ckptstore.store.read_plan import ParamReadPlan, ReadGroup
+from ckptstore.store.read_plan import ByteRangesPlan, ParamReadPlan, ReadGroup
 from ckptstore.io.base import ByteSource, worth_merging
 
 #: Bytes per unit of work handed to a thread: big enough that a unit's system calls dominate
@@ -206,6 +206,10 @@ class Executor:
 
         With one worker, or ``parallel=False``, the reads happen here, before this returns.
         """
+        if type(plan) is ByteRangesPlan and plan.nbytes <= self.unit_bytes and not self.source.coalesces \
+                and (self.workers == 1 or not parallel):
+            self._read_byte_ranges(plan, out)  # a converter's chunk or batch of small chunks
+            return _DONE
         _check_out(plan, out)
         if self.workers == 1 or not parallel:  # the same units, run here in order
             for g in plan.groups:
@@ -267,19 +271,8 @@ class Executor:
     def _read(self, plan: ParamReadPlan, r: _Ranges, flat: np.ndarray) -> None:
         """Read ranges into ``flat`` (uint8): one vectored call per run that is contiguous in a file."""
         if not self.source.coalesces and len(r.lengths) <= _FEW_RANGES:
-            if len(r.lengths) == 1:  # one range (a converter's chunk or block): one call, nothing to find
-                dest, length = r.dests.item(0), r.lengths.item(0)
-                try:
-                    f = self.source.open(plan.keys[r.files.item(0)])
-                    f.readv(r.offsets.item(0), [flat[dest:dest + length]])
-                except Exception:
-                    # said in the plan's words; entered only on failure (a context per read costs
-                    # more than the read of a small chunk)
-                    with self._reading_ctx(plan):
-                        raise
-                self.stats.add(length, 1, 1, (f.url,))
-            else:
-                self._read_few(plan, r, flat)
+            # found with plain ints: numpy's fixed cost per call would exceed the work
+            self._read_few(plan, r.files.tolist(), r.offsets.tolist(), r.lengths.tolist(), r.dests.tolist(), flat)
             return
         calls = _calls(r, self.source.coalesces)
         keys = []
@@ -294,11 +287,33 @@ class Executor:
                     f.readv(int(r.offsets[a]), buffers)
         self.stats.add(int(r.lengths.sum()), len(r.lengths), len(calls), keys)
 
-    def _read_few(self, plan: ParamReadPlan, r: _Ranges, flat: np.ndarray) -> None:
-        """:meth:`_read` of a few ranges from a source that does not coalesce (a converter's batch
-        of small chunks, a small parameter): the same calls, found with plain ints, because
-        numpy's fixed cost per call would exceed the work."""
-        files, offsets, lengths, dests = r.files.tolist(), r.offsets.tolist(), r.lengths.tolist(), r.dests.tolist()
+    def _read_byte_ranges(self, plan: ByteRangesPlan, out: np.ndarray) -> None:
+        """Run a :class:`~ckptstore.store.read_plan.ByteRangesPlan` of at most one unit here, from
+        its columns as they are: the calls its one group would make (one unit, one vectored call
+        per run contiguous in a file), without building the group, so that a converter's small
+        reads cost about what a direct read costs."""
+        if out.dtype != np.uint8 or out.shape != (plan.nbytes,) or not out.flags.c_contiguous \
+                or not out.flags.writeable:
+            _check_out(plan, out)  # raises, saying what is wrong
+        lengths = plan.lengths
+        if len(lengths) == 1:  # one range: one call, nothing to find
+            length = lengths[0]
+            try:
+                f = self.source.open(plan.keys[plan.range_files[0]])
+                f.readv(plan.offsets[0], [out[:length]])
+            except Exception:
+                # said in the plan's words; entered only on failure (a context per read costs
+                # more than the read of a small chunk)
+                with self._reading_ctx(plan):
+                    raise
+            self.stats.add(length, 1, 1, (f.url,))
+            return
+        self._read_few(plan, plan.range_files, plan.offsets, lengths, plan.dests, out)
+
+    def _read_few(self, plan: ParamReadPlan | ByteRangesPlan, files: list[int], offsets: list[int],
+                  lengths: list[int], dests: list[int], flat: np.ndarray) -> None:
+        """Read ranges given as plain ints from a source that does not coalesce: one vectored call
+        per run contiguous in a file (what :func:`_calls` finds with numpy)."""
         n, i, calls = len(files), 0, 0
         opened: dict[int, Any] = {}
         with self._reading_ctx(plan):

@@ -175,7 +175,7 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
 
 
 def plan_ranges(name: str, keys: Sequence[str], files: Sequence[int], offsets: Sequence[int],
-                lengths: Sequence[int]) -> ParamReadPlan:
+                lengths: Sequence[int]) -> "ByteRangesPlan":
     """The plan that reads byte ranges back to back into a flat ``uint8`` destination.
 
     ``files`` (indices into ``keys``), ``offsets`` and ``lengths`` give one range per row, in
@@ -187,12 +187,11 @@ def plan_ranges(name: str, keys: Sequence[str], files: Sequence[int], offsets: S
     converter plans thousands of such reads of a few ranges each.
     """
     if len(files) == 1:  # one range (a converter's chunk or block)
-        box = _byte_box(int(lengths[0]))
-        col = np.array((files[0], offsets[0], lengths[0], 0), dtype=np.int64)
-        group = ReadGroup(box, box, col[0:1], col[1:2], col[2:3], col[3:4], into_destination=True)
-        return ParamReadPlan(name, _BYTES, box, tuple(keys), (group,), None)
-    cols: list[list[int]] = [[], [], [], []]
-    c_files, c_offsets, c_lengths, c_dests = cols
+        return ByteRangesPlan(name, tuple(keys), [files[0]], [offsets[0]], [lengths[0]], [0], lengths[0])
+    c_files: list[int] = []
+    c_offsets: list[int] = []
+    c_lengths: list[int] = []
+    c_dests: list[int] = []
     dest = 0
     for f, offset, length in zip(files, offsets, lengths):
         if c_files and c_files[-1] == f and c_offsets[-1] + c_lengths[-1] == offset:
@@ -203,12 +202,57 @@ def plan_ranges(name: str, keys: Sequence[str], files: Sequence[int], offsets: S
             c_lengths.append(length)
             c_dests.append(dest)
         dest += length
-    box = _byte_box(dest)
-    group = ReadGroup(box, box, *np.array(cols, dtype=np.int64), into_destination=True)
-    return ParamReadPlan(name, _BYTES, box, tuple(keys), (group,), None)
+    return ByteRangesPlan(name, tuple(keys), c_files, c_offsets, c_lengths, c_dests, dest)
 
 
-_BYTES = np.dtype(np.uint8)
+class ByteRangesPlan:
+    """A :class:`ParamReadPlan` of byte ranges read back to back into a flat ``uint8`` array
+    (what :func:`plan_ranges` makes): the same reading interface (``box``, ``dtype``, ``keys``,
+    ``groups``, ``nbytes``, :meth:`ranges`; the executor runs it), its range columns kept as
+    Python lists and its one group built only when asked. A converter makes one per chunk or
+    batch of small chunks, thousands per checkpoint, and building the general plan's frozen
+    records and int64 columns for one range cost three times the read of a small chunk.
+    """
+
+    __slots__ = ("name", "keys", "range_files", "offsets", "lengths", "dests", "nbytes", "_groups")
+    dtype = np.dtype(np.uint8)
+    codec = None
+    chunks: tuple[int, ...] = ()
+    overlaps: tuple[Box, ...] = ()
+
+    def __init__(self, name: str, keys: tuple[str, ...], range_files: list[int], offsets: list[int],
+                 lengths: list[int], dests: list[int], nbytes: int) -> None:
+        self.name, self.keys, self.nbytes = name, keys, nbytes
+        #: One row per range: index into :attr:`keys`, offset in that file, length, offset in the destination.
+        self.range_files, self.offsets, self.lengths, self.dests = range_files, offsets, lengths, dests
+        self._groups: tuple[ReadGroup, ...] | None = None
+
+    @property
+    def box(self) -> Box:
+        return _byte_box(self.nbytes)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.nbytes,)
+
+    @property
+    def groups(self) -> tuple[ReadGroup, ...]:
+        """The plan as :class:`ParamReadPlan` states it: one group straight into the destination."""
+        if self._groups is None:
+            box = self.box
+            cols = np.array((self.range_files, self.offsets, self.lengths, self.dests), dtype=np.int64).reshape(4, -1)
+            self._groups = (ReadGroup(box, box, *cols, into_destination=True),)
+        return self._groups
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The file keys read, in first-use order."""
+        return tuple(dict.fromkeys(self.keys[i] for i in self.range_files))
+
+    def ranges(self) -> Iterator[tuple[str, int, int, int | None]]:
+        """Every ``(file, offset, length, dest_offset)`` byte range, in execution order."""
+        for f, o, n, d in zip(self.range_files, self.offsets, self.lengths, self.dests):
+            yield self.keys[f], o, n, d
 
 
 @lru_cache(maxsize=1024)
