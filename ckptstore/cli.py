@@ -360,8 +360,9 @@ def _print_summary(summary: Any, as_json: bool, done: str) -> None:
 
 
 def _convert_kinds() -> list[StoreKind]:
-    """The store kinds ``convert`` may produce, the default (Zarr) first as ``--help`` shows it."""
-    return sorted(store_kinds(convert=True), key=lambda k: k.name != "zarr")
+    """The store kinds ``convert`` may produce, in the registry's order: the order
+    ``ckptstore.convert(format=...)``'s error message lists them in (``--help`` marks the default)."""
+    return store_kinds(convert=True)
 
 
 class _KindChoice(click.Choice):

@@ -28,7 +28,7 @@ from ckptstore.io.locations import open_location
 from ckptstore.io.schemes import BYTE_SINKS, BYTE_SOURCES
 from ckptstore.io.sink import open_sink
 from ckptstore.registry import Registry
-from ckptstore.store.kinds import KINDS, StoreKind, manifest_files, store_kind
+from ckptstore.store.kinds import KINDS, StoreKind, manifest_files, store_kind, store_kinds
 from ckptstore.testing.kill_at import run_cli
 from ckptstore.testing.sink_tests import ByteSinkTests
 from ckptstore.testing.source_tests import ByteSourceTests
@@ -107,16 +107,25 @@ def test_the_kind_joins_convert_s_choices_and_its_message(plugins):
         ckptstore.convert("src", "out", format="bogus")
 
 
+def test_the_cli_and_the_api_list_the_store_kinds_in_the_registry_s_order():
+    order = [k.name for k in store_kinds(convert=True)]
+    with pytest.raises(InvalidOptionError) as api:
+        ckptstore.convert("src", "out", format="bogus")
+    assert f"choose one of: {', '.join(order)};" in str(api.value)
+    r = CliRunner().invoke(main, ["convert", "SRC", "--out", "OUT", "--format", "bogus"])
+    assert r.exit_code == 2 and f"'bogus' is not one of {', '.join(map(repr, order))}." in r.output
+
+
 def test_the_cli_offers_the_kind_with_its_help(plugins):
     r = run_cli("convert", "--help")
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())  # as click wraps it
-    assert "--format [zarr|safetensors|tiny]" in text and "tiny: Zarr arrays with the manifest in tiny.json" in text
+    assert "--format [safetensors|zarr|tiny]" in text and "tiny: Zarr arrays with the manifest in tiny.json" in text
 
 
 def test_the_cli_asks_for_the_kinds_when_it_runs_not_when_it_is_imported(plugins):
     r = CliRunner().invoke(main, ["convert", "SRC", "--out", "OUT", "--format", "nonesuch"])
-    assert r.exit_code == 2 and "'nonesuch' is not one of 'zarr', 'safetensors', 'tiny'" in r.output
+    assert r.exit_code == 2 and "'nonesuch' is not one of 'safetensors', 'zarr', 'tiny'" in r.output
 
 
 @pytest.mark.mindspore
