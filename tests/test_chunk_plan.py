@@ -95,6 +95,13 @@ def test_drop_optimizer_drops_state_and_counters_and_keeps_weights():
     assert select_params(names, drop_optimizer=True) == ["layer0.w", "fc.weight", "adam_mode.flag"]
 
 
+def test_drop_optimizer_keeps_a_parameter_named_like_a_state_prefix_alone():
+    # MindSpore's and MindFormers' Adam name their moments adam_m.P / adam_v.P, never a bare
+    # adam_m: one of that name is the network's own, not a counter
+    names = ["adam_m", "adam_v", "w", "adam_m.w", "adam_v.w"]
+    assert select_params(names, drop_optimizer=True) == ["adam_m", "adam_v", "w"]
+
+
 def test_drop_optimizer_keeps_state_named_parameters_of_no_other_parameter():
     # 'linear.weight' would be FTRL's state of a parameter 'weight': there is none, so it is a weight
     names = ["linear.weight", "accum.bias", "mu_x", "linear.linear.weight"]

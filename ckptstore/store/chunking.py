@@ -25,10 +25,12 @@ OPTIMIZER_STATE_PREFIXES: tuple[str, ...] = (
     "linear", "mean_grad", "mean_square", "accu_grads", "lamb_m", "lamb_v", "prev", "step_size", "stat", "ax_", "mu",
     "eta",
 )
-#: Training counters and optimizer scalars, dropped by name.
+#: Training counters and optimizer scalars, dropped by name. ``adam_m``/``adam_v`` are no counters:
+#: MindSpore's Adam optimizers (``Parameter.clone(prefix=...)``) and MindFormers' AdamW
+#: (``clone_state``) name their moments ``adam_m.P``/``adam_v.P``, never bare (a state prefix, above).
 TRAINING_COUNTERS: tuple[str, ...] = (
     "global_step", "beta1_power", "beta2_power", "learning_rate", "momentum", "fake_lr", "fake_param", "scale_sense",
-    "loss_scale", "current_iterator_step", "last_overflow_iterator_step", "epoch_num", "step_num", "adam_m", "adam_v",
+    "loss_scale", "current_iterator_step", "last_overflow_iterator_step", "epoch_num", "step_num",
 )
 
 
