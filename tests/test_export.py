@@ -23,7 +23,7 @@ import safetensors.numpy  # noqa: E402
 import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
 from ckptstore.formats.ckpt_writer import CheckpointWriter  # noqa: E402
-from ckptstore.errors import StrategyError  # noqa: E402
+from ckptstore.errors import StrategyError, UnsupportedLocationError  # noqa: E402
 from load_fixtures import BF16, assert_same_array, assert_same_dict, load_env, run_cli, to_numpy  # noqa: E402,F401
 
 EXPORT_CASES = ["dp2_mp4->dp2_mp2", "pipeline2->1stage", "opt_shard->same-none", "mixed_dtypes->dp2_mp2_optshard",
@@ -106,6 +106,16 @@ def test_export_api_rank_outside_the_target_raises(load_env, tmp_path):
     t = load_env.target("dp2_mp4->dp2_mp2")
     with pytest.raises(StrategyError, match="rank 9 is outside"):
         ckptstore.export(t.store, tmp_path / "out", strategy=t.strategy, ranks=[9])
+
+
+def test_export_api_refuses_a_url_as_out_and_writes_nothing(load_env, tmp_path, monkeypatch):
+    # export writes local files: an s3:// out once became a local folder named "s3:"
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UnsupportedLocationError, match=r"^export writes local files: s3://bucket/out is a URL; give a "
+                                                        r"local folder"):
+        ckptstore.export(t.store, "s3://bucket/out", strategy=t.strategy, ranks=[0])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_export_safetensors_equal_transform_checkpoints(load_env, tmp_path):

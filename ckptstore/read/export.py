@@ -17,9 +17,11 @@ import numpy as np
 
 from ckptstore.deprecated import renamed
 from ckptstore.formats.ckpt_writer import CheckpointWriter
-from ckptstore.errors import InvalidOptionError, StoreExistsError, StrategyError
+from ckptstore.errors import InvalidOptionError, StoreExistsError, StrategyError, UnsupportedLocationError
 from ckptstore.io.atomic_file import SinkKey
 from ckptstore.io.local_sink import LocalSink
+from ckptstore.io.locations import is_url
+from ckptstore.io.s3 import redact
 from ckptstore.read.loader import RankView, StrategyLike, check_rank, float_dtype, rank_view, resolve_target
 from ckptstore.formats.safetensors_writer import SafetensorsWriter
 from ckptstore.store.store import Store, StoreLike, store_argument
@@ -40,8 +42,8 @@ def export(store: StoreLike, out: str | os.PathLike[str], *, strategy: StrategyL
     """Write ``out/rank_<j>/<prefix><j>.<format>`` for each rank ``j`` of ``strategy`` (all ranks when
     ``ranks`` is ``None``; the store's source layout when ``strategy`` is ``None``).
 
-    ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`.
-    ``format`` is ``"ckpt"`` (the default: MindSpore protobuf, byte-compatible with
+    ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`;
+    ``out`` is a local folder (a URL is refused). ``format`` is ``"ckpt"`` (the default: MindSpore protobuf, byte-compatible with
     ``save_checkpoint``; ``crc`` adds its ``crc_num`` trailer) or ``"safetensors"`` (``fmt=`` is its
     deprecated name). ``dtype`` converts while reading. A given ``strategy`` that lays out fewer
     than half of the store's parameters is refused as another model's unless ``allow_whole`` (see
@@ -61,6 +63,9 @@ def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, r
     world = 1 if target is None else target.world_size
     chosen = list(range(world)) if ranks is None else _chosen_ranks(ranks, world)
     float_dtype(dtype)  # refuse an integer dtype before any file is written
+    if is_url(out):  # else LocalSink would make a local folder named "s3:" (as 'ckptstore export' refuses it)
+        raise UnsupportedLocationError(f"export writes local files: {redact(str(out))} is a URL; give a local "
+                                       "folder (and copy the files to object storage afterwards)")
     sink = LocalSink(out)
     _refuse_store_files(store, sink)
     written, nbytes = [], 0
