@@ -520,12 +520,12 @@ def commit(store: str) -> None:
 
 @main.command()
 @click.argument("store", type=Location(exists=True, file_okay=False))
-@click.option("--strategy", "-s", "strategies", multiple=True, type=Location(exists=True, dir_okay=False),
-              help="Strategy file(s) of the target layout; repeat per pipeline stage. Without it, the store's "
-                   "source layout.")
+@click.option("--strategy", "-s", "strategies", multiple=True, type=Location(exists=True),
+              help="Strategy file(s) of the target layout; repeat per pipeline stage, or give a folder of them. "
+                   "Without it, the store's source layout.")
 @click.option("--rank", type=click.IntRange(0), default=None,
-              help="The target rank (default: this process's, from RANK_ID; needed when the layout has several "
-                   "ranks and nothing says).")
+              help="The target rank (default: this process's, from RANK_ID (msrun) or OMPI_COMM_WORLD_RANK "
+                   "(mpirun); needed when the layout has several ranks and nothing says).")
 @click.option("--include", multiple=True, metavar="GLOB", help="Only parameters matching (repeatable).")
 @click.option("--dtype", default=None, help="Plan a load that converts floating-point parameters, e.g. float16.")
 @click.option("--allow-whole", is_flag=True,

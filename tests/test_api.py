@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -286,6 +287,16 @@ def test_the_plan_command_prints_the_plan(load_env):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[1].endswith(f" ({plan.nbytes:,} bytes) in {plan.requests} requests from "
                                              f"{plan.files} files")
+
+
+def test_the_plan_command_takes_a_folder_of_strategy_files_as_export_does(load_env, tmp_path):
+    t = load_env.target(CASE)
+    folder = tmp_path / "strategy"
+    folder.mkdir()
+    (folder / "ckpt_strategy_rank_0.ckpt").write_bytes(Path(t.target_file).read_bytes())
+    r = run_cli("plan", t.store_path, "-s", folder, "--rank", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == ckptstore.plan_rank(str(t.store_path), t.target_file, 2).to_json()
 
 
 def test_the_plan_command_without_a_rank_asks_which(load_env):
