@@ -76,7 +76,7 @@ DCP_PREIMPORT = ("torch", "torch._dynamo", "torch.distributed.checkpoint", "torc
                  "torch.distributed.device_mesh", "torch.testing._internal.distributed.fake_pg", "ckptstore",
                  "s3torchconnector", "s3torchconnector.dcp", "benchmarks.peers.dcp")
 RAW_PREIMPORT = ("obstore", "obstore.store", "ckptstore.io.s3")
-# DESIGN.md's targets for a load from S3
+# The targets for a load from S3 (benchmarks/README.md, "Targets")
 TIME_TARGET = 0.6  # load_rank (Parameters built) / DCP via s3torchconnector
 BYTES_TARGET = 1.01  # bytes the server sent / the rank's bytes
 PEAK_TARGET = 1.02  # peak RSS held / the rank's bytes
@@ -571,12 +571,12 @@ def _met(ok: bool) -> str:
 
 
 def verdict_lines(record: Mapping[str, Any]) -> list[str]:
-    """DESIGN.md's targets for a load from S3, judged on this run (time on medians, memory and bytes on
+    """The targets for a load from S3 (benchmarks/README.md, "Targets"), judged on this run (time on medians, memory and bytes on
     the worst run / the counting run), and the other ratios."""
     p = record["params"]
     wanted = p["rank_nbytes"]
     traffic = p.get("traffic", {})
-    lines = ["Targets (DESIGN.md, a load from S3):"]
+    lines = ["Targets (benchmarks/README.md, a load from S3):"]
     ours, dcp_name = _median(record, S3, "wall_s"), faster_dcp(record)
     dcp = _median(record, dcp_name, "wall_s") if dcp_name else None
     if ours and dcp:
