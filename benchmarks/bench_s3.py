@@ -571,8 +571,8 @@ def _met(ok: bool) -> str:
 
 
 def verdict_lines(record: Mapping[str, Any]) -> list[str]:
-    """The targets for a load from S3 (benchmarks/README.md, "Targets"), judged on this run (time on medians, memory and bytes on
-    the worst run / the counting run), and the other ratios."""
+    """The targets for a load from S3 (benchmarks/README.md, "Targets"), judged on this run (time on
+    medians, memory and bytes on the worst run / the counting run), and the other ratios."""
     p = record["params"]
     wanted = p["rank_nbytes"]
     traffic = p.get("traffic", {})
