@@ -424,9 +424,9 @@ PHASES = (
     ("ckptstore.convert", "_fingerprint", "fingerprint (stat every rank file)"),
     ("ckptstore.convert", "claim", "claim the output folder"),
     ("ckptstore.convert", "_write", "build the manifest + commit (everything below)"),
-    ("ckptstore.write.store_kinds", "IndexWriter.write_param", "  per-parameter chunk tables (worker threads: summed)"),
-    ("ckptstore.write.store_kinds", "IndexWriter.extra", "  stat the rank files for the manifest"),
-    ("ckptstore.write.store_kinds", "IndexWriter.commit", "  commit (dumps + write + sync)"),
+    ("ckptstore.write.kinds.index", "IndexWriter.write_param", "  per-parameter chunk tables (worker threads: summed)"),
+    ("ckptstore.write.kinds.index", "IndexWriter.extra", "  stat the rank files for the manifest"),
+    ("ckptstore.write.kinds.index", "IndexWriter.commit", "  commit (dumps + write + sync)"),
     ("ckptstore.store.manifest", "StoreManifest.dumps", "    manifest to JSON text (dumps)"),
     ("ckptstore.convert", "_summary", "summary"),
 )
@@ -485,7 +485,7 @@ def profile_cprofile(src_dir: str, strategy: str, out: str) -> dict[str, Any]:
 
     threads: list[cProfile.Profile] = []
     try:
-        from ckptstore.write.store_kinds import IndexWriter
+        from ckptstore.write.kinds.index import IndexWriter
 
         original = IndexWriter.write_param
 

@@ -42,7 +42,7 @@ from ckptstore.checkpoint.source import DistributedSource, SourceParam, resolve_
 from ckptstore.checkpoint.strategy import StrategyPaths
 from ckptstore.io import is_url, open_location
 from ckptstore.write.save import commit_step, is_saved_step
-from ckptstore.write.store_kinds import commit, mark_done, my_share, write_plan, writer_for
+from ckptstore.write.commit import commit, mark_done, my_share, write_plan, writer_for
 from ckptstore.write.chunk_writer import ChunkCopier
 from ckptstore.limits import MAX_TENSOR_BYTES
 from ckptstore.version import __version__

@@ -52,7 +52,7 @@ from ckptstore.version import __version__
 from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, drop_work, lock_output
 from ckptstore.write.parts import LAUNCHERS, PARTS_DIR, Part
 from ckptstore.write.save_plan import SEPARATOR, SaveParam, SavePlan, plan_save
-from ckptstore.write.store_kinds import mark_done
+from ckptstore.write.commit import mark_done
 
 #: Largest chunk a save writes (a slice bigger than this is cut along its leading axes), as
 #: ``ckptstore convert``'s default.

@@ -11,7 +11,7 @@ from typing import Sequence
 
 from ckptstore.store.kinds import ROOT_METADATA, StoreKind
 from ckptstore.store.manifest import StoreManifest
-from ckptstore.write.store_kinds import ZarrWriter
+from ckptstore.write.kinds.zarr import ZarrWriter
 
 MANIFEST_FILE = "tiny.json"
 

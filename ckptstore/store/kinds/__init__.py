@@ -49,7 +49,7 @@ def _nothing(keys: Sequence[str]) -> list[str]:
 class StoreKind:
     """What ckptstore needs to know of one kind of store; a kind's module declares one as ``KIND``.
 
-    ``writer`` is the kind's :class:`~ckptstore.write.store_kinds.StoreWriter` subclass, or its
+    ``writer`` is the kind's :class:`~ckptstore.write.store_writer.StoreWriter` subclass, or its
     ``"module:Class"`` name (imported when a store is written: the built-in kinds name theirs,
     which live in the write layer). ``manifest_file`` is the file whose existence makes a store
     complete; ``manifest_in`` takes that file's JSON object to the ckptstore manifest (``False``

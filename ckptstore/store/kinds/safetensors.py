@@ -1,7 +1,7 @@
 """The safetensors store kind: whole global tensors in ``model-*.safetensors`` files that any
 safetensors reader opens, and ``ckptstore.json`` (the format's details are in
 :mod:`ckptstore.store.safetensors`; its writer is
-:class:`~ckptstore.write.store_kinds.SafetensorsWriter`)."""
+:class:`~ckptstore.write.kinds.safetensors.SafetensorsWriter`)."""
 from __future__ import annotations
 
 import re
@@ -19,7 +19,7 @@ def _model_files(keys: Sequence[str]) -> list[str]:
 
 KIND = StoreKind(
     name="safetensors",
-    writer="ckptstore.write.store_kinds:SafetensorsWriter",
+    writer="ckptstore.write.kinds.safetensors:SafetensorsWriter",
     help="whole global tensors in model-*.safetensors files, readable with safetensors.safe_open (no compression)",
     label="safetensors",
     written=_model_files,

@@ -1,6 +1,6 @@
 """The Zarr store kind (the default): a Zarr v3 group, one array per parameter, whose root
 ``zarr.json`` carries the manifest as its ``"ckptstore"`` attribute (the format's details are in
-:mod:`ckptstore.store.zarr`; its writer is :class:`~ckptstore.write.store_kinds.ZarrWriter`)."""
+:mod:`ckptstore.store.zarr`; its writer is :class:`~ckptstore.write.kinds.zarr.ZarrWriter`)."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -22,7 +22,7 @@ def _arrays(keys: Sequence[str]) -> list[str]:
 
 KIND = StoreKind(
     name="zarr",
-    writer="ckptstore.write.store_kinds:ZarrWriter",
+    writer="ckptstore.write.kinds.zarr:ZarrWriter",
     help="Zarr v3 (chunked, optional compression)",
     label="Zarr v3",
     manifest_file=ROOT_METADATA,
