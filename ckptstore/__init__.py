@@ -19,11 +19,14 @@ Every function that takes a store takes a path, an ``s3://``/``obs://`` URL or a
 ``rank=None`` (the default) means this process's rank (``mindspore.communication`` when
 initialised, else ``RANK_ID``). Errors are :class:`CkptStoreError` (subclasses in
 :mod:`ckptstore.errors`). Everything else stays importable from its module. ``import ckptstore``
-imports neither MindSpore nor zarr-python: functions that need them import them on first use.
+imports neither MindSpore nor zarr-python (functions that need them import them on first use),
+nor the write side (:mod:`ckptstore.write`: ``convert``, ``index``, ``commit`` and ``save_rank``
+are imported on first use), so that opening and reading a store imports no writer.
 """
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ckptstore.errors import CkptStoreError
 from ckptstore.read.export import export
@@ -31,20 +34,32 @@ from ckptstore.read.loader import read_rank
 from ckptstore.read.rank_plan import plan_rank
 from ckptstore.read.verify import verify
 from ckptstore.store.store import Store, open
-from ckptstore.write.convert import commit_store as commit
-from ckptstore.write.convert import convert, index
-from ckptstore.write.save import save_rank
 from ckptstore.version import __version__
 
-_ADAPTER = ("load_rank", "load_into_net", "StoreCheckpoint")
+if TYPE_CHECKING:
+    from ckptstore.mindspore import StoreCheckpoint, load_into_net, load_rank
+    from ckptstore.write.convert import commit_store as commit
+    from ckptstore.write.convert import convert, index
+    from ckptstore.write.save import save_rank
+
+#: Public names imported on first use: ``(module, attribute)``.
+_ON_FIRST_USE = {
+    "load_rank": ("ckptstore.mindspore", "load_rank"),
+    "load_into_net": ("ckptstore.mindspore", "load_into_net"),
+    "StoreCheckpoint": ("ckptstore.mindspore", "StoreCheckpoint"),
+    "convert": ("ckptstore.write.convert", "convert"),
+    "index": ("ckptstore.write.convert", "index"),
+    "commit": ("ckptstore.write.convert", "commit_store"),
+    "save_rank": ("ckptstore.write.save", "save_rank"),
+}
 
 
 def __getattr__(name: str) -> Any:
-    # The MindSpore adapter is imported on first use, so `import ckptstore` stays light.
-    if name in _ADAPTER:
-        from ckptstore import mindspore as mindspore_adapter
-
-        return getattr(mindspore_adapter, name)
+    # The MindSpore adapter and the write side are imported on first use, so `import ckptstore`
+    # stays light and a process that only reads stores never imports a writer.
+    if name in _ON_FIRST_USE:
+        module, attr = _ON_FIRST_USE[name]
+        return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'ckptstore' has no attribute {name!r}")
 
 
