@@ -132,6 +132,10 @@ def main() -> None:
     of the slices in the rank files. Loading a rank of any new layout then reads only the
     bytes that rank needs.
 
+    SRC, STORE, --out and --strategy may be s3://bucket/prefix URLs (obs:// for Huawei OBS),
+    with the endpoint and credentials from the AWS environment (AWS_ENDPOINT_URL,
+    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION); export writes local files.
+
     
     Typical use:
       ckptstore info rank_0/net-1_100.ckpt          what a rank file holds
@@ -241,9 +245,10 @@ def info(path: str, as_json: bool, rank: int | None, ckpt_dir: str | None, extra
          include: tuple[str, ...]) -> None:
     """Describe a .ckpt file, a strategy file, or a converted store.
 
-    For a store (a folder made by 'ckptstore convert'): each parameter's global shape, dtype,
-    bytes and chunk grid, and how much deduplicating replicas saved. For a checkpoint: its parameters, dtypes, local shapes and byte sizes, read from the record
-    headers only. For a strategy file (protobuf as MindSpore saves it, or .json): each
+    For a store (made by 'ckptstore convert' or 'ckptstore index'; a folder or a URL): each
+    parameter's global shape, dtype, bytes and chunk grid, and how much deduplicating replicas
+    saved. For a checkpoint: its parameters, dtypes, local shapes and byte sizes, read from the
+    record headers only. For a strategy file (protobuf as MindSpore saves it, or .json): each
     parameter's device matrix, tensor map and optimizer sharding; with --rank, the split that
     rank holds; with --ckpt-dir too, the global box of each parameter on that rank.
     """

@@ -42,6 +42,13 @@ def test_help_describes_every_source_format_and_store_kind(command):
         assert words in text, words
 
 
+def test_help_says_which_arguments_may_be_urls_and_where_their_credentials_come_from():
+    text = _one_line(run_cli("--help").stdout.split("Typical use:", 1)[0])
+    assert ("SRC, STORE, --out and --strategy may be s3://bucket/prefix URLs (obs:// for Huawei OBS), with the "
+            "endpoint and credentials from the AWS environment (AWS_ENDPOINT_URL,") in text
+    assert "export writes local files." in text
+
+
 def test_verify_of_a_missing_store_exits_2(tmp_path):
     r = run_cli("verify", tmp_path / "nothing.zarr", process=True)  # the installed script's real stderr
     assert r.returncode == 2
