@@ -45,8 +45,18 @@ from ckptstore.checkpoint.strategy import Layout, Strategy, strategy_from_layout
 
 
 def _ms() -> Any:
-    import mindspore
-
+    """MindSpore, imported on first use; where it is not installed, an error that says what
+    needs it and what reads the same values without it (the parameters are built lazily, so
+    this may first be reached when one is looked up)."""
+    try:
+        import mindspore
+    except ModuleNotFoundError as e:
+        if e.name != "mindspore":  # a module MindSpore itself lacks: its own message says which
+            raise
+        raise ModuleNotFoundError("ckptstore's load_rank, load_into_net and StoreCheckpoint build mindspore.Parameters "
+                                  "and need MindSpore, which this Python cannot import (pip install "
+                                  "'ckptstore[mindspore]'); ckptstore.read_rank gives the same values as numpy arrays "
+                                  "without it", name="mindspore") from e
     return mindspore
 
 

@@ -159,6 +159,26 @@ def test_read_rank_needs_no_mindspore(load_env):
     assert out["sums"] == {n: float(a.astype(np.float64).sum()) for n, a in t.oracle(3).items()}
 
 
+def test_load_rank_without_mindspore_says_what_needs_it_and_names_read_rank(load_env):
+    t = load_env.target(CASE)
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["mindspore"] = None  # a Python where MindSpore cannot be imported
+        import ckptstore
+        params = ckptstore.load_rank({str(t.store_path)!r}, {str(t.target_file)!r}, 3)
+        try:
+            params["layer0.w"]
+        except ModuleNotFoundError as e:
+            print(e.name, "|", e)
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ("mindspore | ckptstore's load_rank, load_into_net and StoreCheckpoint build "
+                                "mindspore.Parameters and need MindSpore, which this Python cannot import (pip install "
+                                "'ckptstore[mindspore]'); ckptstore.read_rank gives the same values as numpy arrays "
+                                "without it")
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. commit in the API, naming the parts that have not finished
 
