@@ -9,33 +9,58 @@ float32), so bytes move between the two unchanged.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_BF16: list[np.dtype] = []
+
+
+def _bfloat16() -> np.dtype:
+    """``ml_dtypes.bfloat16``, imported on first need: importing ml_dtypes costs more than the
+    rest of ckptstore's imports together (0.6 s on a 2-core machine), which every rank's process
+    and every CLI command would pay for checkpoints that hold no bfloat16."""
+    if not _BF16:
+        import ml_dtypes
+
+        _BF16.append(np.dtype(ml_dtypes.bfloat16))
+    return _BF16[0]
+
+
+def __getattr__(name: str) -> Any:
+    # ``BFLOAT16``: the numpy dtype of bfloat16, made when first asked for (see _bfloat16)
+    if name == "BFLOAT16":
+        return _bfloat16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
 class DType:
-    """One numeric element type under each of its names."""
+    """One numeric element type under each of its names (``numpy_dtype`` ``None``: bfloat16,
+    whose numpy dtype comes from ml_dtypes when first used)."""
 
     name: str          # ckptstore / numpy name: "float32", "bfloat16"
     mindspore: str     # checkpoint tensor_type and MindSpore dtype name: "Float32"
     safetensors: str   # safetensors header code: "F32"
-    numpy: np.dtype
+    numpy_dtype: np.dtype | None
+
+    @property
+    def numpy(self) -> np.dtype:
+        """The numpy dtype (``ml_dtypes.bfloat16`` for bfloat16)."""
+        return self.numpy_dtype if self.numpy_dtype is not None else _bfloat16()
 
     @property
     def is_float(self) -> bool:
-        return self.numpy == BFLOAT16 or np.issubdtype(self.numpy, np.floating)
+        return self.numpy_dtype is None or np.issubdtype(self.numpy_dtype, np.floating)
 
 
 DTYPES: tuple[DType, ...] = (
     DType("float16", "Float16", "F16", np.dtype("float16")),
     DType("float32", "Float32", "F32", np.dtype("float32")),
     DType("float64", "Float64", "F64", np.dtype("float64")),
-    DType("bfloat16", "BFloat16", "BF16", BFLOAT16),
+    DType("bfloat16", "BFloat16", "BF16", None),
     DType("int8", "Int8", "I8", np.dtype("int8")),
     DType("int16", "Int16", "I16", np.dtype("int16")),
     DType("int32", "Int32", "I32", np.dtype("int32")),
@@ -47,7 +72,8 @@ DTYPES: tuple[DType, ...] = (
     DType("bool", "Bool", "BOOL", np.dtype("bool")),
 )
 
-_BY_NUMPY = {d.numpy: d for d in DTYPES}
+_BY_NUMPY = {d.numpy_dtype: d for d in DTYPES if d.numpy_dtype is not None}
+_BF16_ROW = next(d for d in DTYPES if d.numpy_dtype is None)
 _BY_NAME = {n: d for d in DTYPES for n in (d.name, d.mindspore)}
 _BY_SAFETENSORS = {d.safetensors: d for d in DTYPES}
 
@@ -69,7 +95,11 @@ def lookup(dtype: object) -> DType:
     found = _BY_NAME.get(dtype) if isinstance(dtype, str) else None
     if found is None:
         try:
-            found = _BY_NUMPY.get(np.dtype(dtype))  # type: ignore[call-overload]
+            as_numpy = np.dtype(dtype)  # type: ignore[call-overload]
+            found = _BY_NUMPY.get(as_numpy)
+            # only a process that imported ml_dtypes can hold a bfloat16 dtype
+            if found is None and "ml_dtypes" in sys.modules and as_numpy == _bfloat16():
+                found = _BF16_ROW
         except (TypeError, ValueError):
             found = None
     if found is None and not isinstance(dtype, str):
