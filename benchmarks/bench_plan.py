@@ -5,7 +5,7 @@
 Shapes only. For each model the source layout is ``ckptstore.testing.sample.pangu_specs`` on mp 8 × dp 16
 with optimizer sharding (Adam moments included); its strategy file is written by
 ``ckptstore.testing.sample_checkpoint.write_strategy`` (as the parallel compiler writes it) and read back by
-``ckptstore.load_strategy``. The store manifest is built the way ``ckptstore.convert`` builds it
+``ckptstore.checkpoint.strategy.load_strategy``. The store manifest is built the way ``ckptstore.convert`` builds it
 (distinct boxes from ``Strategy.replica_groups``, which works them out with the conversion's own
 ``checkpoint.strategy.stage_slices``; chunk shapes from ``manifest.chunk_shape_for`` with the
 default 256 MiB bound, chunks in C order over the grid,

@@ -106,7 +106,7 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     files (each rank's newest checkpoint unless ``step``/``prefix``/``src_format`` pick another)
     with the ``strategy`` file(s) (or a folder of them) that laid it out, or a single checkpoint
     file. ``include``/``exclude`` are name globs; ``drop_optimizer`` removes optimizer state
-    (:data:`~ckptstore.store.chunking.OPTIMIZER_PATTERNS`); they apply before the checks of the
+    (:func:`~ckptstore.store.chunking.optimizer_state`); they apply before the checks of the
     files against the strategy. Parameters the strategy lays out but no rank file holds were not
     saved (MindFormers filters its saves): they are skipped and named in the summary's ``unsaved``. ``compress`` is ``None``, ``"zstd"``
     or ``"blosc"``. Replicated slices are read and written once; ``verify_replicas`` also reads
