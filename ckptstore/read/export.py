@@ -45,9 +45,9 @@ def export(store: StoreLike, out: str | os.PathLike[str], *, strategy: StrategyL
     ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`;
     ``out`` is a local folder (a URL is refused). ``format`` is ``"ckpt"`` (the default: MindSpore
     protobuf, byte-compatible with ``save_checkpoint``; ``crc`` adds its ``crc_num`` trailer) or
-    ``"safetensors"`` (``fmt=`` is its deprecated name). ``dtype`` converts while reading. A given ``strategy`` that lays out fewer
-    than half of the store's parameters is refused as another model's unless ``allow_whole`` (see
-    :func:`~ckptstore.read.loader.check_target_describes`).
+    ``"safetensors"`` (``fmt=`` is its deprecated name). ``dtype`` converts while reading. A given
+    ``strategy`` that lays out fewer than half of the store's parameters is refused as another
+    model's unless ``allow_whole`` (see :func:`~ckptstore.read.loader.check_target_describes`).
     """
     fmt = renamed(format, fmt, new_name="format", old_name="fmt", default="ckpt")
     with store_argument(store) as st:
