@@ -5,7 +5,8 @@ name (``KIND`` in a module of :mod:`ckptstore.store.kinds`, ``BYTE_SOURCE``/``BY
 module of :mod:`ckptstore.io`); a :class:`Registry` finds the built-in ones by importing every
 module of its package (no hand-written list to edit), then those another distribution names
 under its entry-point group (``ckptstore.store_kinds``, ``ckptstore.byte_sources``,
-``ckptstore.byte_sinks``). Adding a part is therefore one new file. Discovery runs on first use,
+``ckptstore.byte_sinks``); a lookup by name asks the package's modules already imported
+before importing the others. Adding a part is therefore one new file. Discovery runs on first use,
 not at import time, so importing ckptstore stays cheap and no module has to import its plugins.
 
 An entry point that cannot be loaded, or a declaration of the wrong type or reusing a name
@@ -50,6 +51,7 @@ class Registry(Generic[T]):
         self._found: dict[str, T] | None = None
         self._lock = threading.RLock()
         self._discovering = False
+        self._imported: dict[str, T] = {}
 
     def entries(self) -> dict[str, T]:
         """Every declaration by each of its names: built-in ones (in module-name order), then plugins."""
@@ -64,8 +66,30 @@ class Registry(Generic[T]):
         # A plugin cannot take a built-in's name, so a built-in is found without reading every
         # installed distribution's entry points (a few milliseconds per registry in a fresh process,
         # which every rank's first open of a local store paid three times).
-        found = self._discovered(plugins=False).get(name)
+        # Nor are the package's other modules imported when one already imported declares it (the
+        # local file source, which ``import ckptstore`` loads): importing and listing them all cost
+        # a fresh process ~2.5 ms at its first open of a local path.
+        found = self._imported.get(name)
+        if found is None and self._builtins is None:
+            found = self._imported_now().get(name)
+        if found is None:
+            found = self._discovered(plugins=False).get(name)
         return found if found is not None else self.entries().get(name)
+
+    def _imported_now(self) -> dict[str, T]:
+        """The declarations of the package's modules imported so far (nothing is imported here):
+        what discovery would find in them, as built-ins are registered before any plugin."""
+        prefix = self.package + "."
+        found: dict[str, T] = {}
+        for module_name, module in sorted(list(sys.modules.items()), key=lambda kv: kv[0]):
+            if module_name.startswith(prefix) and "." not in module_name[len(prefix):]:
+                declared = getattr(module, self.attribute, None)
+                if isinstance(declared, self.cls):
+                    for n in self._names(declared):
+                        found.setdefault(n, declared)
+        with self._lock:
+            self._imported = found
+        return found
 
     def names(self) -> list[str]:
         """Every registered name, in registration order."""
@@ -75,6 +99,7 @@ class Registry(Generic[T]):
         """Forget what was found; the next lookup discovers again (after a plugin was installed)."""
         with self._lock:
             self._builtins = self._found = None
+            self._imported = {}
             _ENTRY_POINTS.clear()
 
     def _discovered(self, *, plugins: bool) -> dict[str, T]:
