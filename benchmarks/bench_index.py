@@ -413,22 +413,21 @@ def _profile(st: IndexSetup, index: Contender, kinds: Sequence[str]) -> dict[str
 #: ``(module, attribute, phase)``: functions of ckptstore.index's main thread timed per phase. A
 #: missing one (ckptstore changed) is left out.
 PHASES = (
-    ("ckptstore.convert", "resolve_source", "resolve_source (everything below)"),
+    ("ckptstore.write.convert", "resolve_source", "resolve_source (everything below)"),
     ("ckptstore.checkpoint.source", "load_strategy", "  read the strategy file"),
     ("ckptstore.checkpoint.source", "scan_rank_file", "  scan the rank files' headers (ckpt_reader)"),
     ("ckptstore.checkpoint.source", "_resolve", "  resolve each parameter's global shape and slices"),
     ("ckptstore.checkpoint.source", "_check_redundancy", "  redundancy check"),
     ("ckptstore.checkpoint.source", "check_against_strategy", "  layout check (sampled bytes, layout_check)"),
-    ("ckptstore.convert", "select_params", "select parameters"),
-    ("ckptstore.convert", "_plan", "chunk plans (chunk_plan)"),
-    ("ckptstore.convert", "_fingerprint", "fingerprint (stat every rank file)"),
-    ("ckptstore.convert", "claim", "claim the output folder"),
-    ("ckptstore.convert", "_write", "build the manifest + commit (everything below)"),
+    ("ckptstore.write.convert", "select_params", "select parameters"),
+    ("ckptstore.write.convert", "_plan", "chunk plans (store.chunking)"),
+    ("ckptstore.write.convert", "_fingerprint", "fingerprint (stat every rank file)"),
+    ("ckptstore.write.convert", "claim", "claim the output folder"),
     ("ckptstore.write.kinds.index", "IndexWriter.write_param", "  per-parameter chunk tables (worker threads: summed)"),
     ("ckptstore.write.kinds.index", "IndexWriter.extra", "  stat the rank files for the manifest"),
-    ("ckptstore.write.kinds.index", "IndexWriter.commit", "  commit (dumps + write + sync)"),
+    ("ckptstore.write.convert", "_commit_if_last", "commit (dumps + write + make durable)"),
     ("ckptstore.store.manifest", "StoreManifest.dumps", "    manifest to JSON text (dumps)"),
-    ("ckptstore.convert", "_summary", "summary"),
+    ("ckptstore.write.convert", "_summary", "summary"),
 )
 
 
@@ -444,8 +443,8 @@ def _wrap_phases(timers: dict[str, list[float]]) -> None:
             for part in path:
                 owner = getattr(owner, part)
             fn = getattr(owner, name)
-        except (ImportError, AttributeError):
-            continue
+        except (ImportError, AttributeError) as e:  # a renamed module or function: say so, do not time less
+            raise BenchmarkError(f"bench_index PHASES names {module}.{attr}, which this ckptstore lacks: {e}") from e
 
         def timed(*a: Any, __fn: Any = fn, __phase: str = phase, **kw: Any) -> Any:
             t0 = time.perf_counter()
