@@ -569,9 +569,9 @@ def _parse_ranks(value: str | None) -> Iterable[int] | None:
         return None
     ranges: list[range] = []
     for part in value.split(","):
-        lo, _, hi = part.strip().partition("-")
-        try:
-            first, last = int(lo), int(hi) if hi else int(lo)
+        lo, dash, hi = part.strip().partition("-")
+        try:  # "4-" is no range (not "4 to the end"): refused, not read as rank 4
+            first, last = int(lo), int(hi) if dash else int(lo)
         except ValueError:
             raise click.BadParameter(f"{value!r} is not a list like 0,1,4-7", param_hint="--ranks") from None
         if first < 0 or last < first:

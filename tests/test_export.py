@@ -102,6 +102,14 @@ def test_cli_export_rank_outside_the_target_is_an_error(load_env, tmp_path):
     assert "rank 4 is outside the target layout's 4 ranks" in r.stderr
 
 
+def test_cli_export_refuses_a_range_without_its_end(load_env, tmp_path):
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    r = run_cli("export", t.store_path, tmp_path / "out", "-s", t.target_file, "--ranks", "0,2-")
+    assert r.returncode == 2
+    assert "Invalid value for --ranks: '0,2-' is not a list like 0,1,4-7" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_export_api_rank_outside_the_target_raises(load_env, tmp_path):
     t = load_env.target("dp2_mp4->dp2_mp2")
     with pytest.raises(StrategyError, match="rank 9 is outside"):
