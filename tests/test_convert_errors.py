@@ -24,6 +24,7 @@ from ckptstore.errors import (  # noqa: E402
     CkptStoreError,
     CorruptCheckpointError,
     IncompleteStoreError,
+    InvalidOptionError,
     LayoutMismatchError,
     MissingRankError,
     StoreNotFoundError,
@@ -56,6 +57,13 @@ def _convert_fails(layout: SavedLayout, tmp_path: Path, exc: type[BaseException]
     assert isinstance(info.value, CkptStoreError)
     assert not out.exists(), "a refused source must not leave an output folder behind"
     return info.value
+
+
+def test_include_globs_that_match_no_parameter_are_refused(dp2_mp4, tmp_path):
+    # a glob matches whole names: "layer0" alone would have made an empty store, exit 0
+    err = _convert_fails(dp2_mp4, tmp_path, InvalidOptionError, include=["layer0", "moe"])
+    assert str(err).startswith("--include 'layer0' 'moe' matches none of the checkpoint's 15 parameters (")
+    assert str(err).endswith("); a glob matches whole names: 'layer0.*', not 'layer0'")
 
 
 def _has_rank(msg: str, rank: int) -> bool:

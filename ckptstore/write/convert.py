@@ -165,7 +165,7 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
     """Source -> plans -> claim the output -> write this part's share (or skip, if complete) -> commit -> summary."""
     started = time.monotonic()
     sink = open_sink(out)
-    source = resolve_source(src, **choose, keep=lambda names: select_params(names, **select))
+    source = resolve_source(src, **choose, keep=lambda names: _selected(names, select))
     try:
         plans = [_plan(p, chunk_bytes) for p in source.params.values()]
         fingerprint = _fingerprint(source, plans, codec, fmt, checksum)
@@ -203,6 +203,20 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
             hold.release()
     finally:
         source.close()
+
+
+def _selected(names: list[str], select: Mapping[str, Any]) -> list[str]:
+    """The parameters ``select`` keeps; include globs that match none of ``names`` are refused
+    (a glob is matched against whole names, so ``--include layer0`` would make an empty store)."""
+    kept = select_params(names, **select)
+    include = select.get("include") or ()
+    if include and not select_params(names, include=include):
+        unique = list(dict.fromkeys(names))
+        shown = ", ".join(unique[:3]) + (", ..." if len(unique) > 3 else "")
+        raise InvalidOptionError(f"--include {' '.join(repr(g) for g in include)} matches none of the checkpoint's "
+                                 f"{len(unique)} parameters ({shown}); a glob matches whole names: 'layer0.*', "
+                                 "not 'layer0'")
+    return kept
 
 
 def _commit_if_last(hold: Claim, done: Mapping[str, ParamManifest], fingerprint: str,
