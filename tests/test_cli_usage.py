@@ -3,6 +3,8 @@ and usage errors. Runs without MindSpore (``make test-pure``)."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,10 @@ def test_a_usage_error_is_one_line_and_exit_2(args, message):
 def test_the_bare_command_prints_its_help():
     r = run_cli()
     assert r.returncode == 0 and r.stdout.startswith("Usage: ckptstore [OPTIONS] COMMAND [ARGS]..."), r.stdout
+
+
+def test_python_dash_m_ckptstore_is_the_ckptstore_command():
+    # where pip's console script is not on PATH, `python -m ckptstore` runs the same command
+    out = subprocess.run([sys.executable, "-m", "ckptstore", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("Usage: ckptstore [OPTIONS] COMMAND [ARGS]...")
