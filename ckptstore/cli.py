@@ -267,6 +267,10 @@ def info(path: str, as_json: bool, rank: int | None, ckpt_dir: str | None, extra
         result = describe.describe_strategy(strategy, rank=rank, source=source)
         printer = _print_strategy
     else:
+        if rank is not None or ckpt_dir is not None or extra_strategies:
+            raise click.UsageError(f"{path} is a store; --rank, --ckpt-dir and --strategy are for strategy files "
+                                   "(what one rank of a layout reads from a store: 'ckptstore plan STORE "
+                                   "--strategy FILE --rank R')")
         with open_store(path) as store:
             result = describe.describe_store(store)
         printer = _print_store

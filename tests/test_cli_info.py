@@ -96,6 +96,16 @@ def test_strategy_options_on_a_checkpoint_are_a_usage_error(known_files):
     assert "is a checkpoint file; --rank, --ckpt-dir and --strategy are for strategy files" in result.stderr
 
 
+def test_strategy_options_on_a_store_are_a_usage_error_pointing_to_plan(known_files, tmp_path):
+    import ckptstore
+
+    ckptstore.convert(known_files["plain"], tmp_path / "s.zarr")
+    result = _run(tmp_path / "s.zarr", "--rank", 3)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert (f"{tmp_path / 's.zarr'} is a store; --rank, --ckpt-dir and --strategy are for strategy files (what one "
+            "rank of a layout reads from a store: 'ckptstore plan STORE --strategy FILE --rank R')") in result.stderr
+
+
 def test_a_truncated_checkpoint_is_one_line_naming_file_and_offset(known_files, tmp_path):
     cut = tmp_path / "cut.ckpt"
     cut.write_bytes(known_files["plain"].read_bytes()[:60])  # inside the first record, "w"
