@@ -7,6 +7,7 @@ Expected values are MindSpore's (``transform_checkpoints`` + ``load_checkpoint``
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.mindspore
 
 import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
-from ckptstore.errors import IncompleteStoreError, InvalidOptionError  # noqa: E402
+from ckptstore.errors import IncompleteStoreError, InvalidOptionError, StoreNotFoundError  # noqa: E402
 from ckptstore.store.executor import IO_STATS  # noqa: E402
 from convert_fixtures import REPO, store_files  # noqa: E402
 from load_fixtures import assert_same_dict, load_env, run_cli  # noqa: E402,F401
@@ -186,6 +187,18 @@ def test_load_rank_without_mindspore_says_what_needs_it_and_names_read_rank(load
 def test_commit_of_a_complete_store_does_nothing(load_env):
     assert ckptstore.commit(load_env.target(CASE).store_path) is False
     assert ckptstore.commit(load_env.target(CASE).store) is False
+
+
+def test_commit_of_a_folder_with_nothing_to_commit_leaves_it_as_it_was(load_env, tmp_path):
+    layout = load_env.saved_layout("dp2_mp4")
+    folder = tmp_path / "ckpt"
+    shutil.copytree(layout.root, folder)
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    with pytest.raises(IncompleteStoreError, match="has no unfinished conversion to commit"):
+        ckptstore.commit(folder)
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before  # no .ckptstore-work/lock left
+    with pytest.raises(StoreNotFoundError):  # not "an interrupted conversion"
+        ckptstore.open(folder)
 
 
 def test_commit_names_the_part_that_has_not_finished(load_env, tmp_path):

@@ -266,10 +266,16 @@ def commit_store(out: "str | os.PathLike[str] | Store", *, on_wait: Callable[[st
         if complete_manifest(sink) is not None:
             drop_idle_work(sink)  # the lock file this process waited on
             return False
-        if is_saved_step(sink):
-            commit_step(sink)
-        else:
-            commit(sink)
+        try:
+            if is_saved_step(sink):
+                commit_step(sink)
+            else:
+                commit(sink)
+        except IncompleteStoreError:
+            # a folder with nothing to commit (a checkpoint folder, say) must not keep the lock
+            # file taken here: its work folder would make it look like an interrupted store
+            drop_idle_work(sink)
+            raise
         return True
     finally:
         lock.release()
