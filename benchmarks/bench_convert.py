@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from benchmarks.harness import RESULTS_DIR, Contender, command_line, run_benchmark, run_and_publish
+from benchmarks.harness import RESULTS_DIR, WRITE_SIDE, Contender, command_line, run_benchmark, run_and_publish
 from benchmarks.registry import contenders_for, register
 from benchmarks.report import Column, markdown_table
 from benchmarks.synth import Mesh, Synth
@@ -72,16 +72,16 @@ def make_setup(s: Synth, dst: Mesh) -> ConvertSetup:
 def _ckptstore(st: ConvertSetup) -> Contender:
     return Contender(CKPTSTORE, MODULE, "ckptstore_convert",
                      {"src_dir": str(st.synth.ckpt_dir), "strategy": str(st.synth.strategy), "out": st.out(CKPTSTORE)},
-                     preimport=("ckptstore",), track_children=True)
+                     preimport=WRITE_SIDE, track_children=True)
 
 
 @register("convert")
 def _ckptstore_index(st: ConvertSetup) -> list[Contender]:
     args = {"src_dir": str(st.synth.ckpt_dir), "strategy": str(st.synth.strategy)}
     return [Contender(INDEX, MODULE, "ckptstore_index", {**args, "out": st.out(INDEX)},
-                      preimport=("ckptstore",), track_children=True),
+                      preimport=WRITE_SIDE, track_children=True),
             Contender(INDEX_CRC, MODULE, "ckptstore_index", {**args, "out": st.out(INDEX_CRC), "checksum": True},
-                      preimport=("ckptstore",), track_children=True)]
+                      preimport=WRITE_SIDE, track_children=True)]
 
 
 @register("convert")

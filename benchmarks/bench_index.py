@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from benchmarks.harness import (
-    RESULTS_DIR, BenchmarkError, Contender, command_line, run_and_publish, run_benchmark, run_contender,
+    RESULTS_DIR, WRITE_SIDE, BenchmarkError, Contender, command_line, run_and_publish, run_benchmark, run_contender,
 )
 from benchmarks.report import Column, format_bytes, format_seconds, markdown_table
 from benchmarks.synth import CACHE_DIR, Mesh, cache_lock, parse_mesh
@@ -335,7 +335,7 @@ def contenders(st: IndexSetup) -> list[Contender]:
     sp = st.sparse
     index_args = {"src_dir": str(sp.ckpt_dir), "strategy": str(sp.strategy), "out": str(st.out)}
     store_args = {"store": str(sp.index_store), "strategy": st.dst_strategy, "rank": st.rank}
-    return [Contender(INDEX, MODULE, "ckptstore_index", index_args, preimport=("ckptstore",)),
+    return [Contender(INDEX, MODULE, "ckptstore_index", index_args, preimport=WRITE_SIDE),
             Contender(OPEN, MODULE, "ckptstore_open", {"store": str(sp.index_store)}, preimport=("ckptstore",)),
             Contender(PLAN, MODULE, "ckptstore_plan_rank", store_args, setup="setup_open_store",
                       preimport=("ckptstore",))]
@@ -356,7 +356,7 @@ def run(st: IndexSetup, *, reps: int, command: str, results_dir: Path | None, qu
     cs = contenders(st)
     _clear(sp.index_store)
     warm = run_contender(Contender("warm-up", MODULE, "ckptstore_index",
-                                   {**cs[0].args, "out": str(sp.index_store)}, preimport=("ckptstore",)),
+                                   {**cs[0].args, "out": str(sp.index_store)}, preimport=WRITE_SIDE),
                          timeout=3600)
     log(f"  warm-up index run (not counted): {format_seconds(warm['wall_s'])}")
     try:
@@ -397,7 +397,7 @@ def _profile(st: IndexSetup, index: Contender, kinds: Sequence[str]) -> dict[str
         _clear(st.out)
         try:
             m = run_contender(Contender(f"profile {what}", "benchmarks.bench_index", f"profile_{what}",
-                                        dict(index.args), preimport=("ckptstore",)), timeout=7200)
+                                        dict(index.args), preimport=WRITE_SIDE), timeout=7200)
             out[what] = m["returned"]
             out[f"{what}_wall_s"] = m["wall_s"]
         except BenchmarkError as e:

@@ -172,6 +172,13 @@ class Tree:
         return {"PYTHONPATH": f"{self.path}{os.pathsep}{harness_dir}", "PYTHONSAFEPATH": "1"}
 
     @property
+    def write_module(self) -> str:
+        """The tree's converter module (preimported, untimed: a revision that imports its write side
+        on first use is not charged for that import where one that imports it with ckptstore is not)."""
+        return "ckptstore.write.convert" if (self.path / "ckptstore" / "write" / "convert.py").exists() \
+            else "ckptstore.convert"
+
+    @property
     def mindspore_module(self) -> str:
         """The tree's only MindSpore importer (preimported, untimed, as bench_load does)."""
         return "ckptstore.mindspore" if (self.path / "ckptstore" / "mindspore.py").exists() \
@@ -279,7 +286,7 @@ def contenders_for(trees: Sequence[Tree], harness_dir: Path, *, routes: Sequence
                 c = Contender(name, MODULE, "load_into_net", load_args, preimport=load_pre, env=env,
                               setup="setup_net", check="check_into_net")
             else:
-                c = Contender(name, MODULE, route, write_args, preimport=("ckptstore",), env=env,
+                c = Contender(name, MODULE, route, write_args, preimport=("ckptstore", t.write_module), env=env,
                               check="check_written", track_children=True)
             out.append(c)
     return out
