@@ -110,13 +110,21 @@ def test_loading_a_rank_reads_only_its_ranges_in_few_requests(watched_bucket, lo
     metadata = watched_bucket.proxy.requests()
     params.materialize()
     data = watched_bucket.proxy.requests()[len(metadata):]
-    # opening: one GET per metadata file tried (ckptstore.json is absent, zarr.json is the manifest)
-    assert [(s.method, s.range) for s in metadata] == [("GET", None), ("GET", None)]
-    assert all(s.method == "GET" and s.range is not None and s.status == 206 for s in data)  # no whole objects
+    # opening: one GET, of zarr.json (the default kind's manifest is looked for first)
+    assert [(s.method, s.path.rsplit("/", 1)[-1], s.range) for s in metadata] == [("GET", ROOT_METADATA, None)]
+    gets = [s for s in data if s.method == "GET"]
+    heads = [s for s in data if s.method != "GET"]
+    assert all(s.range is not None and s.status == 206 for s in gets)  # no whole objects
     wanted = params.plan.nbytes
     assert wanted == sum(v.nbytes for v in t.oracle(1).values())
-    assert sum(s.nbytes for s in data) <= 1.02 * wanted
-    assert len(data) <= _runs(params.plan.ranges())
+    assert sum(s.nbytes for s in gets) <= 1.02 * wanted
+    assert len(gets) <= _runs(params.plan.ranges())
+    # the check that the store was not replaced: a HEAD of its manifest, at most one per data object
+    # first read (one look serves every object pinned before it began)
+    assert {(s.method, s.path.rsplit("/", 1)[-1]) for s in heads} == {("HEAD", ROOT_METADATA)}
+    assert 1 <= len(heads) <= len(params.plan.files)
+    print(f"load of rank 1: {len(metadata)} GET to open, {len(gets)} ranged GETs, {len(heads)} HEADs, "
+          f"{len(params.plan.files)} data objects")
 
 
 def test_neighbouring_ranges_are_fetched_by_one_request(watched_bucket, load_env):

@@ -130,6 +130,11 @@ class ByteSource(ABC):
     #: descriptor holds the old inode), so checking a file's identity once, at its opening, holds
     #: for every later read of it.
     pins_open_files: bool = False
+    #: Whether a file of this source, once read, keeps the version it was first read at: every
+    #: later read of it returns that version's bytes or raises
+    #: :class:`~ckptstore.errors.StoreChangedError` (an object pinned by its ETag, sent as
+    #: ``If-Match``). The version is fixed by the file's first request, not by :meth:`open`.
+    pins_read_files: bool = False
 
     @property
     @abstractmethod
@@ -143,7 +148,8 @@ class ByteSource(ABC):
     @abstractmethod
     def open(self, key: str) -> ReadableFile:
         """Open ``key`` for reading. A source may keep the file and return it again for the same key
-        (a local source keeps its descriptor until :meth:`close`; an object is opened anew).
+        (a local source keeps its descriptor until :meth:`close`; an object store keeps the object
+        pinned to the version its first request saw, see :attr:`pins_read_files`).
 
         Raises :class:`~ckptstore.errors.UnsafePathError` for keys that leave the source,
         :class:`~ckptstore.errors.MissingFileError` when there is no such file and
@@ -163,6 +169,12 @@ class ByteSource(ABC):
         Raises :class:`~ckptstore.errors.FileAccessError` when it is larger than ``limit``.
         """
 
+    def read_bytes_stat(self, key: str, *, limit: int) -> tuple[bytes, FileStat | None] | None:
+        """:meth:`read_bytes`, with the :class:`FileStat` of exactly the bytes read where the same
+        request tells it (an object's GET answers its ETag), else ``None`` in its place."""
+        data = self.read_bytes(key, limit=limit)
+        return None if data is None else (data, None)
+
     @abstractmethod
     def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
         """``(folders, files)``: the names directly under ``prefix`` (``""`` is the source itself)."""
@@ -180,7 +192,7 @@ class SourceWrapper(ByteSource):
         self.inner = inner
         self.default_workers, self.coalesces = inner.default_workers, inner.coalesces
         self.unit_bytes, self.gap_fraction = inner.unit_bytes, inner.gap_fraction
-        self.pins_open_files = inner.pins_open_files
+        self.pins_open_files, self.pins_read_files = inner.pins_open_files, inner.pins_read_files
 
     @property
     def url(self) -> str:
@@ -197,6 +209,9 @@ class SourceWrapper(ByteSource):
 
     def read_bytes(self, key: str, *, limit: int) -> bytes | None:
         return self.inner.read_bytes(key, limit=limit)
+
+    def read_bytes_stat(self, key: str, *, limit: int) -> tuple[bytes, FileStat | None] | None:
+        return self.inner.read_bytes_stat(key, limit=limit)
 
     def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
         return self.inner.list(prefix)

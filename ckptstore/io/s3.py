@@ -37,10 +37,11 @@ import threading
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ckptstore.errors import (AccessDeniedError, CkptStoreError, FileAccessError, MissingFileError,
-                              ObjectStoreConfigError, ShortReadError, StoreUnavailableError, UnsupportedLocationError)
+                              ObjectStoreConfigError, ShortReadError, StoreChangedError, StoreUnavailableError,
+                              UnsupportedLocationError)
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request, check_key, worth_merging
 from ckptstore.io.schemes import Scheme
 
@@ -390,17 +391,33 @@ def _coalesce(requests: Sequence[Request]) -> list[tuple[int, int, list[Request]
 
 
 class S3File(ReadableFile):
-    """One object; reads are ranged GETs. Its size costs a HEAD, asked for only when needed."""
+    """One object; reads are ranged GETs. Its size costs a HEAD, asked for only when needed.
+
+    The object is pinned to the version its first request saw (the ETag of the HEAD or of the
+    first GET's answer): every later GET sends that ETag as ``If-Match``, so a replaced object
+    answers 412 instead of other bytes, and every answer's ETag is compared with the pin (which
+    also catches GETs sent at once before any answer had pinned it, and a server that ignores
+    ``If-Match``). A change is a :class:`~ckptstore.errors.StoreChangedError` naming the object,
+    as is a pinned object that disappeared: reads of one file never mix two versions.
+    """
 
     read_ahead = 256 << 10
 
     def __init__(self, source: "S3Source", key: str, size: int | None = None) -> None:
         self.source, self.key = source, key
         self._size = size
+        self._etag: str | None = None
+        self._changed: Callable[[], Exception] | None = None
+        self._lock = threading.Lock()
 
     @property
     def url(self) -> str:
         return self.source.key_url(self.key)
+
+    @property
+    def etag(self) -> str | None:
+        """The ETag this object is pinned to (``None`` before its first request)."""
+        return self._etag
 
     @property
     def size(self) -> int:  # type: ignore[override]
@@ -408,8 +425,35 @@ class S3File(ReadableFile):
             st = self.source.stat(self.key)
             if st is None:
                 raise MissingFileError(errno.ENOENT, f"{self.url} does not exist", self.url)
-            self._size = st.size
+            self._seen(st.version or None, st.size)
+        assert self._size is not None
         return self._size
+
+    def pin(self, etag: str, size: int, changed: Callable[[], Exception] | None = None) -> None:
+        """Pin the object to a version known beforehand (an index's record of a rank file), before
+        any request: its first GET already sends ``If-Match``. ``changed`` makes the error raised
+        when the object is another version (default: :class:`~ckptstore.errors.StoreChangedError`)."""
+        with self._lock:
+            self._changed = changed
+        self._seen(etag, size)
+
+    def _seen(self, etag: str | None, size: int) -> None:
+        """Take the version an answer reports: the pin if there is none yet, else compared with it."""
+        with self._lock:
+            if self._etag is None:
+                if etag:  # a server that reports no ETag leaves the object unpinned
+                    self._etag, self._size = etag, size
+                elif self._size is None:
+                    self._size = size
+                return
+            if etag == self._etag and size == self._size:
+                return
+        raise self._replaced(f"ETag {etag}, {size} bytes, was {self._etag}, {self._size} bytes")
+
+    def _replaced(self, what: str) -> Exception:
+        if self._changed is not None:
+            return self._changed()
+        return StoreChangedError(f"{self.url} was replaced while it was read ({what}); open it again")
 
     def read_requests(self, requests: Sequence[Request]) -> None:
         for start, end, group in _coalesce(requests):
@@ -417,10 +461,17 @@ class S3File(ReadableFile):
 
     def _get(self, start: int, end: int, group: list[Request]) -> None:
         import obstore
+        import obstore.exceptions as oe
 
         path = self.source.path(self.key)
+        pinned = self._etag
+        options: dict[str, Any] = {"range": (start, end)}
+        if pinned is not None:
+            options["if_match"] = pinned
         try:
-            result = obstore.get(self.source.store, path, options={"range": (start, end)})
+            result = obstore.get(self.source.store, path, options=options)
+            meta = result.meta
+            self._seen(meta.get("e_tag"), int(meta["size"]))  # before any byte reaches a caller's buffer
             pos = start
             # each piece of the answer goes straight into the requests it overlaps
             i = 0
@@ -438,9 +489,15 @@ class S3File(ReadableFile):
                         buf[lo - off:hi - off] = view[lo - pos:hi - pos]
                     j += 1
                 pos += n
+        except CkptStoreError:
+            raise
         except BaseException as e:
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
+            if isinstance(e, oe.PreconditionError):  # 412: the object is not the pinned version
+                raise self._replaced(f"its ETag is no longer {pinned}") from None
+            if pinned is not None and isinstance(e, (FileNotFoundError, oe.NotFoundError)):
+                raise self._replaced("it no longer exists") from None
             if _is_range_error(e):
                 raise ShortReadError(self.url, start, end - start, self.size) from None
             raise _client_error(e, self.url, "read") from None
@@ -465,12 +522,14 @@ class S3Source(ByteSource):
     coalesces = True
     unit_bytes = GET_PIECE
     gap_fraction = MAX_GAP_FRACTION
+    pins_read_files = True
 
     def __init__(self, url: str) -> None:
         self.scheme, self.bucket, self.prefix = split_url(url)
         self._url = f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
         self._store: Any = None
         self._lock = threading.Lock()
+        self._files: dict[str, S3File] = {}  # kept (with their pins) until close()
 
     @property
     def store(self) -> Any:
@@ -491,8 +550,19 @@ class S3Source(ByteSource):
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def open(self, key: str) -> S3File:
-        check_key(key, self._url)
-        return S3File(self, key)
+        """The object ``key`` (no request): the same :class:`S3File`, pinned to the version its
+        first request saw, for every open of ``key`` until :meth:`close`."""
+        f = self._files.get(key)
+        if f is None:
+            check_key(key, self._url)
+            with self._lock:
+                f = self._files.setdefault(key, S3File(self, key))
+        return f
+
+    def close(self) -> None:
+        """Forget the opened objects and their pins: the next open of a key reads it as it is then."""
+        with self._lock:
+            self._files = {}
 
     def stat(self, key: str) -> FileStat | None:
         import obstore
@@ -505,6 +575,12 @@ class S3Source(ByteSource):
         return _stat(meta)
 
     def read_bytes(self, key: str, *, limit: int) -> bytes | None:
+        got = self.read_bytes_stat(key, limit=limit)
+        return None if got is None else got[0]
+
+    def read_bytes_stat(self, key: str, *, limit: int) -> tuple[bytes, FileStat | None] | None:
+        """The whole object ``key`` (one GET) and the :class:`FileStat` its answer reports, the
+        ETag of exactly these bytes; ``None`` when it does not exist."""
         import obstore
 
         with _request(self.key_url(key), "read", gets=1):
@@ -518,7 +594,7 @@ class S3Source(ByteSource):
                                       "metadata file may have")
             data = bytes(result.bytes())
         REQUEST_STATS.add(bytes_in=len(data))
-        return data
+        return data, _stat(result.meta)
 
     def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
         import obstore

@@ -104,7 +104,18 @@ class IndexSource(SourceWrapper):
         fd = getattr(f, "fd", None)
         if fd is not None:  # a local file: check the one just opened, not a name that may change again
             self._check(key, local_stat(os.fstat(fd)))
+        rec = self.records[key]
+        pin = getattr(f, "pin", None)
+        if pin is not None and "etag" in rec and getattr(f, "etag", None) is None:
+            # an object: its first GET already asks for the recorded version (If-Match), so a
+            # rank file replaced after the index was opened answers 412, at no extra request
+            pin(rec["etag"], rec["size"], lambda: self._changed(key, "its ETag is no longer the recorded one"))
         return f
+
+    def _changed(self, key: str, what: str) -> SourceChangedError:
+        return SourceChangedError(
+            f"rank file {self.key_url(key)} changed since the index was made ({what}): it may "
+            "hold other bytes now (edited, replaced, or copied elsewhere). Run 'ckptstore index' again")
 
     def _check(self, key: str, st: FileStat) -> None:
         """Compare ``st`` with every field the index recorded (older indexes lack ino and ctime)."""
@@ -114,9 +125,7 @@ class IndexSource(SourceWrapper):
         changed = [f"{field} {now[field]}, was {want[field]}" for field in _FIELDS
                    if field in want and now[field] is not None and now[field] != want[field]]
         if changed:
-            raise SourceChangedError(
-                f"rank file {self.key_url(key)} changed since the index was made ({'; '.join(changed)}): it may "
-                "hold other bytes now (edited, replaced, or copied elsewhere). Run 'ckptstore index' again")
+            raise self._changed(key, "; ".join(changed))
 
     def check_all(self) -> None:
         """Stat every recorded file (at open): a changed or missing one is an error now, not at a read."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -16,10 +17,12 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ckptstore.store import steps
-from ckptstore.store.kinds import WORK_DIR, manifest_candidates, manifest_files, read_manifest, store_kind, store_kinds
+from ckptstore.store.kinds import WORK_DIR, find_manifest, manifest_candidates, manifest_files, store_kind, store_kinds
 from ckptstore.boxes import Box
 from ckptstore.errors import (
     IncompleteStoreError,
+    MissingFileError,
+    ShortReadError,
     StoreChangedError,
     InvalidIndexError,
     InvalidOptionError,
@@ -31,7 +34,7 @@ from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.store.read_plan import ParamReadPlan, plan_param
 from ckptstore.store.executor import execute
 from ckptstore.io import ByteSource, FileStat, LocalSource, ReadableFile, open_location
-from ckptstore.io.base import SourceWrapper
+from ckptstore.io.base import Request, SourceWrapper
 
 Index = Any  # an int, a slice, or a tuple of them
 
@@ -200,7 +203,10 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
         raise StoreNotFoundError(f"no ckptstore store at {location.url}: it {what} (a store is a folder made by "
                                  "'ckptstore convert')")
     before = _manifest_identity(location)
-    doc = read_manifest(location)
+    found = find_manifest(location)
+    doc = None if found is None else found.doc
+    if found is not None and found.stat is not None and location.pins_read_files:
+        before = found.key, found.stat  # the identity of exactly the bytes read (an object's ETag)
     if doc is None:
         folders = location.list()[0]
         if WORK_DIR in folders:
@@ -224,8 +230,8 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
         known = ", ".join(k.name for k in store_kinds())
         raise StoreCorruptError(f"{location.url}: unknown store kind {manifest.kind!r} (this ckptstore reads {known}; "
                                 "a kind from a plugin needs that plugin installed)")
-    if before is not None and _manifest_identity(location) != before:
-        raise _changed(location)
+    if before is not None and location.pins_open_files and _manifest_identity(location) != before:
+        raise _changed(location)  # changed while it was read (an object's GET told its version with the bytes)
     if kind.open_data is not None:  # the chunks are elsewhere (an index's rank files)
         data = kind.open_data(location, manifest)
         return Store(location, manifest, data if before is None else ReplaceGuard(data, location, before))
@@ -260,7 +266,8 @@ def store_argument(store: StoreLike) -> Iterator[Store]:
 
 def _manifest_identity(location: ByteSource) -> tuple[str, FileStat] | None:
     """The manifest file's key and identity, where open files keep their content (see
-    :class:`ReplaceGuard`); ``None`` elsewhere."""
+    :class:`ReplaceGuard`); ``None`` elsewhere (an object store tells the identity with the
+    manifest's bytes instead)."""
     if not location.pins_open_files:
         return None
     for _, key in manifest_candidates():
@@ -279,27 +286,55 @@ class ReplaceGuard(SourceWrapper):
     """The data files of a store, refused once the store has been replaced.
 
     Replacing a store (``convert --overwrite``) removes its manifest before anything else and
-    writes the new one last. Each data file is checked right *after* it is first opened: if the
-    manifest is still the one the store was opened with (same size, time, inode and change
-    time), the replacement had not begun when the file was opened, so the file is the old one.
-    An open local file keeps its content when it is replaced, so it stays consistent for every
-    later read: a reader gets the old store's bytes or a
-    :class:`~ckptstore.errors.StoreChangedError`, never a mix.
+    writes the new one last. A data file is pinned to one version by its source, at its opening
+    (a local file: an open descriptor keeps its inode's bytes) or at its first request (an
+    object: its ETag, sent as ``If-Match`` on every later GET; see ``pins_read_files``). Right
+    *after* that pin, before any of its bytes are handed on, the guard checks that the manifest
+    is still the one the store was opened with (local: same size, time, inode and change time;
+    an object: same size, time and ETag): then the replacement had not begun when the file was
+    pinned, so the pinned version is the old store's, and every later read of it gives the old
+    bytes or a :class:`~ckptstore.errors.StoreChangedError`, never a mix. A file that is missing
+    or already changed is also reported as the replacement when the manifest changed.
+
+    The check costs one ``stat`` of the manifest (one HEAD on object storage) per data file,
+    fewer when many files are pinned at once: one check that began after several pins vouches
+    for all of them (:class:`_ManifestCheck`).
     """
 
     def __init__(self, inner: ByteSource, location: ByteSource, manifest: tuple[str, FileStat]) -> None:
         super().__init__(inner)
         self.location, self.manifest = location, manifest
         self._checked: set[str] = set()
+        self._check = _ManifestCheck(self)
 
     def open(self, key: str) -> ReadableFile:
-        f = self.inner.open(key)
+        if key in self._checked:
+            return self.inner.open(key)
+        try:
+            f = self.inner.open(key)
+        except MissingFileError:
+            self.confirm()  # a file deleted by the replacement is the replacement's
+            raise
+        if self.inner.pins_open_files:
+            self.confirmed(key)
+            return f
+        return _PinThenCheck(f, self, key)
+
+    def confirmed(self, key: str) -> None:
+        """Check the manifest after ``key`` was pinned (once per key until :meth:`close`)."""
         if key not in self._checked:
-            name, identity = self.manifest
-            if self.location.stat(name) != identity:
-                raise _changed(self.location)
+            self.confirm()
             self._checked.add(key)
-        return f
+
+    def confirm(self) -> None:
+        """Raise :class:`~ckptstore.errors.StoreChangedError` unless a look at the manifest that
+        began after this call was made finds it unchanged."""
+        self._check.after_now()
+
+    def unchanged(self) -> bool:
+        """Whether the manifest is the one the store was opened with (a ``stat``: one HEAD)."""
+        name, identity = self.manifest
+        return self.location.stat(name) == identity
 
     def close(self) -> None:
         self._checked.clear()  # files are reopened, and checked again, on demand
@@ -307,3 +342,76 @@ class ReplaceGuard(SourceWrapper):
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)  # what a particular source adds (an index's checks)
+
+
+class _ManifestCheck:
+    """Looks at the manifest for many threads at once: a caller waits for a look that *began*
+    after it called (one under way began too early), and one look serves every caller waiting
+    when it begins. Once the manifest changed, every caller gets the error at once."""
+
+    def __init__(self, guard: ReplaceGuard) -> None:
+        self.guard = guard
+        self._cond = threading.Condition()
+        self._begun = 0  # looks begun so far
+        self._passed = 0  # the latest look that found the manifest unchanged
+        self._running = False
+        self._changed = False
+
+    def after_now(self) -> None:
+        with self._cond:
+            wanted = self._begun + 1  # the next look to begin; one under way began before this call
+            while True:
+                if self._changed:
+                    raise _changed(self.guard.location)
+                if self._passed >= wanted:
+                    return
+                if not self._running:
+                    break
+                self._cond.wait()
+            self._running = True
+            self._begun += 1
+            mine = self._begun
+        try:
+            ok = self.guard.unchanged()
+        except BaseException:
+            with self._cond:  # not answered (an outage): a waiting caller looks again itself
+                self._running = False
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self._running = False
+            if ok:
+                self._passed = mine
+            else:
+                self._changed = True
+            self._cond.notify_all()
+        if not ok:
+            raise _changed(self.guard.location)
+
+
+class _PinThenCheck(ReadableFile):
+    """A data file of a source that pins a file at its first request: its first read (which pins
+    it) is followed by the guard's check before the bytes are handed on."""
+
+    def __init__(self, inner: ReadableFile, guard: ReplaceGuard, key: str) -> None:
+        self.inner, self.guard, self.key = inner, guard, key
+        self.read_ahead = inner.read_ahead
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    @property
+    def size(self) -> int:  # type: ignore[override]
+        return self.inner.size
+
+    def read_requests(self, requests: Sequence[Request]) -> None:
+        try:
+            self.inner.read_requests(requests)
+        except (StoreChangedError, MissingFileError, ShortReadError):
+            self.guard.confirm()  # the store's replacement, if it began, explains the failure
+            raise
+        self.guard.confirmed(self.key)
+
+    def close(self) -> None:
+        self.inner.close()

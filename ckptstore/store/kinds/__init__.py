@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ckptstore.errors import StoreCorruptError
 from ckptstore.limits import MAX_METADATA_BYTES
-from ckptstore.io.base import ByteSource
+from ckptstore.io.base import ByteSource, FileStat
 from ckptstore.registry import Registry
 
 if TYPE_CHECKING:
@@ -76,6 +76,10 @@ class StoreKind:
     #: The keys, among a listing of an output, of data files a store of this kind writes (what
     #: ``convert --overwrite`` may delete besides the manifest and the work folder).
     written: Callable[[Sequence[str]], list[str]] = _nothing
+    #: Where this kind's manifest file comes among the built-in kinds' when a store is opened
+    #: (lower first): on object storage each file looked for in vain costs a round trip, so the
+    #: default kind's comes first.
+    probe_order: int = 1
 
     def writer_class(self) -> type:
         """The writer class (imported now when ``writer`` names it)."""
@@ -106,19 +110,61 @@ def manifest_files() -> list[str]:
 
 
 def manifest_candidates() -> Iterator[tuple[StoreKind, str]]:
-    """Each kind with a manifest file not named before it: the built-in kinds first, then the
+    """Each kind with a manifest file not named before it: the built-in kinds first, by
+    ``probe_order`` (the default kind, Zarr, first: opening one costs one request), then the
     plugins' — read only when the caller goes on looking, so opening a built-in kind's store
     reads no installed distribution's entry points."""
     seen: set[str] = set()
     builtins = KINDS.builtins()
     def kinds() -> Iterator[StoreKind]:
-        yield from builtins.values()
+        yield from sorted(builtins.values(), key=lambda k: k.probe_order)  # stable: then by name
         yield from (k for n, k in KINDS.entries().items() if n not in builtins)
 
     for kind in kinds():
         if kind.manifest_file not in seen:
             seen.add(kind.manifest_file)
             yield kind, kind.manifest_file
+
+
+@dataclass(frozen=True)
+class FoundManifest:
+    """A store's manifest file as :func:`find_manifest` read it."""
+
+    kind: StoreKind
+    key: str
+    #: The ckptstore manifest (the kind's ``manifest_in`` of the file), ``False`` for a file
+    #: that holds none (a Zarr group of another program).
+    doc: Any
+    #: The identity of exactly the bytes read, where the source tells it with them (an
+    #: object's ETag); ``None`` elsewhere.
+    stat: FileStat | None
+
+
+def find_manifest(source: ByteSource) -> FoundManifest | None:
+    """The manifest file of the store in ``source``, whichever kind holds it, or ``None``.
+
+    Candidates are read in :func:`manifest_candidates` order; a Zarr group that holds no
+    ckptstore manifest does not stop the search (another kind's file may be beside it) but is
+    returned, with ``doc`` ``False``, when no other is found. Raises
+    :class:`StoreCorruptError` when a metadata file is not a JSON object.
+    """
+    plain: FoundManifest | None = None
+    for kind, name in manifest_candidates():
+        got = source.read_bytes_stat(name, limit=MAX_METADATA_BYTES)
+        if got is None:
+            continue
+        raw, stat = got
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep
+            raise StoreCorruptError(f"{source.key_url(name)} is not valid JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise StoreCorruptError(f"{source.key_url(name)} is not a JSON object")
+        found = FoundManifest(kind, name, kind.manifest_in(doc), stat)
+        if found.doc is not False:
+            return found
+        plain = plain or found
+    return plain
 
 
 def read_manifest(source: ByteSource) -> Any:
@@ -130,15 +176,5 @@ def read_manifest(source: ByteSource) -> Any:
     without ckptstore attributes). Raises :class:`StoreCorruptError` when the metadata file is
     not a JSON object.
     """
-    for kind, name in manifest_candidates():
-        raw = source.read_bytes(name, limit=MAX_METADATA_BYTES)
-        if raw is None:
-            continue
-        try:
-            doc = json.loads(raw)
-        except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep
-            raise StoreCorruptError(f"{source.key_url(name)} is not valid JSON: {e}") from None
-        if not isinstance(doc, dict):
-            raise StoreCorruptError(f"{source.key_url(name)} is not a JSON object")
-        return kind.manifest_in(doc)
-    return None
+    found = find_manifest(source)
+    return None if found is None else found.doc

@@ -29,4 +29,5 @@ KIND = StoreKind(
     manifest_in=_attributes,
     compressible=True,
     written=_arrays,
+    probe_order=0,  # the default kind
 )

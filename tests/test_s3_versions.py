@@ -1,0 +1,145 @@
+"""A store on object storage replaced while it is read: a reader gets the old bytes or a
+``StoreChangedError``, never a mix of two versions (the S3 twin of test_hostile_folders' 17.4).
+
+Objects are pinned by ETag: the version an object's first request saw is sent as ``If-Match``
+on its later GETs, and a store's manifest is looked at (one HEAD) after each data object is
+pinned. The server is the tests' SeaweedFS (moto where it is not installed); both answer 412 to
+a GET whose ``If-Match`` no longer holds, which the tests check through the counting proxy.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+pytest.importorskip("obstore")
+
+import ckptstore  # noqa: E402
+from ckptstore.errors import SourceChangedError, StoreChangedError  # noqa: E402
+from ckptstore.io import s3  # noqa: E402
+from ckptstore.store.kinds import MANIFEST, ROOT_METADATA  # noqa: E402
+from ckptstore.testing import s3_server as S  # noqa: E402
+from convert_fixtures import assert_same_array, convert_layout, expected_values  # noqa: E402
+from load_fixtures import load_env  # noqa: E402,F401
+
+
+def _put(bucket, key: str, data: bytes) -> None:
+    """Write an object behind ckptstore's back (another job's client)."""
+    import obstore
+    from obstore.store import S3Store
+
+    obstore.put(S3Store(bucket.name), key, data)
+
+
+def _name(seen) -> str:
+    return seen.path.split("?")[0].rsplit("/", 1)[-1]
+
+
+def test_a_reader_of_a_replaced_s3_store_gets_an_error_not_the_new_bytes(bucket, saved_layout):
+    a, b = saved_layout("dp2_mp4"), saved_layout("mp_rows")
+    url = bucket.url("s.zarr")
+    convert_layout(a, url)
+    store = ckptstore.open(url)
+    first, *others = store.names()
+    assert_same_array(store.read(first), expected_values(a)[first])
+    convert_layout(b, url, overwrite=True)
+    shared = [n for n in others if n in expected_values(a)]
+    assert shared
+    for name in [first, *shared]:  # objects read before (pinned) and objects first read now
+        with pytest.raises(StoreChangedError, match="was replaced while it was read .*; open it again"):
+            store.read(name)
+    store.close()
+    with ckptstore.open(url) as fresh:
+        for name, value in expected_values(b).items():
+            assert_same_array(fresh.read(name), value)
+
+
+def test_an_object_overwritten_between_two_ranged_gets_of_one_reader_is_refused_naming_it(watched_bucket,
+                                                                                           saved_layout):
+    layout = saved_layout("dp2_mp4")
+    url = watched_bucket.url("s.zarr")
+    convert_layout(layout, url)
+    with ckptstore.open(url) as store:
+        info = store.info("layer0.w")
+        [(key, offset, nbytes)] = info.container(0)[1]
+        [(key3, offset3, _)] = info.container(3)[1]
+        assert key3 == key and offset3 > offset  # two chunks of one object: two ranged GETs
+        head = store.read("layer0.w", (slice(0, info.chunk_box(0).stop[0]),))
+        assert_same_array(head, expected_values(layout)["layer0.w"][:len(head)])
+        raw = bytearray(S.objects(watched_bucket.url("s.zarr"))[key])
+        raw[offset3] ^= 0xFF  # same size: only the version tells the new object from the old
+        _put(watched_bucket, f"s.zarr/{key}", bytes(raw))
+        watched_bucket.proxy.reset()
+        with pytest.raises(StoreChangedError, match=f"{url}/{key} was replaced while it was read"):
+            store.read("layer0.w")
+    assert [(s.method, s.status) for s in watched_bucket.proxy.requests()] == [("GET", 412)]
+
+
+def test_an_open_object_is_read_at_its_first_version_or_refused(watched_bucket):
+    source = s3.S3Source(watched_bucket.url("src"))
+    source.put("f", b"A" * 64)
+    f = source.open("f")
+    assert f.pread(0, 8) == b"A" * 8
+    source.put("f", b"B" * 64)
+    assert source.open("f") is f  # kept, with its pin, until close
+    watched_bucket.proxy.reset()
+    with pytest.raises(StoreChangedError, match=r"s3://ckptstore-test-\d+/src/f was replaced while it was read"):
+        f.pread(8, 8)
+    [get] = watched_bucket.proxy.requests()
+    assert (get.method, get.status) == ("GET", 412)  # the server refused: no byte of the new version came
+    source.close()
+    assert source.open("f").pread(0, 8) == b"B" * 8  # opened again: the object as it is now
+
+
+def test_a_store_not_replaced_is_read_with_one_head_per_data_object(watched_bucket, load_env):
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    layout = load_env.saved_layout("dp2_mp4")
+    url = watched_bucket.url("s.zarr")
+    convert_layout(layout, url)
+    convert_layout(layout, url)  # a rerun of the same conversion changes nothing
+    watched_bucket.proxy.reset()
+    s3.REQUEST_STATS.reset()
+    params = ckptstore.load_rank(url, t.strategy, 1, workers=1)
+    opening = watched_bucket.proxy.requests()
+    values = params.materialize()
+    reading = watched_bucket.proxy.requests()[len(opening):]
+    assert [(s.method, _name(s)) for s in opening] == [("GET", ROOT_METADATA)]
+    objects = params.plan.files
+    gets = [s for s in reading if s.method == "GET"]
+    heads = [s for s in reading if s.method == "HEAD"]
+    assert all(s.status == 206 for s in gets)
+    # one look at the manifest per data object, after its first GET; none for later GETs
+    assert [_name(s) for s in heads] == [ROOT_METADATA] * len(objects)
+    assert len(gets) + len(heads) == len(reading)
+    assert (s3.REQUEST_STATS.gets, s3.REQUEST_STATS.heads) == (1 + len(gets), len(objects))
+    for name, value in t.oracle(1).items():
+        assert np.asarray(values[name].asnumpy()).tobytes() == value.tobytes(), name
+
+
+@pytest.mark.parametrize("fmt,tried", [("zarr", [ROOT_METADATA]), ("safetensors", [ROOT_METADATA, MANIFEST])])
+def test_opening_a_zarr_store_in_a_bucket_costs_one_request(watched_bucket, saved_layout, fmt, tried):
+    url = watched_bucket.url("s")
+    convert_layout(saved_layout("dp2_mp4"), url, format=fmt)
+    watched_bucket.proxy.reset()
+    with ckptstore.open(url) as store:
+        assert store.kind == fmt
+    assert [(s.method, _name(s)) for s in watched_bucket.proxy.requests()] == [("GET", n) for n in tried]
+
+
+def test_a_rank_object_replaced_after_its_index_was_opened_is_refused_by_its_first_get(watched_bucket,
+                                                                                       saved_layout):
+    layout = saved_layout("dp2_mp4")
+    src = watched_bucket.url("ckpt")
+    S.upload(layout.root, src)
+    url = watched_bucket.url("model.index")
+    ckptstore.index(src, url, strategy=[f"{src}/{f.relative_to(layout.root)}" for f in layout.strategy_files])
+    with ckptstore.open(url) as store:
+        key = store.info("layer0.w").container(0)[1][0][0]
+        raw = bytearray(S.objects(src)[key])
+        raw[-1] ^= 0xFF
+        _put(watched_bucket, f"ckpt/{key}", bytes(raw))
+        watched_bucket.proxy.reset()
+        with pytest.raises(SourceChangedError, match=f"rank file {src}/{key} changed since the index was made"):
+            store.read("layer0.w")
+    # the recorded ETag went with the first GET: the server refused it, no byte was read
+    assert [(s.method, s.status) for s in watched_bucket.proxy.requests() if s.method == "GET"] == [("GET", 412)]
