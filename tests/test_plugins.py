@@ -103,7 +103,7 @@ def test_without_its_entry_point_the_kind_is_unknown():
 def test_the_kind_joins_convert_s_choices_and_its_message(plugins):
     kind = store_kind("tiny")
     assert kind is not None and kind.writer_class().__module__ == "tiny_kind"
-    assert manifest_files() == ["ckptstore.json", "zarr.json", "tiny.json"]
+    assert manifest_files() == ["zarr.json", "ckptstore.json", "tiny.json"]  # the default kind's first
     with pytest.raises(InvalidOptionError, match=r"choose one of: safetensors, zarr, tiny; index is not made by"):
         ckptstore.convert("src", "out", format="bogus")
 

@@ -143,3 +143,52 @@ def test_a_rank_object_replaced_after_its_index_was_opened_is_refused_by_its_fir
             store.read("layer0.w")
     # the recorded ETag went with the first GET: the server refused it, no byte was read
     assert [(s.method, s.status) for s in watched_bucket.proxy.requests() if s.method == "GET"] == [("GET", 412)]
+
+
+def test_a_look_at_the_manifest_vouches_only_for_files_pinned_before_it_began(tmp_path):
+    """Callers that arrive while a look is under way wait for the next one (theirs may be after
+    the replacement began), and one look serves all of them."""
+    import threading
+
+    from ckptstore.io.local import LocalSource
+    from ckptstore.store.store import ReplaceGuard
+
+    (tmp_path / "zarr.json").write_text("{}")
+    original = LocalSource(tmp_path).stat("zarr.json")
+    release, first_begun = threading.Event(), threading.Event()
+    looks: list[int] = []
+
+    class Location(LocalSource):
+        def stat(self, key):
+            looks.append(1)
+            if len(looks) == 1:  # the first look began before the replacement: it sees the old manifest
+                first_begun.set()
+                release.wait(30)
+                return original
+            return super().stat(key)
+
+    guard = ReplaceGuard(LocalSource(tmp_path), Location(tmp_path), ("zarr.json", original))
+    results: dict[str, object] = {}
+
+    def confirm(who: str) -> None:
+        try:
+            guard.confirm()
+            results[who] = "ok"
+        except StoreChangedError:
+            results[who] = "changed"
+
+    early = threading.Thread(target=confirm, args=("early",))
+    early.start()
+    assert first_begun.wait(30)
+    late = [threading.Thread(target=confirm, args=(f"late{i}",)) for i in range(6)]
+    for t in late:
+        t.start()
+    import time
+
+    time.sleep(1)  # the late callers wait on the look under way
+    (tmp_path / "zarr.json").write_text('{"replaced": true}')
+    release.set()
+    for t in [early, *late]:
+        t.join(30)
+    assert results == {"early": "ok", **{f"late{i}": "changed" for i in range(6)}}
+    assert len(looks) == 2  # one look for all the late callers

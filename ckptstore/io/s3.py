@@ -11,7 +11,9 @@ Reads are ranged GETs streamed straight into the callers' buffers: the requests 
 sorted and neighbours whose gap costs at most :data:`MAX_GAP_FRACTION` of the bytes wanted are
 fetched by one GET (so bytes transferred stay within 2% of bytes wanted). Opening an object
 costs no request: its size is asked for (one HEAD) only when a caller needs it, so reading a
-store's chunks costs one GET per coalesced range. Retries with exponential backoff on 5xx
+store's chunks costs one GET per coalesced range. An opened object is pinned to the version
+(ETag) its first request saw and kept, pinned, until the source is closed: its later GETs send
+``If-Match``, so reads of one object never mix two versions (:class:`S3File`). Retries with exponential backoff on 5xx
 answers, dropped connections and time-outs are the client's (:data:`RETRY`); what still fails
 after them is a :class:`~ckptstore.errors.StoreUnavailableError` (an outage, not damage).
 

@@ -231,7 +231,7 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
         raise StoreCorruptError(f"{location.url}: unknown store kind {manifest.kind!r} (this ckptstore reads {known}; "
                                 "a kind from a plugin needs that plugin installed)")
     if before is not None and location.pins_open_files and _manifest_identity(location) != before:
-        raise _changed(location)  # changed while it was read (an object's GET told its version with the bytes)
+        raise _changed(location)  # changed while read (an object needs no second look: its GET told its version)
     if kind.open_data is not None:  # the chunks are elsewhere (an index's rank files)
         data = kind.open_data(location, manifest)
         return Store(location, manifest, data if before is None else ReplaceGuard(data, location, before))

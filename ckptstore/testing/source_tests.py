@@ -6,7 +6,8 @@ that may be hostile, so each source must: open a file by key and report its size
 could leave the source (``..``, absolute, empty components, control characters) before any
 access; type every failure (a missing key, a short read, a folder in place of a file) with a
 :class:`~ckptstore.errors.CkptStoreError` that names the file; give a file's identity
-(:class:`~ckptstore.io.base.FileStat`) that changes when its bytes are replaced; and, where the
+(:class:`~ckptstore.io.base.FileStat`) that changes when its bytes are replaced; never mix two
+versions of a file it says it pins (``pins_open_files``, ``pins_read_files``); and, where the
 storage has symbolic links, follow none.
 
 A new source is reached by the URL schemes its module declares (``BYTE_SOURCE = Scheme(...)``,
@@ -30,11 +31,13 @@ storage has symbolic links::
 from __future__ import annotations
 
 import random
+import re
 import threading
 
 import pytest
 
-from ckptstore.errors import CkptStoreError, FileAccessError, MissingFileError, ShortReadError, UnsafePathError
+from ckptstore.errors import (CkptStoreError, FileAccessError, MissingFileError, ShortReadError, StoreChangedError,
+                              UnsafePathError)
 from ckptstore.io.base import ByteSource
 
 #: Keys a source must refuse, whatever it holds: each could name something outside it.
@@ -169,6 +172,19 @@ class ByteSourceTests:
         assert f.size == 9
         self.put(source, "f", b"new bytes")
         assert f.pread(0, 9) == b"old bytes"
+
+    def test_a_read_file_keeps_its_version_or_is_refused_when_replaced_if_the_source_says_so(
+            self, source: ByteSource) -> None:
+        if not source.pins_read_files:
+            pytest.skip("this source does not promise that a file keeps the version it was first read at")
+        self.put(source, "f", b"old bytes")
+        f = source.open("f")
+        assert f.pread(0, 3) == b"old"
+        self.put(source, "f", b"new bytes")
+        with pytest.raises(StoreChangedError, match=f"{re.escape(source.key_url('f'))} was replaced while it was read"):
+            source.open("f").pread(3, 6)
+        source.close()
+        assert source.open("f").pread(0, 9) == b"new bytes"
 
     # ---- refusals ----------------------------------------------------------------------------
 
