@@ -117,7 +117,7 @@ def test_a_store_not_replaced_is_read_with_one_head_per_data_object(watched_buck
 
 
 @pytest.mark.parametrize("fmt,tried", [("zarr", [ROOT_METADATA]), ("safetensors", [ROOT_METADATA, MANIFEST])])
-def test_opening_a_zarr_store_in_a_bucket_costs_one_request(watched_bucket, saved_layout, fmt, tried):
+def test_opening_a_store_in_a_bucket_looks_for_zarr_json_first(watched_bucket, saved_layout, fmt, tried):
     url = watched_bucket.url("s")
     convert_layout(saved_layout("dp2_mp4"), url, format=fmt)
     watched_bucket.proxy.reset()
