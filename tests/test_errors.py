@@ -22,3 +22,10 @@ def test_something_that_is_not_a_store_is_refused_by_name():
     with pytest.raises(InvalidOptionError, match="a store is a path, an s3:// or obs:// URL, or a ckptstore.Store, "
                                                  "not int"):
         ckptstore.verify(42)  # type: ignore[arg-type]
+
+
+def test_a_path_with_no_store_says_what_makes_one(tmp_path):
+    with pytest.raises(errors.StoreNotFoundError) as info:
+        ckptstore.open(tmp_path / "nothing")
+    assert str(info.value) == (f"no ckptstore store at {tmp_path / 'nothing'}: it does not exist (a store is a folder "
+                               "made by 'ckptstore convert' or 'ckptstore index', or the root of save_rank's steps)")

@@ -201,7 +201,7 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
     if isinstance(location, LocalSource) and not location.root.is_dir():
         what = "is a file" if location.root.exists() else "does not exist"
         raise StoreNotFoundError(f"no ckptstore store at {location.url}: it {what} (a store is a folder made by "
-                                 "'ckptstore convert')")
+                                 "'ckptstore convert' or 'ckptstore index', or the root of save_rank's steps)")
     before = _manifest_identity(location)
     found = find_manifest(location)
     doc = None if found is None else found.doc
