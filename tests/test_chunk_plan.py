@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from conftest import examples
 from box_checks import tiles_exactly
 from ckptstore.boxes import Box, even_part
-from ckptstore.store.chunking import chunk_shape_for, plan_param, select_params
+from ckptstore.store.chunking import chunk_shape_for, plan_chunks, select_params
 from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.checkpoint.params import SourceParam, SourceSlice
 
@@ -75,7 +75,7 @@ def _source_param(shape, parts, dtype) -> SourceParam:
 def test_chunks_tile_the_tensor_and_each_is_one_byte_range_of_its_slice(case):
     shape, parts, dtype, max_bytes = case
     values = np.arange(prod(shape), dtype=np.int64).astype(dtype).reshape(shape)
-    plan = plan_param(_source_param(shape, parts, dtype), max_chunk_bytes=max_bytes)
+    plan = plan_chunks(_source_param(shape, parts, dtype), max_chunk_bytes=max_bytes)
     assert tiles_exactly([c.box for c in plan.chunks], shape)
     grid = tuple(n // c for n, c in zip(shape, plan.chunk_shape))
     assert len(plan.chunks) == prod(grid)

@@ -12,7 +12,7 @@ from math import prod
 from typing import Sequence
 
 from ckptstore.store.checksum import crc32c_of
-from ckptstore.store.chunking import plan_param as plan_chunks
+from ckptstore.store.chunking import plan_chunks
 from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.store.codecs import decode
 from ckptstore.errors import AccessDeniedError, CkptStoreError, StoreUnavailableError

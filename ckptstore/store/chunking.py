@@ -102,8 +102,9 @@ def select_params(names: Iterable[str], *, include: Sequence[str] = (), exclude:
             and not any(fnmatch.fnmatchcase(n, p) for p in exclude) and n not in state]
 
 
-def plan_param(param: SourceParam, *, max_chunk_bytes: int) -> ParamPlan:
-    """Chunk a parameter along its source slices, cutting slices only to bound chunk size."""
+def plan_chunks(param: SourceParam, *, max_chunk_bytes: int) -> ParamPlan:
+    """Chunk a parameter along its source slices, cutting slices only to bound chunk size (the
+    write side; what a read of a stored box fetches is :func:`ckptstore.store.read_plan.plan_param`)."""
     if param.is_str:
         return ParamPlan(param, (), ())
     itemsize = param.dtype.itemsize

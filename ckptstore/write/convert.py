@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from ckptstore.store.chunking import ParamPlan, check_even_slices, plan_param, select_params
+from ckptstore.store.chunking import ParamPlan, check_even_slices, plan_chunks, select_params
 from ckptstore.store.codecs import CODECS
 from ckptstore.store.kinds import store_kind, store_kinds
 from ckptstore.deprecated import renamed
@@ -336,7 +336,7 @@ def _plan(param: SourceParam, chunk_bytes: int) -> ParamPlan:
     if reason:
         raise LayoutMismatchError(f"parameter {param.name!r} of shape {list(param.shape)} cannot be stored: "
                                   f"{reason}")
-    return plan_param(param, max_chunk_bytes=chunk_bytes)
+    return plan_chunks(param, max_chunk_bytes=chunk_bytes)
 
 
 def _fingerprint(source: DistributedSource, plans: Sequence[ParamPlan], codec: Mapping[str, Any] | None,
