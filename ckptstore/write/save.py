@@ -25,7 +25,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from math import prod
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import crc32c
@@ -40,7 +39,7 @@ from ckptstore.errors import (
     LayoutMismatchError,
     StoreExistsError,
 )
-from ckptstore.io.locations import is_url, open_location
+from ckptstore.io.locations import join, open_location
 from ckptstore.io.sink import ByteSink, open_sink
 from ckptstore.launcher import is_scheduler, process_rank
 from ckptstore.store import zarr as zb
@@ -85,9 +84,7 @@ class SaveSummary:
 
 def step_location(root: str | os.PathLike[str], step: int) -> str:
     """Where step ``step`` of ``root`` is stored (``ROOT/step_<N>``)."""
-    if is_url(root):
-        return f"{str(root).rstrip('/')}/{step_name(step)}"
-    return str(Path(root) / step_name(step))
+    return join(os.fspath(root), step_name(step))
 
 
 def save_rank(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
