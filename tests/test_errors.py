@@ -29,3 +29,12 @@ def test_a_path_with_no_store_says_what_makes_one(tmp_path):
         ckptstore.open(tmp_path / "nothing")
     assert str(info.value) == (f"no ckptstore store at {tmp_path / 'nothing'}: it does not exist (a store is a folder "
                                "made by 'ckptstore convert' or 'ckptstore index', or the root of save_rank's steps)")
+
+
+def test_verify_refuses_source_options_without_the_source(tmp_path):
+    # they were ignored: a user who forgot --against got "OK" from the checksums alone
+    with pytest.raises(InvalidOptionError) as info:
+        ckptstore.verify(tmp_path / "s.zarr", strategy=["strategy.ckpt"], step=3)
+    assert str(info.value) == ("strategy=, step= without against= (--against SRC): these pick the source files to "
+                               "compare the store with; pass the source too, or leave them out to check the checksums "
+                               "only")

@@ -15,7 +15,7 @@ from ckptstore.store.checksum import crc32c_of
 from ckptstore.store.chunking import plan_chunks
 from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.store.codecs import decode
-from ckptstore.errors import AccessDeniedError, CkptStoreError, StoreUnavailableError
+from ckptstore.errors import AccessDeniedError, CkptStoreError, InvalidOptionError, StoreUnavailableError
 from ckptstore.store.manifest import ParamManifest
 from ckptstore.checkpoint.source import DistributedSource, resolve_source
 from ckptstore.checkpoint.rank_bytes import RankFiles
@@ -45,8 +45,16 @@ def verify(store: StoreLike, *, against: str | os.PathLike[str] | None = None,
     """Check every chunk's checksum; with ``against`` (the source folder or file), also its bytes.
 
     ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`.
-    Returns a :class:`VerifyReport`; problems are listed, not raised, so one run finds them all.
+    ``strategy``, ``step``, ``prefix`` and ``src_format`` choose the source's files, so they need
+    ``against`` (given alone, they are refused rather than ignored). Returns a
+    :class:`VerifyReport`; problems are listed, not raised, so one run finds them all.
     """
+    given = [n for n, v in (("strategy", strategy or None), ("step", step), ("prefix", prefix),
+                            ("src_format", src_format)) if v is not None]
+    if against is None and given:
+        raise InvalidOptionError(f"{', '.join(n + '=' for n in given)} without against= (--against SRC): these pick "
+                                 "the source files to compare the store with; pass the source too, or leave them out "
+                                 "to check the checksums only")
     with store_argument(store) as st:
         return _verify(st, against, strategy, step, prefix, src_format)
 
