@@ -110,6 +110,14 @@ def test_cli_export_refuses_a_range_without_its_end(load_env, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_cli_export_refuses_crc_for_safetensors_and_writes_nothing(load_env, tmp_path):
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    r = run_cli("export", t.store_path, tmp_path / "out", "-s", t.target_file, "--format", "safetensors", "--crc")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "crc (--crc) appends MindSpore's crc_num trailer to .ckpt files; safetensors files have none" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_export_api_rank_outside_the_target_raises(load_env, tmp_path):
     t = load_env.target("dp2_mp4->dp2_mp2")
     with pytest.raises(StrategyError, match="rank 9 is outside"):

@@ -59,6 +59,9 @@ def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, r
             allow_whole: bool) -> ExportSummary:
     if fmt not in ("ckpt", "safetensors"):
         raise InvalidOptionError(f"unknown export format {fmt!r}; choose ckpt or safetensors")
+    if crc and fmt != "ckpt":  # else ignored: the user would believe the files carry a checksum
+        raise InvalidOptionError("crc (--crc) appends MindSpore's crc_num trailer to .ckpt files; safetensors files "
+                                 "have none: leave it out, or export with format='ckpt'")
     target = resolve_target(store, strategy)
     world = 1 if target is None else target.world_size
     chosen = list(range(world)) if ranks is None else _chosen_ranks(ranks, world)
