@@ -551,7 +551,7 @@ def plan(store: str, strategies: tuple[str, ...], rank: int | None, include: tup
     """
     from ckptstore.read.rank_plan import plan_rank
 
-    result = plan_rank(store, list(strategies) or None, rank, names=list(include) or None, dtype=dtype,
+    result = plan_rank(store, list(strategies) or None, rank, include=list(include) or None, dtype=dtype,
                        allow_whole=allow_whole)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
@@ -621,7 +621,7 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
         raise click.BadParameter(str(e), param_hint="--dtype") from None
     with open_store(store) as st:
         summary = export_store(st, out, strategy=list(strategies) or None, ranks=_parse_ranks(ranks),
-                               names=list(include) or None, dtype=target_dtype, format=fmt, crc=crc,
+                               include=list(include) or None, dtype=target_dtype, format=fmt, crc=crc,
                                allow_whole=allow_whole)
     click.echo(f"wrote {len(summary.files)} file(s) under {out}, reading {_fmt_bytes(summary.bytes_read)} "
                "from the store")

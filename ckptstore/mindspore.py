@@ -27,6 +27,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ckptstore.dtypes import is_float, lookup, mindspore_name
+from ckptstore.deprecated import renamed
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError
 from ckptstore.read.loader import (
     RankView,
@@ -234,15 +235,17 @@ class RankParameters(dict):  # type: ignore[type-arg]
 
 
 def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
-              names: str | Sequence[str] | None = None, dtype: Any = None, copy: bool = True, verify: bool = False,
-              workers: int | None = None, allow_whole: bool = False) -> RankParameters:
+              include: str | Sequence[str] | None = None, dtype: Any = None, copy: bool = True,
+              verify: bool = False, workers: int | None = None, allow_whole: bool = False,
+              names: str | Sequence[str] | None = None) -> RankParameters:
     """The ``mindspore.Parameter``\\ s rank ``rank`` of ``strategy`` holds, built lazily from ``store``.
 
     ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`.
     ``strategy`` is the target's strategy file(s) or a :class:`~ckptstore.checkpoint.strategy.Strategy`;
     ``None`` means the store's source layout. ``rank=None`` is this process's rank
     (``mindspore.communication`` when initialised, else ``RANK_ID``; an error when neither says
-    and the target has several ranks; any process reads a one-rank target). ``names`` are globs; ``dtype`` (e.g.
+    and the target has several ranks; any process reads a one-rank target). ``include`` are globs
+    of the parameters to load, as ``--include`` (``names=`` is its deprecated name); ``dtype`` (e.g.
     ``mindspore.float16``) converts floating-point parameters while reading, chunk by chunk;
     ``verify`` checks each touched chunk's CRC-32C; ``workers`` threads read (by default 2-4 for
     local stores, 16 for object storage). Values equal what
@@ -252,7 +255,8 @@ def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     (:class:`~ckptstore.errors.ForeignStrategyError`) unless ``allow_whole``. The result is a
     ``dict`` that ``mindspore.load_param_into_net`` accepts.
     """
-    view = rank_view(as_store(store), strategy, rank, names=names, dtype=dtype, verify=verify,
+    include = renamed(include, names, new_name="include", old_name="names", default=None)
+    view = rank_view(as_store(store), strategy, rank, names=include, dtype=dtype, verify=verify,
                      workers=workers, allow_whole=allow_whole)
     return RankParameters(view, copy=copy)
 

@@ -138,7 +138,7 @@ def test_read_rank_equals_transform_checkpoints_for_every_rank(load_env):
 
 def test_read_rank_selects_names_and_converts_floats(load_env):
     t = load_env.target(CASE)
-    arrays = ckptstore.read_rank(t.store_path, t.strategy, 1, names=["layer0.*"], dtype="float16")
+    arrays = ckptstore.read_rank(t.store_path, t.strategy, 1, include=["layer0.*"], dtype="float16")
     assert list(arrays) == ["layer0.w", "layer0.b"]
     for name, a in arrays.items():
         assert a.dtype == np.float16 and np.array_equal(a, t.oracle(1)[name].astype(np.float16)), name
@@ -250,6 +250,21 @@ def test_export_takes_format(load_env, tmp_path):
     assert (tmp_path / "old" / "rank_0" / "checkpoint_0.safetensors").read_bytes() == \
         (tmp_path / "out" / "rank_0" / "checkpoint_0.safetensors").read_bytes()
 
+
+
+def test_read_rank_plan_rank_and_export_take_include_like_the_command_and_names_still_works(load_env, tmp_path):
+    t = load_env.target(CASE)
+    new = ckptstore.read_rank(t.store_path, t.strategy, 1, include=["layer0.*"])
+    with pytest.warns(DeprecationWarning, match="names= is deprecated; use include="):
+        old = ckptstore.read_rank(t.store_path, t.strategy, 1, names=["layer0.*"])
+    assert sorted(new) == sorted(old) and new and all(n.startswith("layer0.") for n in new)
+    assert all(np.array_equal(new[n], old[n]) for n in new)
+    with pytest.warns(DeprecationWarning, match="names= is deprecated; use include="):
+        assert ckptstore.plan_rank(t.store_path, t.strategy, 1, names=["layer0.*"]) == \
+            ckptstore.plan_rank(t.store_path, t.strategy, 1, include=["layer0.*"])
+    with pytest.raises(InvalidOptionError, match="names= is the old name of include=; pass only include="):
+        ckptstore.export(t.store_path, tmp_path / "out", strategy=t.strategy, include=["a"], names=["a"])
+    assert not (tmp_path / "out").exists()
 
 def test_the_public_names_are_all_there():
     assert sorted(ckptstore.__all__) == sorted([

@@ -182,7 +182,7 @@ def test_safetensors_with_bfloat16_and_every_dtype(load_env, tmp_path):
 
 def test_export_dtype_and_names(load_env, tmp_path):
     t = load_env.target("dp2_mp4->dp2_mp2")
-    summary = ckptstore.export(t.store, tmp_path / "out", strategy=t.strategy, ranks=[1], names=["layer?.w"],
+    summary = ckptstore.export(t.store, tmp_path / "out", strategy=t.strategy, ranks=[1], include=["layer?.w"],
                                dtype=np.dtype(np.float16))
     assert list(summary.files) == _files(tmp_path / "out", [1])
     expected = {n: t.oracle(1)[n].astype(np.float16) for n in ("layer0.w", "layer1.w")}
@@ -288,7 +288,7 @@ def test_export_of_a_single_file_store_is_byte_identical_to_the_file(tmp_path):
 def test_string_values_go_to_safetensors_metadata(tmp_path):
     _, store_path = _single_file_store(tmp_path)
     with ckptstore.open(store_path) as store:
-        summary = ckptstore.export(store, tmp_path / "out", format="safetensors", names=["w.f32", "i64", "note", "lr"])
+        summary = ckptstore.export(store, tmp_path / "out", format="safetensors", include=["w.f32", "i64", "note", "lr"])
     with safetensors.safe_open(summary.files[0], framework="numpy") as f:
         assert f.metadata() == {"note": "héllo wörld"}
         assert sorted(f.keys()) == ["i64", "lr", "w.f32"]

@@ -95,7 +95,7 @@ def test_load_rank_accepts_a_store_path(load_env):
 
 def test_names_globs_select_parameters(load_env):
     t = load_env.target("dp2_mp4->dp2_mp2")
-    params = ckptstore.load_rank(t.store, t.strategy, 1, names=["layer?.*", "global_step"])
+    params = ckptstore.load_rank(t.store, t.strategy, 1, include=["layer?.*", "global_step"])
     assert list(params) == ["layer0.w", "layer0.b", "layer1.w", "global_step"]
     expected = {n: v for n, v in t.oracle(1).items() if n in ("layer0.w", "layer0.b", "layer1.w", "global_step")}
     assert_same_dict(_materialize(params), expected, "names=")
@@ -244,7 +244,7 @@ FLOAT32_PARAMS = ["embedding.*", "layer*", "moe.*", "adam_*", "learning_rate"]  
 def test_dtype_converts_a_float32_store(load_env, ms_dtype, np_dtype):
     t = load_env.target("dp2_mp4->dp2_mp2")
     for j in (0, 3):
-        params = ckptstore.load_rank(t.store, t.strategy, j, dtype=ms_dtype, names=FLOAT32_PARAMS)
+        params = ckptstore.load_rank(t.store, t.strategy, j, dtype=ms_dtype, include=FLOAT32_PARAMS)
         assert len(params) == 12
         got = {}
         for name in params:
@@ -255,7 +255,7 @@ def test_dtype_converts_a_float32_store(load_env, ms_dtype, np_dtype):
 
 def test_dtype_float32_converts_bfloat16_parameters(load_env):
     t = load_env.target("mixed_dtypes->dp2_mp2_optshard")
-    params = ckptstore.load_rank(t.store, t.strategy, 1, names=["bf16.*"], dtype=mindspore.float32)
+    params = ckptstore.load_rank(t.store, t.strategy, 1, include=["bf16.*"], dtype=mindspore.float32)
     assert sorted(params) == ["bf16.norm", "bf16.opt", "bf16.scale", "bf16.w"]
     assert_same_dict(_materialize(params),
                      {n: a.astype(np.float32) for n, a in t.oracle(1).items() if n.startswith("bf16.")}, "bf16->f32")

@@ -247,13 +247,13 @@ def test_load_rank_of_column_splits_equals_mindspore_slicing(wide_store, tmp_pat
     spec = replace(next(s for s in specs if s.name == name), dev_matrix=dev, tensor_map=tmap)
     target = T.write_strategy(tmp_path / "target.ckpt", [spec])
     for rank in range(int(np.prod(dev))):
-        params = ckptstore.load_rank(store, target, rank, names=[name])
+        params = ckptstore.load_rank(store, target, rank, include=[name])
         IO_STATS.reset()
         got = to_numpy(params[name])
         expected = T.mindspore_rank_slice(spec, tensors[name], rank)
         assert_same_array(got, expected, f"{name} rank {rank}")
         assert IO_STATS.bytes_read == got.nbytes == params.plan.nbytes
-        as64 = ckptstore.load_rank(store, target, rank, names=[name], dtype=mindspore.float64)
+        as64 = ckptstore.load_rank(store, target, rank, include=[name], dtype=mindspore.float64)
         # dtype= converts floating-point parameters; the int16 cube keeps its type
         want = expected if expected.dtype.kind in "iub" else expected.astype(np.float64)
         assert_same_array(to_numpy(as64[name]), want, f"{name} rank {rank} as float64")

@@ -36,22 +36,25 @@ class ExportSummary:
 
 
 def export(store: StoreLike, out: str | os.PathLike[str], *, strategy: StrategyLike = None,
-           ranks: Iterable[int] | None = None, names: Sequence[str] | None = None,
+           ranks: Iterable[int] | None = None, include: str | Sequence[str] | None = None,
            dtype: np.dtype | None = None, format: str | None = None, crc: bool = False,  # noqa: A002
-           prefix: str = "checkpoint_", allow_whole: bool = False, fmt: str | None = None) -> ExportSummary:
+           prefix: str = "checkpoint_", allow_whole: bool = False, fmt: str | None = None,
+           names: str | Sequence[str] | None = None) -> ExportSummary:
     """Write ``out/rank_<j>/<prefix><j>.<format>`` for each rank ``j`` of ``strategy`` (all ranks when
     ``ranks`` is ``None``; the store's source layout when ``strategy`` is ``None``).
 
     ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`;
     ``out`` is a local folder (a URL is refused). ``format`` is ``"ckpt"`` (the default: MindSpore
     protobuf, byte-compatible with ``save_checkpoint``; ``crc`` adds its ``crc_num`` trailer) or
-    ``"safetensors"`` (``fmt=`` is its deprecated name). ``dtype`` converts while reading. A given
+    ``"safetensors"`` (``fmt=`` is its deprecated name). ``include`` globs choose the parameters,
+    as ``--include`` (``names=`` is its deprecated name). ``dtype`` converts while reading. A given
     ``strategy`` that lays out fewer than half of the store's parameters is refused as another
     model's unless ``allow_whole`` (see :func:`~ckptstore.read.loader.check_target_describes`).
     """
     fmt = renamed(format, fmt, new_name="format", old_name="fmt", default="ckpt")
+    include = renamed(include, names, new_name="include", old_name="names", default=None)
     with store_argument(store) as st:
-        return _export(st, out, strategy, ranks, names, dtype, fmt, crc, prefix, allow_whole)
+        return _export(st, out, strategy, ranks, include, dtype, fmt, crc, prefix, allow_whole)
 
 
 def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, ranks: Iterable[int] | None,

@@ -21,6 +21,7 @@ import numpy as np
 
 from ckptstore.boxes import Box
 from ckptstore.dtypes import is_float, lookup
+from ckptstore.deprecated import renamed
 from ckptstore.errors import ForeignStrategyError, InvalidOptionError, LayoutMismatchError, StrategyError
 from ckptstore.store.memory import empty
 from ckptstore.store.read_plan import ParamReadPlan, ReadPlan, plan_param
@@ -326,20 +327,23 @@ def rank_view(store: Store, strategy: StrategyLike = None, rank: int | None = No
 
 
 def read_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
-              names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
-              workers: int | None = None, allow_whole: bool = False) -> dict[str, np.ndarray | str]:
+              include: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
+              workers: int | None = None, allow_whole: bool = False,
+              names: str | Sequence[str] | None = None) -> dict[str, np.ndarray | str]:
     """The slices rank ``rank`` of ``strategy`` holds, read from ``store`` as numpy arrays (no MindSpore).
 
     ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`;
     ``strategy`` the target's strategy file(s) or a :class:`~ckptstore.checkpoint.strategy.Strategy`
     (``None``: the store's source layout); ``rank=None`` this process's rank (``RANK_ID``);
-    ``names`` globs; ``dtype`` a float type to convert floating-point values to while reading;
+    ``include`` globs of the parameters to read, as ``--include`` (``names=`` is its deprecated
+    name); ``dtype`` a float type to convert floating-point values to while reading;
     ``allow_whole`` as for ``load_rank`` (a strategy that lays out few of the parameters).
     Values equal what ``load_rank`` gives, as ordinary numpy arrays (``str`` for text values);
     parameters the target does not describe come whole. Everything is read at once, through one
     pool of ``workers`` threads.
     """
+    include = renamed(include, names, new_name="include", old_name="names", default=None)
     with store_argument(store) as st:
-        view = rank_view(st, strategy, rank, names=names, dtype=dtype, verify=verify, workers=workers,
+        view = rank_view(st, strategy, rank, names=include, dtype=dtype, verify=verify, workers=workers,
                          allow_whole=allow_whole)
         return view.read_many(view.names())

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+from ckptstore.deprecated import renamed
 from ckptstore.read.loader import StrategyLike, rank_view
 from ckptstore.store.executor import MAX_INFLIGHT, Executor
 from ckptstore.store.store import StoreLike, store_argument
@@ -47,17 +48,20 @@ class RankPlan:
 
 
 def plan_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
-              names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
-              workers: int | None = None, allow_whole: bool = False) -> RankPlan:
+              include: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
+              workers: int | None = None, allow_whole: bool = False,
+              names: str | Sequence[str] | None = None) -> RankPlan:
     """What rank ``rank`` of ``strategy`` will read from ``store``, before any payload is read.
 
     Takes the arguments of :func:`ckptstore.read_rank` (``rank=None``: this process's rank;
     ``strategy=None``: the store's source layout) and returns a :class:`RankPlan`: bytes,
     files or objects, requests and peak memory. A load with the same arguments reads exactly
     these bytes in these requests (``ckptstore.store.executor.IO_STATS`` counts them).
+    ``names=`` is the deprecated name of ``include=``.
     """
+    include = renamed(include, names, new_name="include", old_name="names", default=None)
     with store_argument(store) as st:
-        view = rank_view(st, strategy, rank, names=names, dtype=dtype, verify=verify, workers=workers,
+        view = rank_view(st, strategy, rank, names=include, dtype=dtype, verify=verify, workers=workers,
                          allow_whole=allow_whole)
         plan = view.plan
         executor = Executor(st.data, workers=view.workers)  # counts only: no pool is started
