@@ -27,7 +27,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ckptstore.dtypes import is_float, lookup, mindspore_name
-from ckptstore.deprecated import renamed
+from ckptstore.deprecated import synonym
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError
 from ckptstore.read.loader import (
     RankView,
@@ -245,7 +245,7 @@ def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     ``None`` means the store's source layout. ``rank=None`` is this process's rank
     (``mindspore.communication`` when initialised, else ``RANK_ID``; an error when neither says
     and the target has several ranks; any process reads a one-rank target). ``include`` are globs
-    of the parameters to load, as ``--include`` (``names=`` is its deprecated name); ``dtype`` (e.g.
+    of the parameters to load, as ``--include`` (``names=`` is the same option); ``dtype`` (e.g.
     ``mindspore.float16``) converts floating-point parameters while reading, chunk by chunk;
     ``verify`` checks each touched chunk's CRC-32C; ``workers`` threads read (by default 2-4 for
     local stores, 16 for object storage). Values equal what
@@ -255,7 +255,7 @@ def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     (:class:`~ckptstore.errors.ForeignStrategyError`) unless ``allow_whole``. The result is a
     ``dict`` that ``mindspore.load_param_into_net`` accepts.
     """
-    include = renamed(include, names, new_name="include", old_name="names", default=None)
+    include = synonym(include, names, name="include", other_name="names")
     view = rank_view(as_store(store), strategy, rank, names=include, dtype=dtype, verify=verify,
                      workers=workers, allow_whole=allow_whole)
     return RankParameters(view, copy=copy)

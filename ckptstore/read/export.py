@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ckptstore.deprecated import renamed
+from ckptstore.deprecated import renamed, synonym
 from ckptstore.formats.ckpt_writer import CheckpointWriter
 from ckptstore.errors import InvalidOptionError, StoreExistsError, StrategyError, UnsupportedLocationError
 from ckptstore.io.atomic_file import SinkKey
@@ -47,12 +47,12 @@ def export(store: StoreLike, out: str | os.PathLike[str], *, strategy: StrategyL
     ``out`` is a local folder (a URL is refused). ``format`` is ``"ckpt"`` (the default: MindSpore
     protobuf, byte-compatible with ``save_checkpoint``; ``crc`` adds its ``crc_num`` trailer) or
     ``"safetensors"`` (``fmt=`` is its deprecated name). ``include`` globs choose the parameters,
-    as ``--include`` (``names=`` is its deprecated name). ``dtype`` converts while reading. A given
+    as ``--include`` (``names=`` is the same option). ``dtype`` converts while reading. A given
     ``strategy`` that lays out fewer than half of the store's parameters is refused as another
     model's unless ``allow_whole`` (see :func:`~ckptstore.read.loader.check_target_describes`).
     """
     fmt = renamed(format, fmt, new_name="format", old_name="fmt", default="ckpt")
-    include = renamed(include, names, new_name="include", old_name="names", default=None)
+    include = synonym(include, names, name="include", other_name="names")
     with store_argument(store) as st:
         return _export(st, out, strategy, ranks, include, dtype, fmt, crc, prefix, allow_whole)
 

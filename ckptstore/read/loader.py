@@ -21,7 +21,7 @@ import numpy as np
 
 from ckptstore.boxes import Box
 from ckptstore.dtypes import is_float, lookup
-from ckptstore.deprecated import renamed
+from ckptstore.deprecated import synonym
 from ckptstore.errors import ForeignStrategyError, InvalidOptionError, LayoutMismatchError, StrategyError
 from ckptstore.store.memory import empty
 from ckptstore.store.read_plan import ParamReadPlan, ReadPlan, plan_param
@@ -335,14 +335,14 @@ def read_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`;
     ``strategy`` the target's strategy file(s) or a :class:`~ckptstore.checkpoint.strategy.Strategy`
     (``None``: the store's source layout); ``rank=None`` this process's rank (``RANK_ID``);
-    ``include`` globs of the parameters to read, as ``--include`` (``names=`` is its deprecated
-    name); ``dtype`` a float type to convert floating-point values to while reading;
+    ``include`` globs of the parameters to read, as ``--include`` (``names=`` is the same option);
+    ``dtype`` a float type to convert floating-point values to while reading;
     ``allow_whole`` as for ``load_rank`` (a strategy that lays out few of the parameters).
     Values equal what ``load_rank`` gives, as ordinary numpy arrays (``str`` for text values);
     parameters the target does not describe come whole. Everything is read at once, through one
     pool of ``workers`` threads.
     """
-    include = renamed(include, names, new_name="include", old_name="names", default=None)
+    include = synonym(include, names, name="include", other_name="names")
     with store_argument(store) as st:
         view = rank_view(st, strategy, rank, names=include, dtype=dtype, verify=verify, workers=workers,
                          allow_whole=allow_whole)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from ckptstore.deprecated import renamed
+from ckptstore.deprecated import synonym
 from ckptstore.read.loader import StrategyLike, rank_view
 from ckptstore.store.executor import MAX_INFLIGHT, Executor
 from ckptstore.store.store import StoreLike, store_argument
@@ -57,9 +57,9 @@ def plan_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     ``strategy=None``: the store's source layout) and returns a :class:`RankPlan`: bytes,
     files or objects, requests and peak memory. A load with the same arguments reads exactly
     these bytes in these requests (``ckptstore.store.executor.IO_STATS`` counts them).
-    ``names=`` is the deprecated name of ``include=``.
+    ``names=`` is the same option as ``include=``.
     """
-    include = renamed(include, names, new_name="include", old_name="names", default=None)
+    include = synonym(include, names, name="include", other_name="names")
     with store_argument(store) as st:
         view = rank_view(st, strategy, rank, names=include, dtype=dtype, verify=verify, workers=workers,
                          allow_whole=allow_whole)
