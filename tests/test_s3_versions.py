@@ -54,6 +54,7 @@ def test_a_reader_of_a_replaced_s3_store_gets_an_error_not_the_new_bytes(bucket,
             assert_same_array(fresh.read(name), value)
 
 
+@pytest.mark.slow  # ~2.5 s through the proxy
 def test_an_object_overwritten_between_two_ranged_gets_of_one_reader_is_refused_naming_it(watched_bucket,
                                                                                            saved_layout):
     layout = saved_layout("dp2_mp4")
@@ -126,6 +127,7 @@ def test_opening_a_store_in_a_bucket_looks_for_zarr_json_first(watched_bucket, s
     assert [(s.method, _name(s)) for s in watched_bucket.proxy.requests()] == [("GET", n) for n in tried]
 
 
+@pytest.mark.slow  # an index of rank files in a bucket: ~6 s
 def test_a_rank_object_replaced_after_its_index_was_opened_is_refused_by_its_first_get(watched_bucket,
                                                                                        saved_layout):
     layout = saved_layout("dp2_mp4")
