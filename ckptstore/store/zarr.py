@@ -53,15 +53,18 @@ def grid_key(path: str, coords: Sequence[int], separator: str = "/") -> str:
     return f"{path}/c" + "".join(f"{separator}{c}" for c in coords)
 
 
-def _zarr() -> Any:
-    """zarr-python, with the bfloat16 data type registered (imported only when writing metadata)."""
+def _zarr(*, bfloat16: bool = False) -> Any:
+    """zarr-python (imported only when writing metadata), with the bfloat16 data type registered
+    when ``bfloat16``: registering imports ml_dtypes, which costs more than a conversion's other
+    imports together, so only a store that has a bfloat16 array pays for it."""
     import zarr
     import zarr.codecs
     import zarr.storage
 
-    from ckptstore.store import zarr_bfloat16
+    if bfloat16:
+        from ckptstore.store import zarr_bfloat16
 
-    zarr_bfloat16.register()  # zarr-python finds it by entry point too; the writer must not depend on that
+        zarr_bfloat16.register()  # zarr-python finds it by entry point too; the writer must not depend on that
     return zarr
 
 
@@ -89,8 +92,8 @@ def array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
     encoding's: ``"."`` puts chunk files beside the array's ``zarr.json`` (``<path>/c.<i>.<j>``),
     which a saving job uses so that each array is one folder, not a ``c/<i>/`` tree of them.
     """
-    zarr = _zarr()
     dt = numpy_dtype(dtype)
+    zarr = _zarr(bfloat16=dt.name == "bfloat16")
     store = zarr.storage.MemoryStore()
     if sharded is None:
         sharded = prod(-(-s // c) for s, c in zip(shape, chunk_shape)) > 1
