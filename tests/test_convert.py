@@ -501,3 +501,31 @@ def test_each_rank_file_is_picked_by_step(two_steps, tmp_path, step, want):
         assert store.source["files"]["0"] == str(root / "rank_0" / f"net-1_{want}.ckpt")
         for spec in specs:
             assert_same_array(store.read(spec.name), values[want][spec.name], spec.name)
+
+
+def test_each_converted_array_is_one_folder_its_data_file_beside_its_zarr_json(saved_layout, tmp_path):
+    # chunk key separator ".": no c/<i>/ folders to create and fsync per array
+    layout = saved_layout("dp2_mp4")
+    convert_layout(layout, tmp_path / "s")
+    with ckptstore.open(tmp_path / "s") as store:
+        info = store.info("layer0.w")
+        files = sorted(p.relative_to(tmp_path / "s" / info.path).as_posix()
+                       for p in (tmp_path / "s" / info.path).rglob("*"))
+        assert files == ["c.0.0", "zarr.json"]
+        assert set(info.chunks.files) == {f"{info.path}/c.0.0"}  # every chunk in the one shard file
+
+
+def test_a_store_converted_with_chunk_folders_by_an_earlier_release_still_opens(saved_layout, tmp_path,
+                                                                                monkeypatch):
+    from ckptstore.store import zarr as zb
+
+    layout = saved_layout("dp2_mp4")
+    with monkeypatch.context() as m:
+        m.setattr(zb, "SEPARATOR", "/")  # as releases before the "." separator wrote them
+        convert_layout(layout, tmp_path / "s")
+    assert (tmp_path / "s" / "layer0.w" / "c" / "0" / "0").is_file()
+    with ckptstore.open(tmp_path / "s") as store:
+        for name, want in expected_values(layout).items():
+            assert_same_array(store.read(name, verify=True), want, name)
+    group = zarr.open_group(tmp_path / "s", mode="r")
+    assert_same_array(np.asarray(group["layer0.w"][...]), expected_values(layout)["layer0.w"])

@@ -149,10 +149,11 @@ def test_a_saved_array_keeps_its_slice_files_beside_its_zarr_json_which_zarr_pyt
 
 def test_a_step_saved_with_chunk_folders_still_opens(tmp_path, monkeypatch):
     # steps saved before the "." separator keep their files under <array>/c/<i>/<j>
-    from ckptstore.write import save, save_plan
+    from ckptstore.store import zarr as zb
+    from ckptstore.write import save_plan
 
     monkeypatch.setattr(save_plan, "SEPARATOR", "/")
-    monkeypatch.setattr(save, "SEPARATOR", "/")
+    monkeypatch.setattr(zb, "SEPARATOR", "/")
     w = np.arange(1031 * 512, dtype=np.float32).reshape(1031, 512)
     for rank in (0, 1):
         local = {"w": np.ascontiguousarray(w[:, rank * 256:(rank + 1) * 256]), "b": np.ones(3, np.float32)}

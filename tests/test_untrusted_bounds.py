@@ -209,7 +209,7 @@ def _claim_8_tib(store: Path) -> None:
 def test_an_8_tib_parameter_over_a_4_kib_file_is_refused_before_allocating(small_store, tmp_path, how):
     _claim_8_tib(small_store)
     message = (r"parameter 'w' \(shape \[\d+, \d+\] of float32\) needs bytes up to byte offset \d+ of file "
-               rf"{small_store / 'w' / 'c' / '0'}, which is only 4096 bytes")
+               rf"{small_store / 'w' / 'c.0'}, which is only 4096 bytes")
     with ckptstore.open(small_store) as store, pytest.raises(StoreCorruptError, match=message):
         if how == "read":
             store.read("w")
@@ -250,7 +250,7 @@ def test_a_json_strategy_nested_5000_deep_is_a_strategy_error(saved_layout, tmp_
 
 @pytest.fixture
 def fifo_store(small_store) -> Path:
-    data = small_store / "w" / "c" / "0"
+    data = small_store / "w" / "c.0"
     data.unlink()
     os.mkfifo(data)
     return small_store
@@ -263,7 +263,7 @@ def test_read_refuses_a_fifo_in_place_of_a_data_file_without_waiting(fifo_store)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO,
                        env={**os.environ, "GLOG_v": "3"})
     assert r.stdout.startswith("StoreCorruptError cannot read parameter 'w': ") and \
-        f"{fifo_store / 'w' / 'c' / '0'} is not a regular file (a FIFO)" in r.stdout, (r.stdout, r.stderr)
+        f"{fifo_store / 'w' / 'c.0'} is not a regular file (a FIFO)" in r.stdout, (r.stdout, r.stderr)
 
 
 def test_verify_reports_a_fifo_in_place_of_a_data_file_without_waiting(fifo_store):

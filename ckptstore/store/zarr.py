@@ -42,6 +42,13 @@ def array_path(name: str) -> str:
     return safe
 
 
+#: The chunk key separator of the arrays ckptstore writes (converted stores and saved steps): a
+#: chunk or shard file sits beside its array's ``zarr.json`` (``<path>/c.0.0``), so an array is one
+#: folder, not a ``c/<i>/`` tree of folders to create and make durable (fsync) one by one.
+#: Arrays written with ``"/"`` by earlier releases open and read as before.
+SEPARATOR = "."
+
+
 def chunk_key(path: str, ndim: int, separator: str = "/") -> str:
     """The file holding all of an array's bytes (its single chunk or its single shard)."""
     return f"{path}/c" + f"{separator}0" * ndim

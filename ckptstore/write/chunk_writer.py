@@ -198,8 +198,8 @@ def write_zarr_param(plan: ParamPlan, sink: ByteSink, path: str, copier: ChunkCo
     single chunk or shard file, each chunk journalled once written."""
     p = plan.param
     sink.put(f"{path}/{ROOT_METADATA}", zb.array_metadata(p.shape, dtype_label(p.dtype), plan.chunk_shape,
-                                                          copier.codec))
-    key = zb.chunk_key(path, len(p.shape))
+                                                          copier.codec, separator=zb.SEPARATOR))
+    key = zb.chunk_key(path, len(p.shape), zb.SEPARATOR)
     f = sink.create(key, resume=True)
     try:
         entries = _resume(f, sink, key, lambda e: [(e.offset, e.nbytes)])
@@ -244,8 +244,8 @@ def stream_zarr_param(plan: ParamPlan, sink: ByteSink, path: str, copier: ChunkC
     """
     p = plan.param
     sink.put(f"{path}/{ROOT_METADATA}", zb.array_metadata(p.shape, dtype_label(p.dtype), plan.chunk_shape,
-                                                          copier.codec))
-    key = zb.chunk_key(path, len(p.shape))
+                                                          copier.codec, separator=zb.SEPARATOR))
+    key = zb.chunk_key(path, len(p.shape), zb.SEPARATOR)
     entries: list[JournalEntry] = []
 
     def pieces() -> Any:

@@ -50,7 +50,7 @@ from ckptstore.store.steps import STEP_FOLDER, step_name
 from ckptstore.version import __version__
 from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, drop_work, lock_output
 from ckptstore.write.parts import LAUNCHERS, PARTS_DIR, Part
-from ckptstore.write.save_plan import SEPARATOR, SaveParam, SavePlan, plan_save
+from ckptstore.write.save_plan import SaveParam, SavePlan, plan_save
 from ckptstore.write.commit import mark_done
 
 #: Largest chunk a save writes (a slice bigger than this is cut along its leading axes), as
@@ -280,8 +280,8 @@ class SaveJob:
         for p in self.plan.params:
             if p.writes_metadata:
                 meta = zb.array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape, None, shard_shape=p.shard_shape,
-                                         separator=SEPARATOR) if p.sharded else \
-                    zb.raw_array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape, SEPARATOR)
+                                         separator=zb.SEPARATOR) if p.sharded else \
+                    zb.raw_array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape, zb.SEPARATOR)
                 sink.put(f"{p.path}/{ROOT_METADATA}", meta, durable=False)
                 unsynced.append(f"{p.path}/{ROOT_METADATA}")
         crcs: dict[str, dict[int, int]] = {}

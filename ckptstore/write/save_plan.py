@@ -37,7 +37,7 @@ from ckptstore.boxes import Box
 from ckptstore.checkpoint.strategy import Layout, Strategy
 from ckptstore.errors import LayoutMismatchError, StrategyError
 from ckptstore.store.chunking import chunk_shape_for
-from ckptstore.store.zarr import array_path, grid_key
+from ckptstore.store.zarr import SEPARATOR, array_path, grid_key
 
 @dataclass(frozen=True)
 class SaveChunk:
@@ -249,8 +249,6 @@ def _param(name: str, value: np.ndarray, shape: tuple[int, ...], box: Box, slice
                      shard_shape=shard_shape)
 
 
-SEPARATOR = "."
-"""The chunk key separator of a saved step's arrays (their ``zarr.json`` says so)."""
 
 
 def _chunk_key(name: str, coords: Sequence[int]) -> str:
