@@ -288,13 +288,19 @@ class Strategy:
         return groups
 
     def summary(self) -> dict[str, object]:
-        """A JSON-able description (world size, stages, each parameter's layout)."""
-        return {
-            "world_size": self.world_size,
-            "stage_devices": self.stage_devices,
-            "num_stages": self.num_stages,
-            "params": {n: {str(s): layout_to_json(l) for s, l in st.items()} for n, st in self.layouts.items()},
-        }
+        """A JSON-able description (world size, stages, each parameter's layout); treat it as
+        read-only (it is made once per strategy: a conversion asks for it twice, for its
+        fingerprint and its header, and a large model's costs milliseconds)."""
+        cached = self.__dict__.get("_summary")
+        if cached is None:
+            cached = {
+                "world_size": self.world_size,
+                "stage_devices": self.stage_devices,
+                "num_stages": self.num_stages,
+                "params": {n: {str(s): layout_to_json(l) for s, l in st.items()} for n, st in self.layouts.items()},
+            }
+            object.__setattr__(self, "_summary", cached)  # a frozen dataclass: set once, never changed
+        return dict(cached)
 
 
 @functools.lru_cache(maxsize=4096)
