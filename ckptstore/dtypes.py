@@ -9,24 +9,22 @@ float32), so bytes move between the two unchanged.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-_BF16: list[np.dtype] = []
 
-
+@functools.cache
 def _bfloat16() -> np.dtype:
     """``ml_dtypes.bfloat16``, imported on first need: importing ml_dtypes costs more than the
     rest of ckptstore's imports together (0.6 s on a 2-core machine), which every rank's process
     and every CLI command would pay for checkpoints that hold no bfloat16."""
-    if not _BF16:
-        import ml_dtypes
+    import ml_dtypes
 
-        _BF16.append(np.dtype(ml_dtypes.bfloat16))
-    return _BF16[0]
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def __getattr__(name: str) -> Any:

@@ -26,7 +26,7 @@ from ckptstore.io.base import ByteSource, ReadableFile
 from ckptstore.io.locations import open_location
 from ckptstore.store.executor import Executor, IOStats
 from ckptstore.store.index import common_folder
-from ckptstore.store.read_plan import ParamReadPlan, plan_ranges
+from ckptstore.store.read_plan import ByteRangesPlan, ParamReadPlan, plan_ranges
 
 
 class RankFiles:
@@ -74,28 +74,19 @@ class RankFiles:
 
     def open(self, path: str) -> ReadableFile:
         """The open rank file ``path`` (for its headers; payload goes through :meth:`read`)."""
-        return self.source.open(self.keys.get(path) or self.key(path))
+        return self.source.open(self.key(path))
 
-    def plan(self, parts: Sequence[tuple[str, CkptEntry, int]], nbytes: int) -> ParamReadPlan:
+    def plan(self, parts: Sequence[tuple[str, CkptEntry, int]], nbytes: int) -> ByteRangesPlan:
         """The reads that fill a byte array of ``len(parts) * nbytes`` whose chunk ``k`` is bytes
         ``[start, start + nbytes)`` of ``entry`` of rank file ``path`` (``parts[k]``), lying at the
         pieces of the entry's records that hold them: an index-like manifest of the ranges, planned
         by :func:`~ckptstore.store.read_plan.plan_ranges` from its columns (``nbytes`` > 0)."""
-        if len(parts) == 1:  # one chunk or block (most reads): one range when one record holds it
-            path, entry, start = parts[0]
-            pieces = entry.pieces
-            if len(pieces) == 1 and 0 <= start and start + nbytes <= pieces[0][1]:
-                key = self.keys.get(path) or self.key(path)
-                return plan_ranges(entry.name, (key,), (0,), (pieces[0][0] + start,), (nbytes,))
         keys: dict[str, int] = {}
         files: list[int] = []
         offsets: list[int] = []
         lengths: list[int] = []
         for path, entry, start in parts:
-            key = self.keys.get(path)
-            if key is None:
-                key = self.key(path)  # raises, naming the path
-            fid = keys.setdefault(key, len(keys))
+            fid = keys.setdefault(self.key(path), len(keys))
             pieces = entry.pieces
             if len(pieces) == 1 and 0 <= start and start + nbytes <= pieces[0][1]:
                 # one record holds the tensor (the usual case): one range, no search

@@ -211,25 +211,25 @@ class Executor:
             self._read_byte_ranges(plan, out)  # a converter's chunk or batch of small chunks
             return _DONE
         _check_out(plan, out)
+        units = self._work(plan, out)
         if self.workers == 1 or not parallel:  # the same units, run here in order
-            for g in plan.groups:
-                if g.into_destination:
-                    flat = out.reshape(-1).view(np.uint8)
-                    for r in self._units(g):
-                        self._read(plan, r, flat)
-                else:
-                    self._scratch(plan, g, out)
+            for fn, args in units:
+                fn(*args)
             return _DONE
-        units: list[Callable[[], None]] = []
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ckptstore-read")
+        return Job([self._pool.submit(fn, *args) for fn, args in units])
+
+    def _work(self, plan: ParamReadPlan, out: np.ndarray) -> list[tuple[Callable[..., None], tuple[Any, ...]]]:
+        """The units of work that fill ``out``, in order: ``(method, arguments)`` each."""
+        units: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         for g in plan.groups:
             if g.into_destination:
                 flat = out.reshape(-1).view(np.uint8)
-                units += [_bind(self._read, plan, r, flat) for r in self._units(g)]
+                units += [(self._read, (plan, r, flat)) for r in self._units(g)]
             else:
-                units.append(_bind(self._scratch, plan, g, out))
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ckptstore-read")
-        return Job([self._pool.submit(u) for u in units])
+                units.append((self._scratch, (plan, g, out)))
+        return units
 
     def run(self, jobs: Sequence[tuple[ParamReadPlan, np.ndarray]]) -> None:
         """Fill each destination array with its plan's bytes (all plans share the pool)."""
@@ -295,20 +295,7 @@ class Executor:
         if out.dtype != np.uint8 or out.shape != (plan.nbytes,) or not out.flags.c_contiguous \
                 or not out.flags.writeable:
             _check_out(plan, out)  # raises, saying what is wrong
-        lengths = plan.lengths
-        if len(lengths) == 1:  # one range: one call, nothing to find
-            length = lengths[0]
-            try:
-                f = self.source.open(plan.keys[plan.range_files[0]])
-                f.readv(plan.offsets[0], [out[:length]])
-            except Exception:
-                # said in the plan's words; entered only on failure (a context per read costs
-                # more than the read of a small chunk)
-                with self._reading_ctx(plan):
-                    raise
-            self.stats.add(length, 1, 1, (f.url,))
-            return
-        self._read_few(plan, plan.range_files, plan.offsets, lengths, plan.dests, out)
+        self._read_few(plan, plan.range_files, plan.offsets, plan.lengths, plan.dests, out)
 
     def _read_few(self, plan: ParamReadPlan | ByteRangesPlan, files: list[int], offsets: list[int],
                   lengths: list[int], dests: list[int], flat: np.ndarray) -> None:
@@ -316,7 +303,7 @@ class Executor:
         per run contiguous in a file (what :func:`_calls` finds with numpy)."""
         n, i, calls = len(files), 0, 0
         opened: dict[int, Any] = {}
-        with self._reading_ctx(plan):
+        try:
             while i < n:
                 f_id, end, j = files[i], offsets[i] + lengths[i], i + 1
                 while j < n and files[j] == f_id and offsets[j] == end:  # a run contiguous in the file
@@ -328,6 +315,11 @@ class Executor:
                 f.readv(offsets[i], [flat[d:d + m] for d, m in zip(dests[i:j], lengths[i:j])])
                 calls += 1
                 i = j
+        except Exception:
+            # said in the plan's words; entered only on failure (a context per read costs more
+            # than the read of a small chunk)
+            with self._reading_ctx(plan):
+                raise
         self.stats.add(sum(lengths), n, calls, [f.url for f in opened.values()])
 
     def _scratch(self, plan: ParamReadPlan, g: ReadGroup, out: np.ndarray) -> None:
@@ -441,10 +433,6 @@ def _buffers(flat: np.ndarray, dests: np.ndarray, lengths: np.ndarray) -> list[A
         else:
             out += [flat[d:d + m] for d, m in zip(dests[a:b].tolist(), lengths[a:b].tolist())]
     return out
-
-
-def _bind(fn: Callable[..., None], *args: Any) -> Callable[[], None]:
-    return lambda: fn(*args)
 
 
 def _check_out(plan: ParamReadPlan, out: np.ndarray) -> None:

@@ -18,7 +18,6 @@ and :meth:`ParamReadPlan.ranges` are what will be read, before a byte moves.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -186,7 +185,7 @@ def plan_ranges(name: str, keys: Sequence[str], files: Sequence[int], offsets: S
     in one pass, without the manifest, the chunk boxes or numpy calls per step, because a
     converter plans thousands of such reads of a few ranges each.
     """
-    if len(files) == 1:  # one range (a converter's chunk or block)
+    if len(files) == 1:  # one range (a converter's chunk or block): nothing to coalesce
         return ByteRangesPlan(name, tuple(keys), [files[0]], [offsets[0]], [lengths[0]], [0], lengths[0])
     c_files: list[int] = []
     c_offsets: list[int] = []
@@ -229,7 +228,7 @@ class ByteRangesPlan:
 
     @property
     def box(self) -> Box:
-        return _byte_box(self.nbytes)
+        return Box((0,), (self.nbytes,))
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -253,12 +252,6 @@ class ByteRangesPlan:
         """Every ``(file, offset, length, dest_offset)`` byte range, in execution order."""
         for f, o, n, d in zip(self.range_files, self.offsets, self.lengths, self.dests):
             yield self.keys[f], o, n, d
-
-
-@lru_cache(maxsize=1024)
-def _byte_box(nbytes: int) -> Box:
-    # a converter's chunks come in a few sizes; a Box is immutable, so plans of one size share it
-    return Box((0,), (nbytes,))
 
 
 class _Columns:

@@ -113,10 +113,7 @@ class ChunkCopier:
     def place(self, chunk: ChunkSource, data: memoryview, f: SinkFile, pieces: Pieces) -> int:
         """Write a raw chunk's bytes ``data`` (from :meth:`batches`) to ``pieces`` of ``f``; return its CRC-32C."""
         _scatter(f, data, 0, pieces)
-        self.progress.add(len(data))
-        crc = crc32c.crc32c(data)
-        self._check_replicas(chunk, crc)
-        return crc
+        return self.streamed(chunk, data)
 
     def copy(self, chunk: ChunkSource, f: SinkFile, pieces: Pieces) -> int:
         """Copy a raw chunk to ``pieces`` of ``f``; return its CRC-32C."""
@@ -140,7 +137,8 @@ class ChunkCopier:
         crc_out[0] = crc
 
     def streamed(self, chunk: ChunkSource, data: memoryview) -> int:
-        """A raw chunk's CRC-32C, its bytes ``data`` (from :meth:`batches`) about to be sent on."""
+        """A raw chunk's CRC-32C, its bytes ``data`` (from :meth:`batches`) written or about to be
+        sent on: counted as progress, and checked against its replicas."""
         crc = crc32c.crc32c(data)
         self.progress.add(len(data))
         self._check_replicas(chunk, crc)
