@@ -181,7 +181,8 @@ class Tree:
     @property
     def mindspore_module(self) -> str:
         """The tree's only MindSpore importer (preimported, untimed, as bench_load does)."""
-        return "ckptstore.mindspore" if (self.path / "ckptstore" / "mindspore.py").exists() \
+        here = self.path / "ckptstore"
+        return "ckptstore.mindspore" if (here / "mindspore.py").exists() or (here / "mindspore").is_dir() \
             else "ckptstore.mindspore_adapter"
 
 

@@ -118,6 +118,38 @@ def _all_imports(source: str) -> set[str]:
     return found
 
 
+#: The one import, at any depth, from outside the MindSpore package into it (besides the package's
+#: own ``ckptstore/__init__.py``, which names it for first use): ``save_rank`` given a Cell or Tensors
+#: hands them to the adapter there, on first use.
+_INTO_MINDSPORE = {("ckptstore.write.values", "ckptstore.mindspore.values")}
+
+
+def _graph_at_any_depth() -> dict[str, set[str]]:
+    modules = _module_names()
+    return {name: {m for m in _all_imports(path.read_text(encoding="utf-8")) if m in modules} - {name}
+            for name, path in modules.items()}
+
+
+def _is_mindspore_side(name: str) -> bool:
+    return name == "ckptstore.mindspore" or name.startswith("ckptstore.mindspore.")
+
+
+def test_only_the_save_sides_adapter_lookup_reaches_into_the_mindspore_package():
+    edges = {(a, b) for a, targets in _graph_at_any_depth().items() for b in targets
+             if _is_mindspore_side(b) and not _is_mindspore_side(a) and a != "ckptstore"}
+    assert edges == _INTO_MINDSPORE
+
+
+def test_no_circle_even_counting_imports_inside_functions_but_that_one_adapter_lookup():
+    # the write side takes arrays; the MindSpore side adapts Cells and Tensors and imports the
+    # write side, never the other way round (issue 25: mindspore.py <-> write/save.py <-> async_save.py)
+    graph = _graph_at_any_depth()
+    for a, b in _INTO_MINDSPORE:
+        graph[a].discard(b)
+    graph["ckptstore"] = {m for m in graph["ckptstore"] if not _is_mindspore_side(m)}  # first-use names
+    assert _circles(graph) == []
+
+
 #: Modules outside ckptstore.testing that may use it: ``make demo`` saves its sample with the
 #: sample writer and compares with MindSpore's oracle; nothing imports the demo (checked below).
 _MAY_USE_TESTING = {"ckptstore.demo"}

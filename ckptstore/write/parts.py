@@ -12,14 +12,13 @@ explicitly. Parts are numbered from 0, like ``RANK_ID``.
 from __future__ import annotations
 
 import heapq
-import os
 import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from ckptstore.store.kinds import WORK_DIR
 from ckptstore.errors import InvalidOptionError
-from ckptstore.launcher import LAUNCHERS, is_scheduler
+from ckptstore.launcher import is_scheduler, job
 
 PARTS_DIR = f"{WORK_DIR}/parts"
 #: Parts of one conversion (a process per rank file of the largest jobs, and then some).
@@ -56,13 +55,12 @@ def parse_part(spec: str | Part | None, environ: Mapping[str, str] | None = None
     """
     if spec is None or isinstance(spec, Part):
         return spec or Part()
-    env = os.environ if environ is None else environ
     if isinstance(spec, str) and spec.strip().lower() == "auto":
-        if is_scheduler(env):
+        if is_scheduler(environ):
             return None
-        for rank_var, size_var in LAUNCHERS:
-            if rank_var in env and size_var in env:
-                return _checked(env[rank_var], env[size_var], f"{rank_var}/{size_var}")
+        place = job(environ)  # the one rank/size lookup (MindSpore's communication when initialised)
+        if place.rank is not None and place.world is not None:
+            return _checked(str(place.rank), str(place.world), place.said_by)
         raise InvalidOptionError("--part auto needs RANK_ID and RANK_SIZE (set by msrun) or OMPI_COMM_WORLD_RANK and "
                                  "OMPI_COMM_WORLD_SIZE (set by mpirun) in the environment; or pass --part I/N")
     m = _SPEC.match(spec) if isinstance(spec, str) else None

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from math import prod
@@ -31,7 +31,6 @@ import crc32c
 import numpy as np
 
 from ckptstore.checkpoint.strategy import Strategy, load_strategy
-from ckptstore.dtypes import lookup
 from ckptstore.errors import (
     ConversionInProgressError,
     IncompleteStoreError,
@@ -41,7 +40,7 @@ from ckptstore.errors import (
 )
 from ckptstore.io.locations import join, open_location
 from ckptstore.io.sink import ByteSink, open_sink
-from ckptstore.launcher import is_scheduler, process_rank
+from ckptstore.launcher import is_scheduler, job
 from ckptstore.store import zarr as zb
 from ckptstore.store.chunking import select_params
 from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR, read_manifest
@@ -49,9 +48,10 @@ from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest, d
 from ckptstore.store.steps import STEP_FOLDER, step_name
 from ckptstore.version import __version__
 from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, drop_work, lock_output
-from ckptstore.write.parts import LAUNCHERS, PARTS_DIR, Part
+from ckptstore.write.parts import PARTS_DIR, Part
 from ckptstore.write.save_plan import SaveParam, SavePlan, plan_save
 from ckptstore.write.commit import mark_done
+from ckptstore.write.values import LazyArray, host_values
 
 #: Largest chunk a save writes (a slice bigger than this is cut along its leading axes), as
 #: ``ckptstore convert``'s default.
@@ -102,10 +102,23 @@ def save_rank(params: Any, root: str | os.PathLike[str], *, step: int, strategy:
     last rank to finish commits ``root/step_<step>``, which :func:`ckptstore.open` then finds
     as the newest step. ``root`` may be an ``s3://``/``obs://`` URL. ``include``/``exclude``
     are name globs (every rank must pass the same); ``chunk_mb`` caps a chunk (default 256; every
-    rank must pass the same). Returns a :class:`SaveSummary` of this rank's share.
+    rank must pass the same). Returns a :class:`SaveSummary` of this rank's share. In msrun's
+    scheduler process (which runs the job's script too but is no rank) nothing is saved: one log
+    line says so and the summary has ``rank=-1`` (:func:`skipped_in_scheduler`).
     """
+    if is_scheduler():
+        return skipped_in_scheduler(root, step)
     return prepare_save(params, root, step=step, strategy=strategy, rank=rank, format=format, include=include,
                         exclude=exclude, chunk_mb=chunk_mb).write()
+
+
+def skipped_in_scheduler(root: str | os.PathLike[str], step: int) -> SaveSummary:
+    """What a save does in msrun's scheduler process: nothing, said in one log line (so the
+    script, and msrun with it, ends normally while the workers save)."""
+    where = step_location(root, step)
+    logging.getLogger("ckptstore").warning("ckptstore: not saving %s in msrun's scheduler process (MS_ROLE=MS_SCHED), "
+                                           "which is no rank of the job; the worker processes save it", where)
+    return SaveSummary(where, step, -1, 0, 0, 0, 0, False, 0.0)
 
 
 def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
@@ -122,8 +135,7 @@ def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strate
     keep = select_params(list(arrays), include=include, exclude=exclude)
     arrays = {n: arrays[n] for n in keep}
     st = _strategy(strategy if strategy is not None else cell_strategy)
-    world = st.world_size if st is not None else _env_world()
-    me = _this_rank(rank, world)
+    me, world = _place(rank, st.world_size if st is not None else None)
     plan = plan_save(arrays, rank=me, world=world, strategy=st, max_chunk_bytes=chunk_bytes)
     return SaveJob(step_location(root, step), step, plan, arrays, st, chunk_bytes)
 
@@ -135,43 +147,6 @@ def _chunk_bytes(chunk_mb: int | None) -> int:
     return mb << 20
 
 
-def host_values(params: Any) -> tuple[dict[str, np.ndarray | str], Strategy | None]:
-    """``params`` as numpy arrays (C-contiguous) and strings, and a Cell's own layouts if it has them.
-
-    MindSpore values and Cells are converted by :mod:`ckptstore.mindspore` (imported only when
-    one is passed, so numpy callers never import MindSpore).
-    """
-    if not isinstance(params, Mapping) or any(not _plain(v) for v in params.values()):
-        from ckptstore import mindspore as ms_adapter
-
-        return ms_adapter.host_values(params)
-    return {str(n): plain_value(n, v) for n, v in params.items()}, None
-
-
-def _plain(value: Any) -> bool:
-    return isinstance(value, (np.ndarray, np.generic, str, bool, int, float, LazyArray))
-
-
-def plain_value(name: str, value: Any) -> Any:
-    """A numpy-side value as a ``.ckpt`` holds it: Python ``int`` -> int64 and ``float`` ->
-    float32 scalars (as ``append_dict`` saves them), strings as text, arrays C-contiguous."""
-    if isinstance(value, (str, LazyArray)):
-        return value
-    if isinstance(value, bool):
-        return np.array(value, dtype=np.bool_)
-    if isinstance(value, int):
-        return np.array(value, dtype=np.int64)
-    if isinstance(value, float):
-        return np.array(value, dtype=np.float32)
-    array = np.asarray(value, order="C")
-    try:
-        lookup(array.dtype)
-    except (ValueError, KeyError):
-        raise InvalidOptionError(f"parameter {name!r} has dtype {array.dtype}, which a MindSpore checkpoint cannot "
-                                 "hold") from None
-    return array
-
-
 def _strategy(strategy: Any) -> Strategy | None:
     if strategy is None or isinstance(strategy, Strategy):
         return strategy
@@ -179,41 +154,25 @@ def _strategy(strategy: Any) -> Strategy | None:
     return load_strategy(files)
 
 
-def _env_world() -> int:
-    """The job's size without a strategy: from MindSpore when initialised, else the launcher's environment."""
-    if "mindspore" in sys.modules:
-        from ckptstore import mindspore as ms_adapter
-
-        size = ms_adapter.group_size()
-        if size is not None:
-            return size
-    for _, size_var in LAUNCHERS:
-        if os.environ.get(size_var, "").isdigit():
-            return max(int(os.environ[size_var]), 1)
-    return 1
-
-
-def _this_rank(rank: int | None, world: int) -> int:
+def _place(rank: int | None, world: int | None) -> tuple[int, int]:
+    """This rank and the job's size: ``world`` from the strategy when it has one, else the job's
+    (:func:`~ckptstore.launcher.job`, the one lookup loads and ``--part auto`` use too), else 1."""
+    if rank is None and is_scheduler():  # said here in a saver's words; process_rank would say it in a loader's
+        raise InvalidOptionError("this is msrun's scheduler process (MS_ROLE=MS_SCHED), which holds no rank: "
+                                 "save from the worker processes only")
+    place = job() if rank is None or world is None else None
+    if world is None:
+        world = place.world if place is not None and place.world is not None else 1
     if rank is None:
-        rank = _env_rank(world)
+        rank = place.rank if place is not None else None
+        if rank is None and world > 1:
+            raise InvalidOptionError(f"which rank is this process? The job has {world} ranks but neither MindSpore's "
+                                     "communication nor RANK_ID says; pass rank=")
+        rank = 0 if rank is None else rank
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
         raise InvalidOptionError(f"rank must be an integer in 0..{world - 1} (the job has {world} ranks), "
                                  f"not {rank!r}")
-    return rank
-
-
-def _env_rank(world: int) -> int:
-    """This process's rank as the job says it (:func:`~ckptstore.launcher.process_rank`)."""
-    if is_scheduler():  # said here in a saver's words; process_rank would say it in a loader's
-        raise InvalidOptionError("this is msrun's scheduler process (MS_ROLE=MS_SCHED), which holds no rank: "
-                                 "save from the worker processes only")
-    rank = process_rank()
-    if rank is not None:
-        return rank
-    if world == 1:
-        return 0
-    raise InvalidOptionError(f"which rank is this process? The job has {world} ranks but neither MindSpore's "
-                             "communication nor RANK_ID says; pass rank=")
+    return rank, world
 
 
 class SaveJob:
@@ -371,18 +330,6 @@ def _file_bytes(p: SaveParam, data: Any, rest: Iterator[Piece], crcs: dict[int, 
             raise RuntimeError(f"pieces of {q.name!r} came before the last of {p.name!r}")
     if p.sharded:
         yield zb.shard_index([c.byte_start for c in chunks], [c.nbytes for c in chunks])
-
-
-class LazyArray:
-    """A value known by shape and dtype, fetched into host memory only when its bytes are needed
-    (a MindSpore tensor: planning a save needs no data, and a background save copies one
-    parameter at a time)."""
-
-    def __init__(self, shape: Sequence[int], dtype: np.dtype, fetch: Any) -> None:
-        self.shape, self.dtype, self._fetch = tuple(int(s) for s in shape), np.dtype(dtype), fetch
-
-    def load(self) -> np.ndarray:
-        return np.asarray(self._fetch(), order="C")
 
 
 def _bytes_of(array: np.ndarray | LazyArray) -> memoryview:

@@ -1,0 +1,174 @@
+"""Loading a store into a MindSpore Cell: :func:`load_into_net`, as ``load_param_into_net`` loads.
+
+Network parameters are matched by ``Parameter.name`` (the checkpoint key), so an
+``nn.TrainOneStepCell`` gets its optimizer state too. Slices are read straight into the
+network's own memory when MindSpore exposes it (an initialised CPU tensor), else handed over
+with ``set_data``.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+
+from ckptstore.checkpoint.strategy import Strategy
+from ckptstore.dtypes import is_float, lookup
+from ckptstore.errors import InvalidOptionError, LayoutMismatchError
+from ckptstore.mindspore._import import mindspore as _ms
+from ckptstore.mindspore.layouts import net_strategy
+from ckptstore.read.loader import StrategyLike, check_workers, float_dtype, resolve_rank, resolve_target, target_boxes
+from ckptstore.store.executor import Executor, check_extents
+from ckptstore.store.read_plan import plan_param
+from ckptstore.store.store import Store, StoreLike, as_store
+
+
+def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
+                  rank: int | None = None, *, strict: bool = False, dtype: Any = None,
+                  verify: bool = False, workers: int | None = None,
+                  strict_load: bool | None = None) -> tuple[list[str], list[str]]:
+    """Load this rank's slices from a store into a MindSpore Cell, as ``load_param_into_net`` would.
+
+    The target layout is ``strategy`` when given, else the network's own layouts when it was
+    compiled in (semi-)auto parallel mode, else whole tensors; ``rank=None`` is this process's
+    rank (``mindspore.communication`` when initialised, else ``RANK_ID``; a one-rank target, as
+    in a pure data-parallel job, is the same for every process). ``store`` is a path, an
+    ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`. Network parameters are
+    matched by ``Parameter.name`` with MindSpore's rules: names that are not in the store are
+    returned in ``param_not_load`` (except ``accu_grads*``, pipeline-shared parameters and, in
+    parallel mode, unsliced ones); a prefix the store's names carry is found and dropped (a
+    network saved as ``network.x`` loads into ``x``), and a float (or int) slice of another width
+    is converted to the parameter's dtype. Returns ``(param_not_load, ckpt_not_load)`` like
+    ``mindspore.load_param_into_net``. ``strict=True`` asks for an exact match instead: names as
+    they are, dtypes as they are, and every network parameter found (else an error).
+    ``strict_load=True`` (deprecated, MindSpore's name) keeps its old meaning: exact names and
+    dtypes, with missing parameters returned rather than raised. Each slice must have the network
+    parameter's shape.
+    """
+    if strict_load is not None:
+        warnings.warn("ckptstore: load_into_net(strict_load=) is deprecated; use strict=True (exact names and dtypes, "
+                      "and an error for network parameters not in the store)", DeprecationWarning, stacklevel=2)
+    exact = strict or bool(strict_load)
+    st = as_store(store)
+    resolved = resolve_target(st, strategy) if strategy is not None else net_strategy(net, st)
+    target = resolved if resolved is not None else Strategy({}, 1, 1, ())
+    rank = resolve_rank(rank, target)
+    parallel = bool(getattr(net, "parameter_layout_dict", None))
+    net_params = [p for _, p in net.parameters_and_names() if not _pipeline_shared(p)]
+    available = target_boxes(st, target, rank)  # everything this rank holds, by store name
+    matched, param_not_load = {}, []
+    for p in net_params:
+        if p.name in available:
+            if not st.info(p.name).is_str:  # MindSpore skips a value without tensor data
+                matched[p.name] = p
+        elif not (p.name.startswith("accu_grads") or (parallel and not getattr(p, "sliced", True))):
+            param_not_load.append(p.name)
+    ckpt_not_load = [n for n in available if n not in matched]
+    loads = {n: (n, p) for n, p in matched.items()}
+    if param_not_load and not exact:
+        prefix = _dropped_prefix(param_not_load, available)
+        if prefix is not None:
+            for p in net_params:
+                if p.name in param_not_load and prefix + p.name in available:
+                    loads[prefix + p.name] = (p.name, p)
+                    param_not_load.remove(p.name)
+    if strict and param_not_load:
+        raise LayoutMismatchError(f"{len(param_not_load)} network parameters are not in the store {st.location.url}: "
+                                  + ", ".join(param_not_load[:10]) + (" ..." if len(param_not_load) > 10 else ""))
+    _NetLoader(st, available, float_dtype(dtype), verify, exact, check_workers(workers, st)).load(loads, rank)
+    return param_not_load, ckpt_not_load
+
+
+def _pipeline_shared(param: Any) -> bool:
+    info = getattr(param, "param_info", None)
+    return bool(getattr(info, "is_pipeline_shared_param", False))
+
+
+def _dropped_prefix(not_loaded: Sequence[str], available: Sequence[str]) -> str | None:
+    """The prefix MindSpore's loader would strip: that of the first store name ending with a
+    network name it could not load (``_load_dismatch_prefix_params``)."""
+    for net_name in not_loaded:
+        for store_name in available:
+            if store_name.endswith(net_name) and store_name != net_name:  # (equal names loaded already)
+                return store_name[:-len(net_name)]
+    return None
+
+
+class _NetLoader:
+    """Reads each matched slice into its network Parameter."""
+
+    def __init__(self, store: Store, boxes: dict[str, Any], dtype: np.dtype | None, verify: bool,
+                 strict_load: bool, workers: int) -> None:
+        self.store, self.boxes, self.dtype, self.verify = store, boxes, dtype, verify
+        self.strict_load, self.workers = strict_load, workers
+
+    def load(self, loads: dict[str, tuple[str, Any]], rank: int) -> None:
+        """Read every slice of ``loads`` (store name -> (network name, Parameter)) into its Parameter.
+
+        Every shape and dtype (and the byte extents of large slices) is checked before the first
+        byte lands in the network, and Parameters are handed their data only once every read has
+        finished: a mismatch, or a store that does not hold the bytes, leaves the network as it was
+        (MindSpore's loader stops at the first mismatch with the parameters before it already
+        loaded). Slices read in place into the network's own memory are the exception to the
+        second half: a read error midway leaves those partly written.
+        """
+        plans = []
+        for key, (_, param) in loads.items():
+            if self.store.info(key).is_str:
+                continue
+            plan = self._plan(key, param, rank)
+            check_extents(plan, self.store.data)
+            plans.append((param, plan))
+        pending = []
+        with Executor(self.store.data, workers=self.workers) as executor:
+            for param, plan in plans:
+                target, in_place = self._destination(param, plan)
+                pending.append((param, target, in_place, executor.submit(plan, target)))
+            for *_, job in pending:
+                job.wait()
+            for param, target, in_place, _ in pending:
+                if not in_place:
+                    param.set_data(_ms().Tensor.from_numpy(target), getattr(param, "sliced", False))
+                if hasattr(param, "init_param") and not param.init_param:
+                    param.init_param = True
+
+    def _plan(self, key: str, param: Any, rank: int) -> Any:
+        info = self.store.info(key)
+        box = self.boxes[key]
+        shape = info.shape if box is None else box.shape
+        if tuple(param.shape) != tuple(shape):
+            raise LayoutMismatchError(
+                f"parameter {param.name!r}: the network expects shape {list(param.shape)} but rank {rank} of the "
+                f"target layout holds {list(shape)} of the global {list(info.shape)}; pass the strategy file the "
+                "network was compiled with (strategy=...)")
+        return plan_param(info, box, out_dtype=self._dtype_for(param, info.np_dtype), verify=self.verify)
+
+    def _dtype_for(self, param: Any, stored: np.dtype) -> np.dtype:
+        want = lookup(str(param.dtype)).numpy
+        if self.dtype is not None and is_float(stored) and want == self.dtype:
+            return want
+        if want == stored:
+            return stored
+        same_kind = is_float(want) == is_float(stored) and np.dtype(want).kind != "b" and np.dtype(stored).kind != "b"
+        if self.strict_load or not same_kind:
+            raise InvalidOptionError(
+                f"parameter {param.name!r} is {lookup(want).name} in the network but {lookup(stored).name} in the "
+                "store" + ("; strict=True forbids converting it (pass strict=False to convert)" if same_kind else ""))
+        return want
+
+    def _destination(self, param: Any, plan: Any) -> tuple[np.ndarray, bool]:
+        """The network's own memory when MindSpore exposes it writable, else a fresh array."""
+        from ckptstore.store.memory import empty
+
+        want_dtype = lookup(str(param.dtype)).numpy
+        if not getattr(param, "has_init", True) and not getattr(param, "is_meta", False):
+            try:
+                host = param.asnumpy()
+                shared = host.__array_interface__["data"][0] == param.data_ptr()  # a view, not a copy
+            except (TypeError, RuntimeError, AttributeError):
+                shared = False  # bfloat16 under numpy 2, a device tensor, or an older MindSpore
+            if (shared and host.flags.writeable and host.flags.c_contiguous and host.dtype == want_dtype
+                    and host.shape == plan.shape):
+                return host, True
+        return empty(plan.shape, want_dtype), False
+
