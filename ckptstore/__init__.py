@@ -14,6 +14,7 @@ The public API is what a user calls::
     ckptstore.verify(store)                           # checksums (and the source, with against=)
     ckptstore.save_rank(params, root, step=N, strategy=...)   # every rank of a training job saves its slices
     ckptstore.StoreCheckpoint(root, save_checkpoint_steps=N)  # the same from a MindSpore callback
+    ckptstore.StoreSaver(root, keep=K).save(step, net)         # the same from a custom training loop
 
 Every function that takes a store takes a path, an ``s3://``/``obs://`` URL or a :class:`Store`;
 ``rank=None`` (the default) means this process's rank (``mindspore.communication`` when
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from ckptstore.write.convert import commit_store as commit
     from ckptstore.write.convert import convert, index
     from ckptstore.write.save import save_rank
+    from ckptstore.write.saver import StoreSaver
 
 #: Public names imported on first use: ``(module, attribute)``.
 _ON_FIRST_USE = {
@@ -51,6 +53,7 @@ _ON_FIRST_USE = {
     "index": ("ckptstore.write.convert", "index"),
     "commit": ("ckptstore.write.convert", "commit_store"),
     "save_rank": ("ckptstore.write.save", "save_rank"),
+    "StoreSaver": ("ckptstore.write.saver", "StoreSaver"),
 }
 
 
@@ -63,5 +66,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'ckptstore' has no attribute {name!r}")
 
 
-__all__ = ["CkptStoreError", "Store", "StoreCheckpoint", "__version__", "commit", "convert", "export", "index",
+__all__ = ["CkptStoreError", "Store", "StoreCheckpoint", "StoreSaver", "__version__", "commit", "convert", "export", "index",
            "load_into_net", "load_rank", "open", "plan_rank", "read_rank", "save_rank", "verify"]

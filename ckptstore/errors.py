@@ -176,3 +176,9 @@ class ObjectStoreConfigError(CkptStoreError, ValueError):
     """The object-store client's configuration (the ``AWS_*`` environment variables) cannot be
     used: an empty or malformed ``AWS_ENDPOINT_URL``, plain http without ``AWS_ALLOW_HTTP``, an
     endpoint that redirects to another host."""
+
+
+class StaleStepError(StoreExistsError):
+    """A training save whose step is not newer than the newest committed step of its folder (a
+    resumed job counting steps from 1 again): retention would delete it, ``open(ROOT)`` would
+    never return it. Resume from the newest step, or pass ``replace=True``."""

@@ -1,7 +1,15 @@
 """StoreCheckpoint: a ``mindspore.train.Callback`` that saves the trained cell into a store.
 
 The class is built on first use (it subclasses MindSpore's ``Callback``, so importing this
-module imports MindSpore only when :class:`StoreCheckpoint` is first asked for).
+module imports MindSpore only when :class:`StoreCheckpoint` is first asked for). Saving, keep-K
+and background writing are :class:`~ckptstore.write.saver.StoreSaver`'s, the same a custom
+training loop uses; this module adds what ``Model.train`` says: which step it is.
+
+Steps are named by the *training* step, which goes on across resumes: the optimizer's
+``global_step`` Parameter (saved with the network and restored by ``load_into_net``), as
+MindFormers' ``CheckpointMonitor`` reads it; only a network without one falls back to
+``initial_step + cur_step_num`` (``Model.train``'s ``cur_step_num`` starts at 1 again after a
+resume, also with ``initial_epoch``).
 """
 from __future__ import annotations
 
@@ -10,7 +18,10 @@ import os
 from typing import Any, Sequence
 
 from ckptstore.errors import InvalidOptionError
-from ckptstore.mindspore.values import host_values
+from ckptstore.write.saver import StoreSaver
+
+#: ``append_info`` names (``CheckpointConfig``'s and MindFormers' ``CheckpointMonitor``'s).
+APPEND_NAMES = ("epoch_num", "step_num", "global_step", "loss_scale")
 
 
 @functools.cache
@@ -19,88 +30,125 @@ def store_checkpoint_class() -> type:
     only when it is first asked for)."""
     from mindspore.train import Callback
 
-    from ckptstore.write.async_save import AsyncSaver
-    from ckptstore.write.save import SaveSummary, prepare_save, prune_steps
-
     class StoreCheckpoint(Callback):  # type: ignore[misc, valid-type]
-        """Save the trained cell into ``root/step_<N>`` every ``save_checkpoint_steps`` steps.
+        """Save the trained cell into ``root/step_<N>`` every ``save_checkpoint_steps`` training steps.
 
-        For ``Model.train(callbacks=[...])`` (and MindFormers' callback lists) on every rank of
-        the job, like ``ModelCheckpoint``: the saved cell is the training network (weights and
-        optimizer state, by ``Parameter.name``), each distinct slice written once across the job
-        (:func:`ckptstore.save_rank`). ``strategy`` is the job's strategy file(s); by default the
-        network's compiled layouts, or whole tensors. With ``async_save`` the step waits only
-        while this rank's slices are copied to host memory (at most ``memory_budget_mb`` MB at a
-        time; the copy waits for the writer when the rank holds more), a background thread
-        writes them, the next save waits for the previous, and an error of the writer is raised
-        at the next step or at the end of training. The newest ``keep_checkpoint_max`` committed
-        steps are kept; older ones are deleted once a newer one is committed. ``append_info``
-        adds ``"epoch_num"``/``"step_num"`` (names) or a dict of values, as ``CheckpointConfig``
-        does. ``include``/``exclude`` are name globs.
+        For ``Model.train(callbacks=[...])`` (and MindFormers' callback lists, in place of its
+        ``CheckpointMonitor``) on every rank of the job, like ``ModelCheckpoint``: the saved cell
+        is the training network (weights and optimizer state, by ``Parameter.name``), each
+        distinct slice written once across the job (:func:`ckptstore.save_rank`). ``N`` is the
+        training step across resumes (the optimizer's ``global_step``; see the module), so a job
+        resumed with ``load_into_net`` goes on numbering where it stopped. ``strategy`` is the
+        job's strategy file(s); by default the network's compiled layouts, or whole tensors.
+        With ``async_save`` the step waits only while this rank's slices are copied to host
+        memory (at most ``memory_budget_mb`` MB at a time), a background thread writes them,
+        and an error of the writer is raised at the next step or at the end of training. The
+        newest ``keep_checkpoint_max`` committed steps are kept (never deleting the step just
+        saved). A first save at or below the newest committed step of ``root`` (a job that was
+        not resumed from it) is refused with :class:`~ckptstore.errors.StaleStepError` unless
+        ``replace=True``. ``append_info`` adds ``"epoch_num"``, ``"step_num"`` (the training
+        step), ``"global_step"``, ``"loss_scale"`` (names, as MindFormers' resume reads them) or
+        a dict of values, as ``CheckpointConfig`` does. ``include``/``exclude`` are name globs.
         """
 
         def __init__(self, root: str | os.PathLike[str], *, save_checkpoint_steps: int = 1,
                      keep_checkpoint_max: int | None = 5, strategy: Any = None, async_save: bool = True,
                      include: Sequence[str] = (), exclude: Sequence[str] = (), memory_budget_mb: int | None = None,
-                     append_info: Any = None, rank: int | None = None) -> None:
+                     append_info: Any = None, rank: int | None = None, initial_step: int = 0,
+                     replace: bool = False) -> None:
             super().__init__()
-            for what, v in (("save_checkpoint_steps", save_checkpoint_steps), ("keep_checkpoint_max",
-                                                                             keep_checkpoint_max or 1),
-                            ("memory_budget_mb", memory_budget_mb or 1)):
-                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                    raise InvalidOptionError(f"{what} must be a positive integer, not {v!r}")
+            for what, v, least in (("save_checkpoint_steps", save_checkpoint_steps, 1), ("initial_step", initial_step, 0)):
+                if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                    raise InvalidOptionError(f"{what} must be an integer of at least {least}, not {v!r}")
+            _check_append_info(append_info)
             self.root, self.every, self.keep = root, save_checkpoint_steps, keep_checkpoint_max
-            self.strategy, self.rank, self.async_save = strategy, rank, async_save
-            self.include, self.exclude, self.append_info = tuple(include), tuple(exclude), append_info
-            self.saver = AsyncSaver(memory_budget=None if memory_budget_mb is None else memory_budget_mb << 20,
-                                    on_done=self._after)
-            self.summaries: list[SaveSummary] = []
-            self._last = 0
+            self.append_info, self.initial_step = append_info, initial_step
+            self.saver = StoreSaver(root, keep=keep_checkpoint_max, async_save=async_save,
+                                    memory_budget_mb=memory_budget_mb, strategy=strategy, rank=rank,
+                                    include=include, exclude=exclude, replace=replace)
+            self._last: int | None = None  # the training step at the previous step end
+
+        @property
+        def summaries(self) -> list[Any]:
+            """What each finished save of this rank did, oldest first."""
+            return self.saver.summaries
+
+        def on_train_begin(self, run_context: Any) -> None:
+            cb = run_context.original_args()
+            self._last = training_step(cb, self.initial_step, before=True)
 
         def on_train_step_end(self, run_context: Any) -> None:
             self.saver.check()  # a background save that failed stops training here
             cb = run_context.original_args()
-            # as ModelCheckpoint triggers: in sink mode the step number advances by the sink size
-            if cb.cur_step_num - self._last >= self.every:
-                self._last = cb.cur_step_num
-                self._save(cb)
+            step = training_step(cb, self.initial_step)
+            last = self._last if self._last is not None else step - 1
+            self._last = step
+            # every `every` training steps, as ModelCheckpoint triggers (in sink mode the step
+            # advances by the sink size: a save when a multiple of `every` was passed)
+            if step // self.every > last // self.every:
+                self._save(cb, step)
 
         def on_train_end(self, run_context: Any) -> None:
             self.saver.wait()
 
-        def _save(self, cb: Any) -> None:
-            values, compiled = host_values(cb.train_network)
-            values.update(_append(self.append_info, cb))
-            strategy = self.strategy if self.strategy is not None else compiled
-            job = prepare_save(values, self.root, step=int(cb.cur_step_num), strategy=strategy, rank=self.rank,
-                               include=self.include, exclude=self.exclude)  # the saver copies within its budget
-            if self.async_save:
-                self.saver.save(job)
-            else:
-                self._after(job.write())
-
-        def _after(self, summary: SaveSummary) -> None:
-            self.summaries.append(summary)
-            if summary.committed and self.keep:
-                prune_steps(self.root, self.keep)
+        def _save(self, cb: Any, step: int) -> None:
+            extra = _append(self.append_info, cb, step)
+            if _global_step(cb) is not None:  # the network saves its own global_step Parameter
+                extra.pop("global_step", None)
+            self.saver.save(step, cb.train_network, extra=extra)
 
     StoreCheckpoint.__module__, StoreCheckpoint.__qualname__ = "ckptstore.mindspore", "StoreCheckpoint"
     return StoreCheckpoint
 
 
-def _append(info: Any, cb: Any) -> dict[str, Any]:
-    """The ``append_info`` values of this step (``CheckpointConfig``'s meaning)."""
+def training_step(cb: Any, initial_step: int = 0, *, before: bool = False) -> int:
+    """The training step of ``Model.train``'s ``cb_params``: the optimizer's ``global_step``
+    (``cb.optimizer``, else the network's optimizer, else a ``global_step`` Parameter of the
+    training network), else ``initial_step + cur_step_num``. ``before``: at the start of
+    training (before any step ran)."""
+    param = _global_step(cb)
+    if param is not None:
+        return int(param.asnumpy().reshape(-1)[0])
+    return initial_step + (0 if before else int(cb.cur_step_num))
+
+
+def _global_step(cb: Any) -> Any:
+    for owner in (getattr(cb, "optimizer", None), getattr(getattr(cb, "network", None), "optimizer", None)):
+        param = getattr(owner, "global_step", None)
+        if param is not None and hasattr(param, "asnumpy"):
+            return param
+    network = getattr(cb, "train_network", None)
+    if network is not None:
+        for param in network.get_parameters():
+            if param.name == "global_step":
+                return param
+    return None
+
+
+def _check_append_info(info: Any) -> None:
+    if not info or isinstance(info, dict):
+        return
+    for item in info:
+        if not isinstance(item, dict) and item not in APPEND_NAMES:
+            raise InvalidOptionError(f"append_info entries are {', '.join(map(repr, APPEND_NAMES))} or a dict, "
+                                     f"not {item!r}")
+
+
+def _append(info: Any, cb: Any, step: int) -> dict[str, Any]:
+    """The ``append_info`` values of this step (``CheckpointConfig``'s meaning; ``step_num`` and
+    ``global_step`` are the training step, as MindFormers' ``CheckpointMonitor`` saves them)."""
     if not info:
         return {}
     if isinstance(info, dict):
         return dict(info)
-    counters = {"epoch_num": int(cb.cur_epoch_num), "step_num": int(cb.cur_step_num)}
+    counters: dict[str, Any] = {"epoch_num": int(cb.cur_epoch_num), "step_num": step, "global_step": step}
+    outputs = getattr(cb, "net_outputs", None)
+    if isinstance(outputs, (tuple, list)) and len(outputs) >= 3:  # (loss, overflow, loss_scale)
+        counters["loss_scale"] = outputs[2]
     out = {}
     for item in info:
         if isinstance(item, dict):
             out.update(item)
         elif item in counters:
             out[item] = counters[item]
-        else:
-            raise InvalidOptionError(f"append_info entries are 'epoch_num', 'step_num' or a dict, not {item!r}")
     return out
