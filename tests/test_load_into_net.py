@@ -165,3 +165,47 @@ def test_verify_and_dtype_pass_through(load_env):
                                      verify=True)
     assert result == ([], ["global_step", "epoch_num", "step_num"])
     assert_same_dict(_net_values(net), expected, "float16")
+
+
+# ---- one-element values and 0-d parameters (issue 25.6) --------------------------------------
+
+
+class _Scalars(nn.Cell):
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        super().__init__()
+        self.values = mindspore.ParameterTuple(Parameter(Tensor(np.zeros(s, np.float32)), name=n)
+                                               for n, s in shapes.items())
+
+
+@pytest.mark.parametrize("stored,net", [((1,), ()), ((), (1,)), ((4, 1), (4,))], ids=["[1]->[]", "[]->[1]", "[4,1]->[4]"])
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "set_data"])
+def test_a_value_that_differs_only_by_trailing_ones_loads_into_the_parameters_own_shape(tmp_path, stored, net,
+                                                                                        in_place):
+    value = np.arange(1, 1 + int(np.prod(stored)), dtype=np.float32).reshape(stored)
+    mindspore.save_checkpoint([{"name": "learning_rate", "data": Tensor(value)}], str(tmp_path / "lr.ckpt"))
+    ckptstore.convert(tmp_path / "lr.ckpt", tmp_path / "store")
+    cell = _Scalars({"learning_rate": net})
+    if not in_place:  # a Parameter without host memory yet takes its data by set_data
+        with no_init_parameters():
+            cell = _Scalars({"learning_rate": net})
+    assert ckptstore.load_into_net(cell, tmp_path / "store") == ([], [])
+    loaded = cell.values[0]
+    assert tuple(loaded.shape) == net and np.array_equal(to_numpy(loaded), value.reshape(net))
+
+
+def test_a_real_layout_mismatch_still_asks_for_the_strategy(tmp_path):
+    mindspore.save_checkpoint([{"name": "w", "data": Tensor(np.ones((4, 2), np.float32))}], str(tmp_path / "w.ckpt"))
+    ckptstore.convert(tmp_path / "w.ckpt", tmp_path / "store")
+    with pytest.raises(LayoutMismatchError, match=r"parameter 'w': the network expects shape \[8\] but .* holds "
+                                                  r"\[4, 2\].*pass the strategy file the network was compiled with"):
+        ckptstore.load_into_net(_Scalars({"w": (8,)}), tmp_path / "store")
+
+
+def test_printing_a_load_plan_says_params_bytes_and_requests_in_one_line(load_env):
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    plan = ckptstore.load_rank(t.store_path, t.strategy, 1).plan
+    assert repr(plan) == (f"<ReadPlan {len(plan.params)} params: {plan.nbytes:,} bytes in {plan.requests} requests "
+                          f"from {len(plan.files)} files>")
+    assert plan.requests == sum(1 for _ in plan.ranges()) and "\n" not in str(plan)
+    one = next(iter(plan.params.values()))
+    assert repr(one).startswith(f"<ParamReadPlan {one.name!r} ") and "array(" not in repr(one)

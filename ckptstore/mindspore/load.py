@@ -8,6 +8,7 @@ with ``set_data``.
 from __future__ import annotations
 
 import warnings
+from math import prod
 from typing import Any, Sequence
 
 import numpy as np
@@ -128,6 +129,7 @@ class _NetLoader:
                 job.wait()
             for param, target, in_place, _ in pending:
                 if not in_place:
+                    target = target.reshape(tuple(param.shape))  # a [1] value of a [] parameter, or the reverse
                     param.set_data(_ms().Tensor.from_numpy(target), getattr(param, "sliced", False))
                 if hasattr(param, "init_param") and not param.init_param:
                     param.init_param = True
@@ -136,7 +138,7 @@ class _NetLoader:
         info = self.store.info(key)
         box = self.boxes[key]
         shape = info.shape if box is None else box.shape
-        if tuple(param.shape) != tuple(shape):
+        if tuple(param.shape) != tuple(shape) and not same_but_trailing_ones(param.shape, shape):
             raise LayoutMismatchError(
                 f"parameter {param.name!r}: the network expects shape {list(param.shape)} but rank {rank} of the "
                 f"target layout holds {list(shape)} of the global {list(info.shape)}; pass the strategy file the "
@@ -168,7 +170,20 @@ class _NetLoader:
             except (TypeError, RuntimeError, AttributeError):
                 shared = False  # bfloat16 under numpy 2, a device tensor, or an older MindSpore
             if (shared and host.flags.writeable and host.flags.c_contiguous and host.dtype == want_dtype
-                    and host.shape == plan.shape):
-                return host, True
+                    and host.size == prod(plan.shape)):
+                return host.reshape(plan.shape), True  # a view (C-contiguous): the same memory
         return empty(plan.shape, want_dtype), False
 
+
+def same_but_trailing_ones(net_shape: Sequence[int], stored_shape: Sequence[int]) -> bool:
+    """Whether two shapes differ only by trailing axes of size 1 (``[]`` and ``[1]``, ``[4]`` and
+    ``[4, 1]``): MindSpore writes 0-d values as ``[1]`` on some paths and ``load_param_into_net``
+    accepts a stored shape with such extra axes (``_special_process_par``); here either way round,
+    the Parameter keeping its own shape. Any other difference is a layout mismatch."""
+    def strip(shape: Sequence[int]) -> tuple[int, ...]:
+        out = tuple(int(s) for s in shape)
+        while out and out[-1] == 1:
+            out = out[:-1]
+        return out
+
+    return strip(net_shape) == strip(stored_shape)

@@ -93,6 +93,15 @@ class ParamReadPlan:
         used = dict.fromkeys(self.keys[i] for g in self.groups for i in np.unique(g.files).tolist())
         return tuple(used)
 
+    @property
+    def requests(self) -> int:
+        """Byte ranges the execution reads (one request each)."""
+        return sum(len(g.files) for g in self.groups)
+
+    def __repr__(self) -> str:  # a line, not the groups' arrays (issue 25.7)
+        return (f"<ParamReadPlan {self.name!r} {np.dtype(self.dtype).name} {list(self.shape)}: {self.nbytes:,} bytes "
+                f"in {self.requests} requests from {len(self.files)} files>")
+
     def ranges(self) -> Iterator[tuple[str, int, int, int | None]]:
         """Every ``(file, offset, length, dest_offset)`` byte range, in execution order.
 
@@ -117,6 +126,15 @@ class ReadPlan:
     @property
     def files(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(f for p in self.params.values() for f in p.files))
+
+    @property
+    def requests(self) -> int:
+        """Byte ranges the execution reads (one request each)."""
+        return sum(p.requests for p in self.params.values())
+
+    def __repr__(self) -> str:  # a line, not every parameter's arrays (issue 25.7); .params has the detail
+        return (f"<ReadPlan {len(self.params)} params: {self.nbytes:,} bytes in {self.requests} requests "
+                f"from {len(self.files)} files>")
 
     def ranges(self) -> Iterator[tuple[str, str, int, int, int | None]]:
         """``(parameter, file, offset, length, dest_offset)`` for every range of every parameter."""
@@ -247,6 +265,11 @@ class ByteRangesPlan:
     def files(self) -> tuple[str, ...]:
         """The file keys read, in first-use order."""
         return tuple(dict.fromkeys(self.keys[i] for i in self.range_files))
+
+    @property
+    def requests(self) -> int:
+        """Byte ranges the execution reads (one request each)."""
+        return len(self.offsets)
 
     def ranges(self) -> Iterator[tuple[str, int, int, int | None]]:
         """Every ``(file, offset, length, dest_offset)`` byte range, in execution order."""
