@@ -67,6 +67,7 @@ def store_checkpoint_class() -> type:
                                     memory_budget_mb=memory_budget_mb, strategy=strategy, rank=rank,
                                     include=include, exclude=exclude, replace=replace)
             self._last: int | None = None  # the training step at the previous step end
+            self._counter: Any = _UNKNOWN  # the optimizer's global_step Parameter (None: there is none)
 
         @property
         def summaries(self) -> list[Any]:
@@ -75,12 +76,13 @@ def store_checkpoint_class() -> type:
 
         def on_train_begin(self, run_context: Any) -> None:
             cb = run_context.original_args()
-            self._last = training_step(cb, self.initial_step, before=True)
+            self._counter = _global_step(cb)  # looked up once: the network's parameters do not change
+            self._last = self._step(cb, before=True)
 
         def on_train_step_end(self, run_context: Any) -> None:
             self.saver.check()  # a background save that failed stops training here
             cb = run_context.original_args()
-            step = training_step(cb, self.initial_step)
+            step = self._step(cb)
             last = self._last if self._last is not None else step - 1
             self._last = step
             # every `every` training steps, as ModelCheckpoint triggers (in sink mode the step
@@ -91,9 +93,14 @@ def store_checkpoint_class() -> type:
         def on_train_end(self, run_context: Any) -> None:
             self.saver.wait()
 
+        def _step(self, cb: Any, *, before: bool = False) -> int:
+            if self._counter is _UNKNOWN:  # training began without on_train_begin (a hand-driven loop)
+                self._counter = _global_step(cb)
+            return training_step(cb, self.initial_step, before=before, counter=self._counter)
+
         def _save(self, cb: Any, step: int) -> None:
             extra = _append(self.append_info, cb, step)
-            if _global_step(cb) is not None:  # the network saves its own global_step Parameter
+            if self._counter is not None:  # the network saves its own global_step Parameter
                 extra.pop("global_step", None)
             self.saver.save(step, cb.train_network, extra=extra)
 
@@ -101,12 +108,15 @@ def store_checkpoint_class() -> type:
     return StoreCheckpoint
 
 
-def training_step(cb: Any, initial_step: int = 0, *, before: bool = False) -> int:
+_UNKNOWN = object()
+
+
+def training_step(cb: Any, initial_step: int = 0, *, before: bool = False, counter: Any = _UNKNOWN) -> int:
     """The training step of ``Model.train``'s ``cb_params``: the optimizer's ``global_step``
     (``cb.optimizer``, else the network's optimizer, else a ``global_step`` Parameter of the
-    training network), else ``initial_step + cur_step_num``. ``before``: at the start of
-    training (before any step ran)."""
-    param = _global_step(cb)
+    training network; ``counter`` when already looked up), else ``initial_step + cur_step_num``.
+    ``before``: at the start of training (before any step ran)."""
+    param = _global_step(cb) if counter is _UNKNOWN else counter
     if param is not None:
         return int(param.asnumpy().reshape(-1)[0])
     return initial_step + (0 if before else int(cb.cur_step_num))
