@@ -1,8 +1,8 @@
 """What a Python user sees (issue 25 item 7): ``Store.step``, one-line summaries of a store and of
 what a rank loads, progress for reading, exporting and committing, and the step an export wrote.
 
-The stores are saved by ``save_rank`` from numpy arrays (no MindSpore needed); the one test of
-``load_rank``'s mapping needs MindSpore and the session's MindSpore-written fixtures.
+The stores are saved by ``save_rank`` from numpy arrays (no MindSpore needed); the one-line form of
+``load_rank``'s mapping is tested with MindSpore in tests/test_load_rank.py.
 """
 from __future__ import annotations
 
@@ -84,12 +84,3 @@ def test_the_commit_command_ends_with_what_the_store_holds(saved):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == (f"{saved}/step_20 is already complete; nothing to do; ckptstore zarr store "
                                      f"{saved}/step_20 (step 20): 2 parameters, 1.0 MiB, world 1")
-
-
-@pytest.mark.mindspore
-def test_load_ranks_mapping_prints_as_one_line_without_reading(load_env):
-    pytest.importorskip("mindspore")
-    t = load_env.target("dp2_mp4->dp2_mp2")
-    params = ckptstore.load_rank(t.store_path, t.strategy, 1)
-    assert repr(params) == f"<RankParameters {params.view.summary()}; 0 built>"
-    assert params.view.summary().startswith(f"rank 1 of 4 from {t.store_path}: {len(params)} parameters, ")
