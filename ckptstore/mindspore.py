@@ -20,20 +20,19 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from collections.abc import ItemsView, KeysView, ValuesView
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from ckptstore.dtypes import is_float, lookup, mindspore_name
-from ckptstore.deprecated import synonym
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError
 from ckptstore.read.loader import (
     RankView,
     StrategyLike,
     check_workers,
     float_dtype,
+    include_globs,
     rank_view,
     resolve_rank,
     resolve_target,
@@ -170,8 +169,13 @@ class RankParameters(dict):  # type: ignore[type-arg]
 
     __hash__ = None  # type: ignore[assignment]
 
+    def summary(self) -> str:
+        """One line: the rank, the store and its step, parameters and bytes (:meth:`RankView.summary
+        <ckptstore.read.loader.RankView.summary>`), and how many Parameters are built so far."""
+        return f"{self.view.summary()}; {dict.__len__(self)} built"
+
     def __repr__(self) -> str:
-        return f"<RankParameters {len(self)} parameters, {dict.__len__(self)} built>"
+        return f"<RankParameters {self.summary()}>"
 
     def _read_only(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("RankParameters is read-only; materialize() returns an ordinary dict of its Parameters")
@@ -237,7 +241,7 @@ class RankParameters(dict):  # type: ignore[type-arg]
 def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
               include: str | Sequence[str] | None = None, dtype: Any = None, copy: bool = True,
               verify: bool = False, workers: int | None = None, allow_whole: bool = False,
-              names: str | Sequence[str] | None = None) -> RankParameters:
+              quiet: bool = True, names: str | Sequence[str] | None = None) -> RankParameters:
     """The ``mindspore.Parameter``\\ s rank ``rank`` of ``strategy`` holds, built lazily from ``store``.
 
     ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`.
@@ -253,11 +257,12 @@ def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     parameters the target does not describe come whole. A ``strategy`` that describes fewer
     than half of them is refused as another model's
     (:class:`~ckptstore.errors.ForeignStrategyError`) unless ``allow_whole``. The result is a
-    ``dict`` that ``mindspore.load_param_into_net`` accepts.
+    ``dict`` that ``mindspore.load_param_into_net`` accepts. ``quiet=False`` shows the progress
+    of building many Parameters at once (``items()``, ``values()``, :meth:`~RankParameters.materialize`).
     """
-    include = synonym(include, names, name="include", other_name="names")
+    include = include_globs(include, names)
     view = rank_view(as_store(store), strategy, rank, names=include, dtype=dtype, verify=verify,
-                     workers=workers, allow_whole=allow_whole)
+                     workers=workers, allow_whole=allow_whole, quiet=quiet)
     return RankParameters(view, copy=copy)
 
 
@@ -289,8 +294,7 @@ def _compiled_layout(lay: Sequence[Any], full_shape: Sequence[int] | None) -> La
 
 def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
                   rank: int | None = None, *, strict: bool = False, dtype: Any = None,
-                  verify: bool = False, workers: int | None = None,
-                  strict_load: bool | None = None) -> tuple[list[str], list[str]]:
+                  verify: bool = False, workers: int | None = None) -> tuple[list[str], list[str]]:
     """Load this rank's slices from a store into a MindSpore Cell, as ``load_param_into_net`` would.
 
     The target layout is ``strategy`` when given, else the network's own layouts when it was
@@ -304,15 +308,10 @@ def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
     network saved as ``network.x`` loads into ``x``), and a float (or int) slice of another width
     is converted to the parameter's dtype. Returns ``(param_not_load, ckpt_not_load)`` like
     ``mindspore.load_param_into_net``. ``strict=True`` asks for an exact match instead: names as
-    they are, dtypes as they are, and every network parameter found (else an error).
-    ``strict_load=True`` (deprecated, MindSpore's name) keeps its old meaning: exact names and
-    dtypes, with missing parameters returned rather than raised. Each slice must have the network
-    parameter's shape.
+    they are, dtypes as they are, and every network parameter found (else an error). Each slice
+    must have the network parameter's shape.
     """
-    if strict_load is not None:
-        warnings.warn("ckptstore: load_into_net(strict_load=) is deprecated; use strict=True (exact names and dtypes, "
-                      "and an error for network parameters not in the store)", DeprecationWarning, stacklevel=2)
-    exact = strict or bool(strict_load)
+    exact = strict
     st = as_store(store)
     resolved = resolve_target(st, strategy) if strategy is not None else net_strategy(net, st)
     target = resolved if resolved is not None else Strategy({}, 1, 1, ())
