@@ -38,6 +38,7 @@ from ckptstore.read.loader import (
     resolve_target,
     target_boxes,
 )
+from ckptstore.progress import Progress
 from ckptstore.store.read_plan import plan_param
 from ckptstore.store.executor import Executor, check_extents
 from ckptstore.store.store import Store, StoreLike, as_store
@@ -294,7 +295,8 @@ def _compiled_layout(lay: Sequence[Any], full_shape: Sequence[int] | None) -> La
 
 def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
                   rank: int | None = None, *, strict: bool = False, dtype: Any = None,
-                  verify: bool = False, workers: int | None = None) -> tuple[list[str], list[str]]:
+                  verify: bool = False, workers: int | None = None,
+                  quiet: bool = True) -> tuple[list[str], list[str]]:
     """Load this rank's slices from a store into a MindSpore Cell, as ``load_param_into_net`` would.
 
     The target layout is ``strategy`` when given, else the network's own layouts when it was
@@ -309,7 +311,8 @@ def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
     is converted to the parameter's dtype. Returns ``(param_not_load, ckpt_not_load)`` like
     ``mindspore.load_param_into_net``. ``strict=True`` asks for an exact match instead: names as
     they are, dtypes as they are, and every network parameter found (else an error). Each slice
-    must have the network parameter's shape.
+    must have the network parameter's shape. ``quiet=False`` shows progress (a bar on a
+    terminal, log lines otherwise).
     """
     exact = strict
     st = as_store(store)
@@ -338,7 +341,7 @@ def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
     if strict and param_not_load:
         raise LayoutMismatchError(f"{len(param_not_load)} network parameters are not in the store {st.location.url}: "
                                   + ", ".join(param_not_load[:10]) + (" ..." if len(param_not_load) > 10 else ""))
-    _NetLoader(st, available, float_dtype(dtype), verify, exact, check_workers(workers, st)).load(loads, rank)
+    _NetLoader(st, available, float_dtype(dtype), verify, exact, check_workers(workers, st)).load(loads, rank, quiet)
     return param_not_load, ckpt_not_load
 
 
@@ -365,7 +368,7 @@ class _NetLoader:
         self.store, self.boxes, self.dtype, self.verify = store, boxes, dtype, verify
         self.strict_load, self.workers = strict_load, workers
 
-    def load(self, loads: dict[str, tuple[str, Any]], rank: int) -> None:
+    def load(self, loads: dict[str, tuple[str, Any]], rank: int, quiet: bool = True) -> None:
         """Read every slice of ``loads`` (store name -> (network name, Parameter)) into its Parameter.
 
         Every shape and dtype (and the byte extents of large slices) is checked before the first
@@ -387,8 +390,12 @@ class _NetLoader:
             for param, plan in plans:
                 target, in_place = self._destination(param, plan)
                 pending.append((param, target, in_place, executor.submit(plan, target)))
-            for *_, job in pending:
+            progress = Progress(sum(t.nbytes for _, t, _, _ in pending), len(pending),
+                                desc=f"load_into_net rank {rank}", quiet=quiet)
+            for _, target, _, job in pending:
                 job.wait()
+                progress.add(target.nbytes, 1)
+            progress.close()
             for param, target, in_place, _ in pending:
                 if not in_place:
                     param.set_data(_ms().Tensor.from_numpy(target), getattr(param, "sliced", False))

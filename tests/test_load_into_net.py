@@ -165,3 +165,12 @@ def test_verify_and_dtype_pass_through(load_env):
                                      verify=True)
     assert result == ([], ["global_step", "epoch_num", "step_num"])
     assert_same_dict(_net_values(net), expected, "float16")
+
+
+def test_load_into_net_is_quiet_by_default_and_shows_progress_when_asked(load_env, capsys):
+    t = load_env.target("opt_shard->1rank")
+    ckptstore.load_into_net(_net_like(t.oracle(0)), t.store_path)
+    assert capsys.readouterr().err == ""
+    ckptstore.load_into_net(_net_like(t.oracle(0)), t.store_path, quiet=False)
+    last = [line for line in capsys.readouterr().err.splitlines() if line][-1]
+    assert last.startswith("load_into_net rank 0: ") and last.endswith(" MiB/s (100%)"), last
