@@ -292,7 +292,7 @@ def index_source_files(store: str | os.PathLike[str]) -> list[str]:
         doc = json.loads(manifest.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
-    if doc.get("kind", doc.get("backend")) != "index" or "://" in str(doc.get("source_root", "://")):
+    if doc.get("kind") != "index" or "://" in str(doc.get("source_root", "://")):
         return []  # not an index, or rank files in a bucket (nothing to warm here)
     root = Path(doc["source_root"])
     root = root if root.is_absolute() else Path(store).resolve() / root
