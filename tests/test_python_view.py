@@ -84,3 +84,15 @@ def test_the_commit_command_ends_with_what_the_store_holds(saved):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == (f"{saved}/step_20 is already complete; nothing to do; ckptstore zarr store "
                                      f"{saved}/step_20 (step 20): 2 parameters, 1.0 MiB, world 1")
+
+
+def test_the_commit_command_says_what_it_committed(tmp_path):
+    from ckptstore.write.save import prepare_save
+
+    job = prepare_save({"w": WEIGHT}, tmp_path / "run", step=5)
+    assert job.write(commit=False).committed is False  # the rank finished its share, the commit did not run
+    result = run_cli("commit", tmp_path / "run" / "step_5")
+    assert result.returncode == 0, result.stderr
+    step = tmp_path / "run" / "step_5"
+    assert result.stdout.strip() == (f"committed {step}: the store is complete; ckptstore zarr store {step} (step 5): "
+                                     "1 parameter, 1.0 MiB, world 1")

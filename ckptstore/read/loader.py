@@ -237,8 +237,9 @@ class RankView:
         """One line: the rank, the store and its step, parameters and bytes, e.g. ``rank 0 of 4 from
         /x (step 20): 32 parameters, 12.0 MiB``."""
         step = "" if self.store.step is None else f" (step {self.store.step})"
-        return (f"rank {self.rank} of {self.world_size} from {self.store.location.url}{step}: {len(self.boxes)} "
-                f"parameters, {binary_size(self.nbytes)}")
+        n = len(self.boxes)
+        return (f"rank {self.rank} of {self.world_size} from {self.store.location.url}{step}: {n} "
+                f"parameter{'' if n == 1 else 's'}, {binary_size(self.nbytes)}")
 
     def __repr__(self) -> str:
         return f"<RankView {self.summary()}>"

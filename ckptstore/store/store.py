@@ -80,8 +80,8 @@ class Store:
         """One line: kind, place, step, parameters, tensor bytes and the world that saved it, e.g.
         ``ckptstore zarr store /x (step 20): 110 parameters, 1.2 GiB, world 8``."""
         step = "" if self.step is None else f" (step {self.step})"
-        world = self.manifest.source.get("world_size")
-        return (f"ckptstore {self.kind} store {self.location.url}{step}: {len(self.manifest.params)} parameters, "
+        world, n = self.manifest.source.get("world_size"), len(self.manifest.params)
+        return (f"ckptstore {self.kind} store {self.location.url}{step}: {n} parameter{'' if n == 1 else 's'}, "
                 f"{binary_size(self.nbytes)}" + (f", world {world}" if isinstance(world, int) else ""))
 
     def __repr__(self) -> str:
