@@ -282,18 +282,16 @@ class RankView:
         while the next parameters are planned and while the caller works on the values already
         yielded (building MindSpore Parameters, say).
         """
-        progress = self.progress(names)
+        if self.quiet:  # the load path as it is, with no counting
+            yield from self._stream(names)
+            return
+        progress = Progress(self.slice_bytes(names), len(names), desc=f"load rank {self.rank}")
         try:
             for name, value in self._stream(names):
                 progress.add(0 if isinstance(value, str) else value.nbytes, 1)
                 yield name, value
         finally:
             progress.close()
-
-    def progress(self, names: Sequence[str], *, desc: str | None = None) -> Progress:
-        """A :class:`~ckptstore.progress.Progress` for reading ``names`` (silent when ``quiet``), counting
-        the bytes of the slices returned; a caller that reads them one by one (export) adds to it."""
-        return Progress(self.slice_bytes(names), len(names), desc=desc or f"load rank {self.rank}", quiet=self.quiet)
 
     def _stream(self, names: Sequence[str]) -> Iterator[tuple[str, np.ndarray | str]]:
         pending: deque[tuple[str, np.ndarray | str, Job | None]] = deque()
@@ -392,8 +390,9 @@ def read_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     ``include`` globs of the parameters to read, as ``--include`` (``names=`` is the same option);
     ``dtype`` a float type to convert floating-point values to while reading;
     ``allow_whole`` as for ``load_rank`` (a strategy that lays out few of the parameters);
-    ``quiet=False`` shows progress (a bar on a terminal, log lines otherwise). Values equal what ``load_rank`` gives, as ordinary numpy arrays (``str`` for text values);
-    parameters the target does not describe come whole. Everything is read at once, through one
+    ``quiet=False`` shows progress (a bar on a terminal, log lines otherwise). Values equal what
+    ``load_rank`` gives, as ordinary numpy arrays (``str`` for text values); parameters the
+    target does not describe come whole. Everything is read at once, through one
     pool of ``workers`` threads.
     """
     include = include_globs(include, names)
