@@ -10,7 +10,9 @@ only: 2.3 TiB apparent, 1.7 GiB on disk); under 25 minutes on a 2-core machine o
 checkpoints are cached.
 ``--quick`` is a smoke test (tiny sizes, one repetition, about 1.5 minutes). ``--cold-load`` also
 runs the load scenario with the page cache dropped before every measured run. ``--scaling`` adds
-the load and convert scenarios over model sizes and source world sizes, with PNG plots.
+the load and convert scenarios over model sizes and source world sizes, with PNG plots (they need
+matplotlib, from the ``bench`` extra: ``pip install -e '.[bench]'``; without it the tables are written
+and the report says why there are no plots).
 """
 from __future__ import annotations
 
@@ -43,7 +45,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     r.add_argument("--cold-load", action="store_true",
                    help="also run the load scenario with the page cache dropped before every measured run "
                         "(all of it as root, else every file read, with posix_fadvise): load-cold.json, a section of REPORT.md")
-    r.add_argument("--scaling", action="store_true", help="also sweep model sizes and source world sizes (plots)")
+    r.add_argument("--scaling", action="store_true",
+                   help="also sweep model sizes and source world sizes (tables; PNG plots need the bench extra: "
+                        "pip install -e '.[bench]')")
     r.add_argument("--scaling-sizes", default="0.25GB,0.5GB,1GB", help="model sizes of the size sweep")
     r.add_argument("--scaling-worlds", default="4,8,16,32", help="source world sizes of the world sweep")
     r.add_argument("--scaling-world-size", default="0.5GB", help="model size of the world sweep")
@@ -108,6 +112,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if cfg.quick:
         cfg = quick_config(cfg)
+    if cfg.scaling:
+        from benchmarks.plots import unavailable
+
+        if unavailable():  # said before the run, not only in REPORT.md after it
+            print(f"note: --scaling writes its tables, but {unavailable()}", file=sys.stderr)
     records = run_suite(cfg, command_line("benchmarks", argv))
     print(f"wrote {Path(cfg.out) / 'REPORT.md'}")
     if records["errors"]:

@@ -192,7 +192,9 @@ def verdict_lines(record: Mapping[str, Any]) -> list[str]:
     """The index targets judged on this run (3 GB in < 1 s warm: only when the run is at 3 GB)."""
     from benchmarks import targets
 
-    return ["Index targets (this run):", "", targets.markdown(targets.index_convert_verdicts(record, INDEX))]
+    quick = bool(record.get("params", {}).get("quick"))
+    return ["Index targets (this run):", "",
+            targets.markdown(targets.index_convert_verdicts(record, INDEX), quick=quick)]
 
 
 def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:

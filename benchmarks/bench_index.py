@@ -591,7 +591,8 @@ def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:
              "sample a few KiB of each slice (zeros here: skipped as uninformative), write the manifest. "
              f"`{OPEN}`: `ckptstore.open(index)` (read, parse, validate; every rank file stat-ed). `{PLAN}`: the "
              "store opened and the target strategy read in the setup (not timed).", "",
-             "Targets (this run):", "", targets.markdown(targets.sparse_index_verdicts(record, INDEX)), ""]
+             "Targets (this run):", "",
+             targets.markdown(targets.sparse_index_verdicts(record, INDEX), quick=bool(p.get("quick"))), ""]
     lines += profile_lines(record.get("profile"))
     lines += not_run_notes(record)
     return "\n".join(lines).rstrip() + "\n"

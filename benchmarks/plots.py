@@ -18,6 +18,17 @@ PANELS = {
 AXES = {"size": ("model size: global tensors incl. Adam (GB)", 1e9), "world": ("source world size (ranks)", 1)}
 
 
+#: Why no figure is drawn where matplotlib is missing, naming the extra that brings it.
+MISSING = "the plots need matplotlib, which is not installed (pip install -e '.[bench]': the bench extra)"
+
+
+def unavailable() -> str | None:
+    """:data:`MISSING` where matplotlib cannot be imported, else ``None`` (asked before a long run)."""
+    import importlib.util
+
+    return MISSING if importlib.util.find_spec("matplotlib") is None else None
+
+
 def plot_scaling(points: Sequence[Mapping[str, Any]], out_dir: Path) -> tuple[list[Path], str | None]:
     """Draw every (scenario, axis) figure the points allow; ``(files, reason none were drawn)``."""
     try:
@@ -26,7 +37,7 @@ def plot_scaling(points: Sequence[Mapping[str, Any]], out_dir: Path) -> tuple[li
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return [], "matplotlib is not installed (pip install -e '.[bench]')"
+        return [], MISSING
     files = []
     for scenario, panels in PANELS.items():
         for axis, (xlabel, xscale) in AXES.items():

@@ -13,12 +13,13 @@ that its modules can register their own factories::
         return Contender("torch.distributed.checkpoint", "benchmarks.peers.dcp", "load", {...},
                          unavailable=None if have_torch() else "torch is not installed")
 
-A factory that raises is reported as an unavailable contender (with the error), never as a
-crashed benchmark.
+A factory that raises is reported as an unavailable contender (its error in one line, for the
+table cell; the traceback goes to stderr), never as a crashed benchmark.
 """
 from __future__ import annotations
 
 import importlib
+import sys
 import traceback
 from typing import Any, Callable, Sequence, Union
 
@@ -68,8 +69,9 @@ def contenders_for(scenario: str, setup: Any) -> list[Contender]:
             made = factory(setup)
         except Exception as e:
             name = getattr(factory, "__name__", repr(factory))
-            out.append(Contender(name, "", "", unavailable=f"setting up failed: {type(e).__name__}: {e}\n"
-                                                             + traceback.format_exc(limit=3)))
+            print(f"contender factory {name} failed:\n{traceback.format_exc(limit=3)}", file=sys.stderr, flush=True)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            out.append(Contender(name, "", "", unavailable=f"setting up failed: {type(e).__name__}: {first}"))
             continue
         if made is None:
             continue

@@ -114,12 +114,18 @@ def contender_names(record: Mapping[str, Any]) -> list[str]:
 
 
 def not_run_reason(record: Mapping[str, Any], name: str) -> str:
-    """Why a contender has no measurements: its ``unavailable`` reason or its failure (one line)."""
+    """Why a contender has no measurements: its ``unavailable`` reason (its first line: a
+    record may hold a traceback after it) or its failure (the exception line), on one line."""
     if name in record.get("unavailable", {}):
-        return "unavailable: " + one_line(record["unavailable"][name])
+        return "unavailable: " + one_line(first_line(record["unavailable"][name]))
     if name in record.get("failed", {}):
         return "failed: " + one_line(last_error_line(record["failed"][name]))
     return "not run"
+
+
+def first_line(text: str) -> str:
+    """The first non-empty line of ``text``."""
+    return next((ln.strip() for ln in text.strip().splitlines() if ln.strip()), text)
 
 
 def last_error_line(text: str) -> str:

@@ -205,7 +205,7 @@ def report(records: Mapping[str, Any], cfg: SuiteConfig, command: str) -> str:
                 + targets.index_convert_verdicts(records.get("convert"), bench_convert.INDEX)
                 + targets.sparse_index_verdicts(records.get("index"), bench_index.INDEX)
                 + targets.node_verdicts(records.get("node"), bench_node.CKPTSTORE))
-    lines += ["## Targets (benchmarks/README.md)", "", targets.markdown(verdicts), ""]
+    lines += ["## Targets (benchmarks/README.md)", "", targets.markdown(verdicts, quick=cfg.quick), ""]
     lines += _design_context(records.get("load"))
     lines += ["### How the MindSpore routes were run", "", *bench_load.mindspore_notes(),
               "- The node scenario sets the parallel context a real job has "

@@ -223,7 +223,15 @@ def node_verdicts(rec: Mapping[str, Any] | None, ours: str) -> list[Verdict]:
                     f"{format_bytes(p['ranks'] * model)})", worst <= NODE_TOLERANCE * total)]
 
 
-def markdown(verdicts: Sequence[Verdict]) -> str:
+#: What a quick run says instead of verdicts: its tiny sizes and one repetition judge nothing.
+SMOKE_TEST = ("Not judged: `--quick` is a smoke test (tiny sizes, one repetition) that checks the benchmarks "
+              "run, not the targets; run without `--quick` to judge them.")
+
+
+def markdown(verdicts: Sequence[Verdict], *, quick: bool = False) -> str:
+    """The verdicts as a table; with ``quick`` (a smoke test) the :data:`SMOKE_TEST` sentence instead."""
+    if quick:
+        return SMOKE_TEST
     lines = ["| target | this run | verdict |", "|---|---|---|"]
     lines += [f"| {v.target} | {v.measured} | {v.mark} |" for v in verdicts]
     return "\n".join(lines)

@@ -521,10 +521,11 @@ def commit(store: str) -> None:
     """
     from ckptstore.write.convert import commit_store
 
-    if commit_store(store):
-        click.echo(f"committed {store}: the store is complete")
-    else:
-        click.echo(f"{store} is already complete; nothing to do")
+    done = commit_store(store)
+    with open_store(store) as st:  # what the store now holds, in one line (the step, for a saved one)
+        what = st.summary()
+    click.echo(f"committed {store}: the store is complete; {what}" if done else
+               f"{store} is already complete; nothing to do; {what}")
 
 
 @main.command()
@@ -603,9 +604,10 @@ def _parse_ranks(value: str | None) -> Iterable[int] | None:
 @click.option("--allow-whole", is_flag=True,
               help="Accept a --strategy that lays out fewer than half of the store's parameters (refused by default "
                    "as another model's): the others are written whole into every rank's file.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @_friendly_errors
 def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None, fmt: str,
-           include: tuple[str, ...], dtype: str | None, crc: bool, allow_whole: bool) -> None:
+           include: tuple[str, ...], dtype: str | None, crc: bool, allow_whole: bool, quiet: bool) -> None:
     """Write per-rank checkpoints of STORE for a target layout into OUT.
 
     Produces OUT/rank_<j>/checkpoint_<j>.ckpt for each target rank, readable by
@@ -622,9 +624,10 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
     with open_store(store) as st:
         summary = export_store(st, out, strategy=list(strategies) or None, ranks=_parse_ranks(ranks),
                                include=list(include) or None, dtype=target_dtype, format=fmt, crc=crc,
-                               allow_whole=allow_whole)
-    click.echo(f"wrote {len(summary.files)} file(s) under {out}, reading {_fmt_bytes(summary.bytes_read)} "
-               "from the store")
+                               allow_whole=allow_whole, quiet=quiet)
+        exported = st.location.url + ("" if summary.step is None else f", step {summary.step}")
+    click.echo(f"wrote {len(summary.files)} file(s) under {out} from {exported}, reading "
+               f"{_fmt_bytes(summary.bytes_read)} from the store")
 
 
 if __name__ == "__main__":  # pragma: no cover

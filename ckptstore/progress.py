@@ -12,9 +12,19 @@ import threading
 import time
 from typing import TextIO
 
-from tqdm import tqdm
-
 MIB = 1 << 20
+
+
+def binary_size(nbytes: int) -> str:
+    """``nbytes`` as ckptstore prints sizes: ``512 B``, ``7.6 MiB``, ``1.2 GiB`` (binary units)."""
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    n = nbytes / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def terminal_columns(stream: TextIO) -> int:
@@ -48,6 +58,8 @@ class Progress:
         self._start = self._last = time.monotonic()
         self._bar = None
         if not quiet and terminal_columns(self._stream) > 0:
+            from tqdm import tqdm  # on first use: opening a store prints sizes (binary_size) but draws no bar
+
             self._bar = tqdm(total=self._bar_total(), desc=desc, file=self._stream, dynamic_ncols=True,
                              bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]")
             self._bar.set_postfix_str(self._figures(), refresh=False)

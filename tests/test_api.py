@@ -24,7 +24,7 @@ import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
 from ckptstore.errors import IncompleteStoreError, InvalidOptionError, StoreNotFoundError  # noqa: E402
 from ckptstore.store.executor import IO_STATS  # noqa: E402
-from convert_fixtures import REPO, store_files  # noqa: E402
+from convert_fixtures import REPO  # noqa: E402
 from load_fixtures import assert_same_dict, load_env, run_cli  # noqa: E402,F401
 
 CASE = "dp2_mp4->dp2_mp2"  # 8 source ranks -> 4 target ranks
@@ -222,33 +222,33 @@ def test_convert_takes_format_and_chunk_mb_like_the_command(load_env, tmp_path):
     layout = load_env.saved_layout("dp2_mp4")
     ckptstore.convert(layout.root, tmp_path / "new", strategy=layout.strategy_files, format="safetensors",
                       chunk_mb=1)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ckptstore.convert(layout.root, tmp_path / "old", strategy=layout.strategy_files, fmt="safetensors",
-                          max_chunk_mb=1)
-    assert sorted(str(w.message) for w in caught if w.category is DeprecationWarning) == [
-        "ckptstore: fmt= is deprecated; use format=", "ckptstore: max_chunk_mb= is deprecated; use chunk_mb="]
     assert ckptstore.open(tmp_path / "new").kind == "safetensors"
-    new, old = store_files(tmp_path / "new"), store_files(tmp_path / "old")
-    assert sorted(new) == sorted(old)
-    assert all(new[k] == old[k] for k in new if k.endswith(".safetensors"))
-
-
-def test_both_spellings_at_once_are_refused(load_env, tmp_path):
-    layout = load_env.saved_layout("dp2_mp4")
-    with pytest.raises(InvalidOptionError, match="fmt= is the old name of format=; pass only format="):
-        ckptstore.convert(layout.root, tmp_path / "s", strategy=layout.strategy_files, format="zarr", fmt="zarr")
-    assert not (tmp_path / "s").exists()
 
 
 def test_export_takes_format(load_env, tmp_path):
     t = load_env.target(CASE)
     summary = ckptstore.export(t.store_path, tmp_path / "out", strategy=t.strategy, ranks=[0], format="safetensors")
     assert summary.files == (str(tmp_path / "out" / "rank_0" / "checkpoint_0.safetensors"),)
-    with pytest.warns(DeprecationWarning, match="fmt= is deprecated; use format="):
-        ckptstore.export(t.store_path, tmp_path / "old", strategy=t.strategy, ranks=[0], fmt="safetensors")
-    assert (tmp_path / "old" / "rank_0" / "checkpoint_0.safetensors").read_bytes() == \
-        (tmp_path / "out" / "rank_0" / "checkpoint_0.safetensors").read_bytes()
+
+
+# The package is unreleased: each option has one spelling, and no earlier one is kept (issue 25).
+OLD_SPELLINGS = [
+    pytest.param(lambda t, out: ckptstore.convert(t.layout.root, out, strategy=t.layout.strategy_files,
+                                                  fmt="safetensors"), "fmt", id="convert-fmt"),
+    pytest.param(lambda t, out: ckptstore.convert(t.layout.root, out, strategy=t.layout.strategy_files,
+                                                  max_chunk_mb=1), "max_chunk_mb", id="convert-max_chunk_mb"),
+    pytest.param(lambda t, out: ckptstore.export(t.store_path, out, strategy=t.strategy, ranks=[0],
+                                                 fmt="safetensors"), "fmt", id="export-fmt"),
+    pytest.param(lambda t, out: ckptstore.load_into_net(object(), t.store_path, strict_load=True), "strict_load",
+                 id="load_into_net-strict_load"),
+]
+
+
+@pytest.mark.parametrize("call,old", OLD_SPELLINGS)
+def test_an_earlier_spelling_of_an_option_is_an_unknown_argument(load_env, tmp_path, call, old):
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{old}'"):
+        call(load_env.target(CASE), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 

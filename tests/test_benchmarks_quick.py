@@ -47,12 +47,11 @@ def test_quick_suite_writes_a_well_formed_report(tmp_path: Path) -> None:
                     "### Which target ranks each MindSpore route reaches", "### Index a sparse checkpoint"):
         assert heading in report, heading
     assert "× ckptstore" in report and "× bound" in report  # ratios against ckptstore and the lower bound
-    verdicts = _table_rows(report, "target")
-    assert len(verdicts) >= 6
-    assert all(v[-1] in ("**met**", "**not met**", "not judged") for v in verdicts), verdicts
-    targets = {v[0] for v in verdicts}
-    assert "Loading from an index: time within 1.1× of the converted store (same run)" in targets
-    assert any(t.startswith("Index the 3 GB checkpoint") for t in targets)
+    # a smoke test judges no target (issue 25.9): the sentence that says so, no verdict table
+    from benchmarks.targets import SMOKE_TEST
+
+    assert f"## Targets (benchmarks/README.md)\n\n{SMOKE_TEST}\n" in report
+    assert not _table_rows(report, "target") and "**met**" not in report and "**not met**" not in report
     _check_load_scenario(tmp_path, report)
     _check_index_rows(tmp_path, report)
 

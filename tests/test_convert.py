@@ -7,6 +7,7 @@ slicing code (see ``convert_fixtures``), not from ckptstore.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -515,17 +516,9 @@ def test_each_converted_array_is_one_folder_its_data_file_beside_its_zarr_json(s
         assert set(info.chunks.files) == {f"{info.path}/c.0.0"}  # every chunk in the one shard file
 
 
-def test_a_store_converted_with_chunk_folders_by_an_earlier_release_still_opens(saved_layout, tmp_path,
-                                                                                monkeypatch):
+def test_zarr_chunk_keys_have_one_spelling_the_dot_separator():
     from ckptstore.store import zarr as zb
 
-    layout = saved_layout("dp2_mp4")
-    with monkeypatch.context() as m:
-        m.setattr(zb, "SEPARATOR", "/")  # as releases before the "." separator wrote them
-        convert_layout(layout, tmp_path / "s")
-    assert (tmp_path / "s" / "layer0.w" / "c" / "0" / "0").is_file()
-    with ckptstore.open(tmp_path / "s") as store:
-        for name, want in expected_values(layout).items():
-            assert_same_array(store.read(name, verify=True), want, name)
-    group = zarr.open_group(tmp_path / "s", mode="r")
-    assert_same_array(np.asarray(group["layer0.w"][...]), expected_values(layout)["layer0.w"])
+    assert (zb.grid_key("w", (0, 1)), zb.chunk_key("w", 2), zb.chunk_key("b", 0)) == ("w/c.0.1", "w/c.0.0", "b/c")
+    meta = json.loads(zb.array_metadata((4, 2), "float32", (2, 2), None, sharded=False))
+    assert meta["chunk_key_encoding"] == {"name": "default", "configuration": {"separator": "."}}

@@ -209,3 +209,12 @@ def test_printing_a_load_plan_says_params_bytes_and_requests_in_one_line(load_en
     assert plan.requests == sum(1 for _ in plan.ranges()) and "\n" not in str(plan)
     one = next(iter(plan.params.values()))
     assert repr(one).startswith(f"<ParamReadPlan {one.name!r} ") and "array(" not in repr(one)
+
+
+def test_load_into_net_is_quiet_by_default_and_shows_progress_when_asked(load_env, capsys):
+    t = load_env.target("opt_shard->1rank")
+    ckptstore.load_into_net(_net_like(t.oracle(0)), t.store_path)
+    assert capsys.readouterr().err == ""
+    ckptstore.load_into_net(_net_like(t.oracle(0)), t.store_path, quiet=False)
+    last = [line for line in capsys.readouterr().err.splitlines() if line][-1]
+    assert last.startswith("load_into_net rank 0: ") and last.endswith(" MiB/s (100%)"), last

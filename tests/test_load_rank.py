@@ -443,3 +443,17 @@ def test_dtype_converts_only_floating_point_parameters(load_env):
         assert params[name].dtype != mindspore.float16, name
         assert_same_array(to_numpy(params[name]), oracle[name], name)
     assert params["fp64.w"].dtype == mindspore.float16
+
+
+def test_load_ranks_mapping_prints_as_one_line_without_reading(load_env):
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    params = ckptstore.load_rank(t.store_path, t.strategy, 1)
+    assert repr(params) == f"<RankParameters {params.view.summary()}; 0 built>"
+    assert params.view.summary().startswith(f"rank 1 of 4 from {t.store_path}: {len(params)} parameters, ")
+
+
+def test_load_rank_shows_progress_when_it_builds_everything_and_is_not_quiet(load_env, capsys):
+    t = load_env.target("dp2_mp4->dp2_mp2")
+    ckptstore.load_rank(t.store_path, t.strategy, 1, quiet=False).materialize()
+    last = [line for line in capsys.readouterr().err.splitlines() if line][-1]
+    assert last.startswith("load rank 1: ") and last.endswith(" MiB/s (100%)"), last

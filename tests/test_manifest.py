@@ -56,28 +56,16 @@ def test_manifest_round_trips_through_json():
     assert np.array_equal(again.params["d"].chunk_sizes(), m.params["d"].chunk_sizes())
 
 
-def test_the_store_kind_is_written_as_kind_and_repeated_as_backend_for_older_readers():
+def test_the_store_kind_is_written_once_as_kind():
     doc = StoreManifest({"w": _param()}, kind="index").to_json()
-    assert (doc["kind"], doc["backend"]) == ("index", "index")
-
-
-@pytest.mark.parametrize("fields, kind", [
-    ({"kind": "index"}, "index"),
-    ({"backend": "index"}, "index"),
-    ({"kind": "index", "backend": "index"}, "index"),
-    ({}, "zarr"),
-], ids=["new", "old-backend", "both-agreeing", "neither"])
-def test_the_store_kind_is_read_from_kind_or_the_old_backend(fields, kind):
-    doc = StoreManifest({"w": _param()}).to_json()
-    del doc["kind"], doc["backend"]
-    m = StoreManifest.from_json({**doc, **fields}, where="STORE")
-    assert (m.kind, m.backend, m.extra) == (kind, kind, {})
+    assert doc["kind"] == "index" and "backend" not in doc
+    assert StoreManifest.from_json(doc, where="STORE").kind == "index"
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"kind": "index", "backend": "zarr"}, "says 'kind' 'index' but 'backend' 'zarr'"),
-    ({"kind": 3, "backend": 3}, "store kind 3 is not a string"),
-], ids=["disagreeing", "not-a-string"])
+    ({"kind": 3}, "store kind 3 is not a string"),
+    ({"kind": None}, "the manifest names no store kind"),
+], ids=["not-a-string", "missing"])
 def test_a_store_kind_that_does_not_parse_is_refused(fields, message):
     doc = {**StoreManifest({"w": _param()}).to_json(), **fields}
     with pytest.raises(StoreCorruptError, match=f"STORE: .*{message}"):

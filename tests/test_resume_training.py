@@ -130,18 +130,6 @@ def test_strict_loads_names_exactly_and_raises_for_what_it_cannot_load(saved, tm
         ckptstore.load_into_net(cell, tmp_path / "store", strict=True)
 
 
-def test_strict_load_keeps_its_meaning_with_a_deprecation_warning(saved, tmp_path):
-    ckpt, _ = saved
-    renamed = tmp_path / "prefixed.ckpt"
-    ms.save_checkpoint([{"name": f"network.{n}", "data": p} for n, p in ms.load_checkpoint(str(ckpt)).items()
-                        if not isinstance(p, str)], str(renamed))
-    ckptstore.convert(renamed, tmp_path / "store")
-    cell = train_cell(seed=99)
-    with pytest.warns(DeprecationWarning, match=r"strict_load=\) is deprecated; use strict=True"):
-        not_load, _ = ckptstore.load_into_net(cell, tmp_path / "store", strict_load=True)
-    assert "fc1.weight" in not_load  # MindSpore's strict_load: names exactly, missing ones returned
-
-
 def test_names_with_glob_characters_load_exactly(tmp_path):
     class Odd(nn.Cell):
         def __init__(self) -> None:

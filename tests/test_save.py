@@ -147,24 +147,6 @@ def test_a_saved_array_keeps_its_slice_files_beside_its_zarr_json_which_zarr_pyt
     np.testing.assert_array_equal(group["global_step"][...], [5])
 
 
-def test_a_step_saved_with_chunk_folders_still_opens(tmp_path, monkeypatch):
-    # steps saved before the "." separator keep their files under <array>/c/<i>/<j>
-    from ckptstore.store import zarr as zb
-    from ckptstore.write import save_plan
-
-    monkeypatch.setattr(save_plan, "SEPARATOR", "/")
-    monkeypatch.setattr(zb, "SEPARATOR", "/")
-    w = np.arange(1031 * 512, dtype=np.float32).reshape(1031, 512)
-    for rank in (0, 1):
-        local = {"w": np.ascontiguousarray(w[:, rank * 256:(rank + 1) * 256]), "b": np.ones(3, np.float32)}
-        ckptstore.save_rank(local, tmp_path, step=1, strategy=_two_column_ranks(), rank=rank, chunk_mb=1)
-    step = tmp_path / "step_1"
-    assert sorted(data_files(step)) == ["b/c/0", "w/c/0/0", "w/c/0/1"]
-    monkeypatch.undo()
-    assert_store_holds(tmp_path, {"w": w, "b": np.ones(3, np.float32)})
-    assert ckptstore.verify(tmp_path).ok
-
-
 def test_a_background_save_hands_a_sharded_slice_over_in_pieces_within_its_budget(tmp_path):
     from ckptstore.write.async_save import AsyncSaver
     from ckptstore.write.save import prepare_save

@@ -50,12 +50,21 @@ JAX_PREIMPORT = ("jax", "orbax.checkpoint", "ckptstore", "benchmarks.peers.orbax
 
 
 def missing(*modules: str) -> str | None:
-    """Why a peer cannot run here (its packages are not installed), or ``None``."""
-    gone = [m for m in modules if importlib.util.find_spec(m) is None]
+    """Why a peer cannot run here, in one line for its table cell (its packages are not
+    installed), or ``None``."""
+    gone = [m for m in modules if not _installed(m)]
     if not gone:
         return None
-    return (f"{', '.join(gone)} not installed: pip install 'ckptstore[bench]' "
-            "(torch==2.13.0 CPU build, jax, orbax-checkpoint)")
+    return f"{', '.join(gone)} not installed (pip install 'ckptstore[bench]')"
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported; a submodule of a package that is not installed
+    (``orbax.checkpoint`` without ``orbax``) is not, where ``find_spec`` raises instead of answering."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def dcp_contender(setup: Any, *, one_thread: bool = False, log: Any = print) -> Contender:

@@ -7,7 +7,6 @@ with ``set_data``.
 """
 from __future__ import annotations
 
-import warnings
 from math import prod
 from typing import Any, Sequence
 
@@ -18,6 +17,7 @@ from ckptstore.dtypes import is_float, lookup
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError
 from ckptstore.mindspore._import import mindspore as _ms
 from ckptstore.mindspore.layouts import net_strategy
+from ckptstore.progress import Progress
 from ckptstore.read.loader import StrategyLike, check_workers, float_dtype, resolve_rank, resolve_target, target_boxes
 from ckptstore.store.executor import Executor, check_extents
 from ckptstore.store.read_plan import plan_param
@@ -27,7 +27,7 @@ from ckptstore.store.store import Store, StoreLike, as_store
 def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
                   rank: int | None = None, *, strict: bool = False, dtype: Any = None,
                   verify: bool = False, workers: int | None = None,
-                  strict_load: bool | None = None) -> tuple[list[str], list[str]]:
+                  quiet: bool = True) -> tuple[list[str], list[str]]:
     """Load this rank's slices from a store into a MindSpore Cell, as ``load_param_into_net`` would.
 
     The target layout is ``strategy`` when given, else the network's own layouts when it was
@@ -41,15 +41,11 @@ def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
     network saved as ``network.x`` loads into ``x``), and a float (or int) slice of another width
     is converted to the parameter's dtype. Returns ``(param_not_load, ckpt_not_load)`` like
     ``mindspore.load_param_into_net``. ``strict=True`` asks for an exact match instead: names as
-    they are, dtypes as they are, and every network parameter found (else an error).
-    ``strict_load=True`` (deprecated, MindSpore's name) keeps its old meaning: exact names and
-    dtypes, with missing parameters returned rather than raised. Each slice must have the network
-    parameter's shape.
+    they are, dtypes as they are, and every network parameter found (else an error). Each slice
+    must have the network parameter's shape. ``quiet=False`` shows progress (a bar on a
+    terminal, log lines otherwise).
     """
-    if strict_load is not None:
-        warnings.warn("ckptstore: load_into_net(strict_load=) is deprecated; use strict=True (exact names and dtypes, "
-                      "and an error for network parameters not in the store)", DeprecationWarning, stacklevel=2)
-    exact = strict or bool(strict_load)
+    exact = strict
     st = as_store(store)
     resolved = resolve_target(st, strategy) if strategy is not None else net_strategy(net, st)
     target = resolved if resolved is not None else Strategy({}, 1, 1, ())
@@ -76,7 +72,7 @@ def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
     if strict and param_not_load:
         raise LayoutMismatchError(f"{len(param_not_load)} network parameters are not in the store {st.location.url}: "
                                   + ", ".join(param_not_load[:10]) + (" ..." if len(param_not_load) > 10 else ""))
-    _NetLoader(st, available, float_dtype(dtype), verify, exact, check_workers(workers, st)).load(loads, rank)
+    _NetLoader(st, available, float_dtype(dtype), verify, exact, check_workers(workers, st)).load(loads, rank, quiet)
     return param_not_load, ckpt_not_load
 
 
@@ -103,7 +99,7 @@ class _NetLoader:
         self.store, self.boxes, self.dtype, self.verify = store, boxes, dtype, verify
         self.strict_load, self.workers = strict_load, workers
 
-    def load(self, loads: dict[str, tuple[str, Any]], rank: int) -> None:
+    def load(self, loads: dict[str, tuple[str, Any]], rank: int, quiet: bool = True) -> None:
         """Read every slice of ``loads`` (store name -> (network name, Parameter)) into its Parameter.
 
         Every shape and dtype (and the byte extents of large slices) is checked before the first
@@ -125,8 +121,12 @@ class _NetLoader:
             for param, plan in plans:
                 target, in_place = self._destination(param, plan)
                 pending.append((param, target, in_place, executor.submit(plan, target)))
-            for *_, job in pending:
+            progress = Progress(sum(t.nbytes for _, t, _, _ in pending), len(pending),
+                                desc=f"load_into_net rank {rank}", quiet=quiet)
+            for _, target, _, job in pending:
                 job.wait()
+                progress.add(target.nbytes, 1)
+            progress.close()
             for param, target, in_place, _ in pending:
                 if not in_place:
                     target = target.reshape(tuple(param.shape))  # a [1] value of a [] parameter, or the reverse

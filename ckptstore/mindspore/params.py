@@ -17,10 +17,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ckptstore.deprecated import synonym
 from ckptstore.mindspore._import import mindspore as _ms
 from ckptstore.mindspore._import import ms_dtype as _ms_dtype
-from ckptstore.read.loader import RankView, StrategyLike, rank_view
+from ckptstore.read.loader import RankView, StrategyLike, include_globs, rank_view
 from ckptstore.store.store import StoreLike, as_store
 
 
@@ -128,8 +127,13 @@ class RankParameters(dict):  # type: ignore[type-arg]
 
     __hash__ = None  # type: ignore[assignment]
 
+    def summary(self) -> str:
+        """One line: the rank, the store and its step, parameters and bytes (:meth:`RankView.summary
+        <ckptstore.read.loader.RankView.summary>`), and how many Parameters are built so far."""
+        return f"{self.view.summary()}; {dict.__len__(self)} built"
+
     def __repr__(self) -> str:
-        return f"<RankParameters {len(self)} parameters, {dict.__len__(self)} built>"
+        return f"<RankParameters {self.summary()}>"
 
     def _read_only(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("RankParameters is read-only; materialize() returns an ordinary dict of its Parameters")
@@ -195,7 +199,7 @@ class RankParameters(dict):  # type: ignore[type-arg]
 def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
               include: str | Sequence[str] | None = None, dtype: Any = None, copy: bool = True,
               verify: bool = False, workers: int | None = None, allow_whole: bool = False,
-              names: str | Sequence[str] | None = None) -> RankParameters:
+              quiet: bool = True, names: str | Sequence[str] | None = None) -> RankParameters:
     """The ``mindspore.Parameter``\\ s rank ``rank`` of ``strategy`` holds, built lazily from ``store``.
 
     ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`.
@@ -211,9 +215,10 @@ def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     parameters the target does not describe come whole. A ``strategy`` that describes fewer
     than half of them is refused as another model's
     (:class:`~ckptstore.errors.ForeignStrategyError`) unless ``allow_whole``. The result is a
-    ``dict`` that ``mindspore.load_param_into_net`` accepts.
+    ``dict`` that ``mindspore.load_param_into_net`` accepts. ``quiet=False`` shows the progress
+    of building many Parameters at once (``items()``, ``values()``, :meth:`~RankParameters.materialize`).
     """
-    include = synonym(include, names, name="include", other_name="names")
+    include = include_globs(include, names)
     view = rank_view(as_store(store), strategy, rank, names=include, dtype=dtype, verify=verify,
-                     workers=workers, allow_whole=allow_whole)
+                     workers=workers, allow_whole=allow_whole, quiet=quiet)
     return RankParameters(view, copy=copy)

@@ -107,8 +107,7 @@ def describe_strategy(strategy: Strategy, *, rank: int | None = None,
 def describe_store(store: "Store") -> dict[str, object]:
     """Parameters of a converted store: shape, dtype, bytes, chunk grid, and dedup savings.
 
-    ``{"kind": "store", "path", "store_kind": "zarr"|"safetensors"|"index", "backend": <the same>,
-    "source": {...}, "params": {name:
+    ``{"kind": "store", "path", "store_kind": "zarr"|"safetensors"|"index", "source": {...}, "params": {name:
     {"dtype", "shape", "nbytes", "stored_bytes", "chunk_shape", "chunks", "codec"}}, "totals": {"nbytes",
     "stored_bytes", "source_bytes", "dedup_saved_bytes"}}``; ``source_bytes`` counts every replica the
     source rank files held; ``source["unsaved"]`` names what the source strategy laid out but no rank
@@ -116,7 +115,7 @@ def describe_store(store: "Store") -> dict[str, object]:
     bytes: its ``stored_bytes`` are 0, and ``referenced_bytes`` (per parameter and in the totals) are
     the rank-file bytes it refers to. ``"kind"`` says what ``info`` describes (a store, a
     checkpoint, a strategy), so the store's own kind is ``"store_kind"`` (``Store.kind``, the
-    manifest's ``"kind"``); ``"backend"``, its old name, is kept for scripts that read it.
+    manifest's ``"kind"``).
     """
     params: dict[str, dict[str, object]] = {}
     nbytes = stored = source = 0
@@ -142,7 +141,7 @@ def describe_store(store: "Store") -> dict[str, object]:
               "dedup_saved_bytes": source - nbytes}
     if is_index:
         totals["referenced_bytes"] = stored
-    return {"kind": "store", "path": str(store.root), "store_kind": store.kind, "backend": store.kind,
+    return {"kind": "store", "path": str(store.root), "store_kind": store.kind,
             "source": {**{k: src.get(k) for k in ("world_size", "step", "created_by", "saved_by")},
                        "unsaved": list(src.get("unsaved") or [])},
             "params": params, "totals": totals}

@@ -15,30 +15,40 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ckptstore.deprecated import renamed, synonym
 from ckptstore.formats.ckpt_writer import CheckpointWriter
 from ckptstore.errors import InvalidOptionError, StoreExistsError, StrategyError, UnsupportedLocationError
 from ckptstore.io.atomic_file import SinkKey
 from ckptstore.io.local_sink import LocalSink
 from ckptstore.io.locations import is_url
 from ckptstore.io.s3 import redact
-from ckptstore.read.loader import RankView, StrategyLike, check_rank, float_dtype, rank_view, resolve_target
+from ckptstore.progress import Progress
+from ckptstore.read.loader import (
+    RankView,
+    StrategyLike,
+    check_rank,
+    float_dtype,
+    include_globs,
+    rank_view,
+    resolve_target,
+)
 from ckptstore.formats.safetensors_writer import SafetensorsWriter
 from ckptstore.store.store import Store, StoreLike, store_argument
 
 
 @dataclass(frozen=True)
 class ExportSummary:
-    """Files written by :func:`export`, and bytes read from the store."""
+    """Files written by :func:`export`, bytes read from the store, and the training step exported
+    (:attr:`Store.step <ckptstore.store.store.Store.step>`: ``None`` for a conversion that chose none)."""
 
     files: tuple[str, ...]
     bytes_read: int
+    step: int | None = None
 
 
 def export(store: StoreLike, out: str | os.PathLike[str], *, strategy: StrategyLike = None,
            ranks: Iterable[int] | None = None, include: str | Sequence[str] | None = None,
            dtype: np.dtype | None = None, format: str | None = None, crc: bool = False,  # noqa: A002
-           prefix: str = "checkpoint_", allow_whole: bool = False, fmt: str | None = None,
+           prefix: str = "checkpoint_", allow_whole: bool = False, quiet: bool = True,
            names: str | Sequence[str] | None = None) -> ExportSummary:
     """Write ``out/rank_<j>/<prefix><j>.<format>`` for each rank ``j`` of ``strategy`` (all ranks when
     ``ranks`` is ``None``; the store's source layout when ``strategy`` is ``None``).
@@ -46,20 +56,20 @@ def export(store: StoreLike, out: str | os.PathLike[str], *, strategy: StrategyL
     ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`;
     ``out`` is a local folder (a URL is refused). ``format`` is ``"ckpt"`` (the default: MindSpore
     protobuf, byte-compatible with ``save_checkpoint``; ``crc`` adds its ``crc_num`` trailer) or
-    ``"safetensors"`` (``fmt=`` is its deprecated name). ``include`` globs choose the parameters,
-    as ``--include`` (``names=`` is the same option). ``dtype`` converts while reading. A given
-    ``strategy`` that lays out fewer than half of the store's parameters is refused as another
-    model's unless ``allow_whole`` (see :func:`~ckptstore.read.loader.check_target_describes`).
+    ``"safetensors"``. ``include`` globs choose the parameters, as ``--include`` (``names=`` is
+    the same option). ``dtype`` converts while reading. A given ``strategy`` that lays out fewer
+    than half of the store's parameters is refused as another model's unless ``allow_whole``
+    (see :func:`~ckptstore.read.loader.check_target_describes`). ``quiet=False`` shows progress
+    (a bar on a terminal, log lines otherwise), as ``ckptstore export`` does.
     """
-    fmt = renamed(format, fmt, new_name="format", old_name="fmt", default="ckpt")
-    include = synonym(include, names, name="include", other_name="names")
+    include = include_globs(include, names)
     with store_argument(store) as st:
-        return _export(st, out, strategy, ranks, include, dtype, fmt, crc, prefix, allow_whole)
+        return _export(st, out, strategy, ranks, include, dtype, format or "ckpt", crc, prefix, allow_whole, quiet)
 
 
 def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, ranks: Iterable[int] | None,
             names: Sequence[str] | None, dtype: np.dtype | None, fmt: str, crc: bool, prefix: str,
-            allow_whole: bool) -> ExportSummary:
+            allow_whole: bool, quiet: bool) -> ExportSummary:
     if fmt not in ("ckpt", "safetensors"):
         raise InvalidOptionError(f"unknown export format {fmt!r}; choose ckpt or safetensors")
     if crc and fmt != "ckpt":  # else ignored: the user would believe the files carry a checksum
@@ -74,19 +84,30 @@ def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, r
                                        "folder (and copy the files to object storage afterwards)")
     sink = LocalSink(out)
     _refuse_store_files(store, sink)
+    views = [rank_view(store, target, j, names=names, dtype=dtype, allow_whole=allow_whole or strategy is None)
+             for j in chosen]
+    progress = Progress(sum(v.nbytes for v in views), sum(len(v) for v in views), desc="export", quiet=quiet)
     written, nbytes = [], 0
-    for j in chosen:
-        view = rank_view(store, target, j, names=names, dtype=dtype, allow_whole=allow_whole or strategy is None)
-        path = SinkKey(sink, f"rank_{j}/{prefix}{j}.{fmt}")
-        if fmt == "ckpt":
-            with CheckpointWriter(path, crc=crc) as writer:
-                for name in view.names():
-                    writer.add(name, view.read(name))
-        else:
-            _write_safetensors(view, path)
-        nbytes += view.plan.nbytes
-        written.append(sink.key_url(path.key))
-    return ExportSummary(tuple(written), nbytes)
+    try:
+        for j, view in zip(chosen, views):
+            path = SinkKey(sink, f"rank_{j}/{prefix}{j}.{fmt}")
+            if fmt == "ckpt":
+                with CheckpointWriter(path, crc=crc) as writer:
+                    for name in view.names():
+                        writer.add(name, _counted(view.read(name), progress))
+            else:
+                _write_safetensors(view, path, progress)
+            nbytes += view.plan.nbytes
+            written.append(sink.key_url(path.key))
+    finally:
+        progress.close()
+    return ExportSummary(tuple(written), nbytes, store.step)
+
+
+def _counted(value: np.ndarray | str, progress: Progress) -> np.ndarray | str:
+    """``value``, counted as one parameter (and its bytes) done."""
+    progress.add(0 if isinstance(value, str) else value.nbytes, 1)
+    return value
 
 
 def _chosen_ranks(ranks: Iterable[int], world: int) -> list[int]:
@@ -116,10 +137,10 @@ def _refuse_store_files(store: Store, sink: LocalSink) -> None:
                                    "reads; choose an output folder outside the store and its rank files")
 
 
-def _write_safetensors(view: RankView, path: SinkKey) -> None:
-    texts = {n: str(view.read(n)) for n in view.names() if view.store.info(n).is_str}
+def _write_safetensors(view: RankView, path: SinkKey, progress: Progress) -> None:
+    texts = {n: str(_counted(view.read(n), progress)) for n in view.names() if view.store.info(n).is_str}
     plans = {n: view.plan_for(n) for n in view.names() if n not in texts}
     declared = [(n, view.dtype_of(n), p.shape) for n, p in plans.items()]
     with SafetensorsWriter(path, declared, metadata=texts) as writer:
         for name in plans:
-            writer.add(name, view.read(name))  # type: ignore[arg-type]
+            writer.add(name, _counted(view.read(name), progress))  # type: ignore[arg-type]

@@ -15,19 +15,19 @@ import operator
 import os
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from ckptstore.boxes import Box
 from ckptstore.dtypes import is_float, lookup
-from ckptstore.deprecated import synonym
 from ckptstore.errors import ForeignStrategyError, InvalidOptionError, LayoutMismatchError, StrategyError
 from ckptstore.store.memory import empty
 from ckptstore.store.read_plan import ParamReadPlan, ReadPlan, plan_param
 from ckptstore.store.executor import POOL_MIN_BYTES, Executor, Job, check_extents
 from ckptstore.io import LocalFile
 from ckptstore.launcher import process_rank
+from ckptstore.progress import Progress, binary_size
 from ckptstore.store.store import Store, StoreLike, store_argument
 from ckptstore.checkpoint.strategy import Strategy, load_strategy, strategy_from_summary
 
@@ -84,6 +84,16 @@ def resolve_rank(rank: object, target: Strategy | None) -> int:
             "--rank), or run under a launcher that sets RANK_ID (msrun) or OMPI_COMM_WORLD_RANK (mpirun), or "
             "initialise mindspore.communication first")
     return found
+
+
+def include_globs(include: str | Sequence[str] | None,
+                  names: str | Sequence[str] | None) -> str | Sequence[str] | None:
+    """The globs of ``include=``, or of ``names=``: the published API (``load_rank(store, strategy,
+    rank, names=None)``) spells the option so, and both spellings are accepted; passing both at
+    once is refused."""
+    if include is not None and names is not None:
+        raise InvalidOptionError("include= and names= are the same option; pass only one")
+    return include if include is not None else names
 
 
 def name_patterns(names: str | Sequence[str] | None) -> list[str] | None:
@@ -196,6 +206,9 @@ class RankView:
     #: The target rank planned, and the number of ranks of its layout.
     rank: int = 0
     world_size: int = 1
+    #: ``False``: :meth:`stream` and :meth:`read_many` show progress (:class:`~ckptstore.progress.Progress`:
+    #: a bar on a terminal, a log line every 10 s and one at the end otherwise).
+    quiet: bool = True
 
     def names(self) -> list[str]:
         return list(self.boxes)
@@ -205,6 +218,31 @@ class RankView:
 
     def __len__(self) -> int:
         return len(self.boxes)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this rank's slices as they are returned (after any ``dtype`` conversion)."""
+        return self.slice_bytes(self.boxes)
+
+    def slice_bytes(self, names: Iterable[str]) -> int:
+        """Bytes of the slices of ``names`` as they are returned (text values count 0)."""
+        total = 0
+        for name in names:
+            info = self.store.info(name)
+            if not info.is_str:
+                total += (self.boxes[name] or Box.full(info.shape)).size * self.dtype_of(name).itemsize
+        return total
+
+    def summary(self) -> str:
+        """One line: the rank, the store and its step, parameters and bytes, e.g. ``rank 0 of 4 from
+        /x (step 20): 32 parameters, 12.0 MiB``."""
+        step = "" if self.store.step is None else f" (step {self.store.step})"
+        n = len(self.boxes)
+        return (f"rank {self.rank} of {self.world_size} from {self.store.location.url}{step}: {n} "
+                f"parameter{'' if n == 1 else 's'}, {binary_size(self.nbytes)}")
+
+    def __repr__(self) -> str:
+        return f"<RankView {self.summary()}>"
 
     def dtype_of(self, name: str) -> np.dtype:
         """The dtype ``name`` is read as: ``dtype`` for floating-point parameters, else as stored
@@ -244,6 +282,18 @@ class RankView:
         while the next parameters are planned and while the caller works on the values already
         yielded (building MindSpore Parameters, say).
         """
+        if self.quiet:  # the load path as it is, with no counting
+            yield from self._stream(names)
+            return
+        progress = Progress(self.slice_bytes(names), len(names), desc=f"load rank {self.rank}")
+        try:
+            for name, value in self._stream(names):
+                progress.add(0 if isinstance(value, str) else value.nbytes, 1)
+                yield name, value
+        finally:
+            progress.close()
+
+    def _stream(self, names: Sequence[str]) -> Iterator[tuple[str, np.ndarray | str]]:
         pending: deque[tuple[str, np.ndarray | str, Job | None]] = deque()
         with Executor(self.store.data, workers=self.workers) as executor:
             for name in names:
@@ -308,12 +358,13 @@ def check_workers(workers: int | None, store: Store) -> int:
 
 def rank_view(store: Store, strategy: StrategyLike = None, rank: int | None = None, *,
               names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
-              workers: int | None = None, allow_whole: bool = False) -> RankView:
+              workers: int | None = None, allow_whole: bool = False, quiet: bool = True) -> RankView:
     """Plan what rank ``rank`` of ``strategy`` (the source layout when ``None``) needs from ``store``.
 
     ``rank=None`` is this process's rank (:func:`resolve_rank`). A given ``strategy`` that lays
     out fewer than half of the parameters asked for is refused (:func:`check_target_describes`)
-    unless ``allow_whole``: those it does not lay out would come whole.
+    unless ``allow_whole``: those it does not lay out would come whole. ``quiet=False`` shows
+    the progress of reads of many parameters at once (:attr:`RankView.quiet`).
     """
     out_dtype = float_dtype(dtype)
     workers = check_workers(workers, store)
@@ -323,12 +374,13 @@ def rank_view(store: Store, strategy: StrategyLike = None, rank: int | None = No
     boxes = target_boxes(store, target, rank, patterns)
     if strategy is not None and target is not None and target.layouts and not allow_whole:
         check_target_describes(store, target, boxes)  # (a strategy of no layouts asks for whole tensors)
-    return RankView(store, boxes, out_dtype, verify, workers, rank, 1 if target is None else target.world_size)
+    return RankView(store, boxes, out_dtype, verify, workers, rank, 1 if target is None else target.world_size,
+                    quiet)
 
 
 def read_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
               include: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
-              workers: int | None = None, allow_whole: bool = False,
+              workers: int | None = None, allow_whole: bool = False, quiet: bool = True,
               names: str | Sequence[str] | None = None) -> dict[str, np.ndarray | str]:
     """The slices rank ``rank`` of ``strategy`` holds, read from ``store`` as numpy arrays (no MindSpore).
 
@@ -337,13 +389,14 @@ def read_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     (``None``: the store's source layout); ``rank=None`` this process's rank (``RANK_ID``);
     ``include`` globs of the parameters to read, as ``--include`` (``names=`` is the same option);
     ``dtype`` a float type to convert floating-point values to while reading;
-    ``allow_whole`` as for ``load_rank`` (a strategy that lays out few of the parameters).
-    Values equal what ``load_rank`` gives, as ordinary numpy arrays (``str`` for text values);
-    parameters the target does not describe come whole. Everything is read at once, through one
+    ``allow_whole`` as for ``load_rank`` (a strategy that lays out few of the parameters);
+    ``quiet=False`` shows progress (a bar on a terminal, log lines otherwise). Values equal what
+    ``load_rank`` gives, as ordinary numpy arrays (``str`` for text values); parameters the
+    target does not describe come whole. Everything is read at once, through one
     pool of ``workers`` threads.
     """
-    include = synonym(include, names, name="include", other_name="names")
+    include = include_globs(include, names)
     with store_argument(store) as st:
         view = rank_view(st, strategy, rank, names=include, dtype=dtype, verify=verify, workers=workers,
-                         allow_whole=allow_whole)
+                         allow_whole=allow_whole, quiet=quiet)
         return view.read_many(view.names())

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from ckptstore.deprecated import synonym
-from ckptstore.read.loader import StrategyLike, rank_view
+from ckptstore.read.loader import StrategyLike, include_globs, rank_view
 from ckptstore.store.executor import MAX_INFLIGHT, Executor
 from ckptstore.store.store import StoreLike, store_argument
 
@@ -59,7 +58,7 @@ def plan_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     these bytes in these requests (``ckptstore.store.executor.IO_STATS`` counts them).
     ``names=`` is the same option as ``include=``.
     """
-    include = synonym(include, names, name="include", other_name="names")
+    include = include_globs(include, names)
     with store_argument(store) as st:
         view = rank_view(st, strategy, rank, names=include, dtype=dtype, verify=verify, workers=workers,
                          allow_whole=allow_whole)

@@ -209,22 +209,14 @@ class StoreManifest:
 
     params: Mapping[str, ParamManifest]
     source: Mapping[str, Any] = field(default_factory=dict)
-    #: The store kind: ``"zarr"``, ``"safetensors"``, ``"index"`` (written as ``"kind"``; stores
-    #: made before the rename say ``"backend"``, which is still read).
+    #: The store kind: ``"zarr"``, ``"safetensors"``, ``"index"`` (written as ``"kind"``).
     kind: str = "zarr"
     format_version: int = FORMAT_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    @property
-    def backend(self) -> str:
-        """The old name of :attr:`kind`."""
-        return self.kind
-
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT_NAME, "format_version": self.format_version, "complete": True,
-                # "backend" repeats the kind for ckptstore releases that read only that name: without
-                # it they take an index or a safetensors store for a Zarr one and fail on a missing file
-                "kind": self.kind, "backend": self.kind, "checksum": "crc32c", "source": dict(self.source), **self.extra,
+                "kind": self.kind, "checksum": "crc32c", "source": dict(self.source), **self.extra,
                 "params": {n: p.to_json() for n, p in self.params.items()}}
 
     @classmethod
@@ -252,20 +244,17 @@ class StoreManifest:
         return json.dumps(self.to_json(), separators=(",", ":"))
 
 
-_HEADER_KEYS = {"format", "format_version", "complete", "kind", "backend", "checksum", "source", "params"}
+_HEADER_KEYS = {"format", "format_version", "complete", "kind", "checksum", "source", "params"}
 
 
 def _kind(d: Mapping[str, Any], where: str) -> str:
-    """The manifest's store kind: ``"kind"``, or ``"backend"`` in stores written before the
-    rename (``"zarr"`` when neither is there, as in the first stores)."""
-    kind, old = d.get("kind"), d.get("backend")
-    if kind is not None and old is not None and kind != old:
-        raise StoreCorruptError(f"{where}: the manifest says 'kind' {kind!r} but 'backend' {old!r}; they name the "
-                                "same thing and must agree")
-    found = kind if kind is not None else old if old is not None else "zarr"
-    if not isinstance(found, str):
-        raise StoreCorruptError(f"{where}: the store kind {found!r} is not a string")
-    return found
+    """The manifest's store kind, its ``"kind"`` (required: a string)."""
+    kind = d.get("kind")
+    if kind is None:
+        raise StoreCorruptError(f"{where}: the manifest names no store kind (no 'kind' field)")
+    if not isinstance(kind, str):
+        raise StoreCorruptError(f"{where}: the store kind {kind!r} is not a string")
+    return kind
 
 
 def dtype_label(dtype: np.dtype | str) -> str:

@@ -35,6 +35,7 @@ from ckptstore.store.read_plan import ParamReadPlan, plan_param
 from ckptstore.store.executor import execute
 from ckptstore.io import ByteSource, FileStat, LocalSource, ReadableFile, open_location
 from ckptstore.io.base import Request, SourceWrapper
+from ckptstore.progress import binary_size
 
 Index = Any  # an int, a slice, or a tuple of them
 
@@ -62,8 +63,29 @@ class Store:
         :mod:`ckptstore.store.kinds`)."""
         return self.manifest.kind
 
+    @property
+    def step(self) -> int | None:
+        """The training step the store holds, from its manifest header: the step ``save_rank``
+        saved, or the one a conversion chose with ``step=`` (``--step``); ``None`` for a
+        conversion that chose none."""
+        step = self.manifest.source.get("step")
+        return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every tensor the store holds, as loaded (not as stored: chunks may be compressed)."""
+        return sum(p.nbytes for p in self.manifest.params.values())
+
+    def summary(self) -> str:
+        """One line: kind, place, step, parameters, tensor bytes and the world that saved it, e.g.
+        ``ckptstore zarr store /x (step 20): 110 parameters, 1.2 GiB, world 8``."""
+        step = "" if self.step is None else f" (step {self.step})"
+        world, n = self.manifest.source.get("world_size"), len(self.manifest.params)
+        return (f"ckptstore {self.kind} store {self.location.url}{step}: {n} parameter{'' if n == 1 else 's'}, "
+                f"{binary_size(self.nbytes)}" + (f", world {world}" if isinstance(world, int) else ""))
+
     def __repr__(self) -> str:
-        return f"<ckptstore.Store {self.location.url} ({self.kind}, {len(self.manifest.params)} parameters)>"
+        return f"<{self.summary()}>"
 
     def names(self) -> list[str]:
         """Parameter names, in the order of the source checkpoint."""

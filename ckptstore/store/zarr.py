@@ -45,18 +45,17 @@ def array_path(name: str) -> str:
 #: The chunk key separator of the arrays ckptstore writes (converted stores and saved steps): a
 #: chunk or shard file sits beside its array's ``zarr.json`` (``<path>/c.0.0``), so an array is one
 #: folder, not a ``c/<i>/`` tree of folders to create and make durable (fsync) one by one.
-#: Arrays written with ``"/"`` by earlier releases open and read as before.
 SEPARATOR = "."
 
 
-def chunk_key(path: str, ndim: int, separator: str = "/") -> str:
+def chunk_key(path: str, ndim: int, separator: str = SEPARATOR) -> str:
     """The file holding all of an array's bytes (its single chunk or its single shard)."""
     return f"{path}/c" + f"{separator}0" * ndim
 
 
-def grid_key(path: str, coords: Sequence[int], separator: str = "/") -> str:
-    """The Zarr v3 ``default`` key of the chunk (or shard) at grid ``coords``: ``<path>/c/<i>/<j>``,
-    or ``<path>/c.<i>.<j>`` with ``separator="."``; ``<path>/c`` for a scalar."""
+def grid_key(path: str, coords: Sequence[int], separator: str = SEPARATOR) -> str:
+    """The Zarr v3 ``default`` key of the chunk (or shard) at grid ``coords``: ``<path>/c.<i>.<j>``
+    (``<path>/c`` for a scalar)."""
     return f"{path}/c" + "".join(f"{separator}{c}" for c in coords)
 
 
@@ -90,14 +89,13 @@ def _zarr_codec(codec: Mapping[str, Any] | None, itemsize: int) -> list[Any] | N
 
 def array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
                    codec: Mapping[str, Any] | None, *, sharded: bool | None = None,
-                   shard_shape: Sequence[int] | None = None, separator: str = "/") -> bytes:
+                   shard_shape: Sequence[int] | None = None, separator: str = SEPARATOR) -> bytes:
     """The ``zarr.json`` of one parameter's array, as zarr-python itself writes it.
 
     An array of several chunks keeps them in one shard file unless ``sharded=False`` (then each
-    chunk is its own file, ``<path>/c/<i>/<j>``) or ``shard_shape`` is given (shards of that
-    shape: a saving job's ranks write one shard per slice). ``separator`` is the chunk key
-    encoding's: ``"."`` puts chunk files beside the array's ``zarr.json`` (``<path>/c.<i>.<j>``),
-    which a saving job uses so that each array is one folder, not a ``c/<i>/`` tree of them.
+    chunk is its own file, ``<path>/c.<i>.<j>``) or ``shard_shape`` is given (shards of that
+    shape: a saving job's ranks write one shard per slice). The chunk key encoding's separator is
+    :data:`SEPARATOR`: chunk files sit beside the array's ``zarr.json``, one folder per array.
     """
     dt = numpy_dtype(dtype)
     zarr = _zarr(bfloat16=dt.name == "bfloat16")
@@ -112,7 +110,7 @@ def array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
 
 
 def raw_array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
-                       separator: str = "/") -> bytes:
+                       separator: str = SEPARATOR) -> bytes:
     """The ``zarr.json`` of an unsharded, uncompressed array (one file per chunk), as
     :func:`array_metadata` with ``sharded=False`` makes it, from a document zarr-python made once
     per data type, rank and separator (a save writes hundreds of these; each zarr-python call costs ms)."""

@@ -35,7 +35,6 @@ both markers in its pytest configuration, as ckptstore's pyproject.toml does).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 from pathlib import Path
@@ -68,7 +67,7 @@ class StoreKindTests:
     pytestmark = [pytest.mark.mindspore]
 
     #: What ``Store.kind``, the manifest's ``"kind"`` and ``ckptstore info --json``'s ``"store_kind"``
-    #: (and its old name ``"backend"``) say for this kind.
+    #: say for this kind.
     kind = ""
     #: The file that holds the store's manifest (the root ``zarr.json`` for a Zarr store).
     manifest_file = MANIFEST
@@ -148,25 +147,8 @@ class StoreKindTests:
         r = run_cli("info", self.make(sample_layouts, "dp2_mp4"), "--json")
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
-        assert (doc["kind"], doc["store_kind"], doc["backend"]) == ("store", self.kind, self.kind)
-
-    def test_a_store_whose_manifest_says_backend_still_opens(self, sample_layouts: SampleLayouts,
-                                                             tmp_path: Path) -> None:
-        # stores written before the manifest's "backend" was renamed "kind"
-        original = self.make(sample_layouts, "dp2_mp4")
-        store = copy_store(original, tmp_path / "s")
-        doc = json.loads((store / self.manifest_file).read_text())
-        manifest = doc["attributes"]["ckptstore"] if self.manifest_file == ROOT_METADATA else doc
-        manifest["backend"] = manifest.pop("kind")
-        if "source_root" in manifest:  # an index names its rank files relative to itself: the copy moved
-            manifest["source_root"] = os.path.normpath(original / manifest["source_root"])
-        (store / self.manifest_file).write_text(json.dumps(doc))
-        with ckptstore.open(store) as old, ckptstore.open(original) as new:
-            assert old.kind == self.kind
-            assert old.read("layer0.w").tobytes() == new.read("layer0.w").tobytes()
-        r = run_cli("info", store, "--json")
-        assert r.returncode == 0, r.stderr
-        assert json.loads(r.stdout)["store_kind"] == self.kind
+        assert (doc["kind"], doc["store_kind"]) == ("store", self.kind)
+        assert "backend" not in doc  # one name for the store kind
 
     def test_verify_passes_and_compares_with_the_source(self, sample_layouts: SampleLayouts) -> None:
         layout = sample_layouts.saved_layout("opt_shard")

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from ckptstore.store.chunking import ParamPlan, check_even_slices, plan_chunks, select_params
 from ckptstore.store.codecs import CODECS
 from ckptstore.store.kinds import store_kind, store_kinds
-from ckptstore.deprecated import renamed
 from ckptstore.errors import IncompleteStoreError, InvalidOptionError, LayoutMismatchError
 from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.write.output_folder import Claim, claim, complete_manifest, drop_idle_work, lock_output
@@ -93,14 +92,12 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
             verify_replicas: bool = False, verify_crc: bool = False, overwrite: bool = False,
             quiet: bool = True, format: str | None = None, check_layout: bool = True,  # noqa: A002
             src_format: str | None = None, on_wait: Callable[[str], None] | None = None,
-            part: str | Part | None = None, fmt: str | None = None,
-            max_chunk_mb: int | None = None) -> ConvertSummary:
+            part: str | Part | None = None) -> ConvertSummary:
     """Convert a MindSpore checkpoint into a store of global tensors at ``out``.
 
     ``format`` is ``"zarr"`` (Zarr v3, the default) or ``"safetensors"`` (whole global tensors in
     ``model-*.safetensors`` files plus ``ckptstore.json``; no compression). ``chunk_mb`` is the
-    largest chunk in MiB, like ``--chunk-mb`` (default 256, or 16 when compressed). ``fmt=`` and
-    ``max_chunk_mb=`` are the deprecated names of ``format=`` and ``chunk_mb=``.
+    largest chunk in MiB, like ``--chunk-mb`` (default 256, or 16 when compressed).
 
     ``src`` is a folder of ``rank_<i>/`` subfolders of ``.ckpt`` or MindSpore ``.safetensors``
     files (each rank's newest checkpoint unless ``step``/``prefix``/``src_format`` pick another)
@@ -118,8 +115,7 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     converts only this process's share; the last part to finish commits the store
     (:mod:`ckptstore.write.parts`). Returns a :class:`ConvertSummary`.
     """
-    fmt = renamed(format, fmt, new_name="format", old_name="fmt", default="zarr")
-    chunk_mb = renamed(chunk_mb, max_chunk_mb, new_name="chunk_mb", old_name="max_chunk_mb", default=None)
+    fmt = "zarr" if format is None else format
     codec, chunk_bytes = _options(fmt, compress, chunk_mb, workers)
     chosen = parse_part(part)
     if chosen is None:

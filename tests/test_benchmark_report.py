@@ -1,0 +1,102 @@
+"""The benchmark report as a newcomer reads it (issue 25 item 9): a peer that is not installed is
+one line in its table cell, quick mode judges no target, a reach check that differs says why on
+the console, and the plots name the extra they need. No MindSpore and no benchmark run: the
+functions that write those lines are called on small records."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import bench_load, targets
+from benchmarks.harness import Contender
+from benchmarks.report import markdown_table
+
+NOT_INSTALLED = "not installed (pip install 'ckptstore[bench]')"
+
+
+def _record(unavailable: dict[str, str]) -> dict:
+    return {"summary": {}, "contenders": [{"name": n} for n in unavailable], "unavailable": unavailable}
+
+
+def test_a_submodule_of_a_missing_package_is_reported_missing_not_raised():
+    from benchmarks.peers import missing
+
+    assert missing("no_such_package_xyz.checkpoint") == f"no_such_package_xyz.checkpoint {NOT_INSTALLED}"
+
+
+def test_a_peer_that_is_not_installed_is_one_line_in_its_table_cell(monkeypatch):
+    from benchmarks import peers
+
+    monkeypatch.setattr(peers, "_installed", lambda module: module == "jax")  # jax here, orbax not
+    [row] = peers.orbax_contenders(setup=None)
+    assert row.unavailable == f"orbax.checkpoint {NOT_INSTALLED}"
+    table = markdown_table(_record({row.name: row.unavailable}))
+    assert f"| `{row.name}` | 0 | unavailable: orbax.checkpoint {NOT_INSTALLED} |" in table
+
+
+def test_a_contender_factory_that_raises_is_one_line_in_its_cell_and_its_traceback_goes_to_stderr(
+        monkeypatch, capsys):
+    from benchmarks import registry
+
+    def broken(setup: object) -> Contender:
+        raise RuntimeError("no cache folder\nsecond line")
+
+    monkeypatch.setattr(registry, "FACTORIES", {"load": [broken]})
+    monkeypatch.setattr(registry, "load_plugins", lambda: [])
+    [row] = registry.contenders_for("load", setup=None)
+    assert row.unavailable == "setting up failed: RuntimeError: no cache folder"
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_a_reason_recorded_with_a_traceback_shows_only_its_first_line():
+    reason = "setting up failed: ModuleNotFoundError: No module named 'orbax'\nTraceback (most recent call last):\n  x"
+    table = markdown_table(_record({"orbax restore": reason}))
+    assert "| `orbax restore` | 0 | unavailable: setting up failed: ModuleNotFoundError: No module named 'orbax' |" \
+        in table
+    assert "Traceback" not in table
+
+
+def test_quick_mode_judges_no_target_and_says_it_is_a_smoke_test():
+    verdicts = [targets.Verdict("Convert: peak RSS", "0.6 GiB", False)]
+    assert targets.markdown(verdicts, quick=True) == targets.SMOKE_TEST
+    assert "smoke test" in targets.SMOKE_TEST and "**" not in targets.SMOKE_TEST
+    assert "**not met**" in targets.markdown(verdicts)  # a full run judges
+
+
+def test_the_quick_suite_report_has_no_verdicts(tmp_path):
+    from benchmarks.suite import SuiteConfig, report
+
+    text = report({"seconds": 90.0}, SuiteConfig(quick=True, out=tmp_path), "python -m benchmarks run --quick")
+    section = text.split("## Targets (benchmarks/README.md)\n\n", 1)[1].split("\n\n", 1)[0]
+    assert section == targets.SMOKE_TEST
+    assert "not judged |" not in text and "**met**" not in text and "**not met**" not in text
+
+
+def test_a_reach_check_with_other_values_says_why_on_the_console():
+    line = bench_load.reach_line(3, bench_load.MS_LDC, same=False)
+    assert line.startswith(f"  reach rank 3 {bench_load.MS_LDC:<40} DIFFERENT values: without init() ")
+    assert "rank 0's slices" in line and "\n" not in line
+    assert bench_load.reach_line(0, bench_load.MS_LDC, same=True) == f"  reach rank 0 {bench_load.MS_LDC:<40} same values"
+
+
+def test_a_route_without_a_known_cause_points_to_the_report():
+    line = bench_load.reach_line(1, "some.other.route", same=False)
+    assert line.endswith('DIFFERENT values: not explained yet: compare its values by hand (REPORT.md, "Which '
+                         'target ranks each MindSpore route reaches")')
+
+
+def test_the_plots_name_the_extra_they_need(monkeypatch):
+    from benchmarks import plots
+
+    assert "pip install -e '.[bench]'" in plots.MISSING and "bench extra" in plots.MISSING
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed
+    assert plots.plot_scaling([], plots.Path(".")) == ([], plots.MISSING)
+
+
+@pytest.mark.slow
+def test_the_scaling_option_names_the_plots_extra_in_its_help():
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "run", "--help"], capture_output=True, text=True,
+                         timeout=120).stdout
+    assert "PNG plots need the bench extra: pip install -e '.[bench]'" in " ".join(out.split())
