@@ -131,6 +131,7 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
             params = {n: _resolve_whole(n, _holders(n, indexes), indexes) for n in names}
     if strategy is not None and not integrated:
         _check_declared_shapes(params, strategy)
+        strategy = strategy.fitted({n: p.shape for n, p in params.items() if p.in_strategy})
     return DistributedSource(files, indexes, strategy, params, integrated, opened, unsaved)
 
 

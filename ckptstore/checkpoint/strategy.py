@@ -176,7 +176,8 @@ class Layout:
 
     def box(self, rank: int, global_shape: Sequence[int]) -> Box:
         """The global box rank ``rank`` (numbered within its stage) holds of a tensor of ``global_shape``."""
-        return _layout_box(self, rank, tuple(int(s) for s in global_shape))
+        shape = tuple(int(s) for s in global_shape)
+        return _layout_box(self.fit(shape), rank, shape)
 
     def _box(self, rank: int, shape: tuple[int, ...]) -> Box:
         if len(shape) != len(self.tensor_map):
@@ -210,11 +211,14 @@ class Layout:
 
     def check_tensor_shape(self, shape: Sequence[int]) -> None:
         """Raise :class:`StrategyError` when a declared global ``tensor_shape`` differs from ``shape``."""
-        if self.tensor_shape and self.tensor_shape != tuple(shape):
+        if self.tensor_shape and self.fit(shape).tensor_shape != tuple(shape):
             raise StrategyError(f"the strategy declares the global shape {list(self.tensor_shape)} (tensor_shape)")
 
     def global_shape(self, local_shape: Sequence[int]) -> tuple[int, ...]:
         """The global shape implied by one rank's local shape under this layout."""
+        fitted = self.fit(local_shape, local=True)
+        if fitted is not self:
+            return fitted.global_shape(local_shape)
         if len(local_shape) != len(self.tensor_map):
             raise StrategyError(f"tensor map {self.pretty_map()} has {len(self.tensor_map)} axes but the "
                                 f"local tensor has shape {list(local_shape)}")
@@ -222,6 +226,85 @@ class Layout:
         if self.opt_sharded and shape:
             shape[0] *= self.opt_shard_parts()
         return tuple(shape)
+
+
+    def fit(self, shape: Sequence[int], *, local: bool = False) -> "Layout":
+        """This layout as it applies to a tensor of ``shape`` (a rank's slice shape with ``local``).
+
+        The compiler's JSON strategy writes a tensor axis split over several device axes (a
+        ``mindspore.parallel.Layout`` tuple) flattened, one tensor-map entry per device axis, with
+        ``tensor_shape`` reshaped to match (``TensorLayout::InitFromExtendVector``): a ``[16, 16]``
+        weight split ``(("dp", "mp"), "None")`` appears as map ``[1, 0, -1]`` with shape
+        ``[2, 8, 16]``. Such a layout has more tensor-map entries than the tensor has axes; it is
+        folded back into the nested form the protobuf file writes (``[[1, 0], -1]``), choosing the
+        grouping of consecutive entries that gives ``shape``. Any other layout is returned as is
+        (and a tensor it does not fit is reported by whoever applies it). Raises
+        :class:`StrategyError` when two groupings fit the shape and lay it out differently.
+        """
+        shape = tuple(int(s) for s in shape)
+        if len(shape) == len(self.tensor_map) or not self.tensor_shape:
+            return self
+        return _fit(self, shape, local)
+
+    def _folded(self, groups: Sequence[tuple[int, int]]) -> "Layout | None":
+        """The nested layout of flattened tensor-map entries grouped as ``groups`` ([lo, hi) runs),
+        or ``None`` when the flattened form cannot have come from it: every entry but a group's
+        last stands for one device axis whose size it has (the reshape InitFromExtendVector does)."""
+        maps, shape = [], []
+        for lo, hi in groups:
+            for i in range(lo, hi - 1):
+                axis = self.tensor_map[i]
+                if len(axis) != 1 or self.tensor_shape[i] != self._dim(axis[0]):
+                    return None
+            maps.append(tuple(m for i in range(lo, hi) for m in self.tensor_map[i]))
+            shape.append(prod(self.tensor_shape[lo:hi]))
+        local = self.local_shape
+        if len(local) == len(self.tensor_map):
+            local = tuple(prod(local[lo:hi]) for lo, hi in groups)
+        return Layout(self.dev_matrix, tuple(maps), self.opt_shard_step, self.opt_shard_size, self.field_size,
+                      local, tuple(shape))
+
+
+_FOLD_TRIES = 4096  # groupings tried before giving up: a compiler's file has one or two that fit
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _fit(layout: Layout, shape: tuple[int, ...], local: bool) -> Layout:
+    n, k = len(layout.tensor_map), len(shape)
+    if not 0 < k < n or any(len(axis) > 1 for axis in layout.tensor_map):
+        return layout
+    found: dict[Layout, None] = {}
+    tries = 0
+
+    def fits(candidate: Layout) -> bool:
+        if not local:
+            return candidate.tensor_shape == shape
+        try:
+            return candidate.global_shape(shape) == candidate.tensor_shape
+        except StrategyError:
+            return False
+
+    def search(lo: int, groups: list[tuple[int, int]]) -> None:
+        nonlocal tries
+        if len(found) > 1 or tries > _FOLD_TRIES:
+            return
+        left = k - len(groups)
+        if left == 1:
+            tries += 1
+            candidate = layout._folded(groups + [(lo, n)])
+            if candidate is not None and fits(candidate):
+                found[candidate] = None
+            return
+        for hi in range(lo + 1, n - left + 2):
+            if not local and prod(layout.tensor_shape[lo:hi]) != shape[len(groups)]:
+                continue
+            search(hi, groups + [(lo, hi)])
+
+    search(0, [])
+    if len(found) > 1 or tries > _FOLD_TRIES:
+        raise StrategyError(f"tensor map {layout.pretty_map()} with tensor_shape {list(layout.tensor_shape)} can be "
+                            f"read in more than one way for a tensor of shape {list(shape)}")
+    return next(iter(found), layout)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -270,6 +353,16 @@ class Strategy:
         layout = self.layout(name, rank)
         return None if layout is None else layout.box(rank % self.stage_devices, global_shape)
 
+    def fitted(self, shapes: Mapping[str, Sequence[int]]) -> "Strategy":
+        """This strategy with the layouts of each parameter in ``shapes`` as they apply to its global
+        shape (:meth:`Layout.fit`: a JSON file's flattened Layout tuples in their nested form), so that
+        what a store records of it is the same whichever form of strategy file it came from."""
+        layouts = {n: {s: l.fit(shapes[n]) for s, l in st.items()} if n in shapes else st
+                   for n, st in self.layouts.items()}
+        if layouts == self.layouts:
+            return self
+        return Strategy(layouts, self.stage_devices, self.num_stages, self.sources)
+
     def replica_groups(self, name: str, global_shape: Sequence[int]) -> dict[Box, list[int]]:
         """Each distinct box of ``name`` and the global ranks holding it (replicas), in rank order.
 
@@ -308,6 +401,7 @@ def stage_slices(layout: Layout, shape: tuple[int, ...],
     job has a few dozen distinct (layout, shape) pairs over thousands of parameters: worked out
     once each, not once per parameter and rank.
     """
+    layout = layout.fit(shape)
     boxes = tuple(layout.box(i, shape) for i in range(devices))
     groups: dict[Box, list[int]] = {}
     for i, b in enumerate(boxes):
