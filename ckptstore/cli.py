@@ -301,6 +301,9 @@ def _source_options(fn: F) -> F:
                      type=Location(exists=True), help=_STRATEGY_HELP),
         click.option("--step", type=int, default=None,
                      help="Use each rank's checkpoint of this step (-<epoch>_<step>.ckpt) instead of the newest."),
+        click.option("--epoch", type=int, default=None,
+                     help="Use each rank's checkpoint of this epoch (-<epoch>_<step>.ckpt); with --step, one "
+                          "checkpoint of a folder that holds several (default: the newest every rank holds)."),
         click.option("--prefix", default=None, help="Use only checkpoint files whose name starts with this."),
         click.option("--src-format", type=click.Choice(["ckpt", "safetensors"]), default=None,
                      help="Use only rank files of this format, when a rank folder holds both for one step "
@@ -343,7 +346,7 @@ def _source_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
         if not quiet:
             click.echo(f"ckptstore: {out} is being written by another process ({holder}); waiting for it", err=True)
 
-    return {"strategy": kw["strategies"], "step": kw["step"], "prefix": kw["prefix"], "src_format": kw["src_format"],
+    return {"strategy": kw["strategies"], "step": kw["step"], "epoch": kw["epoch"], "prefix": kw["prefix"], "src_format": kw["src_format"],
             "include": kw["include"], "exclude": kw["exclude"], "drop_optimizer": kw["drop_optimizer"],
             "workers": kw["workers"], "verify_crc": kw["verify_crc"], "check_layout": not kw["no_layout_check"],
             "overwrite": kw["overwrite"], "quiet": quiet, "on_wait": waiting, "part": kw["part"]}
@@ -366,6 +369,8 @@ def _print_summary(summary: Any, as_json: bool, done: str) -> None:
         click.echo(done if summary.part == "0/1" else f"part {summary.part}, the last to finish: {done}")
     if summary.unsaved and not as_json:
         click.echo(_unsaved_line(list(summary.unsaved)))
+    if summary.chosen and not as_json:
+        click.echo(f"note: {summary.chosen}")
 
 
 def _convert_kinds() -> list[StoreKind]:

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
 
 
 from ckptstore.boxes import Box
 from ckptstore.formats.ckpt_reader import CkptEntry, CkptIndex
 from ckptstore.checkpoint.layout_check import Sampler, check_against_strategy
 from ckptstore.checkpoint.params import SourceParam, SourceSlice
-from ckptstore.checkpoint.rank_files import find_rank_files, pick_rank_file, scan_rank_file  # noqa: F401 (re-exported)
+from ckptstore.checkpoint.rank_files import (  # noqa: F401 (find_rank_files, pick_rank_file re-exported)
+    RankFileChoice, choose_rank_files, find_rank_files, pick_rank_file, scan_rank_file)
 from ckptstore.checkpoint.rank_bytes import RankFiles
 from ckptstore.errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
 from ckptstore.checkpoint.strategy import Layout, Strategy, StrategyPaths, load_strategy, stage_slices
@@ -49,6 +52,8 @@ class DistributedSource:
     files: RankFiles = field(default_factory=lambda: RankFiles(()), compare=False, repr=False)
     #: parameters the strategy lays out but no rank file holds: not saved (a filtered save), so not stored
     unsaved: tuple[str, ...] = ()
+    #: which checkpoint was taken when rank folders held several, and why (see ``choose_rank_files``)
+    chosen: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -122,6 +127,7 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
     integrated = False
     if check_layout and len(files) > 1:
         try:
+            _check_counters(params, Sampler(opened))
             verdict = check_against_strategy(params, Sampler(opened), strategy_given=strategy is not None)
         except BaseException:
             opened.close()
@@ -133,6 +139,31 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
         _check_declared_shapes(params, strategy)
         strategy = strategy.fitted({n: p.shape for n, p in params.items() if p.in_strategy})
     return DistributedSource(files, indexes, strategy, params, integrated, opened, unsaved)
+
+
+#: Counters a training save appends (``Model.train``'s ``epoch_num``/``step_num``, optimizers' ``global_step``):
+#: equal on every rank of one checkpoint, so ranks that differ hold checkpoints of different steps.
+STEP_COUNTERS = ("epoch_num", "step_num", "global_step", "current_iterator_step")
+
+
+def _check_counters(params: Mapping[str, SourceParam], sampler: Sampler) -> None:
+    """Refuse rank files of different training steps, naming the counters that tell, before the
+    sampled layout check would blame the strategy (a folder of mixed checkpoints is no wrong strategy)."""
+    for name in STEP_COUNTERS:
+        p = params.get(name)
+        if p is None or p.in_strategy or p.is_str or len(p.slices) != 1 or p.slices[0].entry.nbytes > 64:
+            continue
+        sl = p.slices[0]
+        values: dict[str, list[int]] = {}
+        for rank, entry, path in zip(sl.ranks, sl.entries, sl.paths):
+            raw = np.frombuffer(sampler.read(path, entry, 0, entry.nbytes), dtype=entry.dtype)
+            values.setdefault(", ".join(str(v) for v in raw.tolist()), []).append(rank)
+        if len(values) > 1:
+            shown = "; ".join(f"{v} in rank(s) {_ranges(rs)} ({sl.paths[sl.ranks.index(rs[0])]})"
+                              for v, rs in list(values.items())[:4])
+            raise LayoutMismatchError(
+                f"the rank files are of different training steps: {name} is {shown}. The folder mixes checkpoints "
+                "(a save cut short, or files of several runs); choose one with --epoch and --step, or --prefix")
 
 
 def _check_declared_shapes(params: Mapping[str, SourceParam], strategy: Strategy) -> None:
@@ -318,10 +349,13 @@ def _ranges(ranks: Sequence[int]) -> str:
 def resolve_source(src: str | os.PathLike[str], strategy: StrategyPaths = (), *,
                    step: int | None = None, prefix: str | None = None, verify_crc: bool = False,
                    check_layout: bool = True, src_format: str | None = None,
-                   keep: Callable[[list[str]], Iterable[str]] | None = None) -> DistributedSource:
+                   keep: Callable[[list[str]], Iterable[str]] | None = None,
+                   epoch: int | None = None) -> DistributedSource:
     """Open ``src`` (a folder of ``rank_<i>/`` or one ``.ckpt``/``.safetensors`` file) with its
-    strategy files (or folders of them); ``step``, ``prefix`` and ``src_format`` choose each rank's
-    file, ``keep`` the parameters (see :func:`open_source`)."""
+    strategy files (or folders of them); ``step``, ``epoch``, ``prefix`` and ``src_format`` choose
+    each rank's file (one checkpoint every rank holds, see
+    :func:`~ckptstore.checkpoint.rank_files.choose_rank_files`; the source's ``chosen`` says what was
+    taken when there was a choice), ``keep`` the parameters (see :func:`open_source`)."""
     strat: Strategy | None = load_strategy(strategy) if strategy else None
     if is_url(src):
         if str(src).endswith((".ckpt", ".safetensors")):
@@ -330,8 +364,8 @@ def resolve_source(src: str | os.PathLike[str], strategy: StrategyPaths = (), *,
                 raise LayoutMismatchError(f"{p} is a single checkpoint file but the strategy describes "
                                           f"{strat.world_size} ranks; pass the prefix that holds rank_<i>/ instead")
             return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout, keep=keep)
-        return open_source(find_rank_files(src, step=step, prefix=prefix, fmt=src_format), strat,
-                           verify_crc=verify_crc, check_layout=check_layout, keep=keep)
+        return _open_chosen(choose_rank_files(src, step=step, prefix=prefix, fmt=src_format, epoch=epoch), strat,
+                            verify_crc=verify_crc, check_layout=check_layout, keep=keep)
     p = Path(src)
     if p.is_file():
         if strat is not None and strat.world_size != 1:
@@ -340,5 +374,10 @@ def resolve_source(src: str | os.PathLike[str], strategy: StrategyPaths = (), *,
         return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout, keep=keep)
     if not p.exists():
         raise MissingFileError(errno.ENOENT, f"no checkpoint file or folder at {p}", str(p))
-    return open_source(find_rank_files(p, step=step, prefix=prefix, fmt=src_format), strat, verify_crc=verify_crc,
-                       check_layout=check_layout, keep=keep)
+    return _open_chosen(choose_rank_files(p, step=step, prefix=prefix, fmt=src_format, epoch=epoch), strat,
+                        verify_crc=verify_crc, check_layout=check_layout, keep=keep)
+
+
+def _open_chosen(choice: RankFileChoice, strategy: Strategy | None, **options: Any) -> DistributedSource:
+    source = open_source(choice.files, strategy, **options)
+    return source if choice.note is None else replace(source, chosen=choice.note)

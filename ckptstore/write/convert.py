@@ -25,7 +25,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ckptstore.store.chunking import ParamPlan, check_even_slices, plan_chunks, select_params
@@ -77,6 +77,8 @@ class ConvertSummary:
     unsaved: tuple[str, ...] = ()
     #: Why this process did nothing (msrun's scheduler process takes no part), else ``None``.
     skipped: str | None = None
+    #: Which checkpoint was taken when the rank folders held several, and why (else ``None``).
+    chosen: str | None = None
 
     @property
     def dedup_saved_bytes(self) -> int:
@@ -94,7 +96,7 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
             quiet: bool = True, format: str | None = None, check_layout: bool = True,  # noqa: A002
             src_format: str | None = None, on_wait: Callable[[str], None] | None = None,
             part: str | Part | None = None, fmt: str | None = None,
-            max_chunk_mb: int | None = None) -> ConvertSummary:
+            max_chunk_mb: int | None = None, epoch: int | None = None) -> ConvertSummary:
     """Convert a MindSpore checkpoint into a store of global tensors at ``out``.
 
     ``format`` is ``"zarr"`` (Zarr v3, the default) or ``"safetensors"`` (whole global tensors in
@@ -103,7 +105,8 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     ``max_chunk_mb=`` are the deprecated names of ``format=`` and ``chunk_mb=``.
 
     ``src`` is a folder of ``rank_<i>/`` subfolders of ``.ckpt`` or MindSpore ``.safetensors``
-    files (each rank's newest checkpoint unless ``step``/``prefix``/``src_format`` pick another)
+    files (the newest checkpoint every rank holds unless ``step``/``epoch``/``prefix``/``src_format``
+    pick another; the summary's ``chosen`` says what was taken when rank folders held several)
     with the ``strategy`` file(s) (or a folder of them) that laid it out, or a single checkpoint
     file. ``include``/``exclude`` are name globs; ``drop_optimizer`` removes optimizer state
     (:func:`~ckptstore.store.chunking.optimizer_state`); they apply before the checks of the
@@ -127,7 +130,7 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     return _run(src, out, fmt, part=chosen, codec=codec, chunk_bytes=chunk_bytes, checksum=True, workers=workers,
                 verify_replicas=verify_replicas, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
                 select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
-                choose={"step": step, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
+                choose={"step": step, "epoch": epoch, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
                         "src_format": src_format, "strategy": strategy})
 
 
@@ -136,7 +139,8 @@ def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
           include: Sequence[str] = (), exclude: Sequence[str] = (), drop_optimizer: bool = False,
           checksum: bool = False, workers: int = 4, verify_crc: bool = False, overwrite: bool = False,
           quiet: bool = True, check_layout: bool = True, src_format: str | None = None,
-          on_wait: Callable[[str], None] | None = None, part: str | Part | None = None) -> ConvertSummary:
+          on_wait: Callable[[str], None] | None = None, part: str | Part | None = None,
+          epoch: int | None = None) -> ConvertSummary:
     """Make a store at ``out`` that copies no payload: an index into the original rank files.
 
     Takes the same source options as :func:`convert`. Each distinct slice of each parameter
@@ -155,7 +159,7 @@ def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     return _run(src, out, "index", part=chosen, codec=None, chunk_bytes=MAX_TENSOR_BYTES, checksum=checksum, workers=workers,
                 verify_replicas=False, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
                 select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
-                choose={"step": step, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
+                choose={"step": step, "epoch": epoch, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
                         "src_format": src_format, "strategy": strategy})
 
 
@@ -174,7 +178,8 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                               *(source.strategy.sources if source.strategy else ())])
         try:
             if hold.complete:
-                return _summary(sink, plans, None, started, part, source.unsaved, already_complete=True)
+                return replace(_summary(sink, plans, None, started, part, source.unsaved, already_complete=True),
+                               chosen=source.chosen)
             header = {**_source_header(source, choose.get("step")), "fingerprint": fingerprint}
             # an index without checksums reads no slice: a byte rate would be meaningless
             progress = Progress(sum(p.nbytes for p in plans), len(plans), desc=fmt if fmt == "index" else "convert",
@@ -198,7 +203,8 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                 progress.close()
             mark_done(sink, part, fingerprint)
             manifest = _commit_if_last(hold, done, fingerprint, on_wait)
-            return _summary(sink, mine, copier, started, part, source.unsaved, manifest=manifest)
+            return replace(_summary(sink, mine, copier, started, part, source.unsaved, manifest=manifest),
+                           chosen=source.chosen)
         finally:
             hold.release()
     finally:
