@@ -20,7 +20,7 @@ from ckptstore.store.codecs import CODECS
 from ckptstore.store.kinds import StoreKind, store_kind, store_kinds
 from ckptstore.write.convert import convert as convert_store
 from ckptstore.errors import CkptStoreError
-from ckptstore.checkpoint.rank_files import find_rank_files
+from ckptstore.checkpoint.rank_files import describe_rank_folders, find_rank_files, holds_rank_folders
 from ckptstore.checkpoint.source import open_source
 from ckptstore.io import is_url
 from ckptstore.io.s3 import redact, split_url
@@ -252,6 +252,13 @@ def info(path: str, as_json: bool, rank: int | None, ckpt_dir: str | None, extra
     parameter's device matrix, tensor map and optimizer sharding; with --rank, the split that
     rank holds; with --ckpt-dir too, the global box of each parameter on that rank.
     """
+    if holds_rank_folders(path):
+        if rank is not None or ckpt_dir is not None or extra_strategies:
+            raise click.UsageError(f"{path} is a folder of rank_<i>/ checkpoints; --rank, --ckpt-dir and --strategy "
+                                   "are for strategy files")
+        folders = describe_rank_folders(path)
+        click.echo(json.dumps(folders, indent=2) if as_json else _rank_folders_text(folders))
+        return
     kind = describe.sniff_kind(path)
     if kind == "checkpoint":
         if rank is not None or ckpt_dir is not None or extra_strategies:
@@ -284,6 +291,22 @@ def info(path: str, as_json: bool, rank: int | None, ckpt_dir: str | None, extra
     printer(result)
     if include:
         click.echo(f"  ({len(result['params'])} of {total} parameters shown)")
+
+
+def _rank_folders_text(folders: dict[str, Any]) -> str:
+    """``info CKPT_DIR``: each rank's checkpoints, the ones a conversion takes marked ``*``."""
+    chosen = folders["chosen"] or {}
+    lines = [f"{folders['path']}: {len(folders['ranks'])} rank folders"]
+    for r, files in folders["ranks"].items():
+        names = [("*" if chosen.get(r) == f["name"] else "") + f["name"] for f in files]
+        lines.append(f"  rank_{r}: {', '.join(names) or '(no checkpoint)'}")
+    if folders["error"]:
+        lines.append(f"convert/index would refuse: {folders['error']}")
+    elif folders["note"]:
+        lines.append(f"* taken by convert/index: {folders['note']}")
+    else:
+        lines.append("* taken by convert/index")
+    return "\n".join(lines)
 
 
 _STRATEGY_HELP = ("MindSpore strategy file of the source (protobuf as saved, or .json); repeat it for one file "

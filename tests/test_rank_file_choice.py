@@ -171,3 +171,14 @@ def test_full_training_files_of_different_steps_are_refused_naming_the_counters(
         f"({root}/rank_0/llama-2_100.ckpt); {early} in rank(s) 4..7 ({root}/rank_4/llama-1_100.ckpt). The folder "
         "mixes checkpoints (a save cut short, or files of several runs); choose one with --epoch and --step, or "
         "--prefix")
+
+
+def test_info_lists_each_ranks_checkpoints_and_marks_the_ones_taken(killed):
+    root, _, _ = killed
+    r = run_cli("info", root)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"{root}: 8 rank folders"
+    assert lines[1] == "  rank_0: *llama-network-1_100.ckpt, llama-network-2_100.ckpt"
+    assert lines[5] == "  rank_4: *llama-network-1_100.ckpt"
+    assert lines[-1].startswith("* taken by convert/index: took epoch 1 step 100, the newest checkpoint every rank")

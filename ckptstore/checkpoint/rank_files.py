@@ -298,3 +298,34 @@ def scan_rank_file(path: str | os.PathLike[str] | ReadableFile, *, verify_crc: b
     finally:
         if own:
             f.close()
+
+
+def holds_rank_folders(path: str | os.PathLike[str]) -> bool:
+    """Whether local folder ``path`` is a checkpoint folder (holds ``rank_<i>/`` folders)."""
+    p = Path(path)
+    return not is_url(path) and p.is_dir() and any(e.is_dir() and _RANK_DIR.match(e.name) for e in os.scandir(p))
+
+
+def describe_rank_folders(src: str | os.PathLike[str], *, step: int | None = None, prefix: str | None = None,
+                          fmt: str | None = None, epoch: int | None = None) -> dict[str, object]:
+    """The checkpoints each rank folder of ``src`` holds and which ones a conversion would take.
+
+    ``{"kind": "rank folders", "path", "ranks": {rank: [{"name", "epoch", "step"}, ...]},
+    "chosen": {rank: name} or None, "note": str or None, "error": str or None}``; ``error`` is
+    the message a conversion would refuse with.
+    """
+    folders = rank_folders(src)
+    ranks = {str(r): [{"name": n, "epoch": (_step_of(n) or (None, None))[0], "step": (_step_of(n) or (None, None))[1]}
+                      for n in sorted(f.names, key=lambda n: (_step_of(n) or (-1, -1), n))
+                      if n.endswith((".ckpt", ".safetensors"))]
+             for r, f in folders.items()}
+    out: dict[str, object] = {"kind": "rank folders", "path": str(src), "ranks": ranks, "chosen": None,
+                              "note": None, "error": None}
+    try:
+        choice = choose_rank_files(src, step=step, prefix=prefix, fmt=fmt, epoch=epoch)
+    except (LayoutMismatchError, MissingRankError) as e:
+        out["error"] = str(e)
+        return out
+    out["chosen"] = {str(r): os.path.basename(str(p)) for r, p in choice.files.items()}
+    out["note"] = choice.note
+    return out
