@@ -9,6 +9,7 @@ import fnmatch
 import functools
 import itertools
 import json
+import os
 import sys
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -375,6 +376,18 @@ def _source_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
             "overwrite": kw["overwrite"], "quiet": quiet, "on_wait": waiting, "part": kw["part"]}
 
 
+def _dec_kwargs(key_file: str | None, mode: str | None) -> dict[str, Any]:
+    """``dec_key``/``dec_mode`` from --dec-key-file or CKPTSTORE_DEC_KEY (the key never on the command line)."""
+    from ckptstore.formats.ckpt_cipher import read_key_file
+
+    if key_file is not None:
+        return {"dec_key": read_key_file(key_file), "dec_mode": mode}
+    text = os.environ.get("CKPTSTORE_DEC_KEY")
+    if text:
+        return {"dec_key": text.encode(), "dec_mode": mode}
+    return {"dec_mode": mode} if mode is not None else {}
+
+
 def _print_skipped(summary: Any, as_json: bool) -> None:
     click.echo(json.dumps(summary.to_json(), indent=2) if as_json else f"ckptstore: {summary.skipped}")
 
@@ -436,8 +449,14 @@ class _KindOption(click.Option):
                    "and are cut further only above this size.")
 @click.option("--verify-replicas", is_flag=True,
               help="Also read every replica of each slice and fail if ranks disagree (reads all rank files).")
+@click.option("--dec-key-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Rank files saved with enc_key: the file holding that key (16, 24 or 32 bytes), or set "
+                   "CKPTSTORE_DEC_KEY to the key's text. Never on the command line. The store is plain.")
+@click.option("--dec-mode", type=click.Choice(["AES-GCM", "AES-CBC", "SM4-CBC"]), default=None,
+              help="With a key: the enc_mode the files were saved with (default: the one their header names).")
 @_friendly_errors(resumes=True)
-def convert(fmt: str, compress: str, chunk_mb: int | None, verify_replicas: bool, **kw: Any) -> None:
+def convert(fmt: str, compress: str, chunk_mb: int | None, verify_replicas: bool, dec_key_file: str | None,
+            dec_mode: str | None, **kw: Any) -> None:
     """Convert a MindSpore distributed checkpoint into a store of global tensors.
 
     The store is Zarr v3 (default: chunked, optional compression) or, with --format
@@ -454,7 +473,8 @@ def convert(fmt: str, compress: str, chunk_mb: int | None, verify_replicas: bool
     command on one --out (every rank of a job, say): one converts, the others wait for it.
     """
     summary = convert_store(kw["src"], kw["out"], format=fmt, compress=compress, chunk_mb=chunk_mb,
-                            verify_replicas=verify_replicas, **_source_kwargs(kw))
+                            verify_replicas=verify_replicas, **_dec_kwargs(dec_key_file, dec_mode),
+                            **_source_kwargs(kw))
     if summary.skipped:
         _print_skipped(summary, kw["as_json"])
         return

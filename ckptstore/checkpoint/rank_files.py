@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from ckptstore.formats.ckpt_cipher import DecryptedFile, Decryption
 from ckptstore.formats.ckpt_reader import CkptIndex, open_file, scan_checkpoint
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError
 from ckptstore.limits import MAX_WORLD
@@ -288,9 +289,18 @@ def find_rank_files(src: str | os.PathLike[str], *, step: int | None = None, pre
     return choose_rank_files(src, step=step, prefix=prefix, fmt=fmt, epoch=epoch).files
 
 
-def scan_rank_file(path: str | os.PathLike[str] | ReadableFile, *, verify_crc: bool = False) -> CkptIndex:
-    """Index one rank file, ``.ckpt`` or MindSpore ``.safetensors`` (told apart by their first bytes)."""
+def scan_rank_file(path: str | os.PathLike[str] | ReadableFile, *, verify_crc: bool = False,
+                   decryption: Decryption | None = None) -> CkptIndex:
+    """Index one rank file, ``.ckpt`` or MindSpore ``.safetensors`` (told apart by their first bytes);
+    with ``decryption`` (key, mode), a ``.ckpt`` saved with ``enc_key``, as its plaintext."""
     f, own = open_file(path)
+    if decryption is not None:
+        try:
+            f, own = DecryptedFile(f, *decryption), True
+        except BaseException:
+            if own:
+                f.close()
+            raise
     try:
         if f.url.endswith(".safetensors") or (not f.url.endswith(".ckpt") and is_safetensors(f)):
             return scan_safetensors(f, verify_crc=verify_crc)

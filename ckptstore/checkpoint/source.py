@@ -20,6 +20,7 @@ import numpy as np
 
 
 from ckptstore.boxes import Box
+from ckptstore.formats.ckpt_cipher import Decryption
 from ckptstore.formats.ckpt_reader import CkptEntry, CkptIndex
 from ckptstore.checkpoint.layout_check import Sampler, check_against_strategy
 from ckptstore.checkpoint.params import SourceParam, SourceSlice
@@ -63,7 +64,7 @@ class DistributedSource:
         self.files.close()
 
 
-def _scan_all(files: Mapping[int, str], verify_crc: bool) -> dict[int, CkptIndex]:
+def _scan_all(files: Mapping[int, str], verify_crc: bool, decryption: Decryption | None = None) -> dict[int, CkptIndex]:
     """Every rank file's index; files in object storage are scanned many at once (each header
     read is a round trip there).
 
@@ -72,15 +73,17 @@ def _scan_all(files: Mapping[int, str], verify_crc: bool) -> dict[int, CkptIndex
     ``__main__`` guard would run again), and saved only 2 of 12 s on the 128-file benchmark here.
     """
     if not any(is_url(p) for p in files.values()) or len(files) == 1:
-        return {r: scan_rank_file(p, verify_crc=verify_crc) for r, p in files.items()}
+        return {r: scan_rank_file(p, verify_crc=verify_crc, decryption=decryption) for r, p in files.items()}
     with ThreadPoolExecutor(min(len(files), S3_READ_CONCURRENCY), thread_name_prefix="ckptstore-scan") as pool:
-        done = {r: pool.submit(scan_rank_file, p, verify_crc=verify_crc) for r, p in files.items()}
+        done = {r: pool.submit(scan_rank_file, p, verify_crc=verify_crc, decryption=decryption)
+                for r, p in files.items()}
         return {r: f.result() for r, f in done.items()}
 
 
 def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Strategy | None, *,
                 verify_crc: bool = False, check_layout: bool = True,
-                keep: Callable[[list[str]], Iterable[str]] | None = None) -> DistributedSource:
+                keep: Callable[[list[str]], Iterable[str]] | None = None,
+                decryption: Decryption | None = None) -> DistributedSource:
     """Scan every rank file and resolve each parameter's global shape and slices.
 
     With ``strategy=None`` every parameter must have the same shape on every rank that holds it
@@ -96,7 +99,8 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
     the strategy still lists them, and ``transform_checkpoints`` leaves them out. It is skipped
     and named in ``unsaved``. One missing from only *some* of the ranks that must hold it stays
     an error. ``keep`` (``--include``/``--exclude``/``--drop-optimizer``) takes every name at once and
-    returns those to keep, before any of these checks.
+    returns those to keep, before any of these checks. ``decryption`` (key, mode or ``None``) reads
+    rank files saved with ``enc_key`` as their plaintext (:mod:`ckptstore.formats.ckpt_cipher`).
     """
     files = {r: os.fspath(p) for r, p in sorted(rank_files.items())}
     if strategy is not None and strategy.world_size != len(files):
@@ -106,7 +110,7 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
         culprit = (f"no checkpoint file for rank(s) {_ranges(missing)} (rank_{missing[0]}/ is missing)" if missing
                    else f"rank(s) {_ranges(extra)} are not in it ({files[extra[0]]}{', ...' if len(extra) > 1 else ''})")
         raise MissingRankError(f"{told}: {culprit}; strategy file(s): {', '.join(strategy.sources)}")
-    indexes = _scan_all(files, verify_crc)
+    indexes = _scan_all(files, verify_crc, decryption)
     held = dict.fromkeys(n for idx in indexes.values() for n in idx.entries)
     laid_out = [] if strategy is None else [n for n in strategy.names() if n not in held]
     # the selection sees every name at once: optimizer state is recognised by its parameter's name
@@ -123,7 +127,7 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
     _check_redundancy(params, indexes)
     if uncovered is not None:
         raise uncovered
-    opened = RankFiles([idx.path for idx in indexes.values()])  # the paths slices name their files by
+    opened = RankFiles([idx.path for idx in indexes.values()], decryption)  # the paths slices name their files by
     integrated = False
     if check_layout and len(files) > 1:
         try:
@@ -350,12 +354,13 @@ def resolve_source(src: str | os.PathLike[str], strategy: StrategyPaths = (), *,
                    step: int | None = None, prefix: str | None = None, verify_crc: bool = False,
                    check_layout: bool = True, src_format: str | None = None,
                    keep: Callable[[list[str]], Iterable[str]] | None = None,
-                   epoch: int | None = None) -> DistributedSource:
+                   epoch: int | None = None, decryption: Decryption | None = None) -> DistributedSource:
     """Open ``src`` (a folder of ``rank_<i>/`` or one ``.ckpt``/``.safetensors`` file) with its
     strategy files (or folders of them); ``step``, ``epoch``, ``prefix`` and ``src_format`` choose
     each rank's file (one checkpoint every rank holds, see
     :func:`~ckptstore.checkpoint.rank_files.choose_rank_files`; the source's ``chosen`` says what was
-    taken when there was a choice), ``keep`` the parameters (see :func:`open_source`)."""
+    taken when there was a choice), ``keep`` the parameters, ``decryption`` the key of files saved
+    with ``enc_key`` (see :func:`open_source`)."""
     strat: Strategy | None = load_strategy(strategy) if strategy else None
     if is_url(src):
         if str(src).endswith((".ckpt", ".safetensors")):
@@ -363,19 +368,23 @@ def resolve_source(src: str | os.PathLike[str], strategy: StrategyPaths = (), *,
             if strat is not None and strat.world_size != 1:
                 raise LayoutMismatchError(f"{p} is a single checkpoint file but the strategy describes "
                                           f"{strat.world_size} ranks; pass the prefix that holds rank_<i>/ instead")
-            return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout, keep=keep)
+            return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout, keep=keep,
+                               decryption=decryption)
         return _open_chosen(choose_rank_files(src, step=step, prefix=prefix, fmt=src_format, epoch=epoch), strat,
-                            verify_crc=verify_crc, check_layout=check_layout, keep=keep)
+                            verify_crc=verify_crc, check_layout=check_layout, keep=keep,
+                            decryption=decryption)
     p = Path(src)
     if p.is_file():
         if strat is not None and strat.world_size != 1:
             raise LayoutMismatchError(f"{p} is a single checkpoint file but the strategy describes "
                                       f"{strat.world_size} ranks; pass the folder of rank_<i>/ instead")
-        return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout, keep=keep)
+        return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout, keep=keep,
+                           decryption=decryption)
     if not p.exists():
         raise MissingFileError(errno.ENOENT, f"no checkpoint file or folder at {p}", str(p))
     return _open_chosen(choose_rank_files(p, step=step, prefix=prefix, fmt=src_format, epoch=epoch), strat,
-                        verify_crc=verify_crc, check_layout=check_layout, keep=keep)
+                        verify_crc=verify_crc, check_layout=check_layout, keep=keep,
+                        decryption=decryption)
 
 
 def _open_chosen(choice: RankFileChoice, strategy: Strategy | None, **options: Any) -> DistributedSource:

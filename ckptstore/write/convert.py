@@ -40,6 +40,7 @@ from ckptstore.write.parts import SCHEDULER_NO_PART, Part, parse_part
 from ckptstore.progress import Progress
 from ckptstore.checkpoint.source import DistributedSource, SourceParam, resolve_source
 from ckptstore.checkpoint.strategy import StrategyPaths
+from ckptstore.formats.ckpt_cipher import check_key
 from ckptstore.io import is_url, open_location
 from ckptstore.write.save import commit_step, is_saved_step
 from ckptstore.write.commit import commit, mark_done, my_share, write_plan, writer_for
@@ -96,7 +97,8 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
             quiet: bool = True, format: str | None = None, check_layout: bool = True,  # noqa: A002
             src_format: str | None = None, on_wait: Callable[[str], None] | None = None,
             part: str | Part | None = None, fmt: str | None = None,
-            max_chunk_mb: int | None = None, epoch: int | None = None) -> ConvertSummary:
+            max_chunk_mb: int | None = None, epoch: int | None = None, dec_key: bytes | None = None,
+            dec_mode: str | None = None) -> ConvertSummary:
     """Convert a MindSpore checkpoint into a store of global tensors at ``out``.
 
     ``format`` is ``"zarr"`` (Zarr v3, the default) or ``"safetensors"`` (whole global tensors in
@@ -119,8 +121,17 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     an unfinished one is resumed; anything else in ``out`` needs ``overwrite``. ``src``,
     ``strategy`` and ``out`` may be ``s3://``/``obs://`` URLs. ``part`` (``"I/N"`` or ``"auto"``)
     converts only this process's share; the last part to finish commits the store
-    (:mod:`ckptstore.write.parts`). Returns a :class:`ConvertSummary`.
+    (:mod:`ckptstore.write.parts`). ``dec_key`` (bytes) reads rank files saved with ``enc_key``,
+    decrypting them block by block as ``load_checkpoint(dec_key=, dec_mode=)`` does (``dec_mode``:
+    ``"AES-GCM"``, ``"AES-CBC"`` or ``"SM4-CBC"``; by default the one the files name); the store is
+    plain. Returns a :class:`ConvertSummary`.
     """
+    decryption = None
+    if dec_key is not None:
+        check_key(dec_key, dec_mode)
+        decryption = (bytes(dec_key), dec_mode)
+    elif dec_mode is not None:
+        raise InvalidOptionError("dec_mode is given without dec_key (--dec-key-file or CKPTSTORE_DEC_KEY)")
     fmt = renamed(format, fmt, new_name="format", old_name="fmt", default="zarr")
     chunk_mb = renamed(chunk_mb, max_chunk_mb, new_name="chunk_mb", old_name="max_chunk_mb", default=None)
     codec, chunk_bytes = _options(fmt, compress, chunk_mb, workers)
@@ -131,7 +142,7 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
                 verify_replicas=verify_replicas, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
                 select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
                 choose={"step": step, "epoch": epoch, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
-                        "src_format": src_format, "strategy": strategy})
+                        "src_format": src_format, "strategy": strategy, "decryption": decryption})
 
 
 def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
