@@ -23,9 +23,9 @@ from ckptstore.io.base import ByteSource, ReadableFile, Request, SourceWrapper
 
 #: The ``enc_mode`` values MindSpore writes.
 MODES = tuple(CIPHER_MAGICS.values())
-#: Decrypted blocks kept per file (64 MiB each as MindSpore saves): enough for a header scan and
-#: the converter's workers reading nearby parameters.
-CACHED_BLOCKS = 2
+#: Decrypted plaintext kept per file: two of MindSpore's 64 MiB blocks (enough for a header scan
+#: and the converter's workers reading nearby parameters), or every block of a smaller file.
+CACHED_BYTES = 128 << 20
 _KEY_LENGTHS = (16, 24, 32)
 
 
@@ -81,9 +81,9 @@ class DecryptedFile(ReadableFile):
         for offset, length in self._frames():
             data = self._decrypt(len(self._blocks), offset, length)
             self._blocks.append((offset, length, plain, len(data)))
+            self._keep(len(self._blocks) - 1, data)
             plain += len(data)
         self.size = plain
-        self._cache.clear()
 
     @property
     def url(self) -> str:
@@ -123,10 +123,15 @@ class DecryptedFile(ReadableFile):
         offset, length, _, _ = self._blocks[index]
         data = self._decrypt(index, offset, length)
         with self._lock:
-            self._cache[index] = data
-            while len(self._cache) > CACHED_BLOCKS:
-                self._cache.popitem(last=False)
+            self._keep(index, data)
         return data
+
+    def _keep(self, index: int, data: bytes) -> None:
+        # least recently used first out; the block just decrypted always stays
+        self._cache[index] = data
+        self._cache.move_to_end(index)
+        while len(self._cache) > 1 and sum(len(b) for b in self._cache.values()) > CACHED_BYTES:
+            self._cache.popitem(last=False)
 
     def read_requests(self, requests: Sequence[Request]) -> None:
         starts = [b[2] for b in self._blocks]
