@@ -109,3 +109,10 @@ def test_a_json_strategy_with_1e999_is_a_strategy_error_naming_the_file(job, tmp
     ckptstore.convert(job["dist"], tmp_path / "store", strategy=job["nested"])
     r = run_cli("plan", tmp_path / "store", "-s", bad, "--rank", "0")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "[StrategyError]" in r.stderr, r.stderr
+
+
+def test_load_rank_takes_a_json_target(job, tmp_path):
+    ckptstore.index(job["dist"], tmp_path / "index", strategy=job["flat"])
+    params = ckptstore.load_rank(tmp_path / "index", job["flat"], 6)
+    expected = load_oracle(job["dist"] / "rank_6" / "net-1_6.ckpt")
+    assert {n: p.asnumpy().tobytes() for n, p in params.items()} == {n: v.tobytes() for n, v in expected.items()}
