@@ -116,3 +116,13 @@ def test_load_rank_takes_a_json_target(job, tmp_path):
     params = ckptstore.load_rank(tmp_path / "index", job["flat"], 6)
     expected = load_oracle(job["dist"] / "rank_6" / "net-1_6.ckpt")
     assert {n: p.asnumpy().tobytes() for n, p in params.items()} == {n: v.tobytes() for n, v in expected.items()}
+
+
+def test_a_json_layout_no_reading_of_which_fits_is_a_strategy_error_naming_the_file(job, tmp_path):
+    doc = json.loads(Path(job["flat"]).read_text())
+    doc["parallel_layout_item"]["cols_dp_mp"]["tensor_shape"] = [16, 4, 4]  # 4 is not the size of device axis 1
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(StrategyError, match=f"^strategy file {bad}: parameter 'cols_dp_mp': tensor map \\[-1, 1, 0\\] "
+                                            "has 3 axes but the local tensor has shape \\[16, 2\\]"):
+        ckptstore.convert(job["dist"], tmp_path / "s", strategy=bad)

@@ -328,6 +328,11 @@ def _global_shape(name: str, holders: Mapping[int, CkptEntry], indexes: Mapping[
             try:
                 seen[key] = layout.global_shape(entry.shape)
             except StrategyError as e:
+                if layout.tensor_shape and len(layout.tensor_map) != len(entry.shape):
+                    # a JSON layout that no reading of its flattened Layout tuples fits: the strategy's fault
+                    raise StrategyError(f"strategy file {', '.join(strategy.sources) or '(in memory)'}: parameter "
+                                        f"{name!r}: {e}; its tensor_shape {list(layout.tensor_shape)} is no reshape "
+                                        f"of the rank files' slices (rank {r}: {indexes[r].path})") from None
                 raise LayoutMismatchError(f"parameter {name!r} in {indexes[r].path} (rank {r}): {e}") from None
         shapes[r] = seen[key]
     shape = shapes[first_rank]
