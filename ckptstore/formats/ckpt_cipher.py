@@ -18,7 +18,7 @@ from collections import OrderedDict
 from typing import Sequence
 
 from ckptstore.errors import EncryptedCheckpointError, InvalidOptionError, ShortReadError
-from ckptstore.formats.ckpt_reader import CIPHER_MAGICS
+from ckptstore.formats.ckpt_reader import CIPHER_MAGICS, CRC_MAGIC as _CRC_MAGIC, CRC_TRAILER_BYTES as _CRC_TRAILER_BYTES
 from ckptstore.io.base import ByteSource, ReadableFile, Request, SourceWrapper
 
 #: The ``enc_mode`` values MindSpore writes.
@@ -78,12 +78,14 @@ class DecryptedFile(ReadableFile):
         self._cache: OrderedDict[int, bytes] = OrderedDict()
         self._lock = threading.Lock()
         plain = 0
+        self._trailer = b""
         for offset, length in self._frames():
             data = self._decrypt(len(self._blocks), offset, length)
             self._blocks.append((offset, length, plain, len(data)))
             self._keep(len(self._blocks) - 1, data)
             plain += len(data)
-        self.size = plain
+        self._plain_end = plain
+        self.size = plain + len(self._trailer)
 
     @property
     def url(self) -> str:
@@ -93,6 +95,10 @@ class DecryptedFile(ReadableFile):
         skip = 16 if self.mode == "AES-GCM" else 0
         frames, pos, size = [], 0, self.inner.size
         while pos < size:
+            if size - pos == _CRC_TRAILER_BYTES and self.inner.pread(pos, len(_CRC_MAGIC)) == _CRC_MAGIC:
+                # crc_check=True appends its trailer unencrypted after the blocks: kept after the plaintext
+                self._trailer = self.inner.pread(pos, _CRC_TRAILER_BYTES)
+                break
             head = self.inner.pread(pos, 8 + skip)
             if len(head) < 8 + skip or head[:4] != self._magic:
                 raise EncryptedCheckpointError(f"encrypted block {len(frames)} does not start with the {self.mode} "
@@ -142,6 +148,10 @@ class DecryptedFile(ReadableFile):
             done = 0
             while done < len(view):
                 at = offset + done
+                if at >= self._plain_end:
+                    n = len(view) - done
+                    view[done:] = self._trailer[at - self._plain_end:at - self._plain_end + n]
+                    break
                 i = _block_of(starts, at)
                 data = self._block(i)
                 lo = at - starts[i]
