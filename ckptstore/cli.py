@@ -9,6 +9,7 @@ import fnmatch
 import functools
 import itertools
 import json
+import os
 import sys
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -20,7 +21,7 @@ from ckptstore.store.codecs import CODECS
 from ckptstore.store.kinds import StoreKind, store_kind, store_kinds
 from ckptstore.write.convert import convert as convert_store
 from ckptstore.errors import CkptStoreError
-from ckptstore.checkpoint.rank_files import find_rank_files
+from ckptstore.checkpoint.rank_files import describe_rank_folders, find_rank_files, holds_rank_folders
 from ckptstore.checkpoint.source import open_source
 from ckptstore.io import is_url
 from ckptstore.io.s3 import redact, split_url
@@ -252,6 +253,13 @@ def info(path: str, as_json: bool, rank: int | None, ckpt_dir: str | None, extra
     parameter's device matrix, tensor map and optimizer sharding; with --rank, the split that
     rank holds; with --ckpt-dir too, the global box of each parameter on that rank.
     """
+    if holds_rank_folders(path):
+        if rank is not None or ckpt_dir is not None or extra_strategies:
+            raise click.UsageError(f"{path} is a folder of rank_<i>/ checkpoints; --rank, --ckpt-dir and --strategy "
+                                   "are for strategy files")
+        folders = describe_rank_folders(path)
+        click.echo(json.dumps(folders, indent=2) if as_json else _rank_folders_text(folders))
+        return
     kind = describe.sniff_kind(path)
     if kind == "checkpoint":
         if rank is not None or ckpt_dir is not None or extra_strategies:
@@ -286,6 +294,22 @@ def info(path: str, as_json: bool, rank: int | None, ckpt_dir: str | None, extra
         click.echo(f"  ({len(result['params'])} of {total} parameters shown)")
 
 
+def _rank_folders_text(folders: dict[str, Any]) -> str:
+    """``info CKPT_DIR``: each rank's checkpoints, the ones a conversion takes marked ``*``."""
+    chosen = folders["chosen"] or {}
+    lines = [f"{folders['path']}: {len(folders['ranks'])} rank folders"]
+    for r, files in folders["ranks"].items():
+        names = [("*" if chosen.get(r) == f["name"] else "") + f["name"] for f in files]
+        lines.append(f"  rank_{r}: {', '.join(names) or '(no checkpoint)'}")
+    if folders["error"]:
+        lines.append(f"convert/index would refuse: {folders['error']}")
+    elif folders["note"]:
+        lines.append(f"* taken by convert/index: {folders['note']}")
+    else:
+        lines.append("* taken by convert/index")
+    return "\n".join(lines)
+
+
 _STRATEGY_HELP = ("MindSpore strategy file of the source (protobuf as saved, or .json); repeat it for one file "
                   "per pipeline stage, or give a folder of them (MindFormers' strategy/ckpt_strategy_rank_<r>.ckpt). "
                   "Not needed for a single .ckpt file.")
@@ -301,6 +325,9 @@ def _source_options(fn: F) -> F:
                      type=Location(exists=True), help=_STRATEGY_HELP),
         click.option("--step", type=int, default=None,
                      help="Use each rank's checkpoint of this step (-<epoch>_<step>.ckpt) instead of the newest."),
+        click.option("--epoch", type=int, default=None,
+                     help="Use each rank's checkpoint of this epoch (-<epoch>_<step>.ckpt); with --step, one "
+                          "checkpoint of a folder that holds several (default: the newest every rank holds)."),
         click.option("--prefix", default=None, help="Use only checkpoint files whose name starts with this."),
         click.option("--src-format", type=click.Choice(["ckpt", "safetensors"]), default=None,
                      help="Use only rank files of this format, when a rank folder holds both for one step "
@@ -343,10 +370,22 @@ def _source_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
         if not quiet:
             click.echo(f"ckptstore: {out} is being written by another process ({holder}); waiting for it", err=True)
 
-    return {"strategy": kw["strategies"], "step": kw["step"], "prefix": kw["prefix"], "src_format": kw["src_format"],
+    return {"strategy": kw["strategies"], "step": kw["step"], "epoch": kw["epoch"], "prefix": kw["prefix"], "src_format": kw["src_format"],
             "include": kw["include"], "exclude": kw["exclude"], "drop_optimizer": kw["drop_optimizer"],
             "workers": kw["workers"], "verify_crc": kw["verify_crc"], "check_layout": not kw["no_layout_check"],
             "overwrite": kw["overwrite"], "quiet": quiet, "on_wait": waiting, "part": kw["part"]}
+
+
+def _dec_kwargs(key_file: str | None, mode: str | None) -> dict[str, Any]:
+    """``dec_key``/``dec_mode`` from --dec-key-file or CKPTSTORE_DEC_KEY (the key never on the command line)."""
+    from ckptstore.formats.ckpt_cipher import read_key_file
+
+    if key_file is not None:
+        return {"dec_key": read_key_file(key_file), "dec_mode": mode}
+    text = os.environ.get("CKPTSTORE_DEC_KEY")
+    if text:
+        return {"dec_key": text.encode(), "dec_mode": mode}
+    return {"dec_mode": mode} if mode is not None else {}
 
 
 def _print_skipped(summary: Any, as_json: bool) -> None:
@@ -366,6 +405,8 @@ def _print_summary(summary: Any, as_json: bool, done: str) -> None:
         click.echo(done if summary.part == "0/1" else f"part {summary.part}, the last to finish: {done}")
     if summary.unsaved and not as_json:
         click.echo(_unsaved_line(list(summary.unsaved)))
+    if summary.chosen and not as_json:
+        click.echo(f"note: {summary.chosen}")
 
 
 def _convert_kinds() -> list[StoreKind]:
@@ -408,8 +449,14 @@ class _KindOption(click.Option):
                    "and are cut further only above this size.")
 @click.option("--verify-replicas", is_flag=True,
               help="Also read every replica of each slice and fail if ranks disagree (reads all rank files).")
+@click.option("--dec-key-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Rank files saved with enc_key: the file holding that key (16, 24 or 32 bytes), or set "
+                   "CKPTSTORE_DEC_KEY to the key's text. Never on the command line. The store is plain.")
+@click.option("--dec-mode", type=click.Choice(["AES-GCM", "AES-CBC", "SM4-CBC"]), default=None,
+              help="With a key: the enc_mode the files were saved with (default: the one their header names).")
 @_friendly_errors(resumes=True)
-def convert(fmt: str, compress: str, chunk_mb: int | None, verify_replicas: bool, **kw: Any) -> None:
+def convert(fmt: str, compress: str, chunk_mb: int | None, verify_replicas: bool, dec_key_file: str | None,
+            dec_mode: str | None, **kw: Any) -> None:
     """Convert a MindSpore distributed checkpoint into a store of global tensors.
 
     The store is Zarr v3 (default: chunked, optional compression) or, with --format
@@ -426,7 +473,8 @@ def convert(fmt: str, compress: str, chunk_mb: int | None, verify_replicas: bool
     command on one --out (every rank of a job, say): one converts, the others wait for it.
     """
     summary = convert_store(kw["src"], kw["out"], format=fmt, compress=compress, chunk_mb=chunk_mb,
-                            verify_replicas=verify_replicas, **_source_kwargs(kw))
+                            verify_replicas=verify_replicas, **_dec_kwargs(dec_key_file, dec_mode),
+                            **_source_kwargs(kw))
     if summary.skipped:
         _print_skipped(summary, kw["as_json"])
         return

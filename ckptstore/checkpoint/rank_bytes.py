@@ -22,6 +22,7 @@ import numpy as np
 
 from ckptstore.errors import CorruptCheckpointError, ShortReadError, TruncatedCheckpointError
 from ckptstore.formats.ckpt_reader import CkptEntry, entry_ranges, entry_requests, read_str
+from ckptstore.formats.ckpt_cipher import DecryptingSource, Decryption
 from ckptstore.io.base import ByteSource, ReadableFile
 from ckptstore.io.locations import open_location
 from ckptstore.store.executor import Executor, IOStats
@@ -36,8 +37,9 @@ class RankFiles:
     (by the byte source) until :meth:`close`.
     """
 
-    def __init__(self, paths: Sequence[str]) -> None:
+    def __init__(self, paths: Sequence[str], decryption: Decryption | None = None) -> None:
         self.root, self.keys = common_folder([str(p) for p in paths], ".")
+        self._decryption = decryption  # files saved with enc_key are read as their plaintext
         self._paths = {key: path for path, key in self.keys.items()}
         #: What was read through :meth:`read` (not counted in a load's ``IO_STATS``).
         self.stats = IOStats()
@@ -52,7 +54,9 @@ class RankFiles:
         if source is None:
             with self._lock:
                 if self._source is None:
-                    self._source = open_location(self.root)
+                    opened = open_location(self.root)
+                    self._source = (opened if self._decryption is None
+                                    else DecryptingSource(opened, *self._decryption))
                 source = self._source
         return source
 

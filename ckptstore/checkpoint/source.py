@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
+
 
 from ckptstore.boxes import Box
+from ckptstore.formats.ckpt_cipher import Decryption
 from ckptstore.formats.ckpt_reader import CkptEntry, CkptIndex
 from ckptstore.checkpoint.layout_check import Sampler, check_against_strategy
 from ckptstore.checkpoint.params import SourceParam, SourceSlice
-from ckptstore.checkpoint.rank_files import find_rank_files, pick_rank_file, scan_rank_file  # noqa: F401 (re-exported)
+from ckptstore.checkpoint.rank_files import (  # noqa: F401 (find_rank_files, pick_rank_file re-exported)
+    RankFileChoice, choose_rank_files, find_rank_files, pick_rank_file, scan_rank_file)
 from ckptstore.checkpoint.rank_bytes import RankFiles
 from ckptstore.errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
 from ckptstore.checkpoint.strategy import Layout, Strategy, StrategyPaths, load_strategy, stage_slices
@@ -49,6 +53,8 @@ class DistributedSource:
     files: RankFiles = field(default_factory=lambda: RankFiles(()), compare=False, repr=False)
     #: parameters the strategy lays out but no rank file holds: not saved (a filtered save), so not stored
     unsaved: tuple[str, ...] = ()
+    #: which checkpoint was taken when rank folders held several, and why (see ``choose_rank_files``)
+    chosen: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -58,7 +64,7 @@ class DistributedSource:
         self.files.close()
 
 
-def _scan_all(files: Mapping[int, str], verify_crc: bool) -> dict[int, CkptIndex]:
+def _scan_all(files: Mapping[int, str], verify_crc: bool, decryption: Decryption | None = None) -> dict[int, CkptIndex]:
     """Every rank file's index; files in object storage are scanned many at once (each header
     read is a round trip there).
 
@@ -67,15 +73,17 @@ def _scan_all(files: Mapping[int, str], verify_crc: bool) -> dict[int, CkptIndex
     ``__main__`` guard would run again), and saved only 2 of 12 s on the 128-file benchmark here.
     """
     if not any(is_url(p) for p in files.values()) or len(files) == 1:
-        return {r: scan_rank_file(p, verify_crc=verify_crc) for r, p in files.items()}
+        return {r: scan_rank_file(p, verify_crc=verify_crc, decryption=decryption) for r, p in files.items()}
     with ThreadPoolExecutor(min(len(files), S3_READ_CONCURRENCY), thread_name_prefix="ckptstore-scan") as pool:
-        done = {r: pool.submit(scan_rank_file, p, verify_crc=verify_crc) for r, p in files.items()}
+        done = {r: pool.submit(scan_rank_file, p, verify_crc=verify_crc, decryption=decryption)
+                for r, p in files.items()}
         return {r: f.result() for r, f in done.items()}
 
 
 def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Strategy | None, *,
                 verify_crc: bool = False, check_layout: bool = True,
-                keep: Callable[[list[str]], Iterable[str]] | None = None) -> DistributedSource:
+                keep: Callable[[list[str]], Iterable[str]] | None = None,
+                decryption: Decryption | None = None) -> DistributedSource:
     """Scan every rank file and resolve each parameter's global shape and slices.
 
     With ``strategy=None`` every parameter must have the same shape on every rank that holds it
@@ -91,7 +99,8 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
     the strategy still lists them, and ``transform_checkpoints`` leaves them out. It is skipped
     and named in ``unsaved``. One missing from only *some* of the ranks that must hold it stays
     an error. ``keep`` (``--include``/``--exclude``/``--drop-optimizer``) takes every name at once and
-    returns those to keep, before any of these checks.
+    returns those to keep, before any of these checks. ``decryption`` (key, mode or ``None``) reads
+    rank files saved with ``enc_key`` as their plaintext (:mod:`ckptstore.formats.ckpt_cipher`).
     """
     files = {r: os.fspath(p) for r, p in sorted(rank_files.items())}
     if strategy is not None and strategy.world_size != len(files):
@@ -101,7 +110,7 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
         culprit = (f"no checkpoint file for rank(s) {_ranges(missing)} (rank_{missing[0]}/ is missing)" if missing
                    else f"rank(s) {_ranges(extra)} are not in it ({files[extra[0]]}{', ...' if len(extra) > 1 else ''})")
         raise MissingRankError(f"{told}: {culprit}; strategy file(s): {', '.join(strategy.sources)}")
-    indexes = _scan_all(files, verify_crc)
+    indexes = _scan_all(files, verify_crc, decryption)
     held = dict.fromkeys(n for idx in indexes.values() for n in idx.entries)
     laid_out = [] if strategy is None else [n for n in strategy.names() if n not in held]
     # the selection sees every name at once: optimizer state is recognised by its parameter's name
@@ -118,10 +127,11 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
     _check_redundancy(params, indexes)
     if uncovered is not None:
         raise uncovered
-    opened = RankFiles([idx.path for idx in indexes.values()])  # the paths slices name their files by
+    opened = RankFiles([idx.path for idx in indexes.values()], decryption)  # the paths slices name their files by
     integrated = False
     if check_layout and len(files) > 1:
         try:
+            _check_counters(params, Sampler(opened))
             verdict = check_against_strategy(params, Sampler(opened), strategy_given=strategy is not None)
         except BaseException:
             opened.close()
@@ -131,7 +141,33 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
             params = {n: _resolve_whole(n, _holders(n, indexes), indexes) for n in names}
     if strategy is not None and not integrated:
         _check_declared_shapes(params, strategy)
+        strategy = strategy.fitted({n: p.shape for n, p in params.items() if p.in_strategy})
     return DistributedSource(files, indexes, strategy, params, integrated, opened, unsaved)
+
+
+#: Counters a training save appends (``Model.train``'s ``epoch_num``/``step_num``, optimizers' ``global_step``):
+#: equal on every rank of one checkpoint, so ranks that differ hold checkpoints of different steps.
+STEP_COUNTERS = ("epoch_num", "step_num", "global_step", "current_iterator_step")
+
+
+def _check_counters(params: Mapping[str, SourceParam], sampler: Sampler) -> None:
+    """Refuse rank files of different training steps, naming the counters that tell, before the
+    sampled layout check would blame the strategy (a folder of mixed checkpoints is no wrong strategy)."""
+    for name in STEP_COUNTERS:
+        p = params.get(name)
+        if p is None or p.in_strategy or p.is_str or len(p.slices) != 1 or p.slices[0].entry.nbytes > 64:
+            continue
+        sl = p.slices[0]
+        values: dict[str, list[int]] = {}
+        for rank, entry, path in zip(sl.ranks, sl.entries, sl.paths):
+            raw = np.frombuffer(sampler.read(path, entry, 0, entry.nbytes), dtype=entry.dtype)
+            values.setdefault(", ".join(str(v) for v in raw.tolist()), []).append(rank)
+        if len(values) > 1:
+            shown = "; ".join(f"{v} in rank(s) {_ranges(rs)} ({sl.paths[sl.ranks.index(rs[0])]})"
+                              for v, rs in list(values.items())[:4])
+            raise LayoutMismatchError(
+                f"the rank files are of different training steps: {name} is {shown}. The folder mixes checkpoints "
+                "(a save cut short, or files of several runs); choose one with --epoch and --step, or --prefix")
 
 
 def _check_declared_shapes(params: Mapping[str, SourceParam], strategy: Strategy) -> None:
@@ -292,6 +328,11 @@ def _global_shape(name: str, holders: Mapping[int, CkptEntry], indexes: Mapping[
             try:
                 seen[key] = layout.global_shape(entry.shape)
             except StrategyError as e:
+                if layout.tensor_shape and len(layout.tensor_map) != len(entry.shape):
+                    # a JSON layout that no reading of its flattened Layout tuples fits: the strategy's fault
+                    raise StrategyError(f"strategy file {', '.join(strategy.sources) or '(in memory)'}: parameter "
+                                        f"{name!r}: {e}; its tensor_shape {list(layout.tensor_shape)} is no reshape "
+                                        f"of the rank files' slices (rank {r}: {indexes[r].path})") from None
                 raise LayoutMismatchError(f"parameter {name!r} in {indexes[r].path} (rank {r}): {e}") from None
         shapes[r] = seen[key]
     shape = shapes[first_rank]
@@ -317,10 +358,14 @@ def _ranges(ranks: Sequence[int]) -> str:
 def resolve_source(src: str | os.PathLike[str], strategy: StrategyPaths = (), *,
                    step: int | None = None, prefix: str | None = None, verify_crc: bool = False,
                    check_layout: bool = True, src_format: str | None = None,
-                   keep: Callable[[list[str]], Iterable[str]] | None = None) -> DistributedSource:
+                   keep: Callable[[list[str]], Iterable[str]] | None = None,
+                   epoch: int | None = None, decryption: Decryption | None = None) -> DistributedSource:
     """Open ``src`` (a folder of ``rank_<i>/`` or one ``.ckpt``/``.safetensors`` file) with its
-    strategy files (or folders of them); ``step``, ``prefix`` and ``src_format`` choose each rank's
-    file, ``keep`` the parameters (see :func:`open_source`)."""
+    strategy files (or folders of them); ``step``, ``epoch``, ``prefix`` and ``src_format`` choose
+    each rank's file (one checkpoint every rank holds, see
+    :func:`~ckptstore.checkpoint.rank_files.choose_rank_files`; the source's ``chosen`` says what was
+    taken when there was a choice), ``keep`` the parameters, ``decryption`` the key of files saved
+    with ``enc_key`` (see :func:`open_source`)."""
     strat: Strategy | None = load_strategy(strategy) if strategy else None
     if is_url(src):
         if str(src).endswith((".ckpt", ".safetensors")):
@@ -328,16 +373,25 @@ def resolve_source(src: str | os.PathLike[str], strategy: StrategyPaths = (), *,
             if strat is not None and strat.world_size != 1:
                 raise LayoutMismatchError(f"{p} is a single checkpoint file but the strategy describes "
                                           f"{strat.world_size} ranks; pass the prefix that holds rank_<i>/ instead")
-            return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout, keep=keep)
-        return open_source(find_rank_files(src, step=step, prefix=prefix, fmt=src_format), strat,
-                           verify_crc=verify_crc, check_layout=check_layout, keep=keep)
+            return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout, keep=keep,
+                               decryption=decryption)
+        return _open_chosen(choose_rank_files(src, step=step, prefix=prefix, fmt=src_format, epoch=epoch), strat,
+                            verify_crc=verify_crc, check_layout=check_layout, keep=keep,
+                            decryption=decryption)
     p = Path(src)
     if p.is_file():
         if strat is not None and strat.world_size != 1:
             raise LayoutMismatchError(f"{p} is a single checkpoint file but the strategy describes "
                                       f"{strat.world_size} ranks; pass the folder of rank_<i>/ instead")
-        return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout, keep=keep)
+        return open_source({0: p}, strat, verify_crc=verify_crc, check_layout=check_layout, keep=keep,
+                           decryption=decryption)
     if not p.exists():
         raise MissingFileError(errno.ENOENT, f"no checkpoint file or folder at {p}", str(p))
-    return open_source(find_rank_files(p, step=step, prefix=prefix, fmt=src_format), strat, verify_crc=verify_crc,
-                       check_layout=check_layout, keep=keep)
+    return _open_chosen(choose_rank_files(p, step=step, prefix=prefix, fmt=src_format, epoch=epoch), strat,
+                        verify_crc=verify_crc, check_layout=check_layout, keep=keep,
+                        decryption=decryption)
+
+
+def _open_chosen(choice: RankFileChoice, strategy: Strategy | None, **options: Any) -> DistributedSource:
+    source = open_source(choice.files, strategy, **options)
+    return source if choice.note is None else replace(source, chosen=choice.note)

@@ -8,30 +8,26 @@ sharding is on. The arithmetic mirrors ``mindspore.parallel._tensor`` (``_get_te
 and ``_construct_tensor_layout_for_opt_shard``) and is checked against MindSpore's own
 ``transform_checkpoints`` in the tests.
 
-Files are read in both forms MindSpore accepts: the ``ParallelStrategyMap`` protobuf (decoded
-with :mod:`ckptstore.formats.protowire`, so MindSpore need not be installed) and JSON. Pipeline stages
+Files are read in both forms MindSpore accepts, the ``ParallelStrategyMap`` protobuf and JSON, by
+:mod:`ckptstore.formats.strategy_file`; this module checks and assembles the layouts. Pipeline stages
 come either as one file per stage, as several files of each stage (MindFormers saves one per
 rank, in a folder), or as a file merged by ``merge_pipeline_strategys`` (names prefixed
 ``"<stage>-"``).
 """
 from __future__ import annotations
 
-import errno
 import functools
-import json
 import os
 from dataclasses import dataclass, field
 from math import prod
 from typing import Iterable, Mapping, Sequence
 
-from ckptstore.formats import protowire
 from ckptstore.boxes import Box, even_part
-from ckptstore.errors import MissingFileError, StoreCorruptError, StrategyError
-from ckptstore.limits import MAX_METADATA_BYTES, MAX_NDIM, MAX_WORLD
-from ckptstore.io.locations import is_url, open_location, open_user_file
-
-#: A tensor axis is split by no device axis (-1), one, or several (MindSpore's nested "layout").
-AxisMap = tuple[int, ...]
+from ckptstore.errors import StoreCorruptError, StrategyError
+from ckptstore.formats.strategy_file import (AxisMap, LayoutRecord, StrategyFileContents, parse_strategy,
+                                             read_strategy_bytes, strict_int, tensor_map_axes)
+from ckptstore.limits import MAX_NDIM, MAX_WORLD
+from ckptstore.io.locations import is_url, open_location
 
 
 @dataclass(frozen=True)
@@ -180,7 +176,8 @@ class Layout:
 
     def box(self, rank: int, global_shape: Sequence[int]) -> Box:
         """The global box rank ``rank`` (numbered within its stage) holds of a tensor of ``global_shape``."""
-        return _layout_box(self, rank, tuple(int(s) for s in global_shape))
+        shape = tuple(int(s) for s in global_shape)
+        return _layout_box(self.fit(shape), rank, shape)
 
     def _box(self, rank: int, shape: tuple[int, ...]) -> Box:
         if len(shape) != len(self.tensor_map):
@@ -214,11 +211,14 @@ class Layout:
 
     def check_tensor_shape(self, shape: Sequence[int]) -> None:
         """Raise :class:`StrategyError` when a declared global ``tensor_shape`` differs from ``shape``."""
-        if self.tensor_shape and self.tensor_shape != tuple(shape):
+        if self.tensor_shape and self.fit(shape).tensor_shape != tuple(shape):
             raise StrategyError(f"the strategy declares the global shape {list(self.tensor_shape)} (tensor_shape)")
 
     def global_shape(self, local_shape: Sequence[int]) -> tuple[int, ...]:
         """The global shape implied by one rank's local shape under this layout."""
+        fitted = self.fit(local_shape, local=True)
+        if fitted is not self:
+            return fitted.global_shape(local_shape)
         if len(local_shape) != len(self.tensor_map):
             raise StrategyError(f"tensor map {self.pretty_map()} has {len(self.tensor_map)} axes but the "
                                 f"local tensor has shape {list(local_shape)}")
@@ -226,6 +226,85 @@ class Layout:
         if self.opt_sharded and shape:
             shape[0] *= self.opt_shard_parts()
         return tuple(shape)
+
+
+    def fit(self, shape: Sequence[int], *, local: bool = False) -> "Layout":
+        """This layout as it applies to a tensor of ``shape`` (a rank's slice shape with ``local``).
+
+        The compiler's JSON strategy writes a tensor axis split over several device axes (a
+        ``mindspore.parallel.Layout`` tuple) flattened, one tensor-map entry per device axis, with
+        ``tensor_shape`` reshaped to match (``TensorLayout::InitFromExtendVector``): a ``[16, 16]``
+        weight split ``(("dp", "mp"), "None")`` appears as map ``[1, 0, -1]`` with shape
+        ``[2, 8, 16]``. Such a layout has more tensor-map entries than the tensor has axes; it is
+        folded back into the nested form the protobuf file writes (``[[1, 0], -1]``), choosing the
+        grouping of consecutive entries that gives ``shape``. Any other layout is returned as is
+        (and a tensor it does not fit is reported by whoever applies it). Raises
+        :class:`StrategyError` when two groupings fit the shape and lay it out differently.
+        """
+        shape = tuple(int(s) for s in shape)
+        if len(shape) == len(self.tensor_map) or not self.tensor_shape:
+            return self
+        return _fit(self, shape, local)
+
+    def _folded(self, groups: Sequence[tuple[int, int]]) -> "Layout | None":
+        """The nested layout of flattened tensor-map entries grouped as ``groups`` ([lo, hi) runs),
+        or ``None`` when the flattened form cannot have come from it: every entry but a group's
+        last stands for one device axis whose size it has (the reshape InitFromExtendVector does)."""
+        maps, shape = [], []
+        for lo, hi in groups:
+            for i in range(lo, hi - 1):
+                axis = self.tensor_map[i]
+                if len(axis) != 1 or self.tensor_shape[i] != self._dim(axis[0]):
+                    return None
+            maps.append(tuple(m for i in range(lo, hi) for m in self.tensor_map[i]))
+            shape.append(prod(self.tensor_shape[lo:hi]))
+        local = self.local_shape
+        if len(local) == len(self.tensor_map):
+            local = tuple(prod(local[lo:hi]) for lo, hi in groups)
+        return Layout(self.dev_matrix, tuple(maps), self.opt_shard_step, self.opt_shard_size, self.field_size,
+                      local, tuple(shape))
+
+
+_FOLD_TRIES = 4096  # groupings tried before giving up: a compiler's file has one or two that fit
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _fit(layout: Layout, shape: tuple[int, ...], local: bool) -> Layout:
+    n, k = len(layout.tensor_map), len(shape)
+    if not 0 < k < n or any(len(axis) > 1 for axis in layout.tensor_map):
+        return layout
+    found: dict[Layout, None] = {}
+    tries = 0
+
+    def fits(candidate: Layout) -> bool:
+        if not local:
+            return candidate.tensor_shape == shape
+        try:
+            return candidate.global_shape(shape) == candidate.tensor_shape
+        except StrategyError:
+            return False
+
+    def search(lo: int, groups: list[tuple[int, int]]) -> None:
+        nonlocal tries
+        if len(found) > 1 or tries > _FOLD_TRIES:
+            return
+        left = k - len(groups)
+        if left == 1:
+            tries += 1
+            candidate = layout._folded(groups + [(lo, n)])
+            if candidate is not None and fits(candidate):
+                found[candidate] = None
+            return
+        for hi in range(lo + 1, n - left + 2):
+            if not local and prod(layout.tensor_shape[lo:hi]) != shape[len(groups)]:
+                continue
+            search(hi, groups + [(lo, hi)])
+
+    search(0, [])
+    if len(found) > 1 or tries > _FOLD_TRIES:
+        raise StrategyError(f"tensor map {layout.pretty_map()} with tensor_shape {list(layout.tensor_shape)} can be "
+                            f"read in more than one way for a tensor of shape {list(shape)}")
+    return next(iter(found), layout)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -274,6 +353,16 @@ class Strategy:
         layout = self.layout(name, rank)
         return None if layout is None else layout.box(rank % self.stage_devices, global_shape)
 
+    def fitted(self, shapes: Mapping[str, Sequence[int]]) -> "Strategy":
+        """This strategy with the layouts of each parameter in ``shapes`` as they apply to its global
+        shape (:meth:`Layout.fit`: a JSON file's flattened Layout tuples in their nested form), so that
+        what a store records of it is the same whichever form of strategy file it came from."""
+        layouts = {n: {s: l.fit(shapes[n]) for s, l in st.items()} if n in shapes else st
+                   for n, st in self.layouts.items()}
+        if layouts == self.layouts:
+            return self
+        return Strategy(layouts, self.stage_devices, self.num_stages, self.sources)
+
     def replica_groups(self, name: str, global_shape: Sequence[int]) -> dict[Box, list[int]]:
         """Each distinct box of ``name`` and the global ranks holding it (replicas), in rank order.
 
@@ -288,19 +377,19 @@ class Strategy:
         return groups
 
     def summary(self) -> dict[str, object]:
-        """A JSON-able description (world size, stages, each parameter's layout); treat it as
-        read-only (it is made once per strategy: a conversion asks for it twice, for its
+        """A JSON-able description (world size, stages, each parameter's layout); a shallow copy of
+        :attr:`_summary`, which is made once per strategy (a conversion asks for it twice, for its
         fingerprint and its header, and a large model's costs milliseconds)."""
-        cached = self.__dict__.get("_summary")
-        if cached is None:
-            cached = {
-                "world_size": self.world_size,
-                "stage_devices": self.stage_devices,
-                "num_stages": self.num_stages,
-                "params": {n: {str(s): layout_to_json(l) for s, l in st.items()} for n, st in self.layouts.items()},
-            }
-            object.__setattr__(self, "_summary", cached)  # a frozen dataclass: set once, never changed
-        return dict(cached)
+        return dict(self._summary)
+
+    @functools.cached_property
+    def _summary(self) -> dict[str, object]:
+        return {
+            "world_size": self.world_size,
+            "stage_devices": self.stage_devices,
+            "num_stages": self.num_stages,
+            "params": {n: {str(s): layout_to_json(l) for s, l in st.items()} for n, st in self.layouts.items()},
+        }
 
 
 @functools.lru_cache(maxsize=4096)
@@ -312,6 +401,7 @@ def stage_slices(layout: Layout, shape: tuple[int, ...],
     job has a few dozen distinct (layout, shape) pairs over thousands of parameters: worked out
     once each, not once per parameter and rank.
     """
+    layout = layout.fit(shape)
     boxes = tuple(layout.box(i, shape) for i in range(devices))
     groups: dict[Box, list[int]] = {}
     for i, b in enumerate(boxes):
@@ -329,59 +419,10 @@ def layout_to_json(layout: Layout) -> dict[str, object]:
 
 # ---- reading files -------------------------------------------------------------------------
 
-@dataclass
-class _StageFile:
-    path: str
-    stage: int | None
-    layouts: dict[str, Layout]
-
-
-def _ints(payload: memoryview) -> list[int]:
-    # One repeated int field (DevMatrix/TensorMap/...): field 1, unpacked or packed.
-    out = []
-    for num, wire, value, _ in protowire.iter_fields(payload):
-        if num != 1:
-            continue
-        if wire == protowire.VARINT:
-            out.append(protowire.as_signed64(value))  # type: ignore[arg-type]
-        elif wire == protowire.LEN:
-            out.extend(protowire.as_signed64(v) for v in protowire.packed_varints(value))  # type: ignore[arg-type]
-    return out
-
-
-def _axis_maps(raw_maps: list[list[int]]) -> tuple[AxisMap, ...]:
-    # A single TensorMap lists one device axis per tensor axis; several TensorMaps (MindSpore's
-    # nested layout) list, per tensor axis, the device axes that split it.
-    if len(raw_maps) == 1:
-        return tuple(() if m == -1 else (m,) for m in raw_maps[0])
-    return tuple(tuple(m for m in axis if m != -1) for axis in raw_maps if axis)
-
-
-def _layout_from_proto(payload: memoryview, name: str, path: str) -> Layout:
-    dev, maps, step, size, fld = None, [], 0, 0, 0
-    split: list[list[int]] = []
-    offsets: list[list[int]] = []
-    for num, wire, value, _ in protowire.iter_fields(payload):
-        if num == 1 and wire == protowire.LEN and dev is None:
-            dev = _ints(value)  # type: ignore[arg-type]
-        elif num == 2 and wire == protowire.LEN:
-            if len(maps) >= MAX_NDIM:
-                raise StrategyError(f"strategy file {path}: parameter {name!r} has more than {MAX_NDIM} tensor maps")
-            maps.append(_ints(value))  # type: ignore[arg-type]
-        elif num == 3 and wire == protowire.LEN:
-            split.append(_ints(value))  # type: ignore[arg-type]
-        elif num == 4 and wire == protowire.LEN:
-            offsets.append(_ints(value))  # type: ignore[arg-type]
-        elif num == 5 and wire == protowire.VARINT:
-            fld = protowire.as_signed64(value)  # type: ignore[arg-type]
-        elif num == 6 and wire == protowire.VARINT:
-            step = protowire.as_signed64(value)  # type: ignore[arg-type]
-        elif num == 7 and wire == protowire.VARINT:
-            size = protowire.as_signed64(value)  # type: ignore[arg-type]
-    if dev is None or not maps:
-        raise StrategyError(f"strategy file {path}: parameter {name!r} has no device matrix or tensor map")
-    local = _declared_local_shape([x for e in split for x in e], [x for e in offsets for x in e], fld, name, path)
-    return _make_layout(dev, _axis_maps(maps), step, size, fld, name, path, local)
+def _layout_from_record(rec: LayoutRecord, name: str, path: str) -> Layout:
+    local = _declared_local_shape(rec.param_split_shape, rec.indices_offset, rec.field_size, name, path)
+    return _make_layout(rec.dev_matrix, rec.tensor_map, rec.opt_shard_step, rec.opt_shard_size, rec.field_size,
+                        name, path, local, rec.tensor_shape)
 
 
 def _declared_local_shape(param_split_shape: Sequence[int], indices_offset: Sequence[int], field_size: int,
@@ -431,75 +472,6 @@ def _make_layout(dev: Sequence[int], maps: tuple[AxisMap, ...], step: int, size:
     return layout
 
 
-def _read_proto(path: str, data: bytes) -> _StageFile:
-    layouts: dict[str, Layout] = {}
-    stage = None
-    try:
-        for num, wire, value, _ in protowire.iter_fields(data):
-            if num == 2 and wire == protowire.LEN and stage is None:
-                stage = _strategy_item_stage(value)  # type: ignore[arg-type]
-            elif num == 3 and wire == protowire.LEN:
-                name, layout_bytes = None, None
-                for n2, w2, v2, _ in protowire.iter_fields(value):  # type: ignore[arg-type]
-                    if n2 == 1 and w2 == protowire.LEN:
-                        name = bytes(v2).decode("utf-8")  # type: ignore[arg-type]
-                    elif n2 == 2 and w2 == protowire.LEN:
-                        layout_bytes = v2
-                if name is None or layout_bytes is None:
-                    raise StrategyError(f"strategy file {path}: a layout item has no name or no layout")
-                layouts[name] = _layout_from_proto(layout_bytes, name, path)  # type: ignore[arg-type]
-    except (protowire.WireError, UnicodeDecodeError) as e:
-        raise StrategyError(f"strategy file {path} is not a MindSpore strategy file (protobuf "
-                            f"ParallelStrategyMap or .json): {e}") from None
-    return _StageFile(path, stage, layouts)
-
-
-def _strategy_item_stage(item: memoryview) -> int | None:
-    for num, wire, value, _ in protowire.iter_fields(item):
-        if num == 2 and wire == protowire.LEN:
-            for n2, w2, v2, _ in protowire.iter_fields(value):  # type: ignore[arg-type]
-                if n2 == 1 and w2 == protowire.VARINT:
-                    return int(v2)  # type: ignore[arg-type]
-    return None
-
-
-def _read_json(path: str, data: bytes) -> _StageFile:
-    try:
-        content = json.loads(data)
-        items = content.get("parallel_layout_item") or {}
-        stage = None
-        for item in (content.get("parallel_strategy_item") or {}).values():
-            stage = int(item["stage"])
-            break
-        layouts = {}
-        for name, item in items.items():
-            raw = item["tensor_map"]
-            maps = (tuple(() if m == -1 else (int(m),) for m in raw) if all(isinstance(m, int) for m in raw)
-                    else tuple(tuple(int(x) for x in (m if isinstance(m, list) else [m]) if x != -1) for m in raw))
-            local = _declared_local_shape(_flat_ints(item.get("param_split_shape")),
-                                          _flat_ints(item.get("indices_offset")), int(item.get("field", 0) or 0),
-                                          name, path)
-            layouts[name] = _make_layout([int(d) for d in item["dev_matrix"]], maps,
-                                         item.get("opt_weight_shard_step", 0) or 0,
-                                         item.get("opt_weight_shard_size", 0) or 0,
-                                         item.get("field", 0) or 0, name, path, local,
-                                         [int(n) for n in item.get("tensor_shape") or ()])
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:  # Recursion: nested too deep
-        if isinstance(e, StrategyError):
-            raise
-        raise StrategyError(f"strategy file {path} is not a valid JSON strategy: {e!r}") from None
-    return _StageFile(path, stage, layouts)
-
-
-def _flat_ints(value: object) -> list[int]:
-    """A JSON list of ints, or of lists of ints, flattened (``None`` -> ``[]``)."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise TypeError(f"expected a list, got {value!r}")
-    return [int(x) for v in value for x in (v if isinstance(v, list) else [v])]
-
-
 def _split_merged_name(name: str) -> tuple[int | None, str]:
     head, sep, rest = name.partition("-")
     if sep and head.isdigit() and rest:
@@ -507,31 +479,16 @@ def _split_merged_name(name: str) -> tuple[int | None, str]:
     return None, name
 
 
-def _read_url(url: str) -> bytes:
-    f = open_user_file(url)
-    if f.size > MAX_METADATA_BYTES:
-        raise StrategyError(f"strategy file {url} is larger than {MAX_METADATA_BYTES} bytes")
-    return f.pread(0, f.size)
+def read_strategy_file(path: str | os.PathLike[str]) -> StrategyFileContents:
+    """Parse one strategy file (protobuf, or JSON when it ends in ``.json``) and check its layouts.
 
-
-def read_strategy_file(path: str | os.PathLike[str]) -> _StageFile:
-    """Parse one strategy file (protobuf, or JSON when it ends in ``.json``)."""
+    The returned contents map each parameter to a :class:`Layout`. Raises
+    :class:`~ckptstore.errors.StrategyError` naming the file for anything unreadable.
+    """
     p = os.fspath(path)
-    if is_url(p):
-        data = _read_url(p)
-        return _read_json(p, data) if p.endswith(".json") else _read_proto(p, data)
-    try:
-        with open(p, "rb") as f:
-            if os.fstat(f.fileno()).st_size > MAX_METADATA_BYTES:
-                raise StrategyError(f"strategy file {p} is larger than {MAX_METADATA_BYTES} bytes")
-            data = f.read()
-    except FileNotFoundError:
-        raise MissingFileError(errno.ENOENT, f"strategy file {p} does not exist", p) from None
-    except IsADirectoryError:
-        raise StrategyError(f"strategy path {p} is a directory; pass the strategy file(s) inside it") from None
-    except OSError as e:
-        raise StrategyError(f"cannot read strategy file {p}: {e.strerror}") from None
-    return _read_json(p, data) if p.endswith(".json") else _read_proto(p, data)
+    contents = parse_strategy(p, read_strategy_bytes(p))
+    layouts = {name: _layout_from_record(rec, name, p) for name, rec in contents.layouts.items()}
+    return StrategyFileContents(p, contents.stage, layouts)  # type: ignore[arg-type]
 
 
 StrategyPaths = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -616,7 +573,7 @@ def load_strategy(paths: StrategyPaths) -> Strategy:
     return _assemble(staged, tuple(files))
 
 
-def _stage_parts(sf: _StageFile) -> dict[int, dict[str, Layout]]:
+def _stage_parts(sf: StrategyFileContents) -> dict[int, dict[str, Layout]]:
     """The layouts of one file by pipeline stage: a merged file's ``"<stage>-"`` names, else the
     file's own stage (0 when it names none: a job without pipeline stages)."""
     out: dict[int, dict[str, Layout]] = {}
@@ -687,10 +644,10 @@ def strategy_from_summary(summary: object) -> Strategy:
     try:
         params = summary["params"]  # type: ignore[index]
         staged = {
-            str(name): {int(s): Layout(tuple(int(x) for x in d["dev_matrix"]),
-                                       tuple(() if m == -1 else tuple(int(x) for x in m) if isinstance(m, list)
-                                             else (int(m),) for m in d["tensor_map"]),
-                                       int(d["opt_shard_step"]), int(d["opt_shard_size"]))
+            str(name): {int(s): Layout(tuple(strict_int(x, "dev_matrix") for x in d["dev_matrix"]),
+                                       tensor_map_axes(d["tensor_map"]),
+                                       strict_int(d["opt_shard_step"], "opt_shard_step"),
+                                       strict_int(d["opt_shard_size"], "opt_shard_size"))
                         for s, d in stages.items()}
             for name, stages in params.items()
         }

@@ -41,8 +41,16 @@ CRC_TRAILER_BYTES = len(CRC_MAGIC) + 10
 _VALUE_KEY = 0x0A  # Checkpoint.value: field 1, length-delimited
 _WINDOW = 4 * 1024  # read-ahead for record headers: small, so neighbouring small payloads are not read
 _CRC_BLOCK = 8 * 1024 * 1024
-#: First 4 bytes of files MindSpore encrypts with enc_key (AES-GCM, AES-CBC).
-_CIPHER_MAGICS = {bytes.fromhex("d85e3a7f"): "AES-GCM", bytes.fromhex("d95e3a7f"): "AES-CBC"}
+#: First 4 bytes of files MindSpore encrypts with ``enc_key``: the little-endian magic number of each
+#: ``enc_mode`` (``mindspore/core/include/utils/crypto.h``: 0x7F3A5ED8 AES-GCM, 0x7F3A5ED9 AES-CBC,
+#: 0x7F3A5EDA SM4-CBC); every encrypted block of the file starts with it.
+CIPHER_MAGICS = {bytes.fromhex("d85e3a7f"): "AES-GCM", bytes.fromhex("d95e3a7f"): "AES-CBC",
+                 bytes.fromhex("da5e3a7f"): "SM4-CBC"}
+
+
+def cipher_mode(f: ReadableFile) -> str | None:
+    """The ``enc_mode`` a checkpoint was encrypted with (``"AES-GCM"``, ``"AES-CBC"``, ``"SM4-CBC"``), or ``None``."""
+    return CIPHER_MAGICS.get(f.pread(0, 4)) if f.size >= 4 else None
 
 
 @dataclass(frozen=True)
@@ -389,12 +397,14 @@ def _explain_non_record(f: ReadableFile, at: int, first: int) -> None:
 
 
 def _refuse_encrypted(f: ReadableFile) -> None:
-    mode = _CIPHER_MAGICS.get(f.pread(0, 4))
+    mode = cipher_mode(f)
     if mode is not None:
         raise EncryptedCheckpointError(
-            f"the file is encrypted ({mode}, saved with enc_key). Decrypt it with "
-            f"mindspore.load_checkpoint(path, dec_key=..., dec_mode={mode!r}) and save it again without "
-            "enc_key before using ckptstore", path=f.url, offset=0)
+            f"the file is encrypted ({mode}, saved with enc_key and enc_mode={mode!r}); its records cannot be "
+            f"read in place. Convert it with 'ckptstore convert --dec-key-file KEYFILE --dec-mode {mode}' (or "
+            f"ckptstore.convert(dec_key=..., dec_mode={mode!r})), or decrypt it with "
+            f"mindspore.load_checkpoint(path, dec_key=..., dec_mode={mode!r}) and save it again without enc_key",
+            path=f.url, offset=0)
 
 
 def _peek_tag(w: _Window, size: int) -> str | None:

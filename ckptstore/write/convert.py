@@ -25,7 +25,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ckptstore.store.chunking import ParamPlan, check_even_slices, plan_chunks, select_params
@@ -39,6 +39,7 @@ from ckptstore.write.parts import SCHEDULER_NO_PART, Part, parse_part
 from ckptstore.progress import Progress
 from ckptstore.checkpoint.source import DistributedSource, SourceParam, resolve_source
 from ckptstore.checkpoint.strategy import StrategyPaths
+from ckptstore.formats.ckpt_cipher import check_key
 from ckptstore.io import is_url, open_location
 from ckptstore.write.save import commit_step, is_saved_step
 from ckptstore.write.commit import commit, mark_done, my_share, write_plan, writer_for
@@ -76,6 +77,8 @@ class ConvertSummary:
     unsaved: tuple[str, ...] = ()
     #: Why this process did nothing (msrun's scheduler process takes no part), else ``None``.
     skipped: str | None = None
+    #: Which checkpoint was taken when the rank folders held several, and why (else ``None``).
+    chosen: str | None = None
 
     @property
     def dedup_saved_bytes(self) -> int:
@@ -92,7 +95,8 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
             verify_replicas: bool = False, verify_crc: bool = False, overwrite: bool = False,
             quiet: bool = True, format: str | None = None, check_layout: bool = True,  # noqa: A002
             src_format: str | None = None, on_wait: Callable[[str], None] | None = None,
-            part: str | Part | None = None) -> ConvertSummary:
+            part: str | Part | None = None, epoch: int | None = None, dec_key: bytes | None = None,
+            dec_mode: str | None = None) -> ConvertSummary:
     """Convert a MindSpore checkpoint into a store of global tensors at ``out``.
 
     ``format`` is ``"zarr"`` (Zarr v3, the default) or ``"safetensors"`` (whole global tensors in
@@ -100,7 +104,8 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     largest chunk in MiB, like ``--chunk-mb`` (default 256, or 16 when compressed).
 
     ``src`` is a folder of ``rank_<i>/`` subfolders of ``.ckpt`` or MindSpore ``.safetensors``
-    files (each rank's newest checkpoint unless ``step``/``prefix``/``src_format`` pick another)
+    files (the newest checkpoint every rank holds unless ``step``/``epoch``/``prefix``/``src_format``
+    pick another; the summary's ``chosen`` says what was taken when rank folders held several)
     with the ``strategy`` file(s) (or a folder of them) that laid it out, or a single checkpoint
     file. ``include``/``exclude`` are name globs; ``drop_optimizer`` removes optimizer state
     (:func:`~ckptstore.store.chunking.optimizer_state`); they apply before the checks of the
@@ -113,8 +118,17 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     an unfinished one is resumed; anything else in ``out`` needs ``overwrite``. ``src``,
     ``strategy`` and ``out`` may be ``s3://``/``obs://`` URLs. ``part`` (``"I/N"`` or ``"auto"``)
     converts only this process's share; the last part to finish commits the store
-    (:mod:`ckptstore.write.parts`). Returns a :class:`ConvertSummary`.
+    (:mod:`ckptstore.write.parts`). ``dec_key`` (bytes) reads rank files saved with ``enc_key``,
+    decrypting them block by block as ``load_checkpoint(dec_key=, dec_mode=)`` does (``dec_mode``:
+    ``"AES-GCM"``, ``"AES-CBC"`` or ``"SM4-CBC"``; by default the one the files name); the store is
+    plain. Returns a :class:`ConvertSummary`.
     """
+    decryption = None
+    if dec_key is not None:
+        check_key(dec_key, dec_mode)
+        decryption = (bytes(dec_key), dec_mode)
+    elif dec_mode is not None:
+        raise InvalidOptionError("dec_mode is given without dec_key (--dec-key-file or CKPTSTORE_DEC_KEY)")
     fmt = "zarr" if format is None else format
     codec, chunk_bytes = _options(fmt, compress, chunk_mb, workers)
     chosen = parse_part(part)
@@ -123,8 +137,8 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     return _run(src, out, fmt, part=chosen, codec=codec, chunk_bytes=chunk_bytes, checksum=True, workers=workers,
                 verify_replicas=verify_replicas, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
                 select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
-                choose={"step": step, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
-                        "src_format": src_format, "strategy": strategy})
+                choose={"step": step, "epoch": epoch, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
+                        "src_format": src_format, "strategy": strategy, "decryption": decryption})
 
 
 def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
@@ -132,7 +146,8 @@ def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
           include: Sequence[str] = (), exclude: Sequence[str] = (), drop_optimizer: bool = False,
           checksum: bool = False, workers: int = 4, verify_crc: bool = False, overwrite: bool = False,
           quiet: bool = True, check_layout: bool = True, src_format: str | None = None,
-          on_wait: Callable[[str], None] | None = None, part: str | Part | None = None) -> ConvertSummary:
+          on_wait: Callable[[str], None] | None = None, part: str | Part | None = None,
+          epoch: int | None = None) -> ConvertSummary:
     """Make a store at ``out`` that copies no payload: an index into the original rank files.
 
     Takes the same source options as :func:`convert`. Each distinct slice of each parameter
@@ -151,7 +166,7 @@ def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     return _run(src, out, "index", part=chosen, codec=None, chunk_bytes=MAX_TENSOR_BYTES, checksum=checksum, workers=workers,
                 verify_replicas=False, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
                 select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
-                choose={"step": step, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
+                choose={"step": step, "epoch": epoch, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
                         "src_format": src_format, "strategy": strategy})
 
 
@@ -170,7 +185,8 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                               *(source.strategy.sources if source.strategy else ())])
         try:
             if hold.complete:
-                return _summary(sink, plans, None, started, part, source.unsaved, already_complete=True)
+                return replace(_summary(sink, plans, None, started, part, source.unsaved, already_complete=True),
+                               chosen=source.chosen)
             header = {**_source_header(source, choose.get("step")), "fingerprint": fingerprint}
             # an index without checksums reads no slice: a byte rate would be meaningless
             progress = Progress(sum(p.nbytes for p in plans), len(plans), desc=fmt if fmt == "index" else "convert",
@@ -194,7 +210,8 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                 progress.close()
             mark_done(sink, part, fingerprint)
             manifest = _commit_if_last(hold, done, fingerprint, on_wait)
-            return _summary(sink, mine, copier, started, part, source.unsaved, manifest=manifest)
+            return replace(_summary(sink, mine, copier, started, part, source.unsaved, manifest=manifest),
+                           chosen=source.chosen)
         finally:
             hold.release()
     finally:
