@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ckptstore.checkpoint.strategy import Layout, Strategy, strategy_from_layouts
+from ckptstore.formats.strategy_file import tensor_map_axes
 from ckptstore.store.store import Store
 
 
@@ -28,7 +29,7 @@ def net_strategy(net: Any, store: Store) -> Strategy | None:
 def compiled_layout(lay: Sequence[Any], full_shape: Sequence[int] | None) -> Layout:
     """One ``parameter_layout_dict`` entry as a :class:`Layout`, given the parameter's global shape
     (optimizer sharding is the ratio of the model-parallel slice to the compiled slice)."""
-    maps = tuple(() if m == -1 else tuple(m) if isinstance(m, (list, tuple)) else (int(m),) for m in lay[1])
+    maps = tensor_map_axes(lay[1], "parameter_layout_dict tensor map")
     base = Layout(tuple(int(d) for d in lay[0]), maps)
     slice_shape, parts = [int(x) for x in lay[2]], 0
     if full_shape and slice_shape and base.splits():
