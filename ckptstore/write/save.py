@@ -46,7 +46,7 @@ from ckptstore.store import zarr as zb
 from ckptstore.store.chunking import select_params
 from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR, read_manifest
 from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest, dtype_label
-from ckptstore.store.steps import STEP_FOLDER, step_name
+from ckptstore.store.steps import STEP_FOLDER, step_name, step_sink
 from ckptstore.version import __version__
 from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, drop_work, lock_output
 from ckptstore.write.parts import LAUNCHERS, PARTS_DIR, Part
@@ -245,7 +245,7 @@ class SaveJob:
         """Write ``pieces`` (by default straight from the arrays), record them, and commit if this
         rank is the last to finish (unless ``commit=False``: ``ckptstore commit`` does it later)."""
         started = time.monotonic()
-        sink = open_sink(self.location)
+        sink = step_sink(self.location)
         hold = self._claim(sink)
         try:
             if hold.complete:
