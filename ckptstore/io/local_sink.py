@@ -66,6 +66,19 @@ class LocalSinkFile(LocalFile, SinkFile):
         self.size = size
 
 
+class _SinkSource(LocalSource):
+    """The sink's own reads: from the root descriptor it holds once it holds one (a resumed run
+    reads back its work records from the folder it writes, not from wherever the path leads now)."""
+
+    def __init__(self, sink: "LocalSink") -> None:
+        super().__init__(sink.root)
+        self._sink = sink
+
+    def _root_fd(self) -> int:
+        held = self._sink._rfd
+        return os.dup(held) if held >= 0 else super()._root_fd()
+
+
 class LocalSink(ByteSink):
     """A local folder as a byte sink; see the module docstring."""
 
@@ -73,7 +86,7 @@ class LocalSink(ByteSink):
 
     def __init__(self, root: str | os.PathLike[str], *, within: "tuple[LocalSink, str] | None" = None) -> None:
         self.root = Path(root)
-        self.source = LocalSource(self.root)
+        self.source = _SinkSource(self)
         self._touched: set[str] = set()
         self._lock = threading.Lock()
         #: ``(parent sink, folder name)`` when this sink is a folder of another (a step of a root):
