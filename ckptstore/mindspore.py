@@ -502,7 +502,8 @@ def _store_checkpoint_class() -> type:
     from mindspore.train import Callback
 
     from ckptstore.write.async_save import AsyncSaver
-    from ckptstore.write.save import SaveSummary, prepare_save, prune_steps
+    from ckptstore.write.retention import prune_steps
+    from ckptstore.write.save import SaveSummary, prepare_save
 
     class StoreCheckpoint(Callback):  # type: ignore[misc, valid-type]
         """Save the trained cell into ``root/step_<N>`` every ``save_checkpoint_steps`` steps.
@@ -564,7 +565,7 @@ def _store_checkpoint_class() -> type:
         def _after(self, summary: SaveSummary) -> None:
             self.summaries.append(summary)
             if summary.committed and self.keep:
-                prune_steps(self.root, self.keep)
+                prune_steps(self.root, self.keep, protect=(summary.step,))
 
     return StoreCheckpoint
 
