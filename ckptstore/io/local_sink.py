@@ -404,6 +404,22 @@ class LocalSink(ByteSink):
             return []
         return sorted(self._walk(fd, prefix))
 
+    def files(self, prefix: str = "") -> list[tuple[str, int, int]]:
+        out = []
+        for key in self.keys(prefix):
+            try:
+                dfd, name = self._parent(key, create=False)
+            except (OSError, UnsafePathError):
+                continue  # removed meanwhile
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                out.append((key, st.st_size, st.st_mtime_ns))
+            except OSError:
+                continue
+            finally:
+                os.close(dfd)
+        return out
+
     def _walk(self, fd: int, prefix: str) -> Iterator[str]:
         try:
             entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in os.scandir(fd)]

@@ -201,6 +201,16 @@ class ByteSink(ABC):
         Symbolic links are listed (so they can be deleted), never followed.
         """
 
+    def files(self, prefix: str = "") -> list[tuple[str, int, int]]:
+        """Every file below folder ``prefix`` as ``(key, size, mtime_ns)``, sorted by key (what
+        :meth:`keys` lists; a link's own size and time, never its target's)."""
+        out = []
+        for key in self.keys(prefix):
+            st = self.source.stat(key)
+            if st is not None:
+                out.append((key, st.size, st.mtime_ns))
+        return out
+
     @abstractmethod
     def delete(self, keys: Sequence[str]) -> None:
         """Delete files (missing ones are fine; a link is removed, not what it points to), and

@@ -1,4 +1,5 @@
-"""Retention: which steps of a store root ckptstore saved, and deleting the old ones.
+"""Retention: which steps of a store root ckptstore saved (:func:`list_steps`, ``ckptstore steps``),
+and deleting the old ones.
 
 A store root (``save_rank``'s and ``StoreCheckpoint``'s ``ROOT``) holds ``step_<N>`` folders,
 but the folder is the user's: other tools write beside ckptstore (``ROOT/step_1/eval_results.txt``)
@@ -25,10 +26,11 @@ from typing import Any, Collection
 
 from ckptstore.errors import CkptStoreError
 from ckptstore.io.locations import open_location
-from ckptstore.io.sink import ByteSink, partial_key
+from ckptstore.io.sink import ByteSink, open_sink, partial_key
 from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR, find_manifest, read_manifest, store_kind
 from ckptstore.store.manifest import StoreManifest
 from ckptstore.store.steps import STEP_FOLDER, step_sink
+from ckptstore.write.parts import PARTS_DIR, Part
 from ckptstore.write.save import RECORDS_DIR, step_location
 
 #: A chunk or shard file of a Zarr v3 array as ckptstore writes them (``c``, ``c.0.1``, ``c/0/1``),
@@ -36,6 +38,85 @@ from ckptstore.write.save import RECORDS_DIR, step_location
 _CHUNK_FILE = re.compile(r"^c([./]\d+)*(\.partial|\.journal)?$")
 #: The lock files of a work folder (``lock``, ``lock.part-<i>``).
 _LOCK = re.compile(r"^lock(\.part-\d+)?$")
+_MARKER = re.compile(r"^(\d+)-of-(\d+)$")
+
+COMMITTED, UNFINISHED, FOREIGN, LINK = "committed", "unfinished", "not ckptstore's", "symbolic link"
+
+
+@dataclass(frozen=True)
+class StepFolder:
+    """One ``step_<N>`` of a store root: ``state`` is ``"committed"``, ``"unfinished"`` (a save or
+    conversion some rank or part has not finished: ``missing`` lists them, of ``world``; ``world``
+    is ``None`` when none has finished), ``"not ckptstore's"`` (a folder ckptstore did not write)
+    or ``"symbolic link"`` (not read: ckptstore writes and reads no step through a link);
+    ``bytes`` and ``files`` count every file in it, ``mtime`` is the newest one's (seconds since
+    the epoch, ``None`` when empty)."""
+
+    step: int
+    state: str
+    world: int | None
+    missing: tuple[int, ...]
+    bytes: int
+    files: int
+    mtime: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "state": self.state, "world": self.world, "missing_ranks": list(self.missing),
+                "bytes": self.bytes, "files": self.files, "mtime": self.mtime}
+
+
+def list_steps(root: str | os.PathLike[str]) -> list[StepFolder]:
+    """Every ``step_<N>`` of ``root`` (a folder or an ``s3://``/``obs://`` prefix), newest first,
+    with its state, the ranks an unfinished one waits for, its bytes and when it was last written."""
+    sink = open_sink(os.fspath(root))
+    try:
+        folders = sink.listing()[0]
+    except (FileNotFoundError, NotADirectoryError):
+        folders = []
+    found = []
+    for name in folders:
+        m = STEP_FOLDER.match(name)
+        if m:
+            found.append(_step_folder(sink.folder(name), int(m.group(1))))
+    for name in sink.links():
+        m = STEP_FOLDER.match(name)
+        if m:
+            found.append(StepFolder(int(m.group(1)), LINK, None, (), 0, 0, None))
+    return sorted(found, key=lambda f: f.step, reverse=True)
+
+
+def _step_folder(sink: ByteSink, step: int) -> StepFolder:
+    files = sink.files()
+    size = sum(n for _, n, _ in files)
+    mtime = max((t for _, _, t in files), default=None)
+    when = None if mtime is None else round(mtime / 1e9, 3)
+    doc = read_manifest(sink.source)
+    if isinstance(doc, dict) and doc.get("complete") is True:
+        return StepFolder(step, COMMITTED, _world(doc), (), size, len(files), when)
+    keys = [k for k, _, _ in files]
+    if not any(k.startswith(WORK_DIR + "/") for k in keys):
+        return StepFolder(step, FOREIGN, None, (), size, len(files), when)
+    world, missing = _waiting_for(keys)
+    return StepFolder(step, UNFINISHED, world, missing, size, len(files), when)
+
+
+def _world(doc: dict[str, Any]) -> int | None:
+    source = doc.get("source")
+    world = source.get("world_size") if isinstance(source, dict) else None
+    return world if isinstance(world, int) and not isinstance(world, bool) else None
+
+
+def _waiting_for(keys: list[str]) -> tuple[int | None, tuple[int, ...]]:
+    """The world size and the ranks (parts) whose marker is missing, from the work folder's part
+    markers ``parts/<i>-of-<n>``; ``(None, ())`` when no rank has finished."""
+    done = set(keys)
+    for key in keys:
+        folder, _, name = key.rpartition("/")
+        m = _MARKER.match(name) if folder == PARTS_DIR else None
+        if m:
+            world = int(m.group(2))
+            return world, tuple(i for i in range(world) if Part(i, world).marker not in done)
+    return None, ()
 
 
 @dataclass
