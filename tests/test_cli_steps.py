@@ -22,6 +22,11 @@ def _save(root: str | Path, step: int, ranks: tuple[int, ...]) -> None:
                             rank=rank)
 
 
+def _bytes(folder: Path) -> int:
+    """Every file's size (an unfinished step's lock files say which pid holds them: their size varies)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
 @pytest.fixture
 def root(tmp_path) -> Path:
     """step 10: rank 1 saved, rank 0 did not; 20: committed; 30: rank 0 saved; 0: another tool's."""
@@ -51,9 +56,11 @@ def test_steps_json_gives_state_world_missing_ranks_bytes_and_files(root) -> Non
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert [{k: v for k, v in s.items() if k != "mtime"} for s in doc["steps"]] == [
-        {"step": 30, "state": "unfinished", "world": 2, "missing_ranks": [1], "bytes": 132378, "files": 7},
+        {"step": 30, "state": "unfinished", "world": 2, "missing_ranks": [1], "bytes": _bytes(root / "step_30"),
+         "files": 7},
         {"step": 20, "state": "committed", "world": 2, "missing_ranks": [], "bytes": 263434, "files": 4},
-        {"step": 10, "state": "unfinished", "world": 2, "missing_ranks": [0], "bytes": 131849, "files": 6},
+        {"step": 10, "state": "unfinished", "world": 2, "missing_ranks": [0], "bytes": _bytes(root / "step_10"),
+         "files": 6},
         {"step": 0, "state": "not ckptstore's", "world": None, "missing_ranks": [], "bytes": 5, "files": 1}]
     assert all(isinstance(s["mtime"], float) for s in doc["steps"])
 

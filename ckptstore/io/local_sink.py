@@ -67,16 +67,16 @@ class LocalSinkFile(LocalFile, SinkFile):
 
 
 class _SinkSource(LocalSource):
-    """The sink's own reads: from the root descriptor it holds once it holds one (a resumed run
-    reads back its work records from the folder it writes, not from wherever the path leads now)."""
+    """The sink's own reads: from the root descriptor it holds (a resumed run reads back its work
+    records from the folder it writes, not from wherever the path leads now; a step folder that
+    is a link is refused for reading too)."""
 
     def __init__(self, sink: "LocalSink") -> None:
         super().__init__(sink.root)
         self._sink = sink
 
     def _root_fd(self) -> int:
-        held = self._sink._rfd
-        return os.dup(held) if held >= 0 else super()._root_fd()
+        return os.dup(self._sink._root_fd(create=False))
 
 
 class LocalSink(ByteSink):
