@@ -6,7 +6,7 @@ but the folder is the user's: other tools write beside ckptstore (``ROOT/step_1/
 and a ``step_0`` may be another tool's altogether. So retention deletes
 
 * only steps ckptstore wrote: committed ones (their manifest says so) and unfinished saves whose
-  work folder is ckptstore's (it holds the save's fingerprint and the ranks' records);
+  work folder is ckptstore's (it holds the fingerprint a writer claims the folder with);
 * and in them only the files ckptstore wrote: the manifest and the files it names, each array's
   ``zarr.json``, the work folder, and, in an unfinished save, the chunk files (``c.<i>...``,
   and their ``.partial``/``.journal``) of the arrays its ranks' records name.
@@ -260,9 +260,11 @@ def owned_files(sink: ByteSink, keys: list[str] | None = None) -> list[str] | No
 
 
 def _is_save_work(sink: ByteSink, work: list[str]) -> bool:
+    """Whether the work folder is one ckptstore made (it holds the fingerprint every writer
+    claims a store with; the records, if any rank finished, name the arrays)."""
     from ckptstore.write.output_folder import FINGERPRINT
 
-    return FINGERPRINT in work and any(k.startswith(RECORDS_DIR + "/") for k in work)
+    return FINGERPRINT in work
 
 
 def _recorded_arrays(sink: ByteSink, work: list[str]) -> set[str]:
