@@ -4,6 +4,9 @@
 *committed* once its manifest exists. Opening ``ROOT`` opens the newest committed step; a step
 that some rank has not finished saving is skipped (it neither opens nor hides the previous
 one). Opening ``ROOT/step_<N>`` itself opens that step, or says which ranks it still waits for.
+A ``step_<N>`` that is a symbolic link is no step: saving refuses to write through it
+(:func:`step_sink`), and opening ``ROOT`` skips it with a warning naming it (refusing would let
+anyone who can write ``ROOT`` stop every resume).
 """
 from __future__ import annotations
 
