@@ -89,3 +89,11 @@ def test_steps_lists_the_steps_of_a_bucket_prefix(bucket) -> None:
     assert r.returncode == 0, r.stderr
     assert [(s["step"], s["state"], s["missing_ranks"]) for s in json.loads(r.stdout)["steps"]] == \
         [(2, "unfinished", [1]), (1, "committed", [])]
+
+
+def test_a_step_folder_that_is_a_symbolic_link_is_listed_as_one(root, tmp_path_factory) -> None:
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (root / "step_40").symlink_to(elsewhere, target_is_directory=True)
+    r = run_cli("steps", root, "--json")
+    assert json.loads(r.stdout)["steps"][0] == {"step": 40, "state": "symbolic link", "world": None,
+                                                 "missing_ranks": [], "bytes": 0, "files": 0, "mtime": None}

@@ -75,3 +75,16 @@ def test_removing_an_unfinished_step_leaves_the_files_its_records_do_not_name(tm
         removed = remove_unfinished(tmp_path)
     assert removed == Removed(steps=[1], left={1: ["log.txt", "w/readme"]})
     assert _files(tmp_path / "step_1") == ["log.txt", "w/readme"]
+
+
+def test_an_unfinished_step_a_rank_is_saving_now_is_not_removed(tmp_path) -> None:
+    from ckptstore.io.local_sink import LocalSink
+
+    _half_save(tmp_path, 1)
+    _save(tmp_path, 2)
+    held = LocalSink(tmp_path / "step_1").lock("lock.part-1")  # rank 1 is writing step 1 now
+    try:
+        assert remove_unfinished(tmp_path) == Removed(busy=[1])
+    finally:
+        held.release()
+    assert saved_steps(tmp_path) == [(1, False), (2, True)]

@@ -61,6 +61,7 @@ class StepFolder:
     mtime: float | None
 
     def to_json(self) -> dict[str, Any]:
+        """The fields as ``ckptstore steps --json`` prints them."""
         return {"step": self.step, "state": self.state, "world": self.world, "missing_ranks": list(self.missing),
                 "bytes": self.bytes, "files": self.files, "mtime": self.mtime}
 
