@@ -76,7 +76,7 @@ class _SinkSource(LocalSource):
         self._sink = sink
 
     def _root_fd(self) -> int:
-        return os.dup(self._sink._root_fd(create=False))
+        return self._sink._root_fd(create=False)
 
 
 class LocalSink(ByteSink):
@@ -101,26 +101,29 @@ class LocalSink(ByteSink):
     # --- folders -------------------------------------------------------------------------------
 
     def _root_fd(self, *, create: bool) -> int:
-        """The root's descriptor, opened (and made, if ``create``) once and held for the sink's
-        life: a parent folder swapped for a link during a run then changes nothing (every other
-        path is reached from it)."""
-        with self._lock:
-            if self._rfd >= 0:
-                return self._rfd
-            if self._within is not None:
-                parent, name = self._within
-                fd = parent._folder(name.split("/"), create=create)
-            else:
-                try:
-                    fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                except FileNotFoundError:
-                    if not create:
-                        raise
-                    os.makedirs(self.root, exist_ok=True)
-                    fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            self._rfd = fd
-            self._rfd_closer = weakref.finalize(self, os.close, fd)
-            return fd
+        """A new descriptor (the caller closes it) of the root, which is opened (and made, if
+        ``create``) once and held for the sink's life: a parent folder swapped for a link during a
+        run then changes nothing (every other path is reached from it)."""
+        with self._lock:  # duplicated under the lock: a close() meanwhile cannot hand out a reused number
+            if self._rfd < 0:
+                self._open_root(create=create)
+            return os.dup(self._rfd)
+
+    def _open_root(self, *, create: bool) -> None:
+        """Open (and make, if ``create``) the root and hold it; the caller holds :attr:`_lock`."""
+        if self._within is not None:
+            parent, name = self._within
+            fd = parent._folder(name.split("/"), create=create)
+        else:
+            try:
+                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.makedirs(self.root, exist_ok=True)
+                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._rfd = fd
+        self._rfd_closer = weakref.finalize(self, os.close, fd)
 
     def _drop_root_fd(self) -> None:
         with self._lock:
@@ -134,7 +137,7 @@ class LocalSink(ByteSink):
 
     def _folder(self, parts: Sequence[str], *, create: bool) -> int:
         """A descriptor of folder ``parts`` below the root, made (with the root) if ``create``."""
-        fd = os.dup(self._root_fd(create=create))
+        fd = self._root_fd(create=create)
         try:
             for i, part in enumerate(parts):
                 try:
@@ -209,7 +212,7 @@ class LocalSink(ByteSink):
 
     def make_root(self) -> None:
         try:
-            self._root_fd(create=True)
+            os.close(self._root_fd(create=True))
         except OSError as e:
             raise write_error(e, self.root) from e
 
