@@ -73,10 +73,11 @@ class _SinkSource(LocalSource):
 
     def __init__(self, sink: "LocalSink") -> None:
         super().__init__(sink.root)
-        self._sink = sink
+        self._sink = weakref.ref(sink)  # no cycle: a sink dropped closes its root at once
 
     def _root_fd(self) -> int:
-        return self._sink._root_fd(create=False)
+        sink = self._sink()
+        return sink._root_fd(create=False) if sink is not None else super()._root_fd()
 
 
 class LocalSink(ByteSink):
