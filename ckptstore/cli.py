@@ -678,5 +678,49 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
                f"{_fmt_bytes(summary.bytes_read)} from the store")
 
 
+@main.command()
+@click.argument("root", type=Location(exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
+@click.option("--clean", is_flag=True,
+              help="Remove the unfinished steps older than the newest committed one (only the files ckptstore "
+                   "wrote), then list.")
+@_friendly_errors
+def steps(root: str, as_json: bool, clean: bool) -> None:
+    """List the steps saved into ROOT (save_rank, StoreCheckpoint): each step committed or unfinished,
+    the ranks an unfinished one waits for, its size and when it was last written."""
+    import time
+    import warnings
+
+    from ckptstore.write.retention import UNFINISHED, list_steps, remove_unfinished
+
+    with warnings.catch_warnings():  # what was left is printed below, once
+        warnings.simplefilter("ignore")
+        removed = remove_unfinished(root) if clean else None
+    found = list_steps(root)
+    if as_json:
+        click.echo(json.dumps({"root": root, "steps": [f.to_json() for f in found],
+                               **({"removed": removed.steps, "left": {str(k): v for k, v in removed.left.items()}}
+                                  if removed is not None else {})}, indent=2))
+        return
+    if removed is not None:
+        click.echo(f"ckptstore: {removed.describe()}")
+    if not found:
+        click.echo(f"no step folders in {root}")
+        return
+    click.echo(f"{'step':>8}  {'state':<16} {'ranks missing':<16} {'size':>10}  last written")
+    for f in found:
+        missing = "-" if f.state != UNFINISHED else (
+            "none finished" if f.world is None else
+            f"{', '.join(map(str, f.missing[:8]))}{' ...' if len(f.missing) > 8 else ''} of {f.world}"
+            if f.missing else f"none (of {f.world})")
+        when = "-" if f.mtime is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.mtime))
+        click.echo(f"{f.step:>8}  {f.state:<16} {missing:<16} {_fmt_bytes(f.bytes):>10}  {when}")
+    newest = next((f.step for f in found if f.state == "committed"), None)
+    stale = [f.step for f in found if f.state == UNFINISHED and newest is not None and f.step < newest]
+    if stale:
+        click.echo(f"{len(stale)} unfinished step(s) older than the newest committed step {newest}: remove them with "
+                   f"'ckptstore steps {root} --clean'")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -481,7 +481,8 @@ def test_a_failed_background_save_is_raised_by_the_next_call_and_commits_nothing
 
 def test_a_failed_copy_is_raised_by_the_save_itself_once_and_commits_nothing(tmp_path):
     from ckptstore.write.async_save import AsyncSaver
-    from ckptstore.write.save import prepare_save, saved_steps
+    from ckptstore.write.retention import saved_steps
+    from ckptstore.write.save import prepare_save
     from ckptstore.write.values import LazyArray
 
     def fetch():
@@ -497,7 +498,7 @@ def test_a_failed_copy_is_raised_by_the_save_itself_once_and_commits_nothing(tmp
 
 @pytest.mark.mindspore
 def test_old_steps_go_only_after_a_newer_step_is_committed(tmp_path, saved_layout):
-    from ckptstore.write.save import prune_steps, saved_steps
+    from ckptstore.write.retention import prune_steps, saved_steps
 
     for step in (1, 2, 3):
         ckptstore.save_rank({"w": np.full(2, step)}, tmp_path, step=step)
@@ -506,7 +507,7 @@ def test_old_steps_go_only_after_a_newer_step_is_committed(tmp_path, saved_layou
 
     ckptstore.save_rank(local_slices(str(layout.rank_file(0))), tmp_path, step=4, strategy=layout.strategy_files,
                         rank=0)  # step 4: rank 0 of 4 saved, not committed
-    assert prune_steps(tmp_path, 2) == [1]
+    assert prune_steps(tmp_path, 2).steps == [1]
     assert saved_steps(tmp_path) == [(2, True), (3, True), (4, False)]
     assert ckptstore.open(tmp_path).source["step"] == 3
 

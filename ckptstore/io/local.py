@@ -163,11 +163,15 @@ class LocalSource(ByteSource):
         st = _regular_file(fd, self.key_url(key))
         return LocalFile(fd, key, self.key_url(key), st.st_size)
 
+    def _root_fd(self) -> int:
+        """A new descriptor of the root folder (a sink's source reuses the one its sink holds)."""
+        return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
     def _walk(self, key: str, flags: int) -> int:
         """Open ``key`` below the root, refusing symbolic links at every step; return the fd."""
         parts = check_key(key, str(self.root)).split("/")
         try:
-            dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            dir_fd = self._root_fd()
         except FileNotFoundError:
             raise MissingFileError(errno.ENOENT, f"folder {self.root} does not exist", str(self.root)) from None
         except OSError as e:
@@ -225,8 +229,7 @@ class LocalSource(ByteSource):
             f.close()
 
     def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
-        fd = self._walk(prefix, os.O_RDONLY | os.O_DIRECTORY) if prefix else os.open(
-            self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = self._walk(prefix, os.O_RDONLY | os.O_DIRECTORY) if prefix else self._root_fd()
         folders, files = [], []
         try:
             for entry in os.scandir(fd):

@@ -8,7 +8,14 @@ removed first: unlinking a link never touches its target); files that are reopen
 partial file, a journal, the lock file) with ``O_NOFOLLOW``; renames and links go from one
 folder descriptor to another. A symbolic link where ckptstore would write, lock or descend is
 refused with :class:`~ckptstore.errors.UnsafePathError` naming it, before anything is written
-through it. The root itself is the user's choice and may be reached through links.
+through it. The root itself is the user's choice and may be reached through links; its
+descriptor is opened once (made if needed) and held for the sink's life, so a parent folder
+swapped for a link during a run changes nothing. A step folder (:meth:`LocalSink.folder`) is
+reached from its root's descriptor like any other folder: a planted link there is refused. A
+file that is reopened but shares its inode with another name (link count above 1: a ``cp -al``
+or ``rsync --link-dest`` snapshot, or a planted hard link) is never written through: a resumed
+file goes on in a copy of its own renamed over the name, a journal starts in a new file, and a
+lock file is replaced by a new one locked before the rename.
 
 A published file is fsynced before its rename (unless it is put with ``durable=False``: a
 saving rank renames its files at once and fsyncs them together, concurrently, with
@@ -27,6 +34,7 @@ import socket
 import stat as stat_mod
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -58,28 +66,79 @@ class LocalSinkFile(LocalFile, SinkFile):
         self.size = size
 
 
+class _SinkSource(LocalSource):
+    """The sink's own reads: from the root descriptor it holds (a resumed run reads back its work
+    records from the folder it writes, not from wherever the path leads now; a step folder that
+    is a link is refused for reading too)."""
+
+    def __init__(self, sink: "LocalSink") -> None:
+        super().__init__(sink.root)
+        self._sink = weakref.ref(sink)  # no cycle: a sink dropped closes its root at once
+
+    def _root_fd(self) -> int:
+        sink = self._sink()
+        return sink._root_fd(create=False) if sink is not None else super()._root_fd()
+
+
 class LocalSink(ByteSink):
     """A local folder as a byte sink; see the module docstring."""
 
     seekable = True
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, within: "tuple[LocalSink, str] | None" = None) -> None:
         self.root = Path(root)
-        self.source = LocalSource(self.root)
+        self.source = _SinkSource(self)
         self._touched: set[str] = set()
         self._lock = threading.Lock()
+        #: ``(parent sink, folder name)`` when this sink is a folder of another (a step of a root):
+        #: its own folder is then reached from the parent's descriptor, no link followed.
+        self._within = within
+        self._rfd = -1
+        self._rfd_closer: weakref.finalize | None = None
+
+    def folder(self, name: str) -> "LocalSink":
+        return LocalSink(self.root / check_key(name, str(self.root)), within=(self, name))
 
     # --- folders -------------------------------------------------------------------------------
 
+    def _root_fd(self, *, create: bool) -> int:
+        """A new descriptor (the caller closes it) of the root, which is opened (and made, if
+        ``create``) once and held for the sink's life: a parent folder swapped for a link during a
+        run then changes nothing (every other path is reached from it)."""
+        with self._lock:  # duplicated under the lock: a close() meanwhile cannot hand out a reused number
+            if self._rfd < 0:
+                self._open_root(create=create)
+            return os.dup(self._rfd)
+
+    def _open_root(self, *, create: bool) -> None:
+        """Open (and make, if ``create``) the root and hold it; the caller holds :attr:`_lock`."""
+        if self._within is not None:
+            parent, name = self._within
+            fd = parent._folder(name.split("/"), create=create)
+        else:
+            try:
+                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.makedirs(self.root, exist_ok=True)
+                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._rfd = fd
+        self._rfd_closer = weakref.finalize(self, os.close, fd)
+
+    def _drop_root_fd(self) -> None:
+        with self._lock:
+            closer, self._rfd_closer, self._rfd = self._rfd_closer, None, -1
+        if closer is not None:
+            closer()
+
+    def close(self) -> None:
+        self._drop_root_fd()
+        super().close()
+
     def _folder(self, parts: Sequence[str], *, create: bool) -> int:
         """A descriptor of folder ``parts`` below the root, made (with the root) if ``create``."""
-        try:
-            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            if not create:
-                raise
-            os.makedirs(self.root, exist_ok=True)
-            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = self._root_fd(create=create)
         try:
             for i, part in enumerate(parts):
                 try:
@@ -94,7 +153,7 @@ class LocalSink(ByteSink):
                         pass  # another writer made it meanwhile (or planted something: the open says)
                     sub = self._open_folder(part, fd, parts[:i + 1])
                 except OSError as e:
-                    raise self._refusal(e, "/".join(parts[:i + 1])) from None
+                    raise self._refusal(e, fd, part, "/".join(parts[:i + 1])) from None
                 os.close(fd)
                 fd = sub
             return fd
@@ -106,12 +165,13 @@ class LocalSink(ByteSink):
         try:
             return os.open(part, _DIR, dir_fd=fd)
         except OSError as e:
-            raise self._refusal(e, "/".join(parts)) from None
+            raise self._refusal(e, fd, part, "/".join(parts)) from None
 
-    def _refusal(self, e: OSError, reached: str) -> OSError | UnsafePathError:
-        """An ``UnsafePathError`` when ``reached`` is a link (``O_NOFOLLOW`` said so), else ``e``."""
+    def _refusal(self, e: OSError, dfd: int, name: str, reached: str) -> OSError | UnsafePathError:
+        """An ``UnsafePathError`` when ``name`` in folder ``dfd`` (``reached`` below the root) is a
+        link (``O_NOFOLLOW`` said so), else ``e``."""
         path = self.root / reached
-        if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and os.path.islink(path):
+        if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and _is_link(dfd, name):
             return UnsafePathError(f"{path} is a symbolic link; ckptstore writes through no links inside "
                                    f"{self.root} (someone else may have planted it): remove it, or choose "
                                    "another output folder")
@@ -141,17 +201,36 @@ class LocalSink(ByteSink):
             raise StoreExistsError(f"output path {self.root} is a file, not a folder; choose another")
         return self.source.list()
 
+    def links(self) -> list[str]:
+        try:
+            fd = self._folder([], create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        try:
+            return sorted(e.name for e in os.scandir(fd) if e.is_symlink())
+        finally:
+            os.close(fd)
+
     def make_root(self) -> None:
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            os.close(self._root_fd(create=True))
         except OSError as e:
             raise write_error(e, self.root) from e
 
     def remove_root(self) -> None:
         try:
-            os.rmdir(self.root)
-        except OSError:
-            pass  # not empty (files ckptstore did not write) or gone already
+            if self._within is not None:
+                parent, name = self._within
+                dfd, last = parent._parent(name, create=False)
+                try:
+                    os.rmdir(last, dir_fd=dfd)
+                finally:
+                    os.close(dfd)
+            else:
+                os.rmdir(self.root)
+        except (OSError, UnsafePathError):
+            return  # not empty (files ckptstore did not write), gone already, or a link (not ours)
+        self._drop_root_fd()
 
     # --- whole files ---------------------------------------------------------------------------
 
@@ -235,15 +314,19 @@ class LocalSink(ByteSink):
             dfd, _ = self._parent(key)
             try:
                 fd = self._open_in(dfd, name, resume=resume, where=self._beside(key, name))
+                st = os.fstat(fd)
+                if not stat_mod.S_ISREG(st.st_mode):
+                    os.close(fd)
+                    raise UnsafePathError(f"{self.key_url(key)} ({name}) is not a regular file; remove it, or choose "
+                                          "another output folder")
+                if st.st_nlink > 1:
+                    # another name shares the file (a `cp -al` or `rsync --link-dest` snapshot, or a
+                    # planted link): writing would change it there too, so continue in a copy of our own
+                    fd = _own_copy(dfd, name, fd, 0 if truncate else st.st_size)
+                elif truncate and st.st_size:
+                    os.ftruncate(fd, 0)
             finally:
                 os.close(dfd)
-            st = os.fstat(fd)
-            if not stat_mod.S_ISREG(st.st_mode):
-                os.close(fd)
-                raise UnsafePathError(f"{self.key_url(key)} ({name}) is not a regular file; remove it, or choose "
-                                      "another output folder")
-            if truncate and st.st_size:
-                os.ftruncate(fd, 0)
         except OSError as e:
             raise write_error(e, self.key_url(key)) from e
         folder = key[:len(key) - len(key.rsplit("/", 1)[-1])]
@@ -325,6 +408,22 @@ class LocalSink(ByteSink):
             return []
         return sorted(self._walk(fd, prefix))
 
+    def files(self, prefix: str = "") -> list[tuple[str, int, int]]:
+        out = []
+        for key in self.keys(prefix):
+            try:
+                dfd, name = self._parent(key, create=False)
+            except (OSError, UnsafePathError):
+                continue  # removed meanwhile
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                out.append((key, st.st_size, st.st_mtime_ns))
+            except OSError:
+                continue
+            finally:
+                os.close(dfd)
+        return out
+
     def _walk(self, fd: int, prefix: str) -> Iterator[str]:
         try:
             entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in os.scandir(fd)]
@@ -385,6 +484,8 @@ class LocalSink(ByteSink):
             parts = parts[:-1]
 
     def sync(self) -> None:
+        if self._within is not None:
+            self._within[0].sync()  # the parent's folder names this one (made by this sink, maybe)
         with self._lock:
             folders, self._touched = sorted(self._touched), set()
         # on this machine 950 folders took 2.8 s fsynced one after another
@@ -430,6 +531,45 @@ def _fsync_all(fsync: Callable[[str], None], names: Sequence[str]) -> None:
         return
     with ThreadPoolExecutor(min(SYNC_THREADS, len(names))) as pool:
         list(pool.map(fsync, names))
+
+
+def _temp_name(name: str) -> str:
+    """A name beside ``name`` that no other writer uses (created exclusively)."""
+    return f"{name}.{os.getpid()}-{next(_unique)}.tmp"
+
+
+def _own_copy(dfd: int, name: str, fd: int, nbytes: int) -> int:
+    """Replace file ``name`` (open as ``fd``, which other names share) by a new file of its first
+    ``nbytes`` bytes and return the new file's descriptor (``fd`` is closed): the shared file is
+    left as it was, and only the name now points elsewhere."""
+    tmp = _temp_name(name)
+    new = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+    try:
+        done = 0
+        while done < nbytes:
+            n = os.copy_file_range(fd, new, nbytes - done, done, done)
+            if n == 0:
+                break  # the shared file is shorter than it was (changed meanwhile): keep what there is
+            done += n
+        os.fsync(new)  # the copy is durable before its name replaces the shared file's
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        os.close(new)
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(fd)
+    return new
+
+
+def _is_link(dfd: int, name: str) -> bool:
+    try:
+        return stat_mod.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def _unlink_file(dfd: int, name: str) -> None:
@@ -491,7 +631,7 @@ class FolderLock:
                     self.on_wait(self._holder(fd))
                 fcntl.flock(fd, fcntl.LOCK_EX)
             if self._still_named(fd):
-                self._fd = fd
+                self._fd = self._own_file(fd)
                 self._describe_self()
                 return self
             os.close(fd)  # the holder committed and removed the file: lock a fresh one
@@ -524,6 +664,33 @@ class FolderLock:
                 raise write_error(e, f"the lock file {self.path}") from e
             finally:
                 os.close(dfd)
+
+    def _own_file(self, fd: int) -> int:
+        """``fd`` (held, locked), or when other names share the lock file (a snapshot made with
+        ``cp -al``, or a planted link) a new file locked before it replaces the name: the holder's
+        line is never written into a file another name shows, and a process that opens the name
+        meanwhile waits on the new file while the old one is still held."""
+        if os.fstat(fd).st_nlink <= 1:
+            return fd
+        try:
+            dfd, name = self.sink._parent(self.key, create=False)
+        except OSError as e:
+            os.close(fd)
+            raise write_error(e, f"the lock file {self.path}") from e
+        tmp, new = _temp_name(name), -1
+        try:
+            new = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+            fcntl.flock(new, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: no one else can hold it
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as e:
+            if new >= 0:
+                os.close(new)
+                os.unlink(tmp, dir_fd=dfd)
+            raise write_error(e, f"the lock file {self.path}") from e
+        finally:
+            os.close(dfd)
+            os.close(fd)
+        return new
 
     def _still_named(self, fd: int) -> bool:
         try:

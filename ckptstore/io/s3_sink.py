@@ -47,6 +47,9 @@ class S3Sink(ByteSink):
     def keys(self, prefix: str = "") -> list[str]:
         return sorted(k for k, _ in self.source.walk(prefix))
 
+    def files(self, prefix: str = "") -> list[tuple[str, int, int]]:
+        return sorted((k, st.size, st.mtime_ns) for k, st in self.source.walk(prefix))  # the listing's sizes: no HEADs
+
     def delete(self, keys: Sequence[str]) -> None:
         self.source.delete(list(keys))
 

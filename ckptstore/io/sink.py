@@ -164,9 +164,23 @@ class ByteSink(ABC):
         here = self.url.rstrip("/") + "/"
         return is_url(location) and (str(location).rstrip("/") + "/").startswith(here)
 
+    def folder(self, name: str) -> "ByteSink":
+        """The sink of folder ``name`` inside this one (a step of a store root). A local folder's is
+        reached from this sink's folder without following a link, so a folder planted there as a
+        link to elsewhere is refused (:class:`~ckptstore.errors.UnsafePathError`) before anything
+        is written; object storage has no links."""
+        from ckptstore.io.locations import join
+
+        return open_sink(join(self.url, name))
+
     def listing(self) -> tuple[list[str], list[str]]:
         """``(folders, files)`` directly in the sink (both empty when it does not exist yet)."""
         return self.source.list()
+
+    def links(self) -> list[str]:
+        """The names directly in the sink that are symbolic links (never followed), sorted; object
+        storage has none."""
+        return []
 
     def make_root(self) -> None:
         """Create the sink's folder if it does not exist (nothing to do on object storage)."""
@@ -186,6 +200,16 @@ class ByteSink(ABC):
 
         Symbolic links are listed (so they can be deleted), never followed.
         """
+
+    def files(self, prefix: str = "") -> list[tuple[str, int, int]]:
+        """Every file below folder ``prefix`` as ``(key, size, mtime_ns)``, sorted by key (what
+        :meth:`keys` lists; a link's own size and time, never its target's)."""
+        out = []
+        for key in self.keys(prefix):
+            st = self.source.stat(key)
+            if st is not None:
+                out.append((key, st.size, st.mtime_ns))
+        return out
 
     @abstractmethod
     def delete(self, keys: Sequence[str]) -> None:

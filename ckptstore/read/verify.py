@@ -1,15 +1,23 @@
 """``ckptstore verify``: re-read a store and prove it is intact (and equal to its source).
 
-Every chunk is read whole and its CRC-32C compared with the manifest. With a source, every
-chunk is also compared byte for byte (decoded, if compressed) with the bytes of *each* rank
-file that holds its slice (replicas included), one chunk in memory at a time.
+Every chunk is read whole and its CRC-32C compared with the manifest. A Zarr store is also
+checked the way a Zarr reader (zarr-python, tensorstore) reads it, which is not through the
+manifest: each array's ``zarr.json`` must cut it into the manifest's chunks, each chunk file must
+be where its key says and of the size the manifest gives, and each shard's index (checked by its
+CRC-32C) must point at the manifest's bytes, inside the file. With a source, every chunk is also
+compared byte for byte (decoded, if compressed) with the bytes of *each* rank file that holds its
+slice (replicas included), one chunk in memory at a time.
 """
 from __future__ import annotations
 
+import json
 import os
+import struct
 from dataclasses import dataclass, field
 from math import prod
 from typing import Sequence
+
+import crc32c as crc32c_lib
 
 from ckptstore.store.checksum import crc32c_of
 from ckptstore.store.chunking import plan_chunks
@@ -20,6 +28,12 @@ from ckptstore.store.manifest import ParamManifest
 from ckptstore.checkpoint.source import DistributedSource, resolve_source
 from ckptstore.checkpoint.rank_bytes import RankFiles
 from ckptstore.store.store import Store, StoreLike, store_argument
+from ckptstore.limits import MAX_METADATA_BYTES
+from ckptstore.store.kinds import ROOT_METADATA
+from ckptstore.store.zarr import grid_key
+
+#: An empty entry of a shard index (the chunk is not in the shard: a reader gives the fill value).
+_EMPTY = 2**64 - 1
 
 
 @dataclass
@@ -74,6 +88,8 @@ def _verify(store: Store, against: str | os.PathLike[str] | None, strategy: Sequ
             problem = _check_chunk(store, info, i)
             if problem:
                 report.problems.append(problem)
+        if store.kind == "zarr" and len(info.chunks):
+            report.problems += _zarr_layout_problems(store, info)
     if against is not None:
         _compare_source(store, against, strategy, step, prefix, src_format, report)
     return report
@@ -96,6 +112,102 @@ def _check_chunk(store: Store, info: ParamManifest, i: int) -> str | None:
         return (f"parameter {info.name!r}: chunk {i}: checksum mismatch in {store.data.key_url(t.files[i])} at byte "
                 f"offset {t.offsets[i]} ({t.nbytes[i]} bytes)")
     return None
+
+
+def _zarr_layout_problems(store: Store, info: ParamManifest) -> list[str]:
+    """Where a Zarr reader of ``info``'s array would read other bytes than the manifest's chunks."""
+    key = f"{info.path}/{ROOT_METADATA}"
+    try:
+        raw = store.data.read_bytes(key, limit=MAX_METADATA_BYTES)
+        meta = json.loads(raw) if raw is not None else None
+        grid_shape = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
+        separator = meta.get("chunk_key_encoding", {}).get("configuration", {}).get("separator", "/")
+        codecs = meta.get("codecs", [])
+    except (AccessDeniedError, StoreUnavailableError):
+        raise
+    except (CkptStoreError, ValueError, KeyError, TypeError, AttributeError):
+        return [f"parameter {info.name!r}: {store.data.key_url(key)} is not the Zarr metadata of an array; a Zarr "
+                "reader cannot open it"]
+    if meta is None:
+        return [f"parameter {info.name!r}: {store.data.key_url(key)} is missing; a Zarr reader cannot open the array"]
+    sharding = next((c.get("configuration", {}) for c in codecs if c.get("name") == "sharding_indexed"), None)
+    inner = tuple(sharding["chunk_shape"]) if sharding is not None else grid_shape
+    if inner != tuple(info.chunk_shape) or tuple(meta.get("shape", ())) != tuple(info.shape):
+        return [f"parameter {info.name!r}: {store.data.key_url(key)} describes shape {list(meta.get('shape', ()))} "
+                f"in chunks of {list(inner)}, the manifest {list(info.shape)} in chunks of {list(info.chunk_shape)}"]
+    if sharding is None:
+        return _plain_chunk_problems(store, info, separator)
+    if sharding.get("index_location", "end") != "end" or len(sharding.get("index_codecs", [])) != 2:
+        return []  # not a layout ckptstore writes; its chunks were checked through the manifest
+    return _shard_problems(store, info, grid_shape, separator)
+
+
+def _plain_chunk_problems(store: Store, info: ParamManifest, separator: str) -> list[str]:
+    """Unsharded chunks: a Zarr reader reads file ``c.<i>.<j>`` whole as chunk ``(i, j)``."""
+    problems = []
+    t = info.chunks
+    for i, coords in enumerate(_c_order(info.grid)):
+        key = grid_key(info.path, coords, separator)
+        if (t.files[i], t.offsets[i]) != (key, 0) or i in t.pieces:
+            problems.append(f"parameter {info.name!r}: chunk {i}: the manifest reads it from {t.files[i]} at byte "
+                            f"{t.offsets[i]}, a Zarr reader from {key} whole")
+            continue
+        st = store.data.stat(key)
+        if st is None or st.size != t.nbytes[i]:
+            problems.append(f"parameter {info.name!r}: chunk {i}: {store.data.key_url(key)} holds "
+                            f"{'nothing' if st is None else f'{st.size} bytes'}, the manifest says {t.nbytes[i]}; "
+                            "a Zarr reader reads the whole file")
+    return problems
+
+
+def _shard_problems(store: Store, info: ParamManifest, shard_shape: tuple[int, ...], separator: str) -> list[str]:
+    """Each shard file's index (at its end: ``(offset, nbytes)`` per inner chunk, then a CRC-32C)
+    must give the manifest's chunks, within the file."""
+    per = tuple(s // c for s, c in zip(shard_shape, info.chunk_shape))
+    shards = tuple(-(-g // p) for g, p in zip(info.grid, per))
+    index_of = {coords: i for i, coords in enumerate(_c_order(info.grid))}
+    t = info.chunks
+    problems: list[str] = []
+    for shard in _c_order(shards):
+        key = grid_key(info.path, shard, separator)
+        inside = [(i, c) for i, c in enumerate(_c_order(per))
+                  if tuple(s * p + x for s, p, x in zip(shard, per, c)) in index_of]
+        n = prod(per)
+        st = store.data.stat(key)
+        index_bytes = 16 * n + 4
+        if st is None or st.size < index_bytes:
+            problems.append(f"parameter {info.name!r}: shard {key} is {'missing' if st is None else 'too short'} "
+                            f"for its index of {n} chunk(s); a Zarr reader cannot read it")
+            continue
+        buf = bytearray(index_bytes)
+        store.data.open(key).read_into(st.size - index_bytes, memoryview(buf))
+        if crc32c_lib.crc32c(bytes(buf[:-4])) != struct.unpack("<I", buf[-4:])[0]:
+            problems.append(f"parameter {info.name!r}: the index of shard {store.data.key_url(key)} fails its "
+                            "checksum; a Zarr reader cannot read it")
+            continue
+        entries = struct.unpack(f"<{2 * n}Q", bytes(buf[:-4]))
+        data_end = st.size - index_bytes
+        for j, coords in inside:
+            i = index_of[tuple(s * p + x for s, p, x in zip(shard, per, coords))]
+            offset, nbytes = entries[2 * j], entries[2 * j + 1]
+            if (offset, nbytes) == (_EMPTY, _EMPTY):
+                problems.append(f"parameter {info.name!r}: chunk {i}: the index of shard {key} says it is not "
+                                "there, so a Zarr reader gives the fill value")
+            elif offset + nbytes > data_end:
+                problems.append(f"parameter {info.name!r}: chunk {i}: the index of shard {key} points past its "
+                                f"data (bytes {offset}..{offset + nbytes} of {data_end}); a Zarr reader fails there")
+            elif (key, offset, nbytes) != (t.files[i], t.offsets[i], t.nbytes[i]) or i in t.pieces:
+                problems.append(f"parameter {info.name!r}: chunk {i}: the index of shard {key} gives bytes "
+                                f"{offset}..{offset + nbytes}, the manifest {t.files[i]} bytes "
+                                f"{t.offsets[i]}..{t.offsets[i] + t.nbytes[i]}: a Zarr reader reads other bytes")
+    return problems
+
+
+def _c_order(shape: Sequence[int]) -> list[tuple[int, ...]]:
+    """Every coordinate of a grid of ``shape``, in C order."""
+    import itertools
+
+    return list(itertools.product(*(range(s) for s in shape)))
 
 
 def _compare_source(store: Store, against: str | os.PathLike[str], strategy: Sequence[str | os.PathLike[str]],

@@ -4,13 +4,19 @@
 *committed* once its manifest exists. Opening ``ROOT`` opens the newest committed step; a step
 that some rank has not finished saving is skipped (it neither opens nor hides the previous
 one). Opening ``ROOT/step_<N>`` itself opens that step, or says which ranks it still waits for.
+A ``step_<N>`` that is a symbolic link is no step: saving refuses to write through it
+(:func:`step_sink`), and opening ``ROOT`` skips it with a warning naming it (refusing would let
+anyone who can write ``ROOT`` stop every resume).
 """
 from __future__ import annotations
 
+import os
 import re
+import warnings
 
 from ckptstore.io.base import ByteSource
-from ckptstore.io.locations import open_location
+from ckptstore.io.locations import is_url, open_location
+from ckptstore.io.sink import ByteSink, open_sink
 from ckptstore.store.kinds import WORK_DIR, read_manifest
 
 STEP_FOLDER = re.compile(r"^step_(\d+)$")
@@ -22,6 +28,18 @@ _MARKER = re.compile(r"^(\d+)-of-(\d+)$")
 def step_name(step: int) -> str:
     """The folder name of step ``step``."""
     return f"step_{step}"
+
+
+def step_sink(location: str) -> ByteSink:
+    """The sink of the step folder ``location`` (``ROOT/step_<N>``), reached from its root's: the
+    root may be a link (the user's choice), but a step folder planted as a symbolic link to another
+    folder is refused (:class:`~ckptstore.errors.UnsafePathError` naming it) before anything is
+    written through it."""
+    if is_url(location):
+        parent, _, name = location.rstrip("/").rpartition("/")
+    else:
+        parent, name = os.path.split(os.path.normpath(location))
+    return open_sink(parent or ".").folder(name)
 
 
 def steps(location: ByteSource) -> list[int]:
@@ -38,8 +56,21 @@ def step_source(location: ByteSource, step: int) -> ByteSource:
     return open_location(location.key_url(step_name(step)))
 
 
+def linked_steps(location: str) -> list[str]:
+    """The names of ``location`` that look like step folders but are symbolic links: ckptstore
+    neither writes through nor reads them (a step ckptstore saved is a folder of the root)."""
+    return [name for name in open_sink(location).links() if STEP_FOLDER.match(name)]
+
+
 def newest_committed(location: ByteSource) -> tuple[ByteSource | None, list[int]]:
-    """The newest committed step's folder (or ``None``) and the newer steps that are not committed."""
+    """The newest committed step's folder (or ``None``) and the newer steps that are not committed.
+
+    Step names that are symbolic links are not steps: they are skipped with a warning naming them
+    (``save_rank`` refuses to write through one, so no step of ckptstore's is there)."""
+    linked = linked_steps(location.url)
+    if linked:
+        warnings.warn(f"ckptstore: {location.url}: {', '.join(linked)} skipped: a symbolic link, not a step folder "
+                      "ckptstore saved (it writes and reads no step through a link)", stacklevel=3)
     pending = []
     for step in steps(location):
         sub = step_source(location, step)

@@ -4,7 +4,9 @@ A new sink is reached by the URL schemes its module declares (``BYTE_SINK = Sche
 :mod:`ckptstore.io.schemes`; a third party's through the entry-point group
 ``ckptstore.byte_sinks``). It passes by subclassing (pytest collects ``Test*`` classes) and
 providing a ``sink`` fixture that yields an empty sink; ``has_locks = False`` for storage
-without locks::
+without locks. The link rules (a name shared with another by a hard link is never written
+through; a folder planted as a symbolic link is refused) run on every sink whose files are local
+paths (a ``root`` attribute naming a folder); object storage has no links and skips them::
 
     class TestMySink(ByteSinkTests):
         @pytest.fixture
@@ -13,10 +15,16 @@ without locks::
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from ckptstore.errors import UnsafePathError
 from ckptstore.io.sink import ByteSink, partial_key
+
+#: The bytes of a file outside the sink that a hard link planted in it shares.
+OUTSIDE = b"a snapshot's file, shared by a hard link\n"
 
 
 class ByteSinkTests:
@@ -131,3 +139,78 @@ class ByteSinkTests:
         again = sink.lock("lock", wait=False)
         assert again is not None
         again.release()
+
+    # --- links (issue 24.5, 24.6) --------------------------------------------------------------
+
+    def _root(self, sink: ByteSink) -> Path:
+        root = getattr(sink, "root", None)
+        if not isinstance(root, Path):
+            pytest.skip("this sink's files are not local paths: it has no links")
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+
+    def _hard_link(self, sink: ByteSink, key: str) -> Path:
+        """Plant at ``key`` a hard link to a file outside the sink holding :data:`OUTSIDE`; return
+        that file (a ``cp -al`` snapshot's copy of a file the writer resumes)."""
+        root = self._root(sink)
+        outside = root.parent / f"snapshot-{key.replace('/', '_')}"
+        outside.write_bytes(OUTSIDE)
+        (root / key).parent.mkdir(parents=True, exist_ok=True)
+        os.link(outside, root / key)
+        return outside
+
+    def test_a_resumed_partial_file_shared_by_a_hard_link_is_written_in_a_copy(self, sink: ByteSink) -> None:
+        outside = self._hard_link(sink, partial_key("p/c.0.0"))
+        with sink.create("p/c.0.0", resume=True) as f:
+            assert f.size == len(OUTSIDE) and f.pread(0, 11) == OUTSIDE[:11]
+            f.pwrite(b"NEW", 0)
+            f.truncate(5)
+        assert outside.read_bytes() == OUTSIDE
+        assert sink.read(partial_key("p/c.0.0")) == b"NEWna"
+
+    def test_an_appended_log_shared_by_a_hard_link_is_written_in_a_new_file(self, sink: ByteSink) -> None:
+        outside = self._hard_link(sink, "p/c.0.0.journal")
+        with sink.append_log("p/c.0.0.journal", keep=b"kept\n") as f:
+            f.pwrite(b"line\n", f.size)
+        assert outside.read_bytes() == OUTSIDE
+        assert sink.read("p/c.0.0.journal") == b"kept\nline\n"
+
+    @pytest.mark.parametrize("name", ["lock", "lock.part-1"])
+    def test_a_lock_file_shared_by_a_hard_link_is_replaced_not_written(self, sink: ByteSink, name: str) -> None:
+        if not self.has_locks:
+            pytest.skip("this sink has no locks")
+        outside = self._hard_link(sink, f".ckptstore-work/{name}")
+        held = sink.lock(name)
+        assert held is not None
+        assert sink.lock(name, wait=False) is None  # the new file is the lock now
+        held.release()
+        assert outside.read_bytes() == OUTSIDE
+        assert os.stat(self._root(sink) / ".ckptstore-work" / name).st_nlink == 1
+
+    def test_a_file_put_over_a_hard_link_leaves_the_linked_file_alone(self, sink: ByteSink) -> None:
+        outside = self._hard_link(sink, "m.json")
+        sink.put("m.json", b"{}")
+        with sink.create("d") as f:
+            f.pwrite(b"x", 0)
+        sink.publish("d")
+        assert outside.read_bytes() == OUTSIDE
+        assert sink.read("m.json") == b"{}"
+
+    def test_a_folder_planted_as_a_symbolic_link_is_refused_naming_it(self, sink: ByteSink) -> None:
+        root = self._root(sink)
+        elsewhere = root.parent / "elsewhere"
+        elsewhere.mkdir()
+        (root / "step_9").symlink_to(elsewhere, target_is_directory=True)
+        step = sink.folder("step_9")
+        with pytest.raises(UnsafePathError, match=f"^{root / 'step_9'} is a symbolic link"):
+            step.put("zarr.json", b"{}")
+        with pytest.raises(UnsafePathError, match=f"^{root / 'step_9'} is a symbolic link"):
+            step.make_root()
+        assert list(elsewhere.iterdir()) == []
+        assert sink.links() == ["step_9"]
+
+    def test_a_folder_of_the_sink_writes_below_it(self, sink: ByteSink) -> None:
+        if getattr(sink, "root", None) is None and not sink.url.startswith(("s3://", "obs://")):
+            pytest.skip("this sink has no folders of its own")
+        sink.folder("step_1").put("w/zarr.json", b"{}")
+        assert sink.read("step_1/w/zarr.json") == b"{}"

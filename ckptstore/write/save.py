@@ -38,14 +38,14 @@ from ckptstore.errors import (
     LayoutMismatchError,
     StoreExistsError,
 )
-from ckptstore.io.locations import join, open_location
-from ckptstore.io.sink import ByteSink, open_sink
+from ckptstore.io.locations import join
+from ckptstore.io.sink import ByteSink
 from ckptstore.launcher import is_scheduler, job
 from ckptstore.store import zarr as zb
 from ckptstore.store.chunking import select_params
-from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR, read_manifest
+from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR
 from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest, dtype_label
-from ckptstore.store.steps import STEP_FOLDER, step_name
+from ckptstore.store.steps import step_name, step_sink
 from ckptstore.version import __version__
 from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, drop_work, lock_output
 from ckptstore.write.parts import PARTS_DIR, Part
@@ -204,7 +204,7 @@ class SaveJob:
         """Write ``pieces`` (by default straight from the arrays), record them, and commit if this
         rank is the last to finish (unless ``commit=False``: ``ckptstore commit`` does it later)."""
         started = time.monotonic()
-        sink = open_sink(self.location)
+        sink = step_sink(self.location)
         hold = self._claim(sink)
         try:
             if hold.complete:
@@ -445,47 +445,3 @@ def _unfinished(sink: ByteSink, world: int) -> list[int]:
 
 def _short(ranks: Sequence[int]) -> str:
     return ", ".join(map(str, ranks[:20])) + (" ..." if len(ranks) > 20 else "")
-
-
-# ---- steps of a root: which are committed, retention ------------------------------------------
-
-
-def saved_steps(root: str | os.PathLike[str]) -> list[tuple[int, bool]]:
-    """Every ``step_<N>`` folder of ``root`` as ``(N, committed)``, oldest first."""
-    source = open_location(root)
-    try:
-        folders = source.list()[0]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    out = []
-    for name in folders:
-        m = STEP_FOLDER.match(name)
-        if m:
-            doc = read_manifest(open_location(step_location(root, int(m.group(1)))))
-            out.append((int(m.group(1)), isinstance(doc, dict) and doc.get("complete") is True))
-    return sorted(out)
-
-
-def prune_steps(root: str | os.PathLike[str], keep: int) -> list[int]:
-    """Delete the steps older than the newest ``keep`` committed ones; return the steps deleted.
-
-    Only steps older than the oldest kept committed step go (committed or not), so a step
-    being saved now, and every step newer than the last commit, stays.
-    """
-    committed = [s for s, done in saved_steps(root) if done]
-    if keep < 1 or len(committed) <= keep:
-        return []
-    oldest_kept = committed[-keep]
-    doomed = [s for s, _ in saved_steps(root) if s < oldest_kept]
-    for s in doomed:
-        _remove_step(step_location(root, s))
-    return doomed
-
-
-def _remove_step(location: str) -> None:
-    """Delete one step folder: what ckptstore wrote there (the manifest goes first, so a reader
-    never finds a committed step with chunks missing)."""
-    sink = open_sink(location)
-    sink.delete([ROOT_METADATA])
-    sink.delete(sink.keys())
-    sink.remove_root()

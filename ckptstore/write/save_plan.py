@@ -35,7 +35,7 @@ import numpy as np
 
 from ckptstore.boxes import Box
 from ckptstore.checkpoint.strategy import Layout, Strategy
-from ckptstore.errors import LayoutMismatchError, StrategyError
+from ckptstore.errors import InvalidOptionError, LayoutMismatchError, StrategyError
 from ckptstore.store.chunking import chunk_shape_for
 from ckptstore.store.zarr import SEPARATOR, array_path, grid_key
 
@@ -136,6 +136,7 @@ def plan_save(local: Mapping[str, np.ndarray | str], *, rank: int, world: int, s
     mine_box: dict[str, Box] = {}
     for name in sorted(local):
         value = local[name]
+        _check_text(name, value)
         layout = _layout_of(name, rank, strategy)
         if isinstance(value, str):
             shapes[name] = ()
@@ -167,6 +168,19 @@ def plan_save(local: Mapping[str, np.ndarray | str], *, rank: int, world: int, s
         params.append(_param(name, value, shapes[name], mine_box[name], by_name.get(name, []),
                              writer, rank, max_chunk_bytes))
     return SavePlan(rank, world, tuple(params))
+
+
+def _check_text(name: str, value: np.ndarray | str) -> None:
+    """Refuse a name or a string value that UTF-8 cannot hold (a lone surrogate such as ``'\\udc80'``,
+    which ``os.fsdecode`` makes of undecodable bytes): the store keeps both as UTF-8 JSON."""
+    for what, text in (("name", name), ("value", value)):
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InvalidOptionError(f"parameter {name!r}: its {what} holds {text[e.start:e.end]!r} at character "
+                                         f"{e.start}, which is not valid text (UTF-8 cannot encode it); pass a name "
+                                         "and string values of valid text") from None
 
 
 def _layout_of(name: str, rank: int, strategy: Strategy | None) -> Layout | None:

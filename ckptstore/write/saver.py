@@ -24,9 +24,7 @@ from ckptstore.write.async_save import AsyncSaver
 from ckptstore.write.save import SaveSummary, prepare_save, skipped_in_scheduler
 from ckptstore.write.values import host_values
 
-# Retention lives beside the save today; its functions move to write/retention.py (issue 24.4),
-# and this is the one place that imports them.
-from ckptstore.write.save import _remove_step, prune_steps, saved_steps, step_location
+from ckptstore.write.retention import prune_steps, remove_steps, saved_steps
 
 
 class StoreSaver:
@@ -151,13 +149,7 @@ class StoreSaver:
         self.summaries.append(summary)
         if not summary.committed:
             return
-        committed = [s for s, done in saved_steps(self.root) if done]
-        if self.replace and self._first is not None:
-            for s in committed:
-                if s > summary.step:  # another timeline's steps, replaced by this job's on purpose
-                    _remove_step(step_location(self.root, s))
-            committed = [s for s in committed if s <= summary.step]
-        if self.keep and committed and committed[-1] == summary.step:
-            # prune_steps keeps the newest `keep` committed steps, so the step just saved (the
-            # newest) stays; with protect=(step,) (issue 24.4) this guard can go
-            prune_steps(self.root, self.keep)
+        if self.replace and self._first is not None:  # another timeline's later steps, replaced on purpose
+            remove_steps(self.root, [s for s, done in saved_steps(self.root) if done and s > summary.step])
+        if self.keep:
+            prune_steps(self.root, self.keep, protect=(summary.step,))
