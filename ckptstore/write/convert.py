@@ -77,6 +77,8 @@ class ConvertSummary:
     unsaved: tuple[str, ...] = ()
     #: Why this process did nothing (msrun's scheduler process takes no part), else ``None``.
     skipped: str | None = None
+    #: Parameters of the whole store (every part's), once it is complete; ``params`` is this part's share.
+    store_params: int | None = None
 
     @property
     def dedup_saved_bytes(self) -> int:
@@ -296,7 +298,8 @@ def _summary(sink: ByteSink, plans: Sequence[ParamPlan], copier: ChunkCopier | N
         stored_bytes=(sum(manifest.params[p.param.name].stored_bytes for p in plans) if manifest
                       else sum(p.nbytes for p in plans)),
         seconds=round(time.monotonic() - started, 3), already_complete=already_complete,
-        part=str(part), committed=already_complete or manifest is not None, unsaved=tuple(unsaved))
+        part=str(part), committed=already_complete or manifest is not None, unsaved=tuple(unsaved),
+        store_params=len(manifest.params) if manifest else (len(plans) if already_complete else None))
 
 
 def _no_part(out: str | os.PathLike[str]) -> ConvertSummary:

@@ -26,6 +26,7 @@ from ckptstore.io.sink import ByteSink, Lock, write_error
 from ckptstore.store.kinds import WORK_DIR, manifest_files, read_manifest, store_kinds
 from ckptstore.store.work import ATTEMPT_FILE, read_attempt, short
 from ckptstore.write.parts import Part
+from ckptstore.write.save_records import recorded_files
 
 FINGERPRINT = f"{WORK_DIR}/fingerprint"
 
@@ -125,10 +126,11 @@ def prepare(sink: ByteSink, sources: Iterable[str]) -> None:
 def clear_store(sink: ByteSink) -> None:
     """Delete what a conversion writes here (the lock files excepted), and nothing else: the
     manifest, the work folder and the data files of every store kind (Zarr array folders,
-    ``model-*.safetensors`` files: each kind's ``written``)."""
+    ``model-*.safetensors`` files: each kind's ``written``), and the files a save rank's record
+    names (a slice's file in an array folder whose ``zarr.json`` another rank had still to write)."""
     keys = sink.keys()
     manifests = manifest_files()
-    data = {k for kind in store_kinds() for k in kind.written(keys)}
+    data = {k for kind in store_kinds() for k in kind.written(keys)} | set(recorded_files(sink, keys))
     mine = [k for k in keys
             if (k.startswith(WORK_DIR + "/") and not _is_lock(k)) or k in manifests or k in data]
     # the manifest first: a reader of the old store notices the replacement before any of its

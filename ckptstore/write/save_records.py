@@ -30,6 +30,21 @@ def record_key(part: Part) -> str:
     return f"{RECORDS_DIR}/{part.index}-of-{part.count}.json"
 
 
+def recorded_files(sink: ByteSink, keys: Sequence[str]) -> list[str]:
+    """The files named by the save ranks' records among ``keys`` (a listing of the store): what
+    those ranks wrote (a record that does not parse names nothing)."""
+    names = []
+    for key in keys:
+        if key.startswith(RECORDS_DIR + "/"):
+            try:
+                record = json.loads(sink.read(key) or b"{}")
+                names += [d["file"] for d in record["params"].values() if isinstance(d, dict) and "file" in d]
+            except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
+                continue
+    present = set(keys)
+    return [n for n in names if isinstance(n, str) and n in present]
+
+
 def read_records(sink: ByteSink, plan: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every rank's record, checked to belong to the plan's attempt (its header)."""
     header, world = plan["source"], int(plan["parts"])
