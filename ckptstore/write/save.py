@@ -278,10 +278,9 @@ class SaveJob:
             return claim(sink, self.fingerprint, overwrite=False, sources=(), part=self.part, restart=True,
                          writer="save_rank", step=self.step)
         except StoreExistsError:
-            if complete_manifest(sink) is not None:
+            if complete_manifest(sink) is not None:  # committed by another attempt
                 raise StoreExistsError(self._committed_message()) from None
-            raise StoreExistsError(f"{self.location} holds other files than a step saved by ckptstore; delete them, "
-                                   "or save into another folder") from None
+            raise
 
     def _write_chunks(self, sink: ByteSink, pieces: Iterable[Piece]) -> tuple[dict[str, dict[int, int]], int]:
         """Write the slices' files from ``pieces`` (and the array metadata this rank writes), all
