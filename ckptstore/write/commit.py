@@ -143,7 +143,10 @@ def commit(sink: ByteSink, known: Mapping[str, ParamManifest] | None = None, *,
     plan = read_plan(sink)
     if plan is None:
         said = what_finishes(sink.source)
-        raise IncompleteStoreError(said or f"{sink.url} has no unfinished conversion to commit (no readable "
+        if said is not None:  # a part's plan.json torn by a power loss: the next part writes it again
+            raise IncompleteStoreError(f"{said} (its {PLAN_FILE} is missing or unreadable: the next part to run "
+                                       "writes it again)")
+        raise IncompleteStoreError(f"{sink.url} has no unfinished conversion to commit (no readable "
                                    f"{PLAN_FILE}); run 'ckptstore convert' (again) first")
     count = parts or int(plan.get("parts") or 1)
     # a conversion's records tell which parameters are missing (the message counts them); a
