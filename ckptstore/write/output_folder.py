@@ -13,7 +13,8 @@ A conversion in parts (:mod:`ckptstore.write.parts`) holds the folder's lock onl
 (and later while it commits); for its run it holds a lock of its own part, and a different
 conversion may not clear the folder while any part's lock is held. With parts, ``overwrite``
 replaces a store or an unfinished conversion of *other* files or options, never the one the
-parts are running.
+parts are running. A save (``restart``) starts an unfinished step of another attempt over the
+same way, and never replaces a committed one (:mod:`ckptstore.write.commit` has the protocol).
 """
 from __future__ import annotations
 
