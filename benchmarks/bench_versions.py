@@ -26,9 +26,10 @@ Routes, per revision, on the cached PanGu-shaped checkpoint of :mod:`benchmarks.
   process running ``benchmarks.bench_save``'s ``ckptstore async`` rank (``AsyncSaver`` with a
   256 MB budget, as ``StoreCheckpoint`` saves) with the revision's ckptstore: the processes start,
   load their Parameters and save once (a warm-up step) in the untimed setup, then wait at a
-  barrier; the measured call releases them and ends when every rank's save has committed
-  (``wall_s`` = **committed**, durable: ckptstore fsyncs), and the check records the **stall**
-  (the slowest rank's wait for its save call, from the release). Its verdict needs both within.
+  barrier; the measured call releases them and ends when every rank process has exited. The
+  check records, on the ranks' own clocks from the release, the **stall** (the slowest rank's
+  save call) and **committed** (the last rank's save done, durable: ckptstore fsyncs); the
+  verdict is on those two (both within), not on the wall time, which also holds 8 MindSpore exits.
 
 plus the single-thread numpy ``preadv`` bound of the rank's bytes (no ckptstore), as the
 benchmarks' fairness rule asks. Contenders alternate (forward, then reversed order each round),
@@ -64,7 +65,7 @@ ROUTE_TITLES = {
     "convert": "`convert(src, out, strategy=[...])` (Zarr) + `os.sync()`",
     "index": "`index(src, out, strategy=[...])` + `os.sync()`",
     "index_checksum": "`index(src, out, strategy=[...], checksum=True)` + `os.sync()`",
-    "save": "8 ranks `AsyncSaver.save(prepare_save(...))` at once, until committed (stall: see below)",
+    "save": "8 ranks `AsyncSaver.save(prepare_save(...))` at once (wall: until the 8 processes exit; stall, committed below)",
 }
 #: The contender of REPORT.md's load / convert tables that each route repeats.
 REPORT_CONTENDERS = {
@@ -199,8 +200,8 @@ def save(state: Mapping[str, Any]) -> dict[str, Any]:
             raise BenchmarkError(f"a save rank failed:\n{stderr[-2000:]}")
         ranks.append(json.loads(stdout))
     shutil.rmtree(sync, ignore_errors=True)
-    return {"stall_s": max(r["stall_end"] for r in ranks) - go, "committed": sum(bool(r["committed"]) for r in ranks),
-            "written": sum(r.get("written", 0) for r in ranks)}
+    return {"stall_s": max(r["stall_end"] for r in ranks) - go, "committed_s": max(r["done"] for r in ranks) - go,
+            "committed": sum(bool(r["committed"]) for r in ranks), "written": sum(r.get("written", 0) for r in ranks)}
 
 
 def check_save(result: Mapping[str, Any], **args: Any) -> dict[str, Any]:
@@ -459,13 +460,15 @@ def verdicts(record: Mapping[str, Any], trees: Sequence[Tree], routes: Sequence[
         for metric in ("cpu_s", "peak_above_start", "tree_peak_above_start", "rchar"):
             if metric in a and metric in b and a[metric]["median"]:
                 entry[f"{metric}_ratio"] = b[metric]["median"] / a[metric]["median"]
-        if route == "save":  # committed is the wall time; the stall is the check's
-            stalls = {n: statistics.median(x["check"]["stall_s"] for x in record["samples"]
-                                           if x["contender"] == n and x["round"] >= 1 and "stall_s" in x.get("check", {}))
-                      for n in (a_name, b_name)}
-            entry.update(old_stall_s=stalls[a_name], new_stall_s=stalls[b_name],
-                         stall_ratio=stalls[b_name] / stalls[a_name])
-            entry["within"] = entry["within"] and entry["stall_ratio"] <= LIMIT
+        if route == "save":  # judged on the ranks' own clocks: the wall time also holds 8 MindSpore exits
+            for metric in ("stall_s", "committed_s"):
+                got = {n: statistics.median(x["check"][metric] for x in record["samples"]
+                                            if x["contender"] == n and x["round"] >= 1 and metric in x.get("check", {}))
+                       for n in (a_name, b_name)}
+                key = metric[:-2]
+                entry.update({f"old_{metric}": got[a_name], f"new_{metric}": got[b_name],
+                              f"{key}_ratio": got[b_name] / got[a_name]})
+            entry["within"] = entry["stall_ratio"] <= LIMIT and entry["committed_ratio"] <= LIMIT
         out[route] = entry
     return out
 
@@ -551,9 +554,13 @@ def render(record: Mapping[str, Any]) -> str:
             f"{_stat(b, 'rchar', format_bytes)} | {ref_cell} | {ref_ratio} |")
     save_v = record["verdicts"].get("save", {})
     if "stall_ratio" in save_v:
-        lines += ["", f"Save route: committed is the wall time above; **stall** (slowest rank's save call) "
-                      f"old {format_seconds(save_v['old_stall_s'])}, new {format_seconds(save_v['new_stall_s'])}, "
-                      f"**new / old {save_v['stall_ratio']:.3f}×** (medians; the verdict needs both within)."]
+        lines += ["", "Save route, timed by the ranks from their release (the wall time above also holds the 8 rank "
+                      "processes' exits): **stall** (slowest rank's save call) old "
+                      f"{format_seconds(save_v['old_stall_s'])}, new {format_seconds(save_v['new_stall_s'])}, "
+                      f"**new / old {save_v['stall_ratio']:.3f}×**; **committed** (the last rank's save done, "
+                      f"durable) old {format_seconds(save_v['old_committed_s'])}, new "
+                      f"{format_seconds(save_v['new_committed_s'])}, **new / old {save_v['committed_ratio']:.3f}×** "
+                      f"(medians; the verdict, {'within' if save_v['within'] else '**over**'}, needs both ≤ {LIMIT}×)."]
     if BOUND in summary:
         lines += ["", f"`{BOUND}` (one `os.preadv` of a file of exactly the rank's bytes, one thread, same run): "
                       f"{_stat(summary[BOUND], 'wall_s', format_seconds)}."]
