@@ -74,7 +74,6 @@ REPORT_CONTENDERS = {
     "convert": ("convert", "ckptstore convert"),
     "index": ("convert", "ckptstore index"),
     "index_checksum": ("convert", "ckptstore index --checksum"),
-    "save": ("save", "ckptstore async"),
 }
 BOUND = "lower bound: numpy preadv"
 
@@ -483,6 +482,8 @@ def report_figure(route: str, params: Mapping[str, Any], results_dir: Path = RES
     load, the same target), or None."""
     from benchmarks.harness import load_results
 
+    if route not in REPORT_CONTENDERS:  # bench_save's records are of another shape
+        return None
     scenario, contender = REPORT_CONTENDERS[route]
     same = ("size_requested", "src_world", "seed") + (("dst_world", "rank") if scenario == "load" else ())
     for rec in reversed(load_results(results_dir / f"{scenario}.json")):
