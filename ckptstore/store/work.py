@@ -65,24 +65,26 @@ def short(parts: Sequence[int]) -> str:
     return ", ".join(map(str, parts[:20])) + (" ..." if len(parts) > 20 else "")
 
 
-def what_finishes(source: ByteSource) -> str | None:
-    """Why the unfinished store at ``source`` is not complete and what to run, in one sentence;
+def what_finishes(source: ByteSource, detail: str = "") -> str | None:
+    """Why the unfinished store at ``source`` is not complete and what to run, in one sentence
+    (``detail``, e.g. how many parameters are written, is said in brackets after the state);
     ``None`` when it holds no attempt record (nothing ckptstore can say more about)."""
     doc = read_attempt(source)
     if doc is None:
         return None
     count, url = doc["parts"], source.url
+    note = f" ({detail})" if detail else ""
     missing = unfinished_parts(source, count)
     if not missing:
         return (f"every {'rank' if doc.get('writer') == 'save_rank' else 'part'} of the store at {url} has finished "
                 f"but it was not committed (the last one stopped first); run 'ckptstore commit {url}'")
     if doc.get("writer") == "save_rank":
         step = doc.get("step")
-        return (f"step {step} at {url} is not committed: rank(s) {short(missing)} of {count} have not finished "
+        return (f"step {step} at {url} is not committed{note}: rank(s) {short(missing)} of {count} have not finished "
                 f"saving it. Rerun the job's save of step {step}: a new job starts the step over, and the ranks of the "
                 "same attempt (the same job, or the same attempt= / launcher job id) complete it")
     if count == 1:
-        return (f"the store at {url} is incomplete: its conversion was interrupted. Run the same "
+        return (f"the store at {url} is incomplete{note}: its conversion was interrupted. Run the same "
                 f"'ckptstore {doc.get('writer') or 'convert'}' command again to finish it")
-    return (f"the conversion into {url} is not finished: part(s) {short(missing)} of {count} have not finished; "
+    return (f"the conversion into {url} is not finished{note}: part(s) {short(missing)} of {count} have not finished; "
             f"run (or rerun) them ({doc.get('writer') or 'convert'} --part I/{count}), then commit")

@@ -182,10 +182,9 @@ def _unfinished(sink: ByteSink, count: int, lost: Sequence[str], total: int) -> 
     reruns, :func:`~ckptstore.store.work.what_finishes`), else the parameters not written yet."""
     written = f"{total - len(lost)} of {total} parameters written"
     if count == 1 or unfinished_parts(sink.source, count):
-        said = what_finishes(sink.source)
+        said = what_finishes(sink.source, written)
         if said is not None:
-            return said.replace(" is not finished", f" is not finished ({written})", 1) if count > 1 else \
-                f"{said} ({written})"
+            return said
     return (f"the conversion into {sink.url} is not finished: parameter {lost[0]!r}"
             f"{f' (and {len(lost) - 1} more)' if len(lost) > 1 else ''} not written yet; "
             "run (or rerun) the parts that convert them, then commit")
