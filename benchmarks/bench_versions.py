@@ -21,7 +21,15 @@ Routes, per revision, on the cached PanGu-shaped checkpoint of :mod:`benchmarks.
 * ``convert``: ``ckptstore.convert(src, out, strategy=[...], workers=4)`` of the rank files
   into an empty folder (Zarr), then ``os.sync()``, as ``bench_convert``;
 * ``index``: ``ckptstore.index(src, out, strategy=[...], workers=4)`` (no checksum), then ``os.sync()``;
-* ``index_checksum``: the same with ``checksum=True`` (every payload byte read and CRC-32C'd).
+* ``index_checksum``: the same with ``checksum=True`` (every payload byte read and CRC-32C'd);
+* ``save``: one training step saved by the 8 ranks of the source job at once, each its own
+  process running ``benchmarks.bench_save``'s ``ckptstore async`` rank (``AsyncSaver`` with a
+  256 MB budget, as ``StoreCheckpoint`` saves) with the revision's ckptstore: the processes start,
+  load their Parameters and save once (a warm-up step) in the untimed setup, then wait at a
+  barrier; the measured call releases them and ends when every rank process has exited. The
+  check records, on the ranks' own clocks from the release, the **stall** (the slowest rank's
+  save call) and **committed** (the last rank's save done, durable: ckptstore fsyncs); the
+  verdict is on those two (both within), not on the wall time, which also holds 8 MindSpore exits.
 
 plus the single-thread numpy ``preadv`` bound of the rank's bytes (no ckptstore), as the
 benchmarks' fairness rule asks. Contenders alternate (forward, then reversed order each round),
@@ -48,13 +56,16 @@ NAME = "versions"
 MODULE = "benchmarks.bench_versions"
 #: A route is "within" when new/old of the median wall time is at most this (issue 16: "within 5%").
 LIMIT = 1.05
-ROUTES = ("load_rank", "load_into_net", "convert", "index", "index_checksum")
+ROUTES = ("load_rank", "load_into_net", "convert", "index", "index_checksum", "save")
+#: The save route's memory budget per rank (MB), as bench_save's default.
+SAVE_BUDGET_MB = 256
 ROUTE_TITLES = {
     "load_rank": "`load_rank(store, strategy, 0).materialize()` (Parameters built)",
     "load_into_net": "`load_into_net(net, store, strategy=..., rank=0)` (prebuilt Cell)",
     "convert": "`convert(src, out, strategy=[...])` (Zarr) + `os.sync()`",
     "index": "`index(src, out, strategy=[...])` + `os.sync()`",
     "index_checksum": "`index(src, out, strategy=[...], checksum=True)` + `os.sync()`",
+    "save": "8 ranks `AsyncSaver.save(prepare_save(...))` at once (wall: until the 8 processes exit; stall, committed below)",
 }
 #: The contender of REPORT.md's load / convert tables that each route repeats.
 REPORT_CONTENDERS = {
@@ -143,6 +154,58 @@ def index_checksum(src_dir: str, strategy: str, out: str) -> dict[str, Any]:
 def check_written(result: Mapping[str, Any], **args: Any) -> dict[str, Any]:
     """The size of what was written (the same for both revisions when the format did not change)."""
     return {"output_bytes": result["output_bytes"], "metadata_bytes": result["metadata_bytes"], "ckptstore": _which()}
+
+
+def setup_save(rank_files: Sequence[str], strategy: str, out: str, budget_mb: int = SAVE_BUDGET_MB) -> dict[str, Any]:
+    """Unmeasured: one process per rank (``benchmarks.bench_save rank``, this worker's environment,
+    so the revision's ckptstore), each holding its Parameters after a warm-up save, waiting at the
+    barrier (a ``go`` file)."""
+    import tempfile
+    import time
+
+    for folder in (out, out + "-warm-up"):
+        shutil.rmtree(folder, ignore_errors=True)
+    Path(out).mkdir(parents=True)
+    sync = tempfile.mkdtemp(prefix="bench_versions_save_")
+    env = {**os.environ, "GLOG_v": "3"}
+    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.bench_save", "rank", "--contender", "ckptstore async",
+                               "--rank", str(r), "--rank-file", f, "--strategy", strategy, "--out", out,
+                               "--sync", sync, "--budget-mb", str(budget_mb), "--world", str(len(rank_files))],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for r, f in enumerate(rank_files)]
+    while len(list(Path(sync).glob("ready-*"))) < len(procs):
+        failed = [p for p in procs if p.poll() not in (None, 0)]
+        if failed:
+            raise BenchmarkError(f"a save rank failed in its setup:\n{failed[0].communicate()[1][-2000:]}")
+        time.sleep(0.01)
+    os.sync()  # the warm-up step's files are not the measured save's to flush
+    return {"procs": procs, "sync": sync}
+
+
+def save(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Release the ranks together; return when every rank's save has committed, with the stall
+    (the slowest rank's save call, from the release) and how many ranks committed (one)."""
+    import json
+    import time
+
+    sync = Path(state["sync"])
+    go = time.time()
+    (sync / "go.tmp").write_text(repr(go))
+    (sync / "go.tmp").rename(sync / "go")
+    ranks = []
+    for p in state["procs"]:
+        stdout, stderr = p.communicate()
+        if p.returncode != 0:
+            raise BenchmarkError(f"a save rank failed:\n{stderr[-2000:]}")
+        ranks.append(json.loads(stdout))
+    shutil.rmtree(sync, ignore_errors=True)
+    return {"stall_s": max(r["stall_end"] for r in ranks) - go, "committed_s": max(r["done"] for r in ranks) - go,
+            "committed": sum(bool(r["committed"]) for r in ranks), "written": sum(r.get("written", 0) for r in ranks)}
+
+
+def check_save(result: Mapping[str, Any], **args: Any) -> dict[str, Any]:
+    """The stall, the ranks that committed (must be 1), the bytes written, and the tree."""
+    return {**result, "ckptstore": _which()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,7 +331,7 @@ def contender_name(route: str, tree: Tree) -> str:
 
 def contenders_for(trees: Sequence[Tree], harness_dir: Path, *, routes: Sequence[str], dst_strategy: str, rank: int,
                    names_file: str, ckpt_dir: str, src_strategy: str, out_root: Path, flat_file: str,
-                   rank_nbytes: int) -> list[Contender]:
+                   rank_nbytes: int, rank_files: Sequence[str] = ()) -> list[Contender]:
     """The bound, then for each route its old and new contender next to each other."""
     out = [Contender(BOUND, "benchmarks.contenders", "pread_flat",
                      {"path": flat_file, "nbytes": rank_nbytes, "names_file": names_file},
@@ -286,6 +349,10 @@ def contenders_for(trees: Sequence[Tree], harness_dir: Path, *, routes: Sequence
             elif route == "load_into_net":
                 c = Contender(name, MODULE, "load_into_net", load_args, preimport=load_pre, env=env,
                               setup="setup_net", check="check_into_net")
+            elif route == "save":
+                c = Contender(name, MODULE, "save", {"rank_files": rank_files, "strategy": src_strategy,
+                                                     "out": write_args["out"]},
+                              preimport=("ckptstore",), env=env, setup="setup_save", check="check_save")
             else:
                 c = Contender(name, MODULE, route, write_args, preimport=("ckptstore", t.write_module), env=env,
                               check="check_written", track_children=True)
@@ -333,7 +400,7 @@ def run(*, base: str, head: str, size: int, src_world: str, dst_world: str, rank
         contenders = contenders_for(trees, harness_dir, routes=routes, dst_strategy=dst_strategy, rank=rank,
                                     names_file=str(names_file), ckpt_dir=str(s.ckpt_dir),
                                     src_strategy=str(s.strategy), out_root=out_root, flat_file=str(flat),
-                                    rank_nbytes=flat.stat().st_size)
+                                    rank_nbytes=flat.stat().st_size, rank_files=[*map(str, s.rank_files)])
         warm = [*map(str, s.rank_files), str(flat), *[f for t in trees for f in _files(t.store)]]
         params = {**s.describe(), "dst": {"dp": dst.dp, "mp": dst.mp}, "dst_world": dst.world, "rank": rank,
                   "rank_nbytes": flat.stat().st_size, "dst_strategy": dst_strategy, "warmup_rounds": 1,
@@ -393,6 +460,15 @@ def verdicts(record: Mapping[str, Any], trees: Sequence[Tree], routes: Sequence[
         for metric in ("cpu_s", "peak_above_start", "tree_peak_above_start", "rchar"):
             if metric in a and metric in b and a[metric]["median"]:
                 entry[f"{metric}_ratio"] = b[metric]["median"] / a[metric]["median"]
+        if route == "save":  # judged on the ranks' own clocks: the wall time also holds 8 MindSpore exits
+            for metric in ("stall_s", "committed_s"):
+                got = {n: statistics.median(x["check"][metric] for x in record["samples"]
+                                            if x["contender"] == n and x["round"] >= 1 and metric in x.get("check", {}))
+                       for n in (a_name, b_name)}
+                key = metric[:-2]
+                entry.update({f"old_{metric}": got[a_name], f"new_{metric}": got[b_name],
+                              f"{key}_ratio": got[b_name] / got[a_name]})
+            entry["within"] = entry["stall_ratio"] <= LIMIT and entry["committed_ratio"] <= LIMIT
         out[route] = entry
     return out
 
@@ -407,6 +483,8 @@ def report_figure(route: str, params: Mapping[str, Any], results_dir: Path = RES
     load, the same target), or None."""
     from benchmarks.harness import load_results
 
+    if route not in REPORT_CONTENDERS:  # bench_save's records are of another shape
+        return None
     scenario, contender = REPORT_CONTENDERS[route]
     same = ("size_requested", "src_world", "seed") + (("dst_world", "rank") if scenario == "load" else ())
     for rec in reversed(load_results(results_dir / f"{scenario}.json")):
@@ -476,6 +554,15 @@ def render(record: Mapping[str, Any]) -> str:
             f"{v['cpu_s_ratio']:.3f}× | "
             f"{_stat(a, m, format_bytes)} | {_stat(b, m, format_bytes)} | {_stat(a, 'rchar', format_bytes)} | "
             f"{_stat(b, 'rchar', format_bytes)} | {ref_cell} | {ref_ratio} |")
+    save_v = record["verdicts"].get("save", {})
+    if "stall_ratio" in save_v:
+        lines += ["", "Save route, timed by the ranks from their release (the wall time above also holds the 8 rank "
+                      "processes' exits): **stall** (slowest rank's save call) old "
+                      f"{format_seconds(save_v['old_stall_s'])}, new {format_seconds(save_v['new_stall_s'])}, "
+                      f"**new / old {save_v['stall_ratio']:.3f}×**; **committed** (the last rank's save done, "
+                      f"durable) old {format_seconds(save_v['old_committed_s'])}, new "
+                      f"{format_seconds(save_v['new_committed_s'])}, **new / old {save_v['committed_ratio']:.3f}×** "
+                      f"(medians; the verdict, {'within' if save_v['within'] else '**over**'}, needs both ≤ {LIMIT}×)."]
     if BOUND in summary:
         lines += ["", f"`{BOUND}` (one `os.preadv` of a file of exactly the rank's bytes, one thread, same run): "
                       f"{_stat(summary[BOUND], 'wall_s', format_seconds)}."]
@@ -500,7 +587,7 @@ def same_values_line(record: Mapping[str, Any], old: Mapping[str, Any], new: Map
     parts = []
     for route in record["params"]["routes"]:
         got = {t["label"]: checks.get(f"{route} [{t['label']} {t['short']}]", {}) for t in (old, new)}
-        key = "digest" if route.startswith("load") else "output_bytes"
+        key = "digest" if route.startswith("load") else "written" if route == "save" else "output_bytes"
         va, vb = got["old"].get(key), got["new"].get(key)
         if va is None or vb is None:
             parts.append(f"{route}: not compared")

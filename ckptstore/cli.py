@@ -402,7 +402,9 @@ def _print_summary(summary: Any, as_json: bool, done: str) -> None:
         click.echo(f"part {summary.part}: " + done.replace("wrote ", "wrote its share of ", 1)
                    + "; the store is complete once every part has finished (the last one commits)")
     else:
-        click.echo(done if summary.part == "0/1" else f"part {summary.part}, the last to finish: {done}")
+        share = f"{summary.params} of the store's {summary.store_params} parameters (this part's share)"
+        click.echo(done if summary.part == "0/1" else f"part {summary.part}, the last to finish: "
+                   + done.replace(f"{summary.params} parameters", share, 1))
     if summary.unsaved and not as_json:
         click.echo(_unsaved_line(list(summary.unsaved)))
     if summary.chosen and not as_json:

@@ -207,15 +207,6 @@ def test_a_rank_makes_its_array_metadata_durable_with_its_slice_files(tmp_path, 
     assert sorted(synced) == ["b/c.0", "b/zarr.json", "w/c.0.0", "w/zarr.json"]
 
 
-def test_a_rank_record_of_an_earlier_release_one_file_per_chunk_still_merges():
-    from ckptstore.write.save import merge_records
-
-    record = {"rank": 0, "params": {"w": {"dtype": "float32", "shape": [4, 2], "path": "w", "chunk_shape": [2, 2],
-                                          "replicas": 1, "chunks": [[0, "w/c/0/0", 16, 7], [1, "w/c/1/0", 16, 9]]}}}
-    table = merge_records([record], "here")["w"].chunks
-    assert (table.files, table.offsets, table.nbytes, table.crc32c) == (("w/c/0/0", "w/c/1/0"), (0, 0), (16, 16), (7, 9))
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "bool", "int64", "uint8"])
 @pytest.mark.parametrize("shape,chunks", [((4, 6), (2, 6)), ((), ()), ((2, 3, 4), (1, 3, 4))])
 def test_saved_array_metadata_is_what_zarr_python_writes(dtype, shape, chunks):

@@ -49,13 +49,15 @@ def store_checkpoint_class() -> type:
         ``replace=True``. ``append_info`` adds ``"epoch_num"``, ``"step_num"`` (the training
         step), ``"global_step"``, ``"loss_scale"`` (names, as MindFormers' resume reads them) or
         a dict of values, as ``CheckpointConfig`` does. ``include``/``exclude`` are name globs.
+        ``attempt`` names the save attempt as :func:`ckptstore.save_rank`'s does (by default
+        MindSpore's communication or the launcher gives one).
         """
 
         def __init__(self, root: str | os.PathLike[str], *, save_checkpoint_steps: int = 1,
                      keep_checkpoint_max: int | None = 5, strategy: Any = None, async_save: bool = True,
                      include: Sequence[str] = (), exclude: Sequence[str] = (), memory_budget_mb: int | None = None,
                      append_info: Any = None, rank: int | None = None, initial_step: int = 0,
-                     replace: bool = False) -> None:
+                     replace: bool = False, attempt: str | None = None) -> None:
             super().__init__()
             for what, v, least in (("save_checkpoint_steps", save_checkpoint_steps, 1), ("initial_step", initial_step, 0)):
                 if isinstance(v, bool) or not isinstance(v, int) or v < least:
@@ -65,7 +67,8 @@ def store_checkpoint_class() -> type:
             self.append_info, self.initial_step = append_info, initial_step
             self.saver = StoreSaver(root, keep=keep_checkpoint_max, async_save=async_save,
                                     memory_budget_mb=memory_budget_mb, strategy=strategy, rank=rank,
-                                    include=include, exclude=exclude, replace=replace)
+                                    include=include, exclude=exclude, replace=replace,
+                                    attempt=attempt)
             self._last: int | None = None  # the training step at the previous step end
             self._counter: Any = _UNKNOWN  # the optimizer's global_step Parameter (None: there is none)
 

@@ -17,12 +17,10 @@ import warnings
 from ckptstore.io.base import ByteSource
 from ckptstore.io.locations import is_url, open_location
 from ckptstore.io.sink import ByteSink, open_sink
-from ckptstore.store.kinds import WORK_DIR, read_manifest
+from ckptstore.store import work
+from ckptstore.store.kinds import read_manifest
 
 STEP_FOLDER = re.compile(r"^step_(\d+)$")
-#: Where the parts (ranks) of a save mark themselves finished: ``<rank>-of-<world>``.
-_MARKERS = f"{WORK_DIR}/parts"
-_MARKER = re.compile(r"^(\d+)-of-(\d+)$")
 
 
 def step_name(step: int) -> str:
@@ -83,14 +81,5 @@ def newest_committed(location: ByteSource) -> tuple[ByteSource | None, list[int]
 
 def unfinished_ranks(location: ByteSource) -> tuple[list[int], int] | None:
     """For an unfinished save: the ranks that have not marked themselves done, and the world size."""
-    try:
-        names = location.list(_MARKERS)[1]
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    done, world = set(), 0
-    for name in names:
-        m = _MARKER.match(name)
-        if m:
-            done.add(int(m.group(1)))
-            world = int(m.group(2))
-    return ([r for r in range(world) if r not in done], world) if world else None
+    doc = work.read_attempt(location)
+    return None if doc is None else (work.unfinished_parts(location, doc["parts"]), doc["parts"])

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ckptstore.store import steps
+from ckptstore.store import steps, work
 from ckptstore.store.kinds import WORK_DIR, find_manifest, manifest_candidates, manifest_files, store_kind, store_kinds
 from ckptstore.boxes import Box
 from ckptstore.errors import (
@@ -197,15 +197,11 @@ def _index_to_box(index: Index, shape: Sequence[int], name: str) -> tuple[Box, l
 
 
 def _unfinished(location: ByteSource) -> str:
-    """Why an unfinished store cannot be opened, and what finishes it."""
-    waiting = steps.unfinished_ranks(location)
-    step = steps.STEP_FOLDER.match(location.url.rstrip("/").rsplit("/", 1)[-1])
-    if step is not None and waiting is not None:
-        ranks, world = waiting
-        shown = ", ".join(map(str, ranks[:20])) + (" ..." if len(ranks) > 20 else "")
-        return (f"step {step.group(1)} at {location.url} is not committed: rank(s) {shown} of {world} have not "
-                "finished saving it (saving that rank's step again completes it); open the folder above it for "
-                "the newest committed step")
+    """Why an unfinished store cannot be opened, and what finishes it (:func:`~ckptstore.store.work.what_finishes`)."""
+    said = work.what_finishes(location)
+    if said is not None:
+        return said + ("; open the folder above it for the newest committed step"
+                       if steps.STEP_FOLDER.match(location.url.rstrip("/").rsplit("/", 1)[-1]) else "")
     return (f"the store at {location.url} is incomplete: its conversion was interrupted. Run the same "
             "'ckptstore convert' command again to finish it")
 

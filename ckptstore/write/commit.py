@@ -1,23 +1,26 @@
-"""The commit protocol of a conversion: what it records before writing, which share each part
-writes, how a part says it finished, and the commit that completes the store.
+"""The one commit protocol of a store written in parts: conversion parts and save ranks alike.
 
-Every part writes the same plan (:data:`PLAN_FILE`: parameter order, header, kind, parts) before
-its parameters, and a marker when they are durable (:func:`mark_done`); :func:`commit` checks the
-markers and hands the rest to the writer of the plan's store kind
+Every part claims the store for one attempt (:func:`~ckptstore.write.output_folder.claim`),
+writes the same plan (:data:`PLAN_FILE`: parameter order, header, kind, parts, and for a save
+``"records": "ranks"``) before its data, its records, and a marker holding the attempt when they
+are durable (:func:`mark_done`); the last part to finish commits (:func:`commit_if_last`), and
+:func:`commit` checks the markers (:func:`~ckptstore.store.work.unfinished_parts`) and hands the
+rest to the writer of the plan's store kind
 (:meth:`~ckptstore.write.store_writer.StoreWriter.commit`). The writer is found by the kind's
 ``writer=`` (:func:`writer_class`), so nothing here names a kind.
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ckptstore.store.kinds import WORK_DIR, store_kind
 from ckptstore.store.chunking import ParamPlan
 from ckptstore.errors import IncompleteStoreError, InvalidOptionError
 from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.io.sink import ByteSink
-from ckptstore.write.output_folder import Claim
+from ckptstore.store.work import unfinished_parts, what_finishes
+from ckptstore.write.output_folder import Claim, complete_manifest, drop_idle_work, lock_output
 from ckptstore.write.parts import Part, assign
 from ckptstore.write.chunk_writer import ChunkCopier
 from ckptstore.write.store_writer import StoreWriter
@@ -52,15 +55,17 @@ def my_share(writer: StoreWriter, plans: Sequence[ParamPlan], part: Part) -> lis
     return [p for u, o in zip(units, owner) if o == part.index for p in u]
 
 
-def write_plan(sink: ByteSink, fmt: str, plans: Sequence[ParamPlan], header: Mapping[str, Any],
-               extra: Mapping[str, Any], part: Part) -> None:
-    """Record what the commit needs (parameter order, header, kind, parts), once per conversion.
+def write_plan(sink: ByteSink, fmt: str, names: Sequence[str], header: Mapping[str, Any],
+               extra: Mapping[str, Any], part: Part, *, records: str | None = None) -> None:
+    """Record what the commit needs (parameter order, header, kind, parts), once per attempt.
 
     Every part writes the same document; one that an earlier run left torn (a power loss
-    before it reached the disk) is written again.
+    before it reached the disk) is written again. ``records="ranks"``: the parts are save
+    ranks whose records the commit merges (:mod:`ckptstore.write.save_records`); ``names`` is
+    then empty (the records give the parameters and their order).
     """
-    doc = json.dumps({"format": fmt, "names": [p.param.name for p in plans], "source": dict(header),
-                      "extra": dict(extra), "parts": part.count}).encode()
+    doc = json.dumps({"format": fmt, "names": list(names), "source": dict(header), "extra": dict(extra),
+                      "parts": part.count, **({"records": records} if records else {})}).encode()
     if not sink.put_if_absent(PLAN_FILE, doc) and read_plan(sink) is None:
         sink.put(PLAN_FILE, doc)
 
@@ -75,15 +80,52 @@ def read_plan(sink: ByteSink) -> dict[str, Any] | None:
     ok = (isinstance(doc, dict) and isinstance(doc.get("format"), str) and store_kind(doc["format"]) is not None
           and isinstance(doc.get("names"), list)
           and all(isinstance(n, str) for n in doc["names"]) and isinstance(doc.get("source"), dict)
-          and isinstance(doc.get("extra"), dict))
+          and isinstance(doc.get("extra"), dict) and isinstance(doc.get("parts", 1), int))
     return doc if ok else None
 
 
-def mark_done(sink: ByteSink, part: Part, fingerprint: str) -> None:
+def mark_done(sink: ByteSink, part: Part, attempt: str) -> None:
     """Say that ``part`` has written all its parameters (after making them durable: the part
-    that commits may run on another host)."""
+    that commits may run on another host); the marker holds the attempt."""
     sink.sync()
-    sink.put(part.marker, fingerprint.encode())
+    sink.put(part.marker, attempt.encode())
+
+
+def committed(sink: ByteSink, attempt: str) -> bool:
+    """Whether ``sink`` holds a complete store of ``attempt`` (its manifest's fingerprint)."""
+    manifest = complete_manifest(sink)
+    return manifest is not None and manifest.get("source", {}).get("fingerprint") == attempt
+
+
+def commit_if_last(hold: Claim, attempt: str, known: Mapping[str, ParamManifest] | None = None, *,
+                   on_wait: Callable[[str], None] | None = None) -> StoreManifest | None:
+    """Commit the store if every part of ``attempt`` has finished; ``None`` when another part
+    is still writing (the last one commits) or has committed already.
+
+    One part: this process holds the folder's lock for its whole run and commits. Several: the
+    folder's lock is taken, and which parts have finished is decided once, from one listing of
+    the markers (a part that finishes while this one looks is the last then, and commits); a
+    commit that fails because another committed meanwhile (object storage has no lock) is no
+    error.
+    """
+    sink, part = hold.sink, hold.part
+    if part.count == 1:
+        return commit(sink, known, parts=1)
+    lock = lock_output(sink, on_wait)
+    try:
+        if committed(sink, attempt):
+            drop_idle_work(sink)
+            return None
+        if unfinished_parts(sink.source, part.count):
+            return None  # another part is still writing: the last one commits
+        try:
+            return commit(sink, known, parts=part.count)
+        except IncompleteStoreError:
+            if committed(sink, attempt):  # another part committed meanwhile (object storage)
+                return None
+            raise
+    finally:
+        lock.release()
 
 
 def commit(sink: ByteSink, known: Mapping[str, ParamManifest] | None = None, *,
@@ -91,20 +133,25 @@ def commit(sink: ByteSink, known: Mapping[str, ParamManifest] | None = None, *,
     """Make the store complete from the work folder: every part's records, then the manifest last.
 
     ``known`` are manifests this process has in memory (the others are read from the records).
-    The store is complete when every parameter has its record (a record is written after the
-    parameter's data) and, with ``parts``, every part of that many has said it finished. The
-    writer of the plan's store kind does the rest (:meth:`StoreWriter.commit`).
-    Raises :class:`~ckptstore.errors.IncompleteStoreError` naming what has not finished.
-    Running it twice, or in two processes at once, writes the same manifest.
+    The store is complete when every part of the plan's count has said it finished and every
+    parameter has its record (a record is written after the parameter's data). The writer of
+    the plan's store kind does the rest (:meth:`StoreWriter.commit`). Conversion parts and save
+    ranks commit here alike. Raises :class:`~ckptstore.errors.IncompleteStoreError` naming what
+    has not finished and what to run. Running it twice, or in two processes at once, writes the
+    same manifest.
     """
     plan = read_plan(sink)
     if plan is None:
-        raise IncompleteStoreError(f"{sink.url} has no unfinished conversion to commit (no readable {PLAN_FILE}); "
-                                   "run 'ckptstore convert' (again) first")
-    count = parts or 1
-    missing = [i for i in range(count) if sink.size(Part(i, count).marker) is None] if parts else []
-    if missing:
-        shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
-        raise IncompleteStoreError(f"the conversion into {sink.url} is not finished: part(s) {shown} of {count} "
-                                   "have not finished; run them (convert --part I/N), then commit")
+        said = what_finishes(sink.source)
+        if said is not None:  # a part's plan.json torn by a power loss: the next part writes it again
+            raise IncompleteStoreError(f"{said} (its {PLAN_FILE} is missing or unreadable: the next part to run "
+                                       "writes it again)")
+        raise IncompleteStoreError(f"{sink.url} has no unfinished conversion to commit (no readable "
+                                   f"{PLAN_FILE}); run 'ckptstore convert' (again) first")
+    count = parts or int(plan.get("parts") or 1)
+    # a conversion's records tell which parameters are missing (the message counts them); a
+    # save's ranks each hold some chunks of many parameters: there, the markers tell
+    if (parts or plan.get("records") == "ranks") and unfinished_parts(sink.source, count):
+        raise IncompleteStoreError(what_finishes(sink.source) or f"{sink.url}: some of its {count} parts have not "
+                                   "finished")
     return writer_class(plan["format"]).commit(sink, plan, known or {})

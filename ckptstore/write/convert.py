@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from ckptstore.store.chunking import ParamPlan, check_even_slices, plan_chunks, select_params
 from ckptstore.store.codecs import CODECS
 from ckptstore.store.kinds import store_kind, store_kinds
-from ckptstore.errors import IncompleteStoreError, InvalidOptionError, LayoutMismatchError
-from ckptstore.store.manifest import ParamManifest, StoreManifest
-from ckptstore.write.output_folder import Claim, claim, complete_manifest, drop_idle_work, lock_output
+from ckptstore.errors import ConversionInProgressError, IncompleteStoreError, InvalidOptionError, LayoutMismatchError
+from ckptstore.store.manifest import StoreManifest
+from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, lock_output, running_parts
 from ckptstore.io.sink import ByteSink, open_sink
 from ckptstore.write.parts import SCHEDULER_NO_PART, Part, parse_part
 from ckptstore.progress import Progress
@@ -41,8 +41,8 @@ from ckptstore.checkpoint.source import DistributedSource, SourceParam, resolve_
 from ckptstore.checkpoint.strategy import StrategyPaths
 from ckptstore.formats.ckpt_cipher import check_key
 from ckptstore.io import is_url, open_location
-from ckptstore.write.save import commit_step, is_saved_step
-from ckptstore.write.commit import commit, mark_done, my_share, write_plan, writer_for
+from ckptstore.store.work import read_attempt, short
+from ckptstore.write.commit import commit, commit_if_last, mark_done, my_share, write_plan, writer_for
 from ckptstore.write.chunk_writer import ChunkCopier
 from ckptstore.limits import MAX_TENSOR_BYTES
 from ckptstore.version import __version__
@@ -79,6 +79,8 @@ class ConvertSummary:
     skipped: str | None = None
     #: Which checkpoint was taken when the rank folders held several, and why (else ``None``).
     chosen: str | None = None
+    #: Parameters of the whole store (every part's), once it is complete; ``params`` is this part's share.
+    store_params: int | None = None
 
     @property
     def dedup_saved_bytes(self) -> int:
@@ -181,7 +183,7 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
         plans = [_plan(p, chunk_bytes) for p in source.params.values()]
         fingerprint = _fingerprint(source, plans, codec, fmt, checksum)
         hold = claim(sink, fingerprint, overwrite=overwrite, on_wait=on_wait, part=part,
-                     sources=[*map(str, source.rank_files.values()),
+                     writer="index" if fmt == "index" else "convert", sources=[*map(str, source.rank_files.values()),
                               *(source.strategy.sources if source.strategy else ())])
         try:
             if hold.complete:
@@ -193,7 +195,7 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                                 quiet=quiet, count_bytes=fmt != "index" or checksum)
             copier = ChunkCopier(codec, verify_replicas, progress, source.files)
             writer = writer_for(fmt, hold, copier, plans, checksum)
-            write_plan(sink, fmt, plans, header, writer.extra(), part)
+            write_plan(sink, fmt, [p.param.name for p in plans], header, writer.extra(), part)
             mine = my_share(writer, plans, part)
             progress.resize(sum(p.nbytes for p in mine), len(mine))
             try:
@@ -209,7 +211,7 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
             finally:
                 progress.close()
             mark_done(sink, part, fingerprint)
-            manifest = _commit_if_last(hold, done, fingerprint, on_wait)
+            manifest = commit_if_last(hold, fingerprint, done, on_wait=on_wait)
             return replace(_summary(sink, mine, copier, started, part, source.unsaved, manifest=manifest),
                            chosen=source.chosen)
         finally:
@@ -232,34 +234,6 @@ def _selected(names: list[str], select: Mapping[str, Any]) -> list[str]:
     return kept
 
 
-def _commit_if_last(hold: Claim, done: Mapping[str, ParamManifest], fingerprint: str,
-                    on_wait: Callable[[str], None] | None) -> StoreManifest | None:
-    """Commit the store if every part has finished (always, for a conversion in one part)."""
-    sink, part = hold.sink, hold.part
-    if part.count == 1:
-        return commit(sink, done, parts=1)  # this process holds the folder's lock for the whole run
-    lock = lock_output(sink, on_wait)
-    try:
-        if _committed(sink, fingerprint):
-            drop_idle_work(sink)
-            return None
-        try:
-            return commit(sink, done, parts=part.count)
-        except IncompleteStoreError:
-            if _committed(sink, fingerprint):  # another part committed meanwhile (object storage)
-                return None
-            if any(sink.size(Part(i, part.count).marker) is None for i in range(part.count)):
-                return None  # other parts are still running: the last one commits
-            raise
-    finally:
-        lock.release()
-
-
-def _committed(sink: ByteSink, fingerprint: str) -> bool:
-    manifest = complete_manifest(sink)
-    return manifest is not None and manifest.get("source", {}).get("fingerprint") == fingerprint
-
-
 def commit_store(out: "str | os.PathLike[str] | Store", *, on_wait: Callable[[str], None] | None = None) -> bool:
     """Commit a conversion done in parts whose last part did not (``ckptstore commit``;
     ``ckptstore.commit`` in the API), or a saved training step whose ranks have all finished
@@ -267,7 +241,9 @@ def commit_store(out: "str | os.PathLike[str] | Store", *, on_wait: Callable[[st
 
     ``out`` is the store's path or ``s3://``/``obs://`` URL (a :class:`~ckptstore.store.store.Store`
     is complete already). Returns ``False`` when the store was already complete. Raises
-    :class:`~ckptstore.errors.IncompleteStoreError` naming the parts that have not finished.
+    :class:`~ckptstore.errors.ConversionInProgressError` naming the parts (ranks) still running
+    (the last of them commits), and :class:`~ckptstore.errors.IncompleteStoreError` naming the
+    parts that have not finished and what to run.
     """
     from ckptstore.store.store import Store
 
@@ -279,11 +255,11 @@ def commit_store(out: "str | os.PathLike[str] | Store", *, on_wait: Callable[[st
         if complete_manifest(sink) is not None:
             drop_idle_work(sink)  # the lock file this process waited on
             return False
+        running = running_parts(sink)
+        if running:
+            raise ConversionInProgressError(_still_running(sink, running))
         try:
-            if is_saved_step(sink):
-                commit_step(sink)
-            else:
-                commit(sink)
+            commit(sink)
         except IncompleteStoreError:
             # a folder with nothing to commit (a checkpoint folder, say) must not keep the lock
             # file taken here: its work folder would make it look like an interrupted store
@@ -292,6 +268,15 @@ def commit_store(out: "str | os.PathLike[str] | Store", *, on_wait: Callable[[st
         return True
     finally:
         lock.release()
+
+
+def _still_running(sink: ByteSink, running: list[int]) -> str:
+    """Why ``ckptstore commit`` refuses while parts run: which, and that the last commits itself."""
+    doc = read_attempt(sink.source) or {}
+    noun = "rank" if doc.get("writer") == "save_rank" else "part"
+    count = f" of {doc['parts']}" if "parts" in doc else ""
+    return (f"{sink.url} is still being written: {noun}(s) {short(running)}{count} still running (their lock is "
+            f"held); wait for {'it' if len(running) == 1 else 'them'}: the last {noun} to finish commits")
 
 
 def _options(fmt: str, compress: str | None, chunk_mb: int | None, workers: int, *,
@@ -326,7 +311,8 @@ def _summary(sink: ByteSink, plans: Sequence[ParamPlan], copier: ChunkCopier | N
         stored_bytes=(sum(manifest.params[p.param.name].stored_bytes for p in plans) if manifest
                       else sum(p.nbytes for p in plans)),
         seconds=round(time.monotonic() - started, 3), already_complete=already_complete,
-        part=str(part), committed=already_complete or manifest is not None, unsaved=tuple(unsaved))
+        part=str(part), committed=already_complete or manifest is not None, unsaved=tuple(unsaved),
+        store_params=len(manifest.params) if manifest else (len(plans) if already_complete else None))
 
 
 def _no_part(out: str | os.PathLike[str]) -> ConvertSummary:

@@ -13,17 +13,21 @@ A conversion in parts (:mod:`ckptstore.write.parts`) holds the folder's lock onl
 (and later while it commits); for its run it holds a lock of its own part, and a different
 conversion may not clear the folder while any part's lock is held. With parts, ``overwrite``
 replaces a store or an unfinished conversion of *other* files or options, never the one the
-parts are running.
+parts are running. A save (``restart``) starts an unfinished step of another attempt over the
+same way, and never replaces a committed one (:mod:`ckptstore.write.commit` has the protocol).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from ckptstore.errors import CkptStoreError, ConversionInProgressError, StoreExistsError
 from ckptstore.io.sink import ByteSink, Lock, write_error
 from ckptstore.store.kinds import WORK_DIR, manifest_files, read_manifest, store_kinds
+from ckptstore.store.work import ATTEMPT_FILE, read_attempt, short
 from ckptstore.write.parts import Part
+from ckptstore.write.save_records import recorded_files
 
 FINGERPRINT = f"{WORK_DIR}/fingerprint"
 
@@ -44,11 +48,19 @@ class Claim:
 
 
 def claim(sink: ByteSink, fingerprint: str, *, overwrite: bool, sources: Iterable[str],
-          on_wait: Callable[[str], None] | None = None, part: Part = Part()) -> Claim:
+          on_wait: Callable[[str], None] | None = None, part: Part = Part(), restart: bool = False,
+          writer: str = "convert", step: int | None = None) -> Claim:
     """Own ``sink`` for this conversion (or this part of it) and make it ready to write.
 
-    ``sources`` are the source files (rank files, strategy files): a folder holding any of them
-    is never written into. Raises :class:`~ckptstore.errors.StoreExistsError` for an output that
+    ``fingerprint`` is the attempt every part of this store agrees on (a conversion's
+    fingerprint; a save's covers its attempt id). ``sources`` are the source files (rank files,
+    strategy files): a folder holding any of them is never written into. ``restart``: an
+    unfinished store of another attempt is started over (what ckptstore wrote there is deleted),
+    as a save does; without it that needs ``overwrite``. ``writer`` (``convert``, ``index``,
+    ``save_rank``) and ``step`` go into the attempt record (:data:`~ckptstore.store.work.ATTEMPT_FILE`)
+    for the messages of ``info``/``open``/``commit``. This part's marker of an earlier run is
+    removed first: a part that runs again has not finished until it says so again, so no other
+    part commits under it. Raises :class:`~ckptstore.errors.StoreExistsError` for an output that
     is not this conversion's, :class:`~ckptstore.errors.ConversionInProgressError` when this
     part is already being converted, :class:`~ckptstore.errors.UnsafePathError` when a link was
     planted where the work folder or its lock would be, and
@@ -56,14 +68,19 @@ def claim(sink: ByteSink, fingerprint: str, *, overwrite: bool, sources: Iterabl
     """
     prepare(sink, list(sources))
     setup = _lock(sink, "lock", on_wait)
+    noun = "rank" if writer == "save_rank" else "part"
     try:
-        complete = _decide(sink, fingerprint, overwrite, part)
-        if complete or part.count == 1:
-            return Claim(sink, setup, complete, part)
-        mine = sink.lock(f"lock.part-{part.index}", wait=False)
+        complete = _decide(sink, fingerprint, overwrite, part, noun, restart=restart)
+        mine = None
+        if not complete and part.count > 1:
+            mine = sink.lock(f"lock.part-{part.index}", wait=False)
+            if mine is None:
+                raise ConversionInProgressError(f"{noun} {part} of {sink.url} is already being written by another "
+                                                "process")
+        if not complete:
+            _start_attempt(sink, fingerprint, part, writer, step)
         if mine is None:
-            raise ConversionInProgressError(f"part {part} of the conversion into {sink.url} is already running in "
-                                            "another process")
+            return Claim(sink, setup, complete, part)
     except BaseException:
         if complete_manifest(sink) is not None:  # a complete store keeps no work folder made only for a lock
             drop_idle_work(sink)
@@ -110,10 +127,11 @@ def prepare(sink: ByteSink, sources: Iterable[str]) -> None:
 def clear_store(sink: ByteSink) -> None:
     """Delete what a conversion writes here (the lock files excepted), and nothing else: the
     manifest, the work folder and the data files of every store kind (Zarr array folders,
-    ``model-*.safetensors`` files: each kind's ``written``)."""
+    ``model-*.safetensors`` files: each kind's ``written``), and the files a save rank's record
+    names (a slice's file in an array folder whose ``zarr.json`` another rank had still to write)."""
     keys = sink.keys()
     manifests = manifest_files()
-    data = {k for kind in store_kinds() for k in kind.written(keys)}
+    data = {k for kind in store_kinds() for k in kind.written(keys)} | set(recorded_files(sink, keys))
     mine = [k for k in keys
             if (k.startswith(WORK_DIR + "/") and not _is_lock(k)) or k in manifests or k in data]
     # the manifest first: a reader of the old store notices the replacement before any of its
@@ -142,8 +160,12 @@ def drop_idle_work(sink: ByteSink) -> None:
         sink.delete(keys)
 
 
-def _decide(sink: ByteSink, fingerprint: str, overwrite: bool, part: Part) -> bool:
-    """Under the folder's lock: is the store already complete? Clear or check what is there."""
+def _decide(sink: ByteSink, fingerprint: str, overwrite: bool, part: Part, noun: str = "part", *,
+            restart: bool = False) -> bool:
+    """Under the folder's lock: is the store already complete? Clear or check what is there.
+
+    ``restart`` starts an unfinished store of another attempt over; a complete store is
+    replaced only by ``overwrite`` (a committed step is never: a save does not pass it)."""
     manifest = complete_manifest(sink)
     if manifest is not None:
         same = manifest.get("source", {}).get("fingerprint") == fingerprint
@@ -153,15 +175,15 @@ def _decide(sink: ByteSink, fingerprint: str, overwrite: bool, part: Part) -> bo
         if not overwrite:
             raise StoreExistsError(f"{sink.url} already holds a complete store of other files or options; pass "
                                    "--overwrite to replace it")
-        _refuse_running_parts(sink)
+        _refuse_running_parts(sink, noun)
         clear_store(sink)
     else:
         previous = _read_fingerprint(sink)
         if previous is not None and previous != fingerprint:
-            if not overwrite:
+            if not (overwrite or restart):
                 raise StoreExistsError(f"{sink.url} holds an unfinished conversion of other files or options; rerun "
                                        "that command to finish it, or pass --overwrite to start again")
-            _refuse_running_parts(sink)
+            _refuse_running_parts(sink, noun)
             clear_store(sink)
         elif overwrite and part.count == 1:
             clear_store(sink)  # start an unfinished conversion over, even the same one
@@ -172,16 +194,38 @@ def _decide(sink: ByteSink, fingerprint: str, overwrite: bool, part: Part) -> bo
     return False
 
 
-def _refuse_running_parts(sink: ByteSink) -> None:
-    """Clearing under the parts of a running conversion would destroy their work: refuse."""
+def running_parts(sink: ByteSink) -> list[int]:
+    """The parts whose lock another process holds now (they are writing), in order. On object
+    storage, which has no locks, none."""
+    running = []
     for key in sink.keys(WORK_DIR):
         name = key.rsplit("/", 1)[-1]
-        if name.startswith("lock.part-"):
+        if name.startswith("lock.part-") and name[len("lock.part-"):].isdigit():
             held = sink.lock(name, wait=False)
             if held is None:
-                raise ConversionInProgressError(f"a conversion in parts is running into {sink.url} ({name} is "
-                                                "held); wait for it to finish")
-            held.release()
+                running.append(int(name[len("lock.part-"):]))
+            else:
+                held.release()
+    return sorted(running)
+
+
+def _refuse_running_parts(sink: ByteSink, noun: str = "part") -> None:
+    """Clearing under the parts of a running conversion (the ranks of a running save) would
+    destroy their work: refuse."""
+    running = running_parts(sink)
+    if running:
+        raise ConversionInProgressError(f"{sink.url} is being written by another attempt: {noun}(s) {short(running)} "
+                                        "still running (their lock is held); wait for them to finish or stop them")
+
+
+def _start_attempt(sink: ByteSink, fingerprint: str, part: Part, writer: str, step: int | None) -> None:
+    """Record the attempt (once, by the first part to claim) and drop this part's marker of an
+    earlier run (under the folder's lock, so no part deciding to commit counts it)."""
+    doc = {"attempt": fingerprint, "parts": part.count, "writer": writer, **({"step": step} if step is not None else {})}
+    if not sink.put_if_absent(ATTEMPT_FILE, json.dumps(doc).encode()) and read_attempt(sink.source) is None:
+        sink.put(ATTEMPT_FILE, json.dumps(doc).encode())  # torn by a power loss: written again
+    if sink.size(part.marker) is not None:
+        sink.delete([part.marker])
 
 
 def _read_fingerprint(sink: ByteSink) -> str | None:

@@ -16,11 +16,11 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ckptstore.store.kinds import WORK_DIR
 from ckptstore.errors import InvalidOptionError
 from ckptstore.launcher import is_scheduler, job
+from ckptstore.store.work import PARTS_DIR, marker
 
-PARTS_DIR = f"{WORK_DIR}/parts"
+__all__ = ["MAX_PARTS", "PARTS_DIR", "Part", "assign", "parse_part"]
 #: Parts of one conversion (a process per rank file of the largest jobs, and then some).
 MAX_PARTS = 1 << 16
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -39,7 +39,7 @@ class Part:
     @property
     def marker(self) -> str:
         """The work-folder key that says this part has finished."""
-        return f"{PARTS_DIR}/{self.index}-of-{self.count}"
+        return marker(self.index, self.count)
 
 
 #: Why a process takes no part in ``--part auto``.

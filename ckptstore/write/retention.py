@@ -31,7 +31,8 @@ from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR, find_manifest, read_m
 from ckptstore.store.manifest import StoreManifest
 from ckptstore.store.steps import STEP_FOLDER, step_sink
 from ckptstore.write.parts import PARTS_DIR, Part
-from ckptstore.write.save import RECORDS_DIR, step_location
+from ckptstore.write.save import step_location
+from ckptstore.write.save_records import RECORDS_DIR
 
 #: A chunk or shard file of a Zarr v3 array as ckptstore writes them (``c``, ``c.0.1``, ``c/0/1``),
 #: or one of its temporary files.

@@ -8,10 +8,13 @@ count = world size): each claims the step folder for its part, writes one file p
 was given (the slice's chunk, or a Zarr shard of its chunks, so ranks never share a file,
 locally or in a bucket), makes them durable together (concurrent fsyncs, which a journaling
 file system commits in a few batches, not one after another), records what it wrote in
-``.ckptstore-work/saved/<rank>-of-<world>.json``, marks its part done, and the last rank to
-finish merges the records into the manifest and commits. Until then the step is
-incomplete: :func:`ckptstore.open` on ``ROOT`` takes the newest *committed* step, and a rank
-that died mid-save completes the step when it saves it again.
+``.ckptstore-work/saved/<rank>-of-<world>.json`` (:mod:`ckptstore.write.save_records`), marks
+its part done, and the last rank to finish merges the records into the manifest and commits:
+the one commit protocol of :mod:`ckptstore.write.commit`. Every record belongs to one save
+*attempt* (:mod:`ckptstore.write.attempt`): a save that finds the step unfinished by another
+attempt starts it over, and a committed step is never written again. Until the commit the step
+is incomplete: :func:`ckptstore.open` on ``ROOT`` takes the newest *committed* step, and a rank
+of the same attempt that died mid-save completes the step when it saves it again.
 
 :class:`SaveJob` separates *what* is written (a plan and the local arrays) from writing it,
 so :mod:`ckptstore.write.async_save` can copy the bytes to host memory and write them later.
@@ -24,33 +27,28 @@ import logging
 import os
 import time
 from dataclasses import asdict, dataclass
-from math import prod
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import crc32c
 import numpy as np
 
 from ckptstore.checkpoint.strategy import Strategy, load_strategy
-from ckptstore.errors import (
-    ConversionInProgressError,
-    IncompleteStoreError,
-    InvalidOptionError,
-    LayoutMismatchError,
-    StoreExistsError,
-)
+from ckptstore.errors import InvalidOptionError, StoreExistsError
 from ckptstore.io.locations import join
 from ckptstore.io.sink import ByteSink
 from ckptstore.launcher import is_scheduler, job
 from ckptstore.store import zarr as zb
 from ckptstore.store.chunking import select_params
-from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR
-from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest, dtype_label
+from ckptstore.store.kinds import ROOT_METADATA
+from ckptstore.store.manifest import dtype_label
 from ckptstore.store.steps import step_name, step_sink
 from ckptstore.version import __version__
-from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, drop_work, lock_output
-from ckptstore.write.parts import PARTS_DIR, Part
+from ckptstore.write.attempt import save_attempt
+from ckptstore.write.commit import commit_if_last, mark_done, write_plan
+from ckptstore.write.output_folder import claim, complete_manifest
+from ckptstore.write.parts import Part
 from ckptstore.write.save_plan import SaveParam, SavePlan, plan_save
-from ckptstore.write.commit import mark_done
+from ckptstore.write.save_records import record_key
 from ckptstore.write.values import LazyArray, host_values
 
 #: Largest chunk a save writes (a slice bigger than this is cut along its leading axes), as
@@ -59,7 +57,6 @@ DEFAULT_SAVE_CHUNK_MB = 256
 #: Largest piece of a file handed to the writer at once (what a background save copies to host
 #: memory in one go, within its budget), whatever the chunk size.
 PIECE_BYTES = 64 << 20
-RECORDS_DIR = f"{WORK_DIR}/saved"
 
 Piece = tuple[SaveParam, int, Any]  # a parameter, an offset in the file of its slice, a buffer of bytes from there
 
@@ -89,7 +86,7 @@ def step_location(root: str | os.PathLike[str], step: int) -> str:
 
 def save_rank(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
               rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),  # noqa: A002
-              exclude: Sequence[str] = (), chunk_mb: int | None = None) -> SaveSummary:
+              exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None) -> SaveSummary:
     """Save this rank's local slices as step ``step`` of the store folder ``root``; every rank calls it.
 
     ``params`` maps names to numpy arrays, ``mindspore.Parameter``/``Tensor`` values, Python
@@ -102,14 +99,18 @@ def save_rank(params: Any, root: str | os.PathLike[str], *, step: int, strategy:
     last rank to finish commits ``root/step_<step>``, which :func:`ckptstore.open` then finds
     as the newest step. ``root`` may be an ``s3://``/``obs://`` URL. ``include``/``exclude``
     are name globs (every rank must pass the same); ``chunk_mb`` caps a chunk (default 256; every
-    rank must pass the same). Returns a :class:`SaveSummary` of this rank's share. In msrun's
-    scheduler process (which runs the job's script too but is no rank) nothing is saved: one log
-    line says so and the summary has ``rank=-1`` (:func:`skipped_in_scheduler`).
+    rank must pass the same). ``attempt`` names this save attempt, the same on every rank of the
+    job (by default MindSpore's communication or the launcher gives one:
+    :mod:`ckptstore.write.attempt`): only records of one attempt are committed together, and a
+    save that finds the step unfinished by another attempt starts it over. Returns a
+    :class:`SaveSummary` of this rank's share. In msrun's scheduler process (which runs the job's
+    script too but is no rank) nothing is saved: one log line says so and the summary has
+    ``rank=-1`` (:func:`skipped_in_scheduler`).
     """
     if is_scheduler():
         return skipped_in_scheduler(root, step)
     return prepare_save(params, root, step=step, strategy=strategy, rank=rank, format=format, include=include,
-                        exclude=exclude, chunk_mb=chunk_mb).write()
+                        exclude=exclude, chunk_mb=chunk_mb, attempt=attempt).write()
 
 
 def skipped_in_scheduler(root: str | os.PathLike[str], step: int) -> SaveSummary:
@@ -123,7 +124,7 @@ def skipped_in_scheduler(root: str | os.PathLike[str], step: int) -> SaveSummary
 
 def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
                  rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),  # noqa: A002
-                 exclude: Sequence[str] = (), chunk_mb: int | None = None) -> "SaveJob":
+                 exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None) -> "SaveJob":
     """Work out what :func:`save_rank` writes (nothing is copied or written yet)."""
     if format != "zarr":
         raise InvalidOptionError(f"save_rank writes zarr stores only, not {format!r}; convert a saved step with "
@@ -137,7 +138,7 @@ def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strate
     st = _strategy(strategy if strategy is not None else cell_strategy)
     me, world = _place(rank, st.world_size if st is not None else None)
     plan = plan_save(arrays, rank=me, world=world, strategy=st, max_chunk_bytes=chunk_bytes)
-    return SaveJob(step_location(root, step), step, plan, arrays, st, chunk_bytes)
+    return SaveJob(step_location(root, step), step, plan, arrays, st, chunk_bytes, save_attempt(attempt, world))
 
 
 def _chunk_bytes(chunk_mb: int | None) -> int:
@@ -179,14 +180,17 @@ class SaveJob:
     """One rank's save of one step: the plan and the local arrays it reads chunks from."""
 
     def __init__(self, location: str, step: int, plan: SavePlan, arrays: Mapping[str, np.ndarray | str],
-                 strategy: Strategy | None, chunk_bytes: int) -> None:
+                 strategy: Strategy | None, chunk_bytes: int, attempt: str | None = None) -> None:
         self.location, self.step, self.plan, self.arrays = location, step, plan, arrays
         self.strategy, self.chunk_bytes = strategy, chunk_bytes
         #: Bytes of one piece at most (a background saver lowers it to fit its budget).
         self.piece_bytes = min(chunk_bytes, PIECE_BYTES)
         self.part = Part(plan.rank, plan.world)
+        #: The attempt all ranks of this job agree on (:mod:`ckptstore.write.attempt`), ``None`` without one.
+        self.attempt = attempt
         blob = json.dumps({"step": step, "world": plan.world, "chunk_bytes": chunk_bytes, "version": __version__,
-                           "strategy": None if strategy is None else strategy.summary()}, sort_keys=True)
+                           "strategy": None if strategy is None else strategy.summary(),
+                           **({"attempt": attempt} if attempt is not None else {})}, sort_keys=True)
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()
 
     def pieces(self) -> Iterator[Piece]:
@@ -202,35 +206,40 @@ class SaveJob:
 
     def write(self, pieces: Iterable[Piece] | None = None, *, commit: bool = True) -> SaveSummary:
         """Write ``pieces`` (by default straight from the arrays), record them, and commit if this
-        rank is the last to finish (unless ``commit=False``: ``ckptstore commit`` does it later)."""
+        rank is the last to finish (unless ``commit=False``: ``ckptstore commit`` does it later).
+
+        The same protocol as a conversion's parts (:mod:`ckptstore.write.commit`): claim the step
+        for this attempt (an unfinished step of another attempt is started over; a committed one
+        is refused, untouched), write the plan, the slices' files, this rank's record and its
+        marker, and the last rank commits."""
         started = time.monotonic()
         sink = step_sink(self.location)
         hold = self._claim(sink)
         try:
             if hold.complete:
-                raise StoreExistsError(f"step {self.step} is already committed in {self.location}; a step is saved "
-                                       "once: save under a new step, or delete that folder first")
+                raise StoreExistsError(self._committed_message())
+            write_plan(sink, "zarr", (), self._header(), {}, self.part, records="ranks")
             crcs, written = self._write_chunks(sink, self.pieces() if pieces is None else pieces)
-            record = self._record(crcs)
-            sink.put(f"{RECORDS_DIR}/{self.part.index}-of-{self.part.count}.json", json.dumps(record).encode(),
-                     durable=False)
+            sink.put(record_key(self.part), json.dumps(self._record(crcs)).encode(), durable=False)
             mark_done(sink, self.part, self.fingerprint)
-            committed = self._commit_if_last(hold, sink) if commit else False
+            committed = commit and commit_if_last(hold, self.fingerprint) is not None
         finally:
             hold.release()
         return SaveSummary(self.location, self.step, self.plan.rank, self.plan.world, len(self.plan.params),
                            len(crcs), written, committed, round(time.monotonic() - started, 3))
 
+    def _committed_message(self) -> str:
+        return (f"step {self.step} is already committed in {self.location}; a committed step is never written "
+                "again (nothing was changed): save under a new step, or delete that folder first")
+
     def _claim(self, sink: ByteSink) -> Any:
         try:
-            return claim(sink, self.fingerprint, overwrite=False, sources=(), part=self.part)
+            return claim(sink, self.fingerprint, overwrite=False, sources=(), part=self.part, restart=True,
+                         writer="save_rank", step=self.step)
         except StoreExistsError:
-            raise StoreExistsError(f"{self.location} holds another save of step {self.step} (another job, world size, "
-                                   "strategy or chunk size) or other files; delete it, or save into another "
-                                   "folder") from None
-        except ConversionInProgressError:
-            raise ConversionInProgressError(f"rank {self.plan.rank} of step {self.step} is already being saved into "
-                                            f"{self.location} by another process") from None
+            if complete_manifest(sink) is not None:  # committed by another attempt
+                raise StoreExistsError(self._committed_message()) from None
+            raise
 
     def _write_chunks(self, sink: ByteSink, pieces: Iterable[Piece]) -> tuple[dict[str, dict[int, int]], int]:
         """Write the slices' files from ``pieces`` (and the array metadata this rank writes), all
@@ -274,33 +283,10 @@ class SaveJob:
                               "chunks": [[c.index, c.byte_start, c.nbytes, mine[c.index]] for c in p.chunks]}
         return {"rank": self.plan.rank, "world": self.plan.world, "header": self._header(), "params": params}
 
-    def _commit_if_last(self, hold: Any, sink: ByteSink) -> bool:
-        """Commit the step if every rank has finished (this process holds the folder's lock alone
-        when the job has one rank; otherwise it takes it, as a converting part does)."""
-        if self.part.count == 1:
-            commit_step(sink)
-            return True
-        lock = lock_output(sink)
-        try:
-            if _committed(sink, self.fingerprint):
-                drop_idle_work(sink)
-                return False
-            if _unfinished(sink, self.part.count):
-                return False  # another rank is still writing: the last one commits
-            try:
-                commit_step(sink)
-            except IncompleteStoreError:
-                if _committed(sink, self.fingerprint):  # another rank committed meanwhile (object storage)
-                    return False
-                raise
-            return True
-        finally:
-            lock.release()
-
     def _header(self) -> dict[str, Any]:
         return {"world_size": self.plan.world, "step": self.step, "saved_by": "save_rank",
                 "strategy": None if self.strategy is None else self.strategy.summary(),
-                "fingerprint": self.fingerprint, "created_by": f"ckptstore {__version__}"}
+                "fingerprint": self.fingerprint, "attempt": self.attempt, "created_by": f"ckptstore {__version__}"}
 
 
 def _file_bytes(p: SaveParam, data: Any, rest: Iterator[Piece], crcs: dict[int, int], *,
@@ -337,111 +323,3 @@ def _bytes_of(array: np.ndarray | LazyArray) -> memoryview:
     return memoryview(host.reshape(-1).view(np.uint8))
 
 
-def _committed(sink: ByteSink, fingerprint: str) -> bool:
-    manifest = complete_manifest(sink)
-    return manifest is not None and manifest.get("source", {}).get("fingerprint") == fingerprint
-
-
-def is_saved_step(sink: ByteSink) -> bool:
-    """Whether ``sink`` holds an unfinished save (ranks' records) rather than a conversion."""
-    return bool(sink.keys(RECORDS_DIR))
-
-
-def commit_step(sink: ByteSink) -> StoreManifest:
-    """Merge every rank's record into the step's manifest and write it (the commit).
-
-    Everything it needs is in the records, so any process can run it (``ckptstore commit``).
-    Raises :class:`~ckptstore.errors.IncompleteStoreError` naming the ranks that have not
-    finished, or a parameter no rank wrote.
-    """
-    keys = sink.keys(RECORDS_DIR)
-    if not keys:
-        raise IncompleteStoreError(f"{sink.url} holds no finished rank of a save; save the step first")
-    raw = sink.read(keys[0])
-    if raw is None:  # another rank committed and removed the records meanwhile (object storage)
-        raise IncompleteStoreError(f"{sink.url}: the ranks' records went away while committing")
-    first = json.loads(raw)
-    header, world = first["header"], int(first["world"])
-    missing = _unfinished(sink, world)
-    if missing:
-        raise IncompleteStoreError(f"step {header['step']} in {sink.url} is not complete: rank(s) "
-                                   f"{_short(missing)} of {world} have not finished saving it; save them")
-    records = []
-    for i in range(world):
-        raw = sink.read(f"{RECORDS_DIR}/{i}-of-{world}.json")
-        record = json.loads(raw) if raw is not None else None
-        if record is None or record.get("header") != header:
-            raise IncompleteStoreError(f"step {header['step']} in {sink.url}: rank {i} finished but its record is "
-                                       "missing or from another save; save that rank again")
-        records.append(record)
-    manifest = StoreManifest(merge_records(records, sink.url), dict(header), kind="zarr")
-    # every rank synced its chunk files' folders before its marker (mark_done): the manifest is last
-    sink.put(ROOT_METADATA, zb.group_metadata({"ckptstore": manifest.to_json()}))
-    sink.sync()
-    drop_work(sink)
-    return manifest
-
-
-def merge_records(records: Sequence[Mapping[str, Any]], where: str) -> dict[str, ParamManifest]:
-    """Every parameter's manifest from the ranks' records (in rank 0's order, then the others')."""
-    merged: dict[str, dict[str, Any]] = {}
-    for rec in records:
-        rank = int(rec["rank"])
-        for name, d in rec["params"].items():
-            m = merged.setdefault(name, {"dtype": d["dtype"], "shape": d.get("shape"), "rank": rank, "chunks": {},
-                                         "chunk_shape": None, "path": d.get("path"), "value": None})
-            if (m["dtype"], m["shape"]) != (d["dtype"], d.get("shape")):
-                raise LayoutMismatchError(
-                    f"parameter {name!r} is {m['dtype']} {m['shape']} on rank {m['rank']} but {d['dtype']} "
-                    f"{d.get('shape')} on rank {rank} (global shapes from each rank's slice and layout); the ranks "
-                    "must save the same model with the same strategy")
-            if "value" in d:
-                m["value"] = d["value"]
-            for row in d.get("chunks", []):
-                if m["chunk_shape"] not in (None, d["chunk_shape"]):
-                    raise LayoutMismatchError(f"parameter {name!r}: ranks cut it into chunks of different shapes")
-                m["chunk_shape"] = d["chunk_shape"]
-                if "file" in d:  # [index, offset, nbytes, crc] in the slice's one file
-                    index, offset, nbytes, crc = row
-                    key = d["file"]
-                else:  # a record of an earlier release, one file per chunk: [index, key, nbytes, crc]
-                    (index, key, nbytes, crc), offset = row, 0
-                m["chunks"][index] = (key, offset, nbytes, crc, rank, d["replicas"])
-    return {name: _param_manifest(name, m, where) for name, m in merged.items()}
-
-
-def _param_manifest(name: str, m: Mapping[str, Any], where: str) -> ParamManifest:
-    if m["dtype"] == "str":
-        if m["value"] is None:
-            raise IncompleteStoreError(f"{where}: no rank saved the value of {name!r}")
-        return ParamManifest(name, zb.array_path(name), "str", (), (), ChunkTable((), (), (), (), (), ()), None,
-                             m["value"])
-    shape = tuple(m["shape"])
-    if m["chunk_shape"] is None:
-        if prod(shape) == 0:
-            return ParamManifest(name, m["path"], m["dtype"], shape, tuple(max(s, 1) for s in shape),
-                                 ChunkTable((), (), (), (), (), ()))
-        raise IncompleteStoreError(f"{where}: no rank wrote parameter {name!r}; every rank of the stage that holds "
-                                   "it (stage 0 for values outside the strategy) must pass it to save_rank")
-    chunk_shape = tuple(m["chunk_shape"])
-    n = prod(-(-s // c) for s, c in zip(shape, chunk_shape))
-    chunks = m["chunks"]
-    if sorted(chunks) != list(range(n)):
-        lost = next(i for i in range(n) if i not in chunks)
-        raise IncompleteStoreError(f"{where}: chunk {lost} of parameter {name!r} was written by no rank; every rank "
-                                   "must save its slices of the same parameters")
-    rows = [chunks[i] for i in range(n)]
-    table = ChunkTable(*(tuple(r[k] for r in rows) for k in range(6)))
-    manifest = ParamManifest(name, m["path"], m["dtype"], shape, chunk_shape, table)
-    manifest.validate()
-    return manifest
-
-
-def _unfinished(sink: ByteSink, world: int) -> list[int]:
-    """The ranks whose marker is missing (one listing, not a request per rank)."""
-    done = set(sink.keys(PARTS_DIR))
-    return [i for i in range(world) if Part(i, world).marker not in done]
-
-
-def _short(ranks: Sequence[int]) -> str:
-    return ", ".join(map(str, ranks[:20])) + (" ..." if len(ranks) > 20 else "")

@@ -35,7 +35,7 @@ class StoreSaver:
     included), or a mapping of names to ``Parameter``/``Tensor``/numpy values. ``keep`` committed
     steps are kept (``None``: all); ``async_save`` writes in the background, copying at most
     ``memory_budget_mb`` MB of this rank's slices at a time; ``strategy``, ``rank``, ``include``,
-    ``exclude`` and ``chunk_mb`` are :func:`ckptstore.save_rank`'s. ``replace=True`` lets the first
+    ``exclude``, ``chunk_mb`` and ``attempt`` are :func:`ckptstore.save_rank`'s. ``replace=True`` lets the first
     save go at or below the newest committed step (restarting from an older step on purpose):
     committed steps newer than it are removed once it is committed. Call :meth:`wait` at the end
     (or use the saver as a context manager); an error of a background save is raised by the
@@ -45,12 +45,12 @@ class StoreSaver:
     def __init__(self, root: str | os.PathLike[str], *, keep: int | None = 5, async_save: bool = True,
                  memory_budget_mb: int | None = None, strategy: Any = None, rank: int | None = None,
                  include: Sequence[str] = (), exclude: Sequence[str] = (), chunk_mb: int | None = None,
-                 replace: bool = False) -> None:
+                 replace: bool = False, attempt: str | None = None) -> None:
         for what, v in (("keep", keep), ("memory_budget_mb", memory_budget_mb)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InvalidOptionError(f"{what} must be a positive integer or None, not {v!r}")
         self.root, self.keep, self.async_save, self.replace = root, keep, async_save, replace
-        self.strategy, self.rank, self.chunk_mb = strategy, rank, chunk_mb
+        self.strategy, self.rank, self.chunk_mb, self.attempt = strategy, rank, chunk_mb, attempt
         self.include, self.exclude = tuple(include), tuple(exclude)
         self._async = AsyncSaver(memory_budget=None if memory_budget_mb is None else memory_budget_mb << 20,
                                  on_done=self._after)
@@ -88,7 +88,7 @@ class StoreSaver:
             values.update(more)
         job = prepare_save(values, self.root, step=step, strategy=self.strategy if self.strategy is not None
                            else compiled, rank=self.rank, include=self.include, exclude=self.exclude,
-                           chunk_mb=self.chunk_mb)
+                           chunk_mb=self.chunk_mb, attempt=self.attempt)
         self.last_step = step
         if self.async_save:
             self._async.save(job)  # copies within the budget; the writer runs _after when done

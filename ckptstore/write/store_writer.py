@@ -21,8 +21,9 @@ from ckptstore.errors import CkptStoreError, IncompleteStoreError
 from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.io.sink import ByteSink, write_error
 from ckptstore.write.output_folder import Claim, drop_work
-from ckptstore.write.parts import Part
+from ckptstore.store.work import unfinished_parts, what_finishes
 from ckptstore.write.chunk_writer import ChunkCopier, str_manifest
+from ckptstore.write.save_records import merge_records, read_records
 
 
 def done_key(name: str) -> str:
@@ -150,7 +151,10 @@ class StoreWriter:
 
 
 def _collect(sink: ByteSink, plan: Mapping[str, Any], known: Mapping[str, ParamManifest]) -> dict[str, ParamManifest]:
-    """Every parameter's manifest, from ``known`` or the records in the work folder."""
+    """Every parameter's manifest, from ``known`` or the records in the work folder (a save's
+    ranks' records, merged, when the plan says ``"records": "ranks"``)."""
+    if plan.get("records") == "ranks":
+        return merge_records(read_records(sink, plan), sink.url)
     names = plan["names"]
     have = dict(known)
     todo = [n for n in names if n not in have]
@@ -175,16 +179,12 @@ def _collect(sink: ByteSink, plan: Mapping[str, Any], known: Mapping[str, ParamM
 
 def _unfinished(sink: ByteSink, count: int, lost: Sequence[str], total: int) -> str:
     """Why a commit cannot complete the store: the parts that have not finished (what a user
-    reruns), else the parameters not written yet."""
+    reruns, :func:`~ckptstore.store.work.what_finishes`), else the parameters not written yet."""
     written = f"{total - len(lost)} of {total} parameters written"
-    if count == 1:
-        return (f"the conversion into {sink.url} is not finished ({written}): it was interrupted; run the same "
-                "'ckptstore convert' command again to finish it")
-    running = [i for i in range(count) if sink.size(Part(i, count).marker) is None]
-    if running:
-        shown = ", ".join(map(str, running[:20])) + (" ..." if len(running) > 20 else "")
-        return (f"the conversion into {sink.url} is not finished ({written}): part(s) {shown} of {count} have not "
-                f"finished; run (or rerun) them (convert --part I/{count}), then commit")
+    if count == 1 or unfinished_parts(sink.source, count):
+        said = what_finishes(sink.source, written)
+        if said is not None:
+            return said
     return (f"the conversion into {sink.url} is not finished: parameter {lost[0]!r}"
             f"{f' (and {len(lost) - 1} more)' if len(lost) > 1 else ''} not written yet; "
             "run (or rerun) the parts that convert them, then commit")

@@ -2,6 +2,9 @@
 parameter (one chunk or shard file each), the root ``zarr.json`` last."""
 from __future__ import annotations
 
+from math import prod
+
+from ckptstore.io.sink import ByteSink
 from ckptstore.store.kinds import ROOT_METADATA
 from ckptstore.store import zarr as zb
 from ckptstore.store.chunking import ParamPlan
@@ -30,6 +33,15 @@ class ZarrWriter(StoreWriter):
 
     def _resumed(self, finished: ParamManifest) -> None:
         self.sink.make_durable([f"{finished.path}/{ROOT_METADATA}", *sorted(set(finished.chunks.files))])
+
+    @classmethod
+    def finish_store(cls, sink: ByteSink, manifest: StoreManifest) -> None:
+        """Give every array without data its ``zarr.json`` (a zero-size parameter: no rank of a
+        save writes a chunk of it, so none wrote its metadata), so zarr-python reads the store whole."""
+        for p in manifest.params.values():
+            key = f"{p.path}/{ROOT_METADATA}"
+            if not p.is_str and prod(p.shape) == 0 and sink.size(key) is None:
+                sink.put(key, zb.raw_array_metadata(p.shape, p.dtype, p.chunk_shape, zb.SEPARATOR), durable=False)
 
     @classmethod
     def manifest_file(cls, manifest: StoreManifest) -> tuple[str, bytes]:

@@ -1,0 +1,85 @@
+"""The save attempt: one id that every rank of one job agrees on, and that differs between jobs.
+
+A step's records (each rank's record, its done marker) are stamped with the attempt, and a
+commit merges the records of one attempt only; a save that finds an unfinished step of another
+attempt starts that step over (:mod:`ckptstore.write.output_folder`). Where the id comes from,
+first that applies:
+
+1. ``attempt=`` given to ``save_rank`` / ``StoreCheckpoint`` (every rank must pass the same);
+2. MindSpore's communication, when initialised: rank 0 draws a random id and broadcasts it over
+   the job's collectives (:func:`broadcast_attempt`; every rank calls ``save_rank`` for the same
+   step, as a collective save must);
+3. the launcher's job identity: mpirun (OpenMPI's ``OMPI_MCA_ess_base_jobid``, PMIx's
+   ``PMIX_NAMESPACE``) and Slurm (``SLURM_JOB_ID``, ``SLURM_STEP_ID``, ``SLURM_RESTART_COUNT``)
+   give every process of one launch the same value and another launch another. msrun gives
+   none: its variables (``MS_SCHED_HOST``, ``MS_SCHED_PORT``, ``MS_WORKER_NUM``) are the same
+   for every launch of the same command, so under msrun the id comes from MindSpore's
+   communication (``init()``), or ``attempt=``;
+4. a job of one process draws a random id;
+5. otherwise (several ranks, no communication, no launcher id, no ``attempt=``: ranks saved by
+   separate scripts) there is no attempt (``None``): records of every run of the step count, as
+   if one job saved them, so rerunning one rank completes the step. The limit: two such jobs
+   saving the same step into one root, or a restart with other values, can mix in one commit.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from typing import Mapping
+
+from ckptstore.errors import InvalidOptionError
+
+#: Launcher variables that name one launch (the same in every process of it), with the ones
+#: that tell restarts of it apart.
+JOB_IDS = (("OMPI_MCA_ess_base_jobid",), ("PMIX_NAMESPACE",),
+           ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"))
+
+
+def save_attempt(explicit: str | None, world: int, environ: Mapping[str, str] | None = None) -> str | None:
+    """The attempt of this save (see the module docstring for the order), ``None`` when a job of
+    several ranks gives no way to agree on one."""
+    if explicit is not None:
+        if not isinstance(explicit, str) or not explicit.strip() or len(explicit) > 200:
+            raise InvalidOptionError(f"attempt must be a non-empty string of at most 200 characters, not {explicit!r}")
+        return explicit
+    if world > 1:
+        shared = broadcast_attempt()
+        if shared is not None:
+            return shared
+    launched = launcher_attempt(os.environ if environ is None else environ)
+    if launched is not None:
+        return launched
+    return uuid.uuid4().hex if world == 1 else None
+
+
+def launcher_attempt(environ: Mapping[str, str]) -> str | None:
+    """The launcher's identity of this launch (``mpirun:<jobid>``...), or ``None``."""
+    for names in JOB_IDS:
+        if environ.get(names[0]):
+            return "launch:" + ":".join(f"{n}={environ.get(n, '')}" for n in names)
+    return None
+
+
+def broadcast_attempt() -> str | None:
+    """A random id drawn by rank 0 and broadcast to every rank over MindSpore's collectives;
+    ``None`` when MindSpore is not imported or its communication is not initialised.
+
+    The only MindSpore call of this module, imported lazily (``import ckptstore`` never imports
+    MindSpore).
+    """
+    if "mindspore" not in sys.modules:
+        return None
+    try:
+        from mindspore.communication import GlobalComm, get_group_size, get_rank
+    except ImportError:
+        return None
+    if not getattr(GlobalComm, "INITED", False) or get_group_size() < 2:
+        return None
+    import numpy as np
+    import mindspore as ms
+    from mindspore import ops
+
+    mine = np.frombuffer(uuid.uuid4().bytes, np.int32).copy() if get_rank() == 0 else np.zeros(4, np.int32)
+    shared = ops.Broadcast(0)((ms.Tensor(mine),))[0].asnumpy()
+    return "job:" + shared.astype("<i4").tobytes().hex()
