@@ -104,10 +104,18 @@ class Progress:
         pct = 100.0 * done / total if total else 100.0
         print(f"{self._desc}: {self._figures()} ({pct:.0f}%)", file=self._stream, flush=True)
 
-    def close(self) -> None:
+    def close(self, *, finished: bool = True) -> None:
+        """End the report: a bar is closed; a log prints its last line only for a job that
+        ``finished`` (a failed one ends with its error alone: one line, as every error is)."""
         with self._lock:
             if self._bar is not None:
                 self._bar.set_postfix_str(self._figures(), refresh=False)
                 self._bar.close()
-            elif not self._quiet:
+            elif not self._quiet and finished:
                 self._line()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.close(finished=kind is None)

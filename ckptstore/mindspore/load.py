@@ -121,12 +121,11 @@ class _NetLoader:
             for param, plan in plans:
                 target, in_place = self._destination(param, plan)
                 pending.append((param, target, in_place, executor.submit(plan, target)))
-            progress = Progress(sum(t.nbytes for _, t, _, _ in pending), len(pending),
-                                desc=f"load_into_net rank {rank}", quiet=quiet)
-            for _, target, _, job in pending:
-                job.wait()
-                progress.add(target.nbytes, 1)
-            progress.close()
+            with Progress(sum(t.nbytes for _, t, _, _ in pending), len(pending),
+                          desc=f"load_into_net rank {rank}", quiet=quiet) as progress:
+                for _, target, _, job in pending:
+                    job.wait()
+                    progress.add(target.nbytes, 1)
             for param, target, in_place, _ in pending:
                 if not in_place:
                     target = target.reshape(tuple(param.shape))  # a [1] value of a [] parameter, or the reverse

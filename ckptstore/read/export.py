@@ -88,7 +88,7 @@ def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, r
              for j in chosen]
     progress = Progress(sum(v.nbytes for v in views), sum(len(v) for v in views), desc="export", quiet=quiet)
     written, nbytes = [], 0
-    try:
+    with progress:
         for j, view in zip(chosen, views):
             path = SinkKey(sink, f"rank_{j}/{prefix}{j}.{fmt}")
             if fmt == "ckpt":
@@ -99,8 +99,6 @@ def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, r
                 _write_safetensors(view, path, progress)
             nbytes += view.plan.nbytes
             written.append(sink.key_url(path.key))
-    finally:
-        progress.close()
     return ExportSummary(tuple(written), nbytes, store.step)
 
 

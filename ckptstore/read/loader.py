@@ -286,12 +286,10 @@ class RankView:
             yield from self._stream(names)
             return
         progress = Progress(self.slice_bytes(names), len(names), desc=f"load rank {self.rank}")
-        try:
+        with progress:
             for name, value in self._stream(names):
                 progress.add(0 if isinstance(value, str) else value.nbytes, 1)
                 yield name, value
-        finally:
-            progress.close()
 
     def _stream(self, names: Sequence[str]) -> Iterator[tuple[str, np.ndarray | str]]:
         pending: deque[tuple[str, np.ndarray | str, Job | None]] = deque()

@@ -198,7 +198,7 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
             write_plan(sink, fmt, [p.param.name for p in plans], header, writer.extra(), part)
             mine = my_share(writer, plans, part)
             progress.resize(sum(p.nbytes for p in mine), len(mine))
-            try:
+            with progress:
                 writer.prepare(mine)
                 order = sorted(mine, key=lambda p: -p.nbytes)  # big first: workers finish together
                 with ThreadPoolExecutor(workers) as pool:
@@ -208,8 +208,6 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                         pool.shutdown(wait=True, cancel_futures=True)
                         raise
                 writer.finish_part(mine, done)
-            finally:
-                progress.close()
             mark_done(sink, part, fingerprint)
             manifest = commit_if_last(hold, fingerprint, done, on_wait=on_wait)
             return replace(_summary(sink, mine, copier, started, part, source.unsaved, manifest=manifest),
