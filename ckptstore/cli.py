@@ -443,8 +443,12 @@ def convert(fmt: str, compress: str, chunk_mb: int | None, verify_replicas: bool
 @click.option("--checksum", is_flag=True,
               help="Read every slice once to record its CRC-32C, so 'ckptstore verify' can check the bytes later "
                    "(without it the index records only each rank file's size, times and inode).")
+@click.option("--name-map", default=None, metavar="llama|qwen2|mcore|RULES.json",
+              help="SRC is a Hugging Face folder (model*.safetensors, model.safetensors.index.json): index its "
+                   "tensors under the names of this rule set (shipped: llama, qwen2, mcore) or rule file; fused "
+                   "parameters (QKV, gate/up) are views over their sources. No --strategy.")
 @_friendly_errors(resumes=True)
-def index(checksum: bool, **kw: Any) -> None:
+def index(checksum: bool, name_map: str | None, **kw: Any) -> None:
     """Make a store that copies nothing: an index into the original rank files.
 
     Takes the same SRC and options as 'convert'. The store folder holds only ckptstore.json: for
@@ -458,6 +462,9 @@ def index(checksum: bool, **kw: Any) -> None:
     from ckptstore.write.convert import index as index_store
     from ckptstore.io.sink import open_sink
 
+    if name_map is not None:
+        _index_hf(name_map, checksum, kw)
+        return
     summary = index_store(kw["src"], kw["out"], checksum=checksum, **_source_kwargs(kw))
     if summary.skipped:
         _print_skipped(summary, kw["as_json"])
@@ -467,6 +474,23 @@ def index(checksum: bool, **kw: Any) -> None:
                    f"wrote {summary.store}: an index of {summary.params} parameters in {summary.chunks} slices, "
                    f"{_fmt_bytes(summary.stored_bytes)} of the rank files' {_fmt_bytes(summary.source_bytes)} "
                    f"referenced (replicas once); the index itself is {_fmt_bytes(size)}, {summary.seconds:.1f} s")
+
+
+def _index_hf(name_map: str, checksum: bool, kw: dict[str, Any]) -> None:
+    """``index --name-map``: a Hugging Face folder, names mapped, fused views."""
+    from ckptstore.write.hf_index import index_hf
+
+    given = [o for o, v in (("--strategy", kw["strategies"]), ("--step", kw["step"]), ("--prefix", kw["prefix"]),
+                            ("--src-format", kw["src_format"]), ("--part", kw["part"]), ("--checksum", checksum),
+                            ("--drop-optimizer", kw["drop_optimizer"]), ("--verify-crc", kw["verify_crc"])) if v]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} do(es) not apply to a Hugging Face folder (--name-map)")
+    summary = index_hf(kw["src"], kw["out"], name_map=name_map, include=kw["include"], exclude=kw["exclude"],
+                       overwrite=kw["overwrite"], quiet=kw["quiet"])
+    _print_summary(summary, kw["as_json"],
+                   f"wrote {summary.store}: an index of {summary.params} parameters of a Hugging Face folder in "
+                   f"{summary.chunks} chunks, {_fmt_bytes(summary.stored_bytes)} of its "
+                   f"{_fmt_bytes(summary.source_bytes)} referenced, {summary.seconds:.1f} s")
 
 
 @main.command()
