@@ -617,8 +617,13 @@ def _parse_ranks(value: str | None) -> Iterable[int] | None:
                    "a folder of them. "
                    "Without it, the source layout is written back.")
 @click.option("--ranks", default=None, help="Target ranks to write, e.g. 0,1,4-7 (default: all).")
-@click.option("--format", "fmt", type=click.Choice(["ckpt", "safetensors"]), default="ckpt", show_default=True,
-              help="File format of the per-rank files.")
+@click.option("--format", "fmt", type=click.Choice(["ckpt", "safetensors", "hf"]), default="ckpt", show_default=True,
+              help="File format of the per-rank files; hf: one Hugging Face folder (sharded safetensors and "
+                   "model.safetensors.index.json, names by --name-map, fused tensors split back).")
+@click.option("--name-map", default=None, metavar="llama|qwen2|mcore|RULES.json",
+              help="With --format hf: the rule set the store's names came from, read backwards.")
+@click.option("--max-shard-size", default="5GB", show_default=True,
+              help="With --format hf: largest shard file (5GB, 500MiB, bytes).")
 @click.option("--include", multiple=True, metavar="GLOB", help="Export only parameters matching (repeatable).")
 @click.option("--dtype", default=None,
               help="Convert floating-point parameters while reading, e.g. float16 or bfloat16 (integer and bool "
@@ -629,7 +634,8 @@ def _parse_ranks(value: str | None) -> Iterable[int] | None:
                    "as another model's): the others are written whole into every rank's file.")
 @_friendly_errors
 def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None, fmt: str,
-           include: tuple[str, ...], dtype: str | None, crc: bool, allow_whole: bool) -> None:
+           include: tuple[str, ...], dtype: str | None, crc: bool, allow_whole: bool, name_map: str | None,
+           max_shard_size: str) -> None:
     """Write per-rank checkpoints of STORE for a target layout into OUT.
 
     Produces OUT/rank_<j>/checkpoint_<j>.ckpt for each target rank, readable by
@@ -639,6 +645,11 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
     from ckptstore.dtypes import numpy_dtype
     from ckptstore.read.export import export as export_store
 
+    if fmt == "hf" or name_map is not None:
+        _export_hf(store, out, fmt, name_map, max_shard_size, include,
+                   [o for o, v in (("--strategy", strategies), ("--ranks", ranks), ("--dtype", dtype), ("--crc", crc),
+                                   ("--allow-whole", allow_whole)) if v])
+        return
     try:
         target_dtype = numpy_dtype(dtype) if dtype else None
     except ValueError as e:
@@ -649,6 +660,21 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
                                allow_whole=allow_whole)
     click.echo(f"wrote {len(summary.files)} file(s) under {out}, reading {_fmt_bytes(summary.bytes_read)} "
                "from the store")
+
+
+def _export_hf(store: str, out: str, fmt: str, name_map: str | None, max_shard_size: str, include: tuple[str, ...],
+               others: list[str]) -> None:
+    """``export --format hf``: a Hugging Face folder."""
+    from ckptstore.read.hf_export import export_hf
+
+    if fmt != "hf" or name_map is None:
+        raise click.UsageError("--format hf and --name-map go together")
+    if others:
+        raise click.UsageError(f"{', '.join(others)} do(es) not apply to --format hf")
+    with open_store(store) as st:
+        summary = export_hf(st, out, name_map=name_map, max_shard_size=max_shard_size, include=list(include) or None)
+    click.echo(f"wrote {summary.tensors} tensors in {len(summary.files)} file(s) under {out}, reading "
+               f"{_fmt_bytes(summary.bytes_read)} from the store")
 
 
 if __name__ == "__main__":  # pragma: no cover
