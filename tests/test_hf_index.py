@@ -241,3 +241,26 @@ def test_parse_name_map_is_what_index_hf_takes(folder, tmp_path):
                             "renames": [{"pattern": r"lm_head\.weight", "target": "head"}]}, "inline")
     store = ckptstore.open(index_hf(hf, tmp_path / "st", name_map=rules).store)
     assert store.names() == ["head"]
+
+
+@pytest.mark.slow
+def test_a_hf_folder_in_a_bucket_is_indexed_read_and_exported_back_into_a_bucket(folder, tmp_path, bucket):
+    from ckptstore.formats.hf_folder import read_hf_folder
+    from ckptstore.io import open_location
+    from ckptstore.read.hf_export import export_hf
+    from ckptstore.testing import s3_server as S
+
+    hf, tensors = folder
+    S.upload(hf, bucket.url("hf"))
+    index_hf(bucket.url("hf"), tmp_path / "st", name_map="mcore")
+    store = ckptstore.open(tmp_path / "st")
+    name = "decoder.layers.1.mlp.linear_fc1.weight"
+    np.testing.assert_array_equal(store.read(name), mcore_expected(tensors, 1)[name])
+    export_hf(store, bucket.url("out"), name_map="mcore", max_shard_size="20KB")
+    back = open_location(bucket.url("out"))
+    exported = read_hf_folder(back)
+    assert sorted(exported.tensors) == sorted(tensors)
+    t = exported.tensors["model.layers.1.mlp.up_proj.weight"]
+    raw = back.open(t.file).pread(t.info.start, t.info.nbytes)
+    np.testing.assert_array_equal(np.frombuffer(raw, np.float32).reshape(t.info.shape),
+                                  tensors["model.layers.1.mlp.up_proj.weight"])
