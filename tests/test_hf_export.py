@@ -80,6 +80,26 @@ def test_a_fused_tensor_is_split_back_in_windows_smaller_than_a_tensor(indexed):
     np.testing.assert_array_equal(back["model.layers.1.mlp.up_proj.weight"], tensors["model.layers.1.mlp.up_proj.weight"])
 
 
+def test_no_read_of_an_export_is_larger_than_its_window(indexed, monkeypatch):
+    """Memory is bounded by one window: every read the export makes returns at most window_bytes
+    (or one group of rows), for renamed and fused tensors alike."""
+    tensors, tmp = indexed
+    index_hf(tmp / "hf", tmp / "st", name_map="mcore")
+    sizes = []
+    real = ckptstore.Store.read
+
+    def read(self, name, index=None, **kw):
+        got = real(self, name, index, **kw)
+        sizes.append(got.nbytes)
+        return got
+
+    monkeypatch.setattr(ckptstore.Store, "read", read)
+    export_hf(tmp / "st", tmp / "out", name_map="mcore", window_bytes=4096)  # one KV group of linear_qkv is 4 KiB
+    biggest = max(a.nbytes for a in tensors.values())
+    assert sizes and max(sizes) <= 4096 < biggest
+    assert sorted(read_folder(tmp / "out")) == sorted(tensors)
+
+
 def test_a_parameter_that_does_not_split_by_its_rule_is_refused(indexed):
     tensors, tmp = indexed
     index_hf(tmp / "hf", tmp / "st", name_map="mcore")
