@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 DEMO   ?= demo-output
 
 PURE   := .venv-pure
-# MindFormers (the real client of the Hugging Face route) pins numpy<2: its own venv, made by `make venv-mf`
+# MindFormers 1.9.0 (the real client of the Hugging Face route) pins mindspore~=2.9.0 and needs numpy<2: its own venv, made by `make venv-mf`
 # (or by `make test`, which then runs tests/test_mindformers_client.py inside it as a subprocess).
 MF     := .venv-mf
 
@@ -47,7 +47,7 @@ test-pure: $(PURE)/.installed
 $(MF)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(MF)
 	$(MF)/bin/python -m pip install --quiet --upgrade pip
-	$(MF)/bin/python -m pip install --quiet 'mindformers==1.9.0' 'mindspore>=2.9,<2.11' 'numpy<2' \
+	$(MF)/bin/python -m pip install --quiet 'mindformers==1.9.0' 'mindspore~=2.9.0' 'numpy<2' \
 		'transformers>=4.45' 'torch==2.13.0' -e '.[test]'
 	touch $@
 
