@@ -108,9 +108,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench-hf"))
     ap.add_argument("--child", choices=["index", "read"], default=None)
-    ap.add_argument("--folder", type=Path)
+    ap.add_argument("--folder", type=str)
     ap.add_argument("--store", type=Path)
     ap.add_argument("--strategy", type=Path)
+    ap.add_argument("--s3", action="store_true",
+                    help="Also from a real S3 server on loopback (SeaweedFS): the folder uploaded, indexed and read there")
     args = ap.parse_args()
     if args.child:
         child(args)
@@ -121,10 +123,12 @@ def main() -> None:
     env = {**os.environ, "GLOG_v": "3", "NUMPY_MADVISE_HUGEPAGE": "0"}
 
     def run(kind: str, *extra: str) -> dict:
-        cmd = [sys.executable, "-m", "benchmarks.bench_hf", "--child", kind, "--folder", str(folder),
-               "--store", str(store), *extra]
+        cmd = [sys.executable, "-m", "benchmarks.bench_hf", "--child", kind, "--folder", str(where),
+               "--store", str(at), *extra]
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
         return json.loads(out.strip().splitlines()[-1])
+
+    where, at = folder, store
 
     run("index")  # warm-up (and the store the reads use)
     strat = strategy(store, args.work / "tp4.json")
@@ -134,14 +138,35 @@ def main() -> None:
         index_s.append(run("index")["seconds"])
         reads.append(run("read", "--strategy", str(strat)))
     size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-    r = reads[-1]
     print(f"| folder | index (median of {args.rounds}) | tp4 rank 1 read (median) | bytes read / slice | "
           "peak RSS above start / slice | requests |")
     print("| --- | --- | --- | --- | --- | --- |")
-    print(f"| {size / 1e9:.2f} GB, {len(list(folder.glob('*.safetensors')))} shards | "
-          f"{statistics.median(index_s):.3f} s | {statistics.median(x['seconds'] for x in reads):.3f} s | "
-          f"{max(x['bytes_read'] / x['slice_bytes'] for x in reads):.4f}x ({r['slice_bytes'] / 1e6:.1f} MB) | "
-          f"{max(x['peak_above_start'] / x['slice_bytes'] for x in reads):.3f}x | {r['requests']} |")
+    rows = [("local", index_s, reads)]
+    if args.s3:
+        from ckptstore.testing import s3_server as S
+
+        server = S.start_server()
+        try:
+            server.create_bucket("bench-hf")
+            env.update(S.env_for(server.url))
+            os.environ.update(S.env_for(server.url))
+            S.upload(folder, "s3://bench-hf/llama")
+            where, at = "s3://bench-hf/llama", args.work / "store-s3"
+            run("index")
+            run("read", "--strategy", str(strat))
+            s3_index, s3_reads = [], []
+            for _ in range(args.rounds):
+                s3_index.append(run("index")["seconds"])
+                s3_reads.append(run("read", "--strategy", str(strat)))
+            rows.append(("S3 (SeaweedFS, loopback)", s3_index, s3_reads))
+        finally:
+            server.stop()
+    for label, idx, rr in rows:
+        r = rr[-1]
+        print(f"| {label}: {size / 1e9:.2f} GB, {len(list(folder.glob('*.safetensors')))} shards | "
+              f"{statistics.median(idx):.3f} s | {statistics.median(x['seconds'] for x in rr):.3f} s | "
+              f"{max(x['bytes_read'] / x['slice_bytes'] for x in rr):.4f}x ({r['slice_bytes'] / 1e6:.1f} MB) | "
+              f"{max(x['peak_above_start'] / x['slice_bytes'] for x in rr):.3f}x | {r['requests']} |")
     print(f"loadavg: {open('/proc/loadavg').read().strip()}")
 
 

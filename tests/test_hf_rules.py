@@ -154,8 +154,8 @@ def test_interleaved_rows_equal_mindformers_ffn_concat_hf2mg(ffn, hidden):
 
 # --- the shipped rule sets ---------------------------------------------------------------------------
 
-def test_three_rule_sets_are_shipped():
-    assert shipped_name_maps() == ["llama", "mcore", "qwen2"]
+def test_four_rule_sets_are_shipped():
+    assert shipped_name_maps() == ["llama", "llama-concat", "mcore", "qwen2"]
 
 
 @pytest.mark.parametrize("rules", ["llama", "qwen2"])
@@ -187,7 +187,7 @@ def test_shipped_mcore_rules_fuse_qkv_and_gate_up_and_rename_the_rest():
 
 
 @settings(max_examples=examples(30))
-@given(st.sampled_from(["llama", "qwen2", "mcore"]), st.integers(1, 12))
+@given(st.sampled_from(["llama", "llama-concat", "qwen2", "mcore"]), st.integers(1, 12))
 def test_every_shipped_rule_set_reads_its_names_back(rules, layers):
     rm = load_name_map(rules)
     names = hf_llama_names(layers, bias=rules == "qwen2")
@@ -273,5 +273,5 @@ def test_a_rule_file_is_read_from_a_path(tmp_path):
     path.write_text("{")
     with pytest.raises(NameMapError, match=rf"rule file {path}: not valid JSON"):
         load_name_map(str(path))
-    with pytest.raises(NameMapError, match=r"cannot read it .*llama \| mcore \| qwen2 or a rule file"):
+    with pytest.raises(NameMapError, match=r"cannot read it .*llama \| llama-concat \| mcore \| qwen2 or a rule file"):
         load_name_map(str(tmp_path / "missing.json"))

@@ -40,7 +40,7 @@ def test_the_mindformers_client_tests_pass_in_their_own_venv():
     r = subprocess.run([str(MF_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(Path(__file__))],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    assert r.stdout.splitlines()[-1].startswith("2 passed, 1 skipped"), r.stdout[-2000:]  # the driver skips itself there
+    assert r.stdout.splitlines()[-1].startswith("3 passed, 1 skipped"), r.stdout[-2000:]  # the driver skips itself there
 
 
 def _hf_model(path: Path, kind: str):
@@ -51,7 +51,7 @@ def _hf_model(path: Path, kind: str):
     torch.manual_seed(0)
     size = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False)
-    if kind == "llama":
+    if kind in ("llama", "llama-concat"):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**size)).eval()
     else:
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**size, rope_theta=1e6)).eval()
@@ -70,7 +70,7 @@ def _hf_logits(model) -> np.ndarray:
         return model(torch.tensor(INPUT)).logits.numpy()
 
 
-def _mf_llama(hf_config, bias: bool):
+def _mf_llama(hf_config, bias: bool, concat: bool = False):
     import mindspore as ms
     from mindformers import LlamaConfig, LlamaForCausalLM
 
@@ -80,7 +80,7 @@ def _mf_llama(hf_config, bias: bool):
                          n_kv_heads=hf_config.num_key_value_heads, intermediate_size=hf_config.intermediate_size,
                          vocab_size=hf_config.vocab_size, rms_norm_eps=hf_config.rms_norm_eps,
                          max_position_embedding=hf_config.max_position_embeddings,
-                         theta=float(getattr(hf_config, "rope_theta", 10000.0)), qkv_has_bias=bias,
+                         theta=float(getattr(hf_config, "rope_theta", 10000.0)), qkv_has_bias=bias, qkv_concat=concat,
                          compute_dtype="float32", layernorm_compute_type="float32", softmax_compute_type="float32",
                          rotary_dtype="float32", param_init_type="float32", use_rope_slice=True,
                          use_flash_attention=False, use_past=False, fused_rms_norm=False)
@@ -98,7 +98,7 @@ def _mf_logits(net) -> np.ndarray:
 
 
 @in_mf_venv
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "llama-concat"])
 def test_an_indexed_hf_model_loaded_into_mindformers_gives_transformers_logits_and_exports_back(tmp_path, kind):
     import mindspore as ms
     import transformers
@@ -109,7 +109,7 @@ def test_an_indexed_hf_model_loaded_into_mindformers_gives_transformers_logits_a
 
     model, want = _hf_model(tmp_path / "hf", kind)
     index_hf(tmp_path / "hf", tmp_path / "st", name_map=kind)
-    net = _mf_llama(model.config, bias=kind == "qwen2")
+    net = _mf_llama(model.config, bias=kind == "qwen2", concat=kind == "llama-concat")  # concat: fused views
     store = ckptstore.open(tmp_path / "st")
     assert set(store.names()) <= set(net.parameters_dict()), sorted(set(store.names()) - set(net.parameters_dict()))
     not_loaded, unused = ckptstore.load_into_net(net, store)
