@@ -130,3 +130,30 @@ def test_cli_export_format_hf(indexed):
     assert "wrote 21 tensors in 7 file(s)" in ok.stdout  # 5 shards of fp32, the index, config.json
     bad = run(str(tmp / "st"), str(tmp / "out2"), "--format", "hf")
     assert bad.returncode == 2 and "--format hf and --name-map go together" in bad.stderr
+
+
+def test_a_saved_training_step_under_mindformers_names_exports_as_a_hf_folder(indexed):
+    """Any store: a Zarr step saved by save_rank (no index, no recorded config) with the legacy
+    fused names exports under Hugging Face names, the config given by the caller."""
+    tensors, tmp = indexed
+    index_hf(tmp / "hf", tmp / "st", name_map="llama-concat")
+    src = ckptstore.open(tmp / "st")
+    ckptstore.save_rank({n: src.read(n) for n in src.names()}, tmp / "run", step=3)
+    summary = export_hf(tmp / "run" / "step_3", tmp / "out", name_map="llama-concat", config=CONFIG)
+    back = read_folder(tmp / "out")
+    assert sorted(back) == sorted(tensors) and summary.tensors == len(tensors)
+    for name, want in tensors.items():
+        np.testing.assert_array_equal(back[name], want)
+
+
+def test_read_rank_converts_a_fused_bf16_view_on_request(tmp_path):
+    import ml_dtypes
+
+    tensors = llama_tensors(CONFIG, dtype=ml_dtypes.bfloat16, seed=9)
+    hf = write_hf_folder(tmp_path / "hf", tensors, shards=2, config=CONFIG)
+    index_hf(hf, tmp_path / "st", name_map="mcore")
+    got = ckptstore.read_rank(tmp_path / "st", include="*linear_fc1*", dtype=np.float32)
+    gate, up = (tensors[f"model.layers.0.mlp.{m}_proj.weight"] for m in ("gate", "up"))
+    want = np.stack([gate, up], axis=1).reshape(-1, gate.shape[1]).astype(np.float32)
+    assert got["decoder.layers.0.mlp.linear_fc1.weight"].dtype == np.float32
+    np.testing.assert_array_equal(got["decoder.layers.0.mlp.linear_fc1.weight"], want)
