@@ -40,7 +40,7 @@ def test_the_mindformers_client_tests_pass_in_their_own_venv():
     r = subprocess.run([str(MF_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(Path(__file__))],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    assert r.stdout.splitlines()[-1].startswith("4 passed, 1 skipped"), r.stdout[-2000:]  # the driver skips itself there
+    assert r.stdout.splitlines()[-1].startswith("5 passed, 1 skipped"), r.stdout[-2000:]  # the driver skips itself there
 
 
 def _hf_model(path: Path, kind: str):
@@ -127,7 +127,8 @@ def test_an_indexed_hf_model_loaded_into_mindformers_gives_transformers_logits_a
 
 
 @in_mf_venv
-def test_a_two_rank_layout_of_the_indexed_model_is_what_mindspore_merges_into_the_same_logits(tmp_path):
+@pytest.mark.parametrize("kind", ["llama-concat", "qwen2"])
+def test_a_two_rank_layout_of_the_indexed_model_is_what_mindspore_merges_into_the_same_logits(tmp_path, kind):
     """The parallel compiler does not run on the CPU wheel, so the tp 2 strategy is written as the
     compiler writes it (column-parallel weights split by rows, row-parallel ones by columns);
     ckptstore exports each rank's slices of the indexed Hugging Face folder, MindSpore's own
@@ -138,8 +139,8 @@ def test_a_two_rank_layout_of_the_indexed_model_is_what_mindspore_merges_into_th
     from ckptstore.testing.sample_checkpoint import ParamSpec, write_strategy
     from ckptstore.write.hf_index import index_hf
 
-    model, want = _hf_model(tmp_path / "hf", "llama-concat")
-    index_hf(tmp_path / "hf", tmp_path / "st", name_map="llama-concat")
+    model, want = _hf_model(tmp_path / "hf", kind)
+    index_hf(tmp_path / "hf", tmp_path / "st", name_map=kind)
     store = ckptstore.open(tmp_path / "st")
     specs = []
     for name in store.names():
@@ -151,7 +152,7 @@ def test_a_two_rank_layout_of_the_indexed_model_is_what_mindspore_merges_into_th
     ckptstore.export(store, tmp_path / "ranks", strategy=strategy)
     whole = tmp_path / "whole"
     ms.transform_checkpoints(str(tmp_path / "ranks"), str(whole), "merged_", str(strategy), None)
-    net = _mf_llama(model.config, bias=False, concat=True)
+    net = _mf_llama(model.config, bias=kind == "qwen2", concat=kind == "llama-concat")
     merged = ms.load_checkpoint(str(next((whole / "rank_0").glob("*.ckpt"))))
     not_loaded, _ = ms.load_param_into_net(net, merged)
     assert not_loaded == []
