@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 import ckptstore
 from conftest import examples
 from ckptstore.boxes import Box
-from ckptstore.errors import CorruptCheckpointError, MissingFileError, NameMapError, SourceChangedError, UnsafePathError
+from ckptstore.errors import (CorruptCheckpointError, InvalidOptionError, MissingFileError, NameMapError,
+                              SourceChangedError, UnsafePathError)
 from ckptstore.formats.hf_folder import HFFolder, HFTensor
 from ckptstore.formats.hf_rules import Target, load_name_map, parse_name_map
 from ckptstore.formats.safetensors_header import build_header
@@ -264,3 +265,15 @@ def test_a_hf_folder_in_a_bucket_is_indexed_read_and_exported_back_into_a_bucket
     raw = back.open(t.file).pread(t.info.start, t.info.nbytes)
     np.testing.assert_array_equal(np.frombuffer(raw, np.float32).reshape(t.info.shape),
                                   tensors["model.layers.1.mlp.up_proj.weight"])
+
+
+def test_include_and_exclude_choose_among_the_mapped_names(folder, tmp_path):
+    hf, _ = folder
+    store = ckptstore.open(index_hf(hf, tmp_path / "st", name_map="mcore", include=["decoder.layers.1.*"],
+                                    exclude=["*norm*"]).store)
+    assert sorted(store.names()) == ["decoder.layers.1.mlp.linear_fc1.weight", "decoder.layers.1.mlp.linear_fc2.weight",
+                                     "decoder.layers.1.self_attention.linear_proj.weight",
+                                     "decoder.layers.1.self_attention.linear_qkv.weight"]
+    with pytest.raises(InvalidOptionError,
+                       match="matches none of the 15 mapped parameters"):
+        index_hf(hf, tmp_path / "st2", name_map="mcore", include=["model.layers.*"])
