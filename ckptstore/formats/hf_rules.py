@@ -505,8 +505,8 @@ class NameMap:
             return Target(name, tuple(sources), fu.axis, self._groups(fu, sizes, config, sources), sizes, fu.rule)
         for rn in self.renames:
             groups = self._read_back(rn, name)
-            if groups is not None:
-                return Target(name, (rn.reverse.template.expand(groups),), 0, 1, _lead(shape), rn.rule)  # type: ignore[union-attr]
+            if groups is not None and rn.reverse is not None:
+                return Target(name, (rn.reverse.template.expand(groups),), 0, 1, _lead(shape), rn.rule)
         return None
 
     def _read_back(self, rule: Rename | Fusion, name: str) -> dict[int, str] | None:

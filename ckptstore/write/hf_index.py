@@ -121,8 +121,8 @@ def index_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, name_m
               "views": {t.name: {"sources": list(t.sources), "axis": t.axis, "groups": t.groups,
                                  "sizes": list(t.sizes), "rule": t.rule} for t in targets if t.fused}}
     extra = ib.extra_fields(sink.url, source, keys)
-    fingerprint = hashlib.sha256(json.dumps({"files": extra[ib.SOURCE_FILES], "params": {
-        n: p.to_json() for n, p in params.items()}, "header": header}, sort_keys=True, default=str).encode()).hexdigest()
+    what = {"files": extra[ib.SOURCE_FILES], "params": {n: p.to_json() for n, p in params.items()}, "header": header}
+    fingerprint = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
     header["fingerprint"] = fingerprint
     hold = claim(sink, fingerprint, overwrite=overwrite, on_wait=on_wait,
                  sources=[source.key_url(f) for f in folder.files])
@@ -134,11 +134,12 @@ def index_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, name_m
         hold.release()
     referenced = sum(p.stored_bytes for p in params.values())
     chunks = sum(len(p.chunks) for p in params.values())
-    return ConvertSummary(store=sink.url, params=len(params), chunks=chunks, chunks_written=0 if hold.complete else chunks,
-                          chunks_resumed=chunks if hold.complete else 0, params_resumed=len(params) if hold.complete else 0,
+    done = hold.complete
+    return ConvertSummary(store=sink.url, params=len(params), chunks=chunks, chunks_written=0 if done else chunks,
+                          chunks_resumed=chunks if done else 0, params_resumed=len(params) if done else 0,
                           source_bytes=sum(t.info.nbytes for t in folder.tensors.values()), unique_bytes=referenced,
                           stored_bytes=referenced, seconds=round(time.monotonic() - started, 3),
-                          already_complete=hold.complete)
+                          already_complete=done)
 
 
 def source_views(source: Mapping[str, Any]) -> Mapping[str, Any]:
