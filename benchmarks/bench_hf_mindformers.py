@@ -68,7 +68,7 @@ def main() -> None:
     if args.child:
         child(args.child, args.work)
         return
-    env = {**os.environ, "GLOG_v": "3"}
+    env = {**os.environ, "GLOG_v": "3", "LOCAL_DEFAULT_PATH": str(args.work / "mindformers-output")}  # its logs
     kinds = ["mindformers", "ckptstore-whole", "ckptstore-tp4"]
     results: dict[str, list[dict]] = {k: [] for k in kinds}
     for r in range(args.rounds):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MF_PYTHON = ROOT / ".venv-mf" / "bin" / "python"
 MF_READY = ROOT / ".venv-mf" / ".installed"  # written by make once the venv is complete
 
+# MindFormers logs into ./output/log unless told otherwise: keep its logs out of the repository
+os.environ.setdefault("LOCAL_DEFAULT_PATH", tempfile.mkdtemp(prefix="mindformers-output-"))
 try:
     import mindformers  # noqa: F401
 except Exception:  # ImportError, or a MindFormers that cannot start here
