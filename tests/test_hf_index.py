@@ -277,3 +277,37 @@ def test_include_and_exclude_choose_among_the_mapped_names(folder, tmp_path):
     with pytest.raises(InvalidOptionError,
                        match="matches none of the 15 mapped parameters"):
         index_hf(hf, tmp_path / "st2", name_map="mcore", include=["model.layers.*"])
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2, 2) | st.text(max_size=12),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                        max_size=3), max_leaves=6)
+
+
+@settings(max_examples=examples(40))
+@given(st.sampled_from(["weight_map", "value", "key", "doc"]), json_values)
+def test_a_mutated_index_json_gives_a_typed_error_or_a_correct_store(tmp_path_factory, where, junk):
+    """Untrusted index.json: whatever it says, indexing raises a CkptStoreError or makes a store
+    whose every tensor reads what the shards hold."""
+    tensors = llama_tensors(llama_config(layers=1), seed=2)
+    root = tmp_path_factory.mktemp("fuzz")
+    hf = write_hf_folder(root / "hf", tensors, shards=2)
+    path = hf / "model.safetensors.index.json"
+    doc = json.loads(path.read_text())
+    if where == "weight_map":
+        doc["weight_map"] = junk
+    elif where == "value":
+        doc["weight_map"]["lm_head.weight"] = junk
+    elif where == "key":
+        doc["weight_map"][str(junk)] = doc["weight_map"].pop("lm_head.weight")
+    else:
+        doc = junk
+    path.write_text(json.dumps(doc))
+    try:
+        store = ckptstore.open(index_hf(hf, root / "st", name_map="llama").store)
+    except ckptstore.CkptStoreError:
+        return
+    for name in store.names():
+        source = {"model.tok_embeddings.embedding_weight": "model.embed_tokens.weight"}.get(name, name)
+        if source in tensors:
+            np.testing.assert_array_equal(store.read(name), tensors[source])
