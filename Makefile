@@ -9,8 +9,11 @@ STAMP  := $(VENV)/.installed
 DEMO   ?= demo-output
 
 PURE   := .venv-pure
+# MindFormers 1.9.0 (the real client of the Hugging Face route) pins mindspore~=2.9.0 and needs numpy<2: its own venv, made by `make venv-mf`
+# (or by `make test`, which then runs tests/test_mindformers_client.py and tests/test_mindformers_recipe.py inside it as a subprocess).
+MF     := .venv-mf
 
-.PHONY: demo test test-fast test-pure install clean
+.PHONY: demo test test-fast test-pure test-mf venv-mf install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +26,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	GLOG_v=3 $(PY) -m ckptstore.demo $(DEMO)
 
-test: $(STAMP)
+test: $(STAMP) $(MF)/.installed
 	GLOG_v=3 $(PY) -m pytest -q -p no:cacheprovider tests
 
 test-fast: $(STAMP)
@@ -41,5 +44,18 @@ $(PURE)/.installed: pyproject.toml
 test-pure: $(PURE)/.installed
 	$(PURE)/bin/python -m pytest -q -p no:cacheprovider -m "not mindspore" tests
 
+$(MF)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(MF)
+	$(MF)/bin/python -m pip install --quiet --upgrade pip
+	$(MF)/bin/python -m pip install --quiet 'mindformers==1.9.0' 'mindspore~=2.9.0' 'numpy<2' \
+		'transformers>=4.45' 'torch==2.13.0' -e '.[test]'
+	touch $@
+
+venv-mf: $(MF)/.installed
+
+# The MindFormers real-client tests, in .venv-mf (tests/test_mindformers_client.py skips outside it).
+test-mf: $(MF)/.installed
+	GLOG_v=3 $(MF)/bin/python -m pytest -q -p no:cacheprovider tests/test_mindformers_client.py tests/test_mindformers_recipe.py
+
 clean:
-	rm -rf $(VENV) $(PURE) $(DEMO)
+	rm -rf $(VENV) $(PURE) $(MF) $(DEMO)

@@ -493,8 +493,12 @@ def convert(fmt: str, compress: str, chunk_mb: int | None, verify_replicas: bool
 @click.option("--checksum", is_flag=True,
               help="Read every slice once to record its CRC-32C, so 'ckptstore verify' can check the bytes later "
                    "(without it the index records only each rank file's size, times and inode).")
+@click.option("--name-map", default=None, metavar="llama|qwen2|mcore|RULES.json",
+              help="SRC is a Hugging Face folder (model*.safetensors, model.safetensors.index.json): index its "
+                   "tensors under the names of this rule set (shipped: llama, qwen2, mcore) or rule file; fused "
+                   "parameters (QKV, gate/up) are views over their sources. No --strategy.")
 @_friendly_errors(resumes=True)
-def index(checksum: bool, **kw: Any) -> None:
+def index(checksum: bool, name_map: str | None, **kw: Any) -> None:
     """Make a store that copies nothing: an index into the original rank files.
 
     Takes the same SRC and options as 'convert'. The store folder holds only ckptstore.json: for
@@ -508,6 +512,9 @@ def index(checksum: bool, **kw: Any) -> None:
     from ckptstore.write.convert import index as index_store
     from ckptstore.io.sink import open_sink
 
+    if name_map is not None:
+        _index_hf(name_map, checksum, kw)
+        return
     summary = index_store(kw["src"], kw["out"], checksum=checksum, **_source_kwargs(kw))
     if summary.skipped:
         _print_skipped(summary, kw["as_json"])
@@ -517,6 +524,23 @@ def index(checksum: bool, **kw: Any) -> None:
                    f"wrote {summary.store}: an index of {summary.params} parameters in {summary.chunks} slices, "
                    f"{_fmt_bytes(summary.stored_bytes)} of the rank files' {_fmt_bytes(summary.source_bytes)} "
                    f"referenced (replicas once); the index itself is {_fmt_bytes(size)}, {summary.seconds:.1f} s")
+
+
+def _index_hf(name_map: str, checksum: bool, kw: dict[str, Any]) -> None:
+    """``index --name-map``: a Hugging Face folder, names mapped, fused views."""
+    from ckptstore.write.hf_index import index_hf
+
+    given = [o for o, v in (("--strategy", kw["strategies"]), ("--step", kw["step"]), ("--prefix", kw["prefix"]),
+                            ("--src-format", kw["src_format"]), ("--part", kw["part"]), ("--checksum", checksum),
+                            ("--drop-optimizer", kw["drop_optimizer"]), ("--verify-crc", kw["verify_crc"])) if v]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} do(es) not apply to a Hugging Face folder (--name-map)")
+    summary = index_hf(kw["src"], kw["out"], name_map=name_map, include=kw["include"], exclude=kw["exclude"],
+                       overwrite=kw["overwrite"], quiet=kw["quiet"])
+    _print_summary(summary, kw["as_json"],
+                   f"wrote {summary.store}: an index of {summary.params} parameters of a Hugging Face folder in "
+                   f"{summary.chunks} chunks, {_fmt_bytes(summary.stored_bytes)} of its "
+                   f"{_fmt_bytes(summary.source_bytes)} referenced, {summary.seconds:.1f} s")
 
 
 @main.command()
@@ -644,8 +668,13 @@ def _parse_ranks(value: str | None) -> Iterable[int] | None:
                    "a folder of them. "
                    "Without it, the source layout is written back.")
 @click.option("--ranks", default=None, help="Target ranks to write, e.g. 0,1,4-7 (default: all).")
-@click.option("--format", "fmt", type=click.Choice(["ckpt", "safetensors"]), default="ckpt", show_default=True,
-              help="File format of the per-rank files.")
+@click.option("--format", "fmt", type=click.Choice(["ckpt", "safetensors", "hf"]), default="ckpt", show_default=True,
+              help="File format of the per-rank files; hf: one Hugging Face folder (sharded safetensors and "
+                   "model.safetensors.index.json, names by --name-map, fused tensors split back).")
+@click.option("--name-map", default=None, metavar="llama|qwen2|mcore|RULES.json",
+              help="With --format hf: the rule set the store's names came from, read backwards.")
+@click.option("--max-shard-size", default="5GB", show_default=True,
+              help="With --format hf: largest shard file (5GB, 500MiB, bytes).")
 @click.option("--include", multiple=True, metavar="GLOB", help="Export only parameters matching (repeatable).")
 @click.option("--dtype", default=None,
               help="Convert floating-point parameters while reading, e.g. float16 or bfloat16 (integer and bool "
@@ -657,7 +686,8 @@ def _parse_ranks(value: str | None) -> Iterable[int] | None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @_friendly_errors
 def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None, fmt: str,
-           include: tuple[str, ...], dtype: str | None, crc: bool, allow_whole: bool, quiet: bool) -> None:
+           include: tuple[str, ...], dtype: str | None, crc: bool, allow_whole: bool, name_map: str | None,
+           max_shard_size: str, quiet: bool) -> None:
     """Write per-rank checkpoints of STORE for a target layout into OUT.
 
     Produces OUT/rank_<j>/checkpoint_<j>.ckpt for each target rank, readable by
@@ -667,6 +697,11 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
     from ckptstore.dtypes import numpy_dtype
     from ckptstore.read.export import export as export_store
 
+    if fmt == "hf" or name_map is not None:
+        _export_hf(store, out, fmt, name_map, max_shard_size, include,
+                   [o for o, v in (("--strategy", strategies), ("--ranks", ranks), ("--dtype", dtype), ("--crc", crc),
+                                   ("--allow-whole", allow_whole)) if v])
+        return
     try:
         target_dtype = numpy_dtype(dtype) if dtype else None
     except ValueError as e:
@@ -722,6 +757,21 @@ def steps(root: str, as_json: bool, clean: bool) -> None:
     if stale:
         click.echo(f"{len(stale)} unfinished step(s) older than the newest committed step {newest}: remove them with "
                    f"'ckptstore steps {root} --clean'")
+
+
+def _export_hf(store: str, out: str, fmt: str, name_map: str | None, max_shard_size: str, include: tuple[str, ...],
+               others: list[str]) -> None:
+    """``export --format hf``: a Hugging Face folder."""
+    from ckptstore.read.hf_export import export_hf
+
+    if fmt != "hf" or name_map is None:
+        raise click.UsageError("--format hf and --name-map go together")
+    if others:
+        raise click.UsageError(f"{', '.join(others)} do(es) not apply to --format hf")
+    with open_store(store) as st:
+        summary = export_hf(st, out, name_map=name_map, max_shard_size=max_shard_size, include=list(include) or None)
+    click.echo(f"wrote {summary.tensors} tensors in {len(summary.files)} file(s) under {out}, reading "
+               f"{_fmt_bytes(summary.bytes_read)} from the store")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -111,6 +111,16 @@ class InvalidOptionError(CkptStoreError, ValueError):
     """Options that do not go together or are not known (e.g. compression for safetensors)."""
 
 
+class NameMapError(CkptStoreError, ValueError):
+    """A name-map rule file (``--name-map``) that is malformed, or a rule that does not fit the
+    tensors it matched. ``path`` is the rule file and ``rule`` the rule (``"renames[3]"``), when known."""
+
+    def __init__(self, problem: str, *, path: str | None = None, rule: str | None = None) -> None:
+        self.problem, self.path, self.rule = problem, path, rule
+        where = ", ".join(x for x in (f"rule file {path}" if path else "", f"rule {rule}" if rule else "") if x)
+        super().__init__(f"{where}: {problem}" if where else problem)
+
+
 class UnsafePathError(CkptStoreError, ValueError):
     """A path read from metadata leaves the folder it must stay in (``..``, absolute, a symlink)."""
 

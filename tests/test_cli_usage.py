@@ -65,7 +65,7 @@ def test_info_of_a_missing_path_is_a_usage_error(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["convert"], "ckptstore: error: Missing argument 'SRC'. (see 'ckptstore convert --help') [UsageError]"),
     (["export", "s.zarr", "out", "--format", "zip"],
-     "ckptstore: error: Invalid value for '--format': 'zip' is not one of 'ckpt', 'safetensors'. "
+     "ckptstore: error: Invalid value for '--format': 'zip' is not one of 'ckpt', 'safetensors', 'hf'. "
      "(see 'ckptstore export --help') [UsageError]"),
     (["plan", ".", "--rank", "x"],
      "ckptstore: error: Invalid value for '--rank': 'x' is not a valid integer range. "

@@ -1,0 +1,212 @@
+"""``ckptstore export STORE OUT --format hf --name-map RULES``: a Hugging Face folder from any store.
+
+The rule set read backwards (:meth:`~ckptstore.formats.hf_rules.NameMap.reverse`) names the
+Hugging Face tensors of every store parameter; a fused one (QKV, gate/up) is split back into
+its sources in the groups its rule says. Tensors are packed, in the store's order, into shards
+of at most ``max_shard_size`` bytes (a larger tensor gets a shard of its own), written as
+``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json`` (or one
+``model.safetensors``) and the ``config.json`` the store recorded when it indexed a Hugging
+Face folder. Each shard is streamed front to back through the output's
+:class:`~ckptstore.io.sink.ByteSink` (a folder or a bucket; it appears only when complete), a
+bounded block at a time: a source's rows are read from the store segment by segment, and
+segments of a few rows (gate/up interleaved row by row) a window of whole groups at a time, so
+memory stays at one window (``window_bytes``), whatever the tensor's size. A tensor split along
+a later axis is read whole, one tensor at a time.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from math import prod
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ckptstore.errors import InvalidOptionError, StoreExistsError
+from ckptstore.formats.hf_folder import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
+from ckptstore.formats.hf_rules import NameMap, Target, load_name_map
+from ckptstore.formats.safetensors_header import build_header
+from ckptstore.io.sink import open_sink
+from ckptstore.store.chunking import select_params
+from ckptstore.store.store import Store, StoreLike, store_argument
+
+#: Hugging Face's default shard size (``save_pretrained(max_shard_size="5GB")``: decimal units).
+DEFAULT_MAX_SHARD = 5 * 10 ** 9
+#: Bytes read from the store at once while a shard streams.
+WINDOW_BYTES = 16 << 20
+#: Segments shorter than this are read a window of groups at a time (one read, not one per row).
+_SMALL_SEGMENT = 64 << 10
+_UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
+          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+@dataclass(frozen=True)
+class HFExportSummary:
+    """What :func:`export_hf` wrote: the files (shards, then the index and config) and bytes read."""
+
+    files: tuple[str, ...]
+    tensors: int
+    bytes_read: int
+
+
+def parse_size(text: str | int) -> int:
+    """``"5GB"`` (10^9), ``"500MiB"`` (2^20), ``"2000000"``: a shard size in bytes, as ``save_pretrained`` takes it."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        n = text
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(text), re.IGNORECASE)
+        if m is None:
+            raise InvalidOptionError(f"max shard size {text!r} is not a size like 5GB, 500MiB or 2000000")
+        n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
+    if n < 1:
+        raise InvalidOptionError(f"max shard size {text!r} is not positive")
+    return n
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    hf_name: str
+    store_name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    target: Target
+    source: int  # index into target.sources
+
+    @property
+    def nbytes(self) -> int:
+        return prod(self.shape) * self.dtype.itemsize
+
+
+def export_hf(store: StoreLike, out: str | os.PathLike[str], *, name_map: str | os.PathLike[str] | NameMap,
+              max_shard_size: str | int = DEFAULT_MAX_SHARD, include: Sequence[str] | None = None,
+              exclude: Sequence[str] = (), config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+              window_bytes: int = WINDOW_BYTES) -> HFExportSummary:
+    """Write the store's parameters as a Hugging Face folder at ``out`` (a folder or ``s3://`` prefix).
+
+    ``name_map`` is the rule set the store's names came from (``"llama"``, ``"mcore"``, a rule
+    file...); ``include``/``exclude`` are globs over store names (string values are never
+    exported). ``config`` (a mapping or a ``config.json`` path) gives the head counts a fused
+    parameter is split by, and is written as ``config.json``; by default the one recorded when
+    the store indexed a Hugging Face folder. Raises
+    :class:`~ckptstore.errors.NameMapError` when a parameter cannot be split as its rule says.
+    """
+    rules = name_map if isinstance(name_map, NameMap) else load_name_map(name_map)
+    limit = parse_size(max_shard_size)
+    with store_argument(store) as st:
+        cfg = _config(st, config)
+        names = [n for n in st.names() if not st.info(n).is_str]
+        if include or exclude:
+            names = select_params(names, include=include or (), exclude=exclude)
+        targets = rules.reverse({n: st.info(n).shape for n in names}, cfg)
+        tensors = []
+        for t in targets:
+            info = st.info(t.name)
+            for i, hf in enumerate(t.sources):
+                shape = info.shape if not t.fused else \
+                    info.shape[:t.axis] + (t.sizes[i],) + info.shape[t.axis + 1:]
+                tensors.append(_Tensor(hf, t.name, info.np_dtype, tuple(shape), t, i))
+        shards = _pack(tensors, limit)
+        sink = open_sink(os.fspath(out))
+        for where in (st.location.url, *(st.data.key_url(f) for f in sorted(
+                {f for p in st.manifest.params.values() for f in p.chunks.files}))):
+            if sink.contains(where):
+                raise StoreExistsError(f"export folder {sink.url} holds {where}, which the store reads; choose an "
+                                       "output folder outside the store and its source files")
+        sink.make_root()
+        files, weight_map, read = [], {}, [0]
+        for i, shard in enumerate(shards):
+            key = SINGLE_FILE if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            head, _ = build_header([(t.hf_name, t.dtype, t.shape) for t in shard], {"format": "pt"})
+            sink.put_stream(key, _shard_pieces(st, head, shard, window_bytes, read))
+            files.append(sink.key_url(key))
+            weight_map.update({t.hf_name: key for t in shard})
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": weight_map}
+            sink.put(INDEX_FILE, json.dumps(index, indent=2).encode())
+            files.append(sink.key_url(INDEX_FILE))
+        if cfg:
+            sink.put(CONFIG_FILE, json.dumps(dict(cfg), indent=2).encode())
+            files.append(sink.key_url(CONFIG_FILE))
+        sink.sync()
+        return HFExportSummary(tuple(files), len(tensors), read[0])
+
+
+def _config(st: Store, config: Mapping[str, Any] | str | os.PathLike[str] | None) -> Mapping[str, Any]:
+    if config is None:
+        recorded = st.source.get("hf_config")
+        return recorded if isinstance(recorded, Mapping) else {}
+    if isinstance(config, Mapping):
+        return config
+    try:
+        with open(config, "rb") as f:
+            doc = json.loads(f.read(4 << 20))
+    except (OSError, ValueError) as e:
+        raise InvalidOptionError(f"cannot read the model config {os.fspath(config)}: {e}") from None
+    if not isinstance(doc, dict):
+        raise InvalidOptionError(f"{os.fspath(config)} is not a JSON object")
+    return doc
+
+
+def _pack(tensors: Sequence[_Tensor], limit: int) -> list[list[_Tensor]]:
+    """Tensors in order into shards of at most ``limit`` bytes (a larger tensor alone), as
+    ``save_pretrained`` shards them."""
+    shards: list[list[_Tensor]] = [[]]
+    size = 0
+    for t in tensors:
+        if shards[-1] and size + t.nbytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += t.nbytes
+    return shards
+
+
+def _shard_pieces(st: Store, head: bytes, shard: Sequence[_Tensor], window: int, read: list[int]) -> Iterator[Any]:
+    yield head
+    for t in shard:
+        for block in _tensor_blocks(st, t, window, read):
+            yield memoryview(np.ascontiguousarray(block).reshape(-1).view(np.uint8))
+
+
+def _tensor_blocks(st: Store, t: _Tensor, window: int, read: list[int]) -> Iterator[np.ndarray]:
+    """``t``'s bytes in C order, a block at a time, read from its store parameter (``read[0]``
+    counts the bytes read)."""
+    target, info = t.target, st.info(t.store_name)
+
+    def get(index: Any = None) -> np.ndarray:
+        got = np.asarray(st.read(t.store_name, index=index))
+        read[0] += got.nbytes
+        return got
+
+    shape = info.shape
+    if not shape or 0 in shape:
+        yield get().reshape(t.shape)
+        return
+    a = target.axis
+    segs = [(start, n, dst) for s, start, n, dst in target.segments() if s == t.source] if target.fused \
+        else [(0, shape[0], 0)]
+    if a > 0:  # rows of a later axis interleave with the leading ones: the tensor whole
+        parts = [get((slice(None),) * a + (slice(d, d + n),)) for _, n, d in segs]
+        yield np.concatenate(parts, axis=a)
+        return
+    row = prod(shape[1:]) * t.dtype.itemsize
+    per = max(1, window // max(row, 1))
+    if not target.fused or segs[0][1] * row >= _SMALL_SEGMENT:
+        for _, n, d in segs:
+            for r in range(d, d + n, per):
+                yield get((slice(r, min(r + per, d + n)),))
+        return
+    # short segments (every row, a few rows): read whole groups at once, keep this source's rows
+    group_rows = shape[0] // target.groups
+    k = t.shape[0] // target.groups
+    offset = segs[0][2] % group_rows
+    groups = max(1, per // group_rows)
+    for g in range(0, target.groups, groups):
+        h = min(g + groups, target.groups)
+        block = get((slice(g * group_rows, h * group_rows),))
+        yield block.reshape((h - g, group_rows) + shape[1:])[:, offset:offset + k].reshape((-1,) + shape[1:])
+
+
+__all__ = ["HFExportSummary", "export_hf", "parse_size"]
