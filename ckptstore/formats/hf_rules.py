@@ -589,29 +589,28 @@ def _rule_fail(path: str, rule: str) -> Any:
     return lambda problem: NameMapError(problem, path=path, rule=rule)
 
 
-def _rename(r: Any, rule: str, path: str) -> Rename:
+def _rule_head(r: Any, rule: str, path: str, keys: set[str], what: str) -> tuple[Any, Any, str]:
+    """What every rule has: a JSON object of known keys, a ``pattern`` and a ``target`` that refers
+    only to its groups; returns the rule's error maker, the compiled pattern and the target."""
     fail = _rule_fail(path, rule)
     if not isinstance(r, Mapping):
         raise fail("the rule is not a JSON object")
-    unknown = set(r) - _RENAME_KEYS
+    unknown = set(r) - keys
     if unknown:
-        raise fail(f"unknown key(s) {sorted(unknown)}; a rename has {sorted(_RENAME_KEYS - {'comment'})}")
+        raise fail(f"unknown key(s) {sorted(unknown)}; a {what} has {sorted(set(keys) - {'comment'})}")
     pattern = _compile(r.get("pattern"), fail)
     target = _template(r.get("target"), fail, "target")
     _check_refs(target, pattern, fail, "target")
+    return fail, pattern, target
+
+
+def _rename(r: Any, rule: str, path: str) -> Rename:
+    fail, pattern, target = _rule_head(r, rule, path, _RENAME_KEYS, "rename")
     return Rename(rule, pattern, target, _reverse_of(pattern.pattern, target, r.get("reverse"), fail))
 
 
 def _fusion(r: Any, rule: str, path: str) -> Fusion:
-    fail = _rule_fail(path, rule)
-    if not isinstance(r, Mapping):
-        raise fail("the rule is not a JSON object")
-    unknown = set(r) - _FUSION_KEYS
-    if unknown:
-        raise fail(f"unknown key(s) {sorted(unknown)}; a fusion has {sorted(_FUSION_KEYS - {'comment'})}")
-    pattern = _compile(r.get("pattern"), fail)
-    target = _template(r.get("target"), fail, "target")
-    _check_refs(target, pattern, fail, "target")
+    fail, pattern, target = _rule_head(r, rule, path, _FUSION_KEYS, "fusion")
     raw = r.get("sources")
     if not isinstance(raw, list) or not 2 <= len(raw) <= MAX_SOURCES:
         raise fail(f"'sources' is not a list of 2 to {MAX_SOURCES} name templates")
