@@ -10,6 +10,7 @@ reads each parameter only when asked, or many at once through one pool of thread
 from __future__ import annotations
 
 import fnmatch
+import functools
 import mmap
 import operator
 import os
@@ -27,6 +28,7 @@ from ckptstore.store.memory import empty
 from ckptstore.store.read_plan import ParamReadPlan, ReadPlan, plan_param
 from ckptstore.store.executor import POOL_MIN_BYTES, Executor, Job, check_extents
 from ckptstore.io import LocalFile
+from ckptstore.io.base import ReadCost
 from ckptstore.launcher import process_rank
 from ckptstore.store.store import Store, StoreLike, store_argument
 from ckptstore.checkpoint.strategy import Strategy, load_strategy, strategy_from_summary
@@ -212,9 +214,14 @@ class RankView:
         stored = self.store.info(name).np_dtype
         return self.dtype if self.dtype is not None and is_float(stored) else stored
 
+    @functools.cached_property
+    def _cost(self) -> ReadCost:
+        """What the store's byte source says a request and a byte cost (read once per view)."""
+        return self.store.data.read_cost()
+
     def plan_for(self, name: str) -> ParamReadPlan:
         return plan_param(self.store.info(name), self.boxes[name], out_dtype=self.dtype_of(name),
-                          verify=self.verify)
+                          verify=self.verify, cost=self._cost)
 
     @property
     def plan(self) -> ReadPlan:
@@ -300,7 +307,7 @@ class RankView:
 def check_workers(workers: int | None, store: Store) -> int:
     """The number of reading threads: ``workers`` when given, else what the store's byte source wants."""
     if workers is None:
-        return store.data.default_workers or DEFAULT_WORKERS
+        return store.data.read_cost().in_flight
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise InvalidOptionError(f"workers must be a positive integer, not {workers!r}")
     return workers

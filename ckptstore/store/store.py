@@ -97,7 +97,8 @@ class Store:
         info = self.info(name)
         try:
             return plan_param(info, _as_box(box, info.shape, name),
-                              out_dtype=None if dtype is None else np.dtype(dtype), verify=verify)
+                              out_dtype=None if dtype is None else np.dtype(dtype), verify=verify,
+                              cost=self.data.read_cost())
         except ValueError as e:
             raise InvalidOptionError(str(e)) from None
 
