@@ -15,6 +15,7 @@ import ckptstore  # noqa: E402
 from ckptstore.errors import (  # noqa: E402
     AccessDeniedError,
     CkptStoreError,
+    MissingFileError,
     ObjectStoreConfigError,
     StoreNotFoundError,
     StoreUnavailableError,
@@ -241,3 +242,55 @@ def test_the_seaweedfs_starter_leaves_nothing_behind():
     assert not list(Path("/tmp").glob(f"seaweedfs-*-{server.port}.sock"))
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+
+
+def test_a_missing_bucket_is_named_as_missing(bucket):
+    missing = f"{bucket.name}-nothing"
+    r = run_cli("info", f"s3://{missing}/model.zarr", env=bucket.env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"ckptstore: error: bucket {missing} does not exist at {bucket.endpoint} "
+                               f"(HTTP 404, NoSuchBucket), so s3://{missing}/model.zarr"), r.stderr
+    assert "[MissingFileError]" in r.stderr and "did not answer" not in r.stderr
+
+
+def test_a_missing_bucket_is_named_by_a_get_too(bucket):
+    from ckptstore.io.s3_source import S3Source
+
+    with pytest.raises(MissingFileError, match=f"bucket {bucket.name}-nothing does not exist at "):
+        S3Source(f"s3://{bucket.name}-nothing/p").read_bytes("zarr.json", limit=1 << 20)
+
+
+def test_a_redirect_the_client_does_not_follow_is_reported_as_a_redirect(monkeypatch, quick_retries):
+    """S3 answers a request for a bucket of another region with 301 PermanentRedirect and no
+    Location: a wrong endpoint, not a damaged store or an outage."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Moved(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = b"<Error><Code>PermanentRedirect</Code><Message>Use the bucket's endpoint.</Message></Error>"
+            self.send_response(301)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_HEAD = do_GET
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Moved)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for k, v in S.env_for(f"http://127.0.0.1:{server.server_address[1]}").items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(ObjectStoreConfigError, match=r"redirects the request to (read|list) "
+                                                         r"s3://moved-bucket/model.zarr.* \(a redirect with no "
+                                                         r"Location\): the bucket is served by another endpoint"):
+            ckptstore.open("s3://moved-bucket/model.zarr")
+    finally:
+        server.shutdown()
+        server.server_close()

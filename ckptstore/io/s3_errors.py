@@ -58,39 +58,68 @@ def _attempts(text: str) -> str:
 
 
 def client_error(e: BaseException, url: str, action: str) -> Exception:
-    """A typed error for a failed request, naming the URL but never the client's raw text."""
+    """A typed error for a failed request, naming the URL but never the client's raw text.
+
+    The client's exception type decides where it has one for the failure (a missing object,
+    denied access); its message is read only for what no type says: the HTTP status, the S3
+    error code (``NoSuchBucket``), whether it was a redirect and the retries of a
+    :class:`obstore.exceptions.GenericError` (an outage, a redirect, a missing bucket's LIST).
+    """
+    import obstore.exceptions as oe
+
     text = str(e)
     m = _STATUS.search(text)
     status = next((g for g in m.groups() if g), None) if m else None
-    code = _S3_CODE.search(text)
-    detail = ", ".join(x for x in (f"HTTP {status}" if status else "", code.group(1) if code else "") if x)
+    found = _S3_CODE.search(text)
+    code = found.group(1) if found else None
+    detail = ", ".join(x for x in (f"HTTP {status}" if status else "", code or "") if x)
     detail = f" ({detail})" if detail else ""
-    import obstore.exceptions as oe
 
-    if isinstance(e, FileNotFoundError) or isinstance(e, oe.NotFoundError):
+    if code == "NoSuchBucket":  # a GET answers FileNotFoundError, a LIST a GenericError: both say so
+        return missing_bucket(url, detail)
+    if isinstance(e, (FileNotFoundError, oe.NotFoundError)):
         return MissingFileError(errno.ENOENT, f"{url} does not exist{detail}", url)
     if isinstance(e, (oe.PermissionDeniedError, oe.UnauthenticatedError)) or status in ("401", "403"):
         return AccessDeniedError(errno.EACCES, f"access to {url} was denied{detail} when trying to {action}: check "
                                  "the credentials in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or your AWS "
                                  "profile) and the bucket's permissions")
+    if is_panic(e):
+        return ObjectStoreConfigError(f"the object store client failed on {url} (it panicked); check the AWS_* "
+                                      "environment variables (AWS_ENDPOINT_URL must be an http(s):// URL); if they "
+                                      "are right, this is a bug in ckptstore or obstore: please report it")
+    if not isinstance(e, (oe.BaseError, OSError)):
+        return e if isinstance(e, Exception) else RuntimeError(str(e))
     if "BadScheme" in text or "URL scheme is not allowed" in text:
         return plain_http_error(endpoint())
+    bare = "BareRedirect" in text  # a 3xx with no Location: S3's answer for a bucket of another region
+    if bare or (status or "").startswith("3") or code in ("PermanentRedirect", "TemporaryRedirect", "Redirect"):
+        detail = " (a redirect with no Location)" if bare and not detail else detail
+        return ObjectStoreConfigError(
+            f"the object store at {endpoint()} redirects the request to {action} {url}{detail}: the bucket is served "
+            "by another endpoint or region; set AWS_ENDPOINT_URL (and AWS_REGION) to the one that serves it")
     what = _outage(text, status)
     if what is not None:
         return StoreUnavailableError(
             errno.EAGAIN, f"the object store at {endpoint()} is unavailable: {what} when trying to {action} {url} "
             f"({_attempts(text)}, with back-off). Nothing is known to be wrong with the data: rerun the same "
             "command when the server answers again (a conversion resumes where it stopped)")
-    if is_panic(e):
-        return ObjectStoreConfigError(f"the object store client failed on {url} (it panicked); check the AWS_* "
-                                      "environment variables (AWS_ENDPOINT_URL must be an http(s):// URL); if they "
-                                      "are right, this is a bug in ckptstore or obstore: please report it")
-    if isinstance(e, oe.BaseError) or isinstance(e, OSError):
-        kind = type(e).__name__
-        return FileAccessError(errno.EIO, f"cannot {action} {url}{detail or f' ({kind})'}: the object store at "
-                               f"{endpoint()} did not answer successfully after retries; check AWS_ENDPOINT_URL and "
-                               "the network")
-    return e if isinstance(e, Exception) else RuntimeError(str(e))
+    kind = type(e).__name__
+    return FileAccessError(errno.EIO, f"cannot {action} {url}{detail or f' ({kind})'}: the object store at "
+                           f"{endpoint()} did not answer successfully after retries; check AWS_ENDPOINT_URL and "
+                           "the network")
+
+
+def missing_bucket(url: str, detail: str = " (HTTP 404, NoSuchBucket)") -> MissingFileError:
+    """The error for a bucket that does not exist, naming it (``url`` is a location in it)."""
+    bucket = url.split("://", 1)[-1].split("/", 1)[0]
+    return MissingFileError(errno.ENOENT, f"bucket {bucket} does not exist at {endpoint()}{detail}, so {url} cannot "
+                            "be there: check the bucket name, or create the bucket first", url)
+
+
+def is_no_such_bucket(e: BaseException) -> bool:
+    """Whether the server's answer says the bucket does not exist (S3 code ``NoSuchBucket``)."""
+    found = _S3_CODE.search(str(e))
+    return found is not None and found.group(1) == "NoSuchBucket"
 
 
 def is_panic(e: BaseException) -> bool:
@@ -103,7 +132,6 @@ def plain_http_error(url: str) -> ObjectStoreConfigError:
     return ObjectStoreConfigError(
         f"AWS_ENDPOINT_URL is {url}, plain http, which the object store client refuses unless AWS_ALLOW_HTTP=true "
         "is set: set AWS_ALLOW_HTTP=true (only on a network you trust) or use the endpoint's https:// URL")
-
 
 
 def is_range_error(e: BaseException) -> bool:

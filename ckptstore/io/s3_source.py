@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ckptstore.errors import CkptStoreError, FileAccessError, MissingFileError, ShortReadError, StoreChangedError
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request, check_key, worth_merging
 from ckptstore.io.s3_client import REQUEST_STATS, client, request
-from ckptstore.io.s3_errors import client_error, is_range_error
+from ckptstore.io.s3_errors import client_error, is_no_such_bucket, is_range_error
 from ckptstore.io.schemes import Scheme
 from ckptstore.io.urls import SCHEMES, split_url
 
@@ -253,7 +253,9 @@ class S3Source(ByteSource):
         with request(self.key_url(key), "read", gets=1):
             try:
                 result = obstore.get(self.store, self.path(key))
-            except FileNotFoundError:
+            except FileNotFoundError as e:
+                if is_no_such_bucket(e):  # not a missing file: the request's error names the bucket
+                    raise
                 return None
             size = result.meta["size"]
             if size > limit:
