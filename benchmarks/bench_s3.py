@@ -25,7 +25,7 @@ worker's untimed ``setup``); the timed span ends when the rank's tensors are fil
   ``OMP_NUM_THREADS=1`` (the faster of the two is the peer's figure, as in the load scenario).
 * ``raw ranged GETs``: the GETs ckptstore sends for this rank (recorded once, in the parent, from
   a ``read_many`` against the bucket: object, start, end), sent again with ``obstore`` by as many
-  threads as ckptstore uses (``ckptstore.io.s3.READ_CONCURRENCY``), each answer streamed into its
+  threads as ckptstore uses (``ckptstore.io.s3_source.READ_CONCURRENCY``), each answer streamed into its
   place in one preallocated, touched buffer. The bound: no planning, no Zarr, no Parameters.
 
 Before the timed rounds, one unrecorded warm-up run of every contender (so the server's files are
@@ -71,11 +71,11 @@ BUCKET = "ckptstore-bench"
 PREFIX = "store"
 DCP_PREFIX = "dcp"
 #: Imported by the ckptstore workers before the measurement (MindSpore, ckptstore and its S3 client).
-PREIMPORT = ("mindspore", "ckptstore", "ckptstore.mindspore", "ckptstore.io.s3", "obstore", "obstore.store")
+PREIMPORT = ("mindspore", "ckptstore", "ckptstore.mindspore", "ckptstore.io.s3_source", "obstore", "obstore.store")
 DCP_PREIMPORT = ("torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor",
                  "torch.distributed.device_mesh", "torch.testing._internal.distributed.fake_pg", "ckptstore",
                  "s3torchconnector", "s3torchconnector.dcp", "benchmarks.peers.dcp")
-RAW_PREIMPORT = ("obstore", "obstore.store", "ckptstore.io.s3")
+RAW_PREIMPORT = ("obstore", "obstore.store", "ckptstore.io.s3_source")
 # The targets for a load from S3 (benchmarks/README.md, "Targets")
 TIME_TARGET = 0.6  # load_rank (Parameters built) / DCP via s3torchconnector
 BYTES_TARGET = 1.01  # bytes the server sent / the rank's bytes
@@ -121,7 +121,7 @@ def read_many(store: str, strategy: str, rank: int, names_file: str) -> dict[str
 def check(result: Mapping[str, Any], **args: Any) -> dict[str, Any]:
     """After the measurement: the values' digest and this process's S3 request counters."""
     from benchmarks.contenders import check_params
-    from ckptstore.io.s3 import REQUEST_STATS as rs
+    from ckptstore.io.s3_client import REQUEST_STATS as rs
 
     out = check_params(result, **args)
     out.update(gets=rs.gets, heads=rs.heads, lists=rs.lists, bytes_in=rs.bytes_in)
@@ -151,7 +151,7 @@ def raw_gets(state: Mapping[str, Any]) -> np.ndarray:
     """The measured call: every GET, ``workers`` at a time, each streamed into its place in the buffer."""
     import obstore
 
-    from ckptstore.io.s3 import STREAM_CHUNK
+    from ckptstore.io.s3_source import STREAM_CHUNK
 
     store, buf = state["store"], state["buf"]
     view = memoryview(buf)
@@ -226,8 +226,8 @@ def coalesced_runs(ranges: Iterable[tuple[str, str, int, int, Any]]) -> list[int
 
 
 def unit_bytes() -> int:
-    """The largest piece ckptstore's S3 reader fetches with one GET (``ckptstore.io.s3.GET_PIECE``)."""
-    from ckptstore.io import s3
+    """The largest piece ckptstore's S3 reader fetches with one GET (``ckptstore.io.s3_source.GET_PIECE``)."""
+    from ckptstore.io import s3_source as s3
 
     return int(s3.GET_PIECE)
 
@@ -287,7 +287,7 @@ def record_gets(url: str, strategy: str, rank: int) -> list[tuple[str, int, int]
     object and offset order: one ``read_many`` here with ``S3File._get`` watched (the manifest,
     read whole on open, is not among them)."""
     import ckptstore
-    from ckptstore.io import s3
+    from ckptstore.io import s3_source as s3
     from ckptstore.read.loader import rank_view
 
     seen: list[tuple[str, int, int]] = []
@@ -390,7 +390,7 @@ def run(st: S3Setup, *, reps: int, command: str, results_dir: Path | None, quick
 
     from benchmarks.harness import append_result, run_contender
     from benchmarks.peers import dcp as dcp_peer
-    from ckptstore.io.s3 import READ_CONCURRENCY
+    from ckptstore.io.s3_source import READ_CONCURRENCY
     from ckptstore.testing.s3_server import SeaweedServer, env_for, upload, weed_binary
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -23,7 +23,7 @@ from ckptstore.errors import CkptStoreError
 from ckptstore.checkpoint.rank_files import find_rank_files
 from ckptstore.checkpoint.source import open_source
 from ckptstore.io import is_url
-from ckptstore.io.s3 import redact, split_url
+from ckptstore.io.urls import redact, split_url
 from ckptstore.store.store import open as open_store
 from ckptstore.checkpoint.strategy import load_strategy
 from ckptstore.read.verify import verify_store

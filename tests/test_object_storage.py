@@ -200,9 +200,9 @@ def test_an_interrupted_conversion_to_s3_is_refused_then_resumed(bucket, load_en
 
 def test_a_big_parameter_is_uploaded_in_parts(watched_bucket, tmp_path, monkeypatch):
     import mindspore_fixtures as T
-    from ckptstore.io import s3
+    from ckptstore.io import s3_sink
 
-    monkeypatch.setattr(s3, "UPLOAD_PART", 5 << 20)  # S3's smallest part
+    monkeypatch.setattr(s3_sink, "UPLOAD_PART", 5 << 20)  # S3's smallest part
     specs = [T.ParamSpec("big.w", (1024, 4096), "float32", (2,), (0, -1))]  # 16 MiB, 8 MiB per rank
     tensors = T.make_global_tensors(specs, seed=3)
     T.save_distributed(tmp_path / "ckpt", specs, tensors, world_size=2)

@@ -16,7 +16,8 @@ pytest.importorskip("obstore")
 
 import ckptstore  # noqa: E402
 from ckptstore.errors import SourceChangedError, StoreChangedError  # noqa: E402
-from ckptstore.io import s3  # noqa: E402
+from ckptstore.io import s3_client  # noqa: E402
+from ckptstore.io.s3_sink import S3Sink  # noqa: E402
 from ckptstore.store.kinds import MANIFEST, ROOT_METADATA  # noqa: E402
 from ckptstore.testing import s3_server as S  # noqa: E402
 from convert_fixtures import assert_same_array, convert_layout, expected_values  # noqa: E402
@@ -77,11 +78,12 @@ def test_an_object_overwritten_between_two_ranged_gets_of_one_reader_is_refused_
 
 
 def test_an_open_object_is_read_at_its_first_version_or_refused(watched_bucket):
-    source = s3.S3Source(watched_bucket.url("src"))
-    source.put("f", b"A" * 64)
+    sink = S3Sink(watched_bucket.url("src"))
+    source = sink.source
+    sink.put("f", b"A" * 64)
     f = source.open("f")
     assert f.pread(0, 8) == b"A" * 8
-    source.put("f", b"B" * 64)
+    sink.put("f", b"B" * 64)
     assert source.open("f") is f  # kept, with its pin, until close
     watched_bucket.proxy.reset()
     with pytest.raises(StoreChangedError, match=r"s3://ckptstore-test-\d+/src/f was replaced while it was read"):
@@ -99,7 +101,7 @@ def test_a_store_not_replaced_is_read_with_one_head_per_data_object(watched_buck
     convert_layout(layout, url)
     convert_layout(layout, url)  # a rerun of the same conversion changes nothing
     watched_bucket.proxy.reset()
-    s3.REQUEST_STATS.reset()
+    s3_client.REQUEST_STATS.reset()
     params = ckptstore.load_rank(url, t.strategy, 1, workers=1)
     opening = watched_bucket.proxy.requests()
     values = params.materialize()
@@ -112,7 +114,7 @@ def test_a_store_not_replaced_is_read_with_one_head_per_data_object(watched_buck
     # one look at the manifest per data object, after its first GET; none for later GETs
     assert [_name(s) for s in heads] == [ROOT_METADATA] * len(objects)
     assert len(gets) + len(heads) == len(reading)
-    assert (s3.REQUEST_STATS.gets, s3.REQUEST_STATS.heads) == (1 + len(gets), len(objects))
+    assert (s3_client.REQUEST_STATS.gets, s3_client.REQUEST_STATS.heads) == (1 + len(gets), len(objects))
     for name, value in t.oracle(1).items():
         assert np.asarray(values[name].asnumpy()).tobytes() == value.tobytes(), name
 

@@ -21,7 +21,7 @@ from ckptstore.errors import InvalidOptionError, StoreExistsError, StrategyError
 from ckptstore.io.atomic_file import SinkKey
 from ckptstore.io.local_sink import LocalSink
 from ckptstore.io.locations import is_url
-from ckptstore.io.s3 import redact
+from ckptstore.io.urls import redact
 from ckptstore.read.loader import RankView, StrategyLike, check_rank, float_dtype, rank_view, resolve_target
 from ckptstore.formats.safetensors_writer import SafetensorsWriter
 from ckptstore.store.store import Store, StoreLike, store_argument

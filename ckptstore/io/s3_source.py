@@ -1,0 +1,299 @@
+"""Object storage (S3 and Huawei OBS) as a byte source, through obstore.
+
+``s3://bucket/prefix`` and ``obs://bucket/prefix`` are one protocol: OBS speaks S3, and
+ModelArts jobs name their checkpoints ``obs://...``. The client, its configuration and its
+retries are :mod:`ckptstore.io.s3_client`'s; failures become typed errors in
+:mod:`ckptstore.io.s3_errors`; writing is :mod:`ckptstore.io.s3_sink`'s.
+
+Reads are ranged GETs streamed straight into the callers' buffers: the requests of one call are
+sorted and neighbours whose gap costs at most :data:`MAX_GAP_FRACTION` of the bytes wanted are
+fetched by one GET (so bytes transferred stay within 2% of bytes wanted). Opening an object
+costs no request: its size is asked for (one HEAD) only when a caller needs it, so reading a
+store's chunks costs one GET per coalesced range. An opened object is pinned to the version
+(ETag) its first request saw and kept, pinned, until the source is closed: its later GETs send
+``If-Match``, so reads of one object never mix two versions (:class:`S3File`).
+
+obstore was chosen by measurement: 256 ranged GETs of 256 KiB through 8 threads cost 0.47 s of
+client CPU with obstore against 1.7-1.9 s with s3fs on this machine, and it is the client
+zarr-python's object store uses.
+"""
+from __future__ import annotations
+
+import errno
+import threading
+from typing import Any, Callable, Iterator, Sequence
+
+from ckptstore.errors import CkptStoreError, FileAccessError, MissingFileError, ShortReadError, StoreChangedError
+from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request, check_key, worth_merging
+from ckptstore.io.s3_client import REQUEST_STATS, client, request
+from ckptstore.io.s3_errors import client_error, is_no_such_bucket, is_range_error
+from ckptstore.io.schemes import Scheme
+from ckptstore.io.urls import SCHEMES, split_url
+
+#: Extra bytes one coalesced GET may fetch between wanted ranges, as a fraction of the bytes wanted.
+MAX_GAP_FRACTION = 0.02
+#: Bytes streamed per piece of a GET (what one request holds in memory besides its destination).
+STREAM_CHUNK = 256 << 10
+#: Threads that read one load from object storage by default: requests wait on the network, not
+#: on a core, so many are in flight at once.
+READ_CONCURRENCY = 16
+#: The longest ranged GET: longer runs are fetched as pieces of this size, several at once (one
+#: connection's throughput is what limits a big GET; a request costs little beside 64 MiB).
+GET_PIECE = 64 << 20
+
+
+def _coalesce(requests: Sequence[Request]) -> list[tuple[int, int, list[Request]]]:
+    """``(start, end, requests)`` per GET: sorted requests merged while the gaps stay cheap."""
+    ordered = sorted((r for r in requests if len(r[1])), key=lambda r: r[0])
+    out: list[tuple[int, int, list[Request]]] = []
+    wanted = 0
+    for off, buf in ordered:
+        end = off + len(buf)
+        if out:
+            start, stop, group = out[-1]
+            if worth_merging(stop - start, wanted, off - stop, len(buf), MAX_GAP_FRACTION):
+                group.append((off, buf))
+                out[-1] = (start, max(stop, end), group)
+                wanted += len(buf)
+                continue
+        out.append((off, end, [(off, buf)]))
+        wanted = len(buf)
+    return out
+
+
+class S3File(ReadableFile):
+    """One object; reads are ranged GETs. Its size costs a HEAD, asked for only when needed.
+
+    The object is pinned to the version its first request saw (the ETag of the HEAD or of the
+    first GET's answer): every later GET sends that ETag as ``If-Match``, so a replaced object
+    answers 412 instead of other bytes, and every answer's ETag is compared with the pin (which
+    also catches GETs sent at once before any answer had pinned it, and a server that ignores
+    ``If-Match``). A change is a :class:`~ckptstore.errors.StoreChangedError` naming the object,
+    as is a pinned object that disappeared: reads of one file never mix two versions.
+    """
+
+    read_ahead = 256 << 10
+
+    def __init__(self, source: "S3Source", key: str, size: int | None = None) -> None:
+        self.source, self.key = source, key
+        self._size = size
+        self._etag: str | None = None
+        self._changed: Callable[[], Exception] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return self.source.key_url(self.key)
+
+    @property
+    def etag(self) -> str | None:
+        """The ETag this object is pinned to (``None`` before its first request)."""
+        return self._etag
+
+    @property
+    def size(self) -> int:  # type: ignore[override]
+        if self._size is None:
+            st = self.source.stat(self.key)
+            if st is None:
+                raise MissingFileError(errno.ENOENT, f"{self.url} does not exist", self.url)
+            self._seen(st.version or None, st.size)
+        assert self._size is not None
+        return self._size
+
+    def pin(self, etag: str, size: int, changed: Callable[[], Exception] | None = None) -> None:
+        """Pin the object to a version known beforehand (an index's record of a rank file), before
+        any request: its first GET already sends ``If-Match``. ``changed`` makes the error raised
+        when the object is another version (default: :class:`~ckptstore.errors.StoreChangedError`)."""
+        with self._lock:
+            self._changed = changed
+        self._seen(etag, size)
+
+    def _seen(self, etag: str | None, size: int) -> None:
+        """Take the version an answer reports: the pin if there is none yet, else compared with it."""
+        with self._lock:
+            if self._etag is None:
+                if etag:  # a server that reports no ETag leaves the object unpinned
+                    self._etag, self._size = etag, size
+                elif self._size is None:
+                    self._size = size
+                return
+            if etag == self._etag and size == self._size:
+                return
+        raise self._replaced(f"ETag {etag}, {size} bytes, was {self._etag}, {self._size} bytes")
+
+    def _replaced(self, what: str) -> Exception:
+        if self._changed is not None:
+            return self._changed()
+        return StoreChangedError(f"{self.url} was replaced while it was read ({what}); open it again")
+
+    def read_requests(self, requests: Sequence[Request]) -> None:
+        for start, end, group in _coalesce(requests):
+            self._get(start, end, group)
+
+    def _get(self, start: int, end: int, group: list[Request]) -> None:
+        import obstore
+        import obstore.exceptions as oe
+
+        path = self.source.path(self.key)
+        pinned = self._etag
+        options: dict[str, Any] = {"range": (start, end)}
+        if pinned is not None:
+            options["if_match"] = pinned
+        try:
+            result = obstore.get(self.source.store, path, options=options)
+            meta = result.meta
+            self._seen(meta.get("e_tag"), int(meta["size"]))  # before any byte reaches a caller's buffer
+            pos = start
+            # each piece of the answer goes straight into the requests it overlaps
+            i = 0
+            for piece in result.stream(min_chunk_size=STREAM_CHUNK):
+                view = memoryview(piece)
+                n = len(view)
+                REQUEST_STATS.add(bytes_in=n)
+                while i < len(group) and group[i][0] + len(group[i][1]) <= pos:
+                    i += 1
+                j = i
+                while j < len(group) and group[j][0] < pos + n:
+                    off, buf = group[j]
+                    lo, hi = max(off, pos), min(off + len(buf), pos + n)
+                    if lo < hi:
+                        buf[lo - off:hi - off] = view[lo - pos:hi - pos]
+                    j += 1
+                pos += n
+        except CkptStoreError:
+            raise
+        except BaseException as e:
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            if isinstance(e, oe.PreconditionError):  # 412: the object is not the pinned version
+                raise self._replaced(f"its ETag is no longer {pinned}") from None
+            if pinned is not None and isinstance(e, (FileNotFoundError, oe.NotFoundError)):
+                raise self._replaced("it no longer exists") from None
+            if is_range_error(e):
+                raise ShortReadError(self.url, start, end - start, self.size) from None
+            raise client_error(e, self.url, "read") from None
+        finally:
+            REQUEST_STATS.add(gets=1)
+        if pos < end:
+            raise ShortReadError(self.url, start, end - start, pos)
+
+    def close(self) -> None:
+        pass
+
+
+
+class S3Source(ByteSource):
+    """A bucket prefix as a byte source (read and write); see the module docstring."""
+
+    default_workers = READ_CONCURRENCY
+    coalesces = True
+    unit_bytes = GET_PIECE
+    gap_fraction = MAX_GAP_FRACTION
+    pins_read_files = True
+
+    def __init__(self, url: str) -> None:
+        self.scheme, self.bucket, self.prefix = split_url(url)
+        self._url = f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        self._store: Any = None
+        self._lock = threading.Lock()
+        self._files: dict[str, S3File] = {}  # kept (with their pins) until close()
+
+    @property
+    def store(self) -> Any:
+        """The obstore client of this bucket (shared with other sources of the same bucket and
+        environment, so rank files opened one by one share its connections)."""
+        with self._lock:
+            if self._store is None:
+                self._store = client(self.bucket, self._url)
+            return self._store
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def path(self, key: str) -> str:
+        """The object path of ``key`` inside the bucket."""
+        check_key(key, self._url)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def open(self, key: str) -> S3File:
+        """The object ``key`` (no request): the same :class:`S3File`, pinned to the version its
+        first request saw, for every open of ``key`` until :meth:`close`."""
+        f = self._files.get(key)
+        if f is None:
+            check_key(key, self._url)
+            with self._lock:
+                f = self._files.setdefault(key, S3File(self, key))
+        return f
+
+    def close(self) -> None:
+        """Forget the opened objects and their pins: the next open of a key reads it as it is then."""
+        with self._lock:
+            self._files = {}
+
+    def stat(self, key: str) -> FileStat | None:
+        import obstore
+
+        with request(self.key_url(key), "look up", heads=1):
+            try:
+                meta = obstore.head(self.store, self.path(key))
+            except FileNotFoundError:
+                return None
+        return _stat(meta)
+
+    def read_bytes(self, key: str, *, limit: int) -> bytes | None:
+        got = self.read_bytes_stat(key, limit=limit)
+        return None if got is None else got[0]
+
+    def read_bytes_stat(self, key: str, *, limit: int) -> tuple[bytes, FileStat | None] | None:
+        """The whole object ``key`` (one GET) and the :class:`FileStat` its answer reports, the
+        ETag of exactly these bytes; ``None`` when it does not exist."""
+        import obstore
+
+        with request(self.key_url(key), "read", gets=1):
+            try:
+                result = obstore.get(self.store, self.path(key))
+            except FileNotFoundError as e:
+                if is_no_such_bucket(e):  # not a missing file: the request's error names the bucket
+                    raise
+                return None
+            size = result.meta["size"]
+            if size > limit:
+                raise FileAccessError(errno.EFBIG, f"{self.key_url(key)} is {size} bytes, more than the {limit} a "
+                                      "metadata file may have")
+            data = bytes(result.bytes())
+        REQUEST_STATS.add(bytes_in=len(data))
+        return data, _stat(result.meta)
+
+    def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
+        import obstore
+
+        base = self.path(prefix) if prefix else self.prefix
+        with request(self.key_url(prefix) if prefix else self._url, "list", lists=1):
+            listing = obstore.list_with_delimiter(self.store, base or None)
+        cut = len(base) + 1 if base else 0
+        folders = sorted(p[cut:].strip("/") for p in listing["common_prefixes"])
+        files = sorted(o["path"][cut:] for o in listing["objects"])
+        return folders, files
+
+    def walk(self, prefix: str = "") -> Iterator[tuple[str, FileStat]]:
+        """Every object below ``prefix`` (recursively): ``(key, stat)``."""
+        import obstore
+
+        base = self.path(prefix) if prefix else self.prefix
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        with request(self.key_url(prefix) if prefix else self._url, "list"):
+            for batch in obstore.list(self.store, (base + "/") if base else None, chunk_size=1000):
+                REQUEST_STATS.add(lists=1)  # one request per page of the listing
+                for meta in batch:
+                    yield meta["path"][cut:], _stat(meta)
+
+
+def _stat(meta: Any) -> FileStat:
+    modified = meta.get("last_modified")
+    mtime_ns = int(modified.timestamp() * 1e9) if modified is not None else 0
+    return FileStat(int(meta["size"]), mtime_ns, str(meta.get("e_tag") or meta.get("version") or ""))
+
+
+#: ``s3://`` and ``obs://`` URLs are read from object storage.
+BYTE_SOURCE = Scheme(SCHEMES, S3Source, "s3://bucket/prefix (obs://bucket/prefix for Huawei OBS)")
