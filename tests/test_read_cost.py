@@ -97,10 +97,12 @@ def test_the_requests_sent_are_the_plans_and_read_only_inside_its_chunks(tmp_pat
     assert len(source.seen) == stats.requests == plan.requests
     assert sum(end - start for _, start, end in source.seen) == stats.bytes_fetched == plan.fetched
     assert stats.bytes_read == plan.nbytes <= plan.fetched
-    inside = _extents(store, plan)
+    inside: dict[str, set[int]] = {}
+    for key, a, b in _extents(store, plan):
+        inside.setdefault(key, set()).update(range(a, b))
     for key, start, end in source.seen:
         assert end - start <= 2 * cost.max_request_bytes
-        assert any(k == key and a <= start and end <= b for k, a, b in inside), (key, start, end)
+        assert set(range(start, end)) <= inside[key], (key, start, end)
 
 
 @settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -159,3 +161,47 @@ def test_the_environment_sets_what_a_request_and_a_byte_cost():
 def test_a_bad_cost_in_the_environment_names_the_variable(value):
     with pytest.raises(InvalidOptionError, match=f"CKPTSTORE_BANDWIDTH_MBPS='{value}' is not a positive number"):
         LOCAL_COST.from_environment({"CKPTSTORE_BANDWIDTH_MBPS": value})
+
+
+def _on_s3(store: Store, folder, bucket) -> Store:
+    from ckptstore.io.s3_source import S3Source
+    from ckptstore.testing.s3_server import upload
+
+    url = bucket.url(f"s{next(_PREFIXES)}")
+    upload(folder, url)
+    return Store(S3Source(url), store.manifest)
+
+
+_PREFIXES = iter(range(1 << 30))
+
+
+@pytest.mark.slow
+@settings(max_examples=examples(25), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case(), st.sampled_from(["auto", "exact", "whole"]))
+def test_an_object_store_is_sent_exactly_the_planned_gets(tmp_path_factory, watched_bucket, c, strategy):
+    shape, chunk, dtype, box, layout, seed = c
+    values = _values(shape, dtype, seed)
+    folder = tmp_path_factory.mktemp("s")
+    store = _on_s3(write_store(folder, values, chunk, layout, seed), folder, watched_bucket)
+    cost = replace(store.data.read_cost(), max_request_bytes=64)  # small pieces: several GETs per chunk
+    plan = plan_param(store.info("w"), box, cost=cost, strategy=strategy)
+    watched_bucket.proxy.reset()
+    out, stats = np.empty(box.shape, dtype=dtype), IOStats()
+    Executor(store.data, workers=4, pool_min_bytes=0, stats=stats).run([(plan, out)])
+    assert np.array_equal(out, values[box.slices()])
+    gets = watched_bucket.proxy.requests("GET")
+    assert len(watched_bucket.proxy.requests()) == len(gets) == stats.requests == plan.requests
+    assert sum(g.nbytes for g in gets) == plan.fetched
+
+
+@pytest.mark.slow
+def test_a_weight_loaded_by_columns_from_an_object_store_takes_two_gets(tmp_path, watched_bucket):
+    folder = tmp_path / "s"
+    folder.mkdir()
+    store, values = _transposed(folder)
+    store = _on_s3(store, folder, watched_bucket)
+    watched_bucket.proxy.reset()
+    got = store.read("w", (slice(None), slice(0, 512)), workers=4)
+    assert np.array_equal(got, values[:, :512])
+    assert len(watched_bucket.proxy.requests("GET")) == 2 == len(watched_bucket.proxy.requests())

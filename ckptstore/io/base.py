@@ -83,6 +83,23 @@ class ReadCost:
         worth = int(self.request_seconds / self.in_flight * self.bytes_per_second)
         return worth if self.max_gap_bytes is None else min(worth, self.max_gap_bytes)
 
+    def spans(self, requests: Sequence["Request"]) -> list[list["Request"]]:
+        """Ad-hoc ``requests`` (not planned by the read planner), sorted by offset and grouped into
+        the spans one request each should read: neighbours share a request while the gap is at
+        most :attr:`gap_bytes` and the span at most :attr:`max_request_bytes`."""
+        ordered = sorted((r for r in requests if len(r[1])), key=lambda r: r[0])
+        out: list[list[Request]] = []
+        gap_ok, start, end = self.gap_bytes, 0, 0
+        for offset, buf in ordered:
+            stop = offset + len(buf)
+            if out and 0 <= offset - end <= gap_ok and stop - start <= self.max_request_bytes:
+                out[-1].append((offset, buf))
+            else:
+                out.append([(offset, buf)])
+                start = offset
+            end = max(end, stop) if len(out[-1]) > 1 else stop
+        return out
+
     def from_environment(self, environ: Mapping[str, str] | None = None) -> "ReadCost":
         """This cost with the ``CKPTSTORE_*`` overrides of ``environ`` (``os.environ`` when
         ``None``) applied; a malformed or non-positive value is an
@@ -114,13 +131,6 @@ _COST_ENV = (("CKPTSTORE_REQUEST_LATENCY_MS", "request_seconds", 1e-3, float),
 #: benchmarks/results/load.md); 8 MiB per request so that threads share long runs.
 LOCAL_COST = ReadCost(request_seconds=5e-6, bytes_per_second=8e9, in_flight=min(4, os.cpu_count() or 1),
                       max_request_bytes=8 << 20, max_buffers=1024, max_gap_bytes=1 << 20)
-
-
-def worth_merging(span: int, wanted: int, gap: int, length: int, fraction: float) -> bool:
-    """Whether one request should also cover the next range: a span of ``span`` bytes holding
-    ``wanted`` wanted ones, then ``gap`` bytes to skip and ``length`` more wanted. Yes while the
-    bytes fetched but not wanted stay within ``fraction`` of the bytes wanted."""
-    return (span - wanted) + max(0, gap) <= fraction * (wanted + length)
 
 
 def check_key(key: object, where: str = "") -> str:

@@ -5,11 +5,12 @@ ModelArts jobs name their checkpoints ``obs://...``. The client, its configurati
 retries are :mod:`ckptstore.io.s3_client`'s; failures become typed errors in
 :mod:`ckptstore.io.s3_errors`; writing is :mod:`ckptstore.io.s3_sink`'s.
 
-Reads are ranged GETs streamed straight into the callers' buffers: the requests of one call are
-sorted and neighbours whose gap costs at most :data:`MAX_GAP_FRACTION` of the bytes wanted are
-fetched by one GET (so bytes transferred stay within 2% of bytes wanted). Opening an object
-costs no request: its size is asked for (one HEAD) only when a caller needs it, so reading a
-store's chunks costs one GET per coalesced range. An opened object is pinned to the version
+Reads are ranged GETs streamed straight into the callers' buffers: a planned request
+(:meth:`S3File.read_span`) is one GET from its first byte to its last, the gaps between its
+buffers dropped from the stream; what a GET and a byte cost is :data:`S3_COST`, with which the
+read planner decides how ranges share GETs (ad-hoc reads, :meth:`S3File.read_requests`, use the
+same price). Opening an object costs no request: its size is asked for (one HEAD) only when a
+caller needs it, so reading a store's chunks costs the planned GETs. An opened object is pinned to the version
 (ETag) its first request saw and kept, pinned, until the source is closed: its later GETs send
 ``If-Match``, so reads of one object never mix two versions (:class:`S3File`).
 
@@ -24,41 +25,29 @@ import threading
 from typing import Any, Callable, Iterator, Sequence
 
 from ckptstore.errors import CkptStoreError, FileAccessError, MissingFileError, ShortReadError, StoreChangedError
-from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request, check_key, worth_merging
+from ckptstore.io.base import ByteSource, FileStat, ReadableFile, ReadCost, Request, check_key
 from ckptstore.io.s3_client import REQUEST_STATS, client, request
 from ckptstore.io.s3_errors import client_error, is_no_such_bucket, is_range_error
 from ckptstore.io.schemes import Scheme
 from ckptstore.io.urls import SCHEMES, split_url
 
-#: Extra bytes one coalesced GET may fetch between wanted ranges, as a fraction of the bytes wanted.
-MAX_GAP_FRACTION = 0.02
 #: Bytes streamed per piece of a GET (what one request holds in memory besides its destination).
 STREAM_CHUNK = 256 << 10
-#: Threads that read one load from object storage by default: requests wait on the network, not
-#: on a core, so many are in flight at once.
-READ_CONCURRENCY = 16
+#: Memory the answers in flight may hold at once (each streams pieces of STREAM_CHUNK, about two
+#: buffered per answer): it, not the cores, bounds the requests in flight, since they wait on the
+#: network.
+READ_MEMORY = 16 << 20
+#: Requests one load keeps in flight on object storage by default (:data:`READ_MEMORY`'s worth).
+READ_CONCURRENCY = READ_MEMORY // (2 * STREAM_CHUNK)
 #: The longest ranged GET: longer runs are fetched as pieces of this size, several at once (one
 #: connection's throughput is what limits a big GET; a request costs little beside 64 MiB).
 GET_PIECE = 64 << 20
-
-
-def _coalesce(requests: Sequence[Request]) -> list[tuple[int, int, list[Request]]]:
-    """``(start, end, requests)`` per GET: sorted requests merged while the gaps stay cheap."""
-    ordered = sorted((r for r in requests if len(r[1])), key=lambda r: r[0])
-    out: list[tuple[int, int, list[Request]]] = []
-    wanted = 0
-    for off, buf in ordered:
-        end = off + len(buf)
-        if out:
-            start, stop, group = out[-1]
-            if worth_merging(stop - start, wanted, off - stop, len(buf), MAX_GAP_FRACTION):
-                group.append((off, buf))
-                out[-1] = (start, max(stop, end), group)
-                wanted += len(buf)
-                continue
-        out.append((off, end, [(off, buf)]))
-        wanted = len(buf)
-    return out
+#: What a GET and a byte cost on an object store (OBS answers a request in 10-50 ms whatever its
+#: size): 20 ms per request, 200 MB/s, :data:`READ_CONCURRENCY` in flight; a gap inside a GET is
+#: dropped from the stream, so it needs no scratch. ``CKPTSTORE_REQUEST_LATENCY_MS``,
+#: ``CKPTSTORE_BANDWIDTH_MBPS`` and ``CKPTSTORE_REQUESTS_IN_FLIGHT`` override it.
+S3_COST = ReadCost(request_seconds=0.02, bytes_per_second=200e6, in_flight=READ_CONCURRENCY,
+                   max_request_bytes=GET_PIECE)
 
 
 class S3File(ReadableFile):
@@ -127,8 +116,17 @@ class S3File(ReadableFile):
         return StoreChangedError(f"{self.url} was replaced while it was read ({what}); open it again")
 
     def read_requests(self, requests: Sequence[Request]) -> None:
-        for start, end, group in _coalesce(requests):
-            self._get(start, end, group)
+        """Ad-hoc reads (a header scan, a converter's ranges): sorted, and neighbours one GET
+        where the source's cost says the gap is cheaper than a request (:meth:`ReadCost.spans`)."""
+        for span in self.source.read_cost().spans(requests):
+            self.read_span(span)
+
+    def read_span(self, requests: Sequence[Request]) -> None:
+        """One GET from the first request's offset to the last one's end, each piece of the
+        answer copied into the buffers it overlaps and the gaps dropped."""
+        requests = [r for r in requests if len(r[1])]
+        if requests:
+            self._get(requests[0][0], requests[-1][0] + len(requests[-1][1]), requests)
 
     def _get(self, start: int, end: int, group: list[Request]) -> None:
         import obstore
@@ -185,10 +183,7 @@ class S3File(ReadableFile):
 class S3Source(ByteSource):
     """A bucket prefix as a byte source (read and write); see the module docstring."""
 
-    default_workers = READ_CONCURRENCY
-    coalesces = True
-    unit_bytes = GET_PIECE
-    gap_fraction = MAX_GAP_FRACTION
+    cost = S3_COST
     pins_read_files = True
 
     def __init__(self, url: str) -> None:

@@ -12,7 +12,7 @@ import os
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -407,8 +407,14 @@ class _PinThenCheck(ReadableFile):
         return self.inner.size
 
     def read_requests(self, requests: Sequence[Request]) -> None:
+        self._checked(self.inner.read_requests, requests)
+
+    def read_span(self, requests: Sequence[Request]) -> None:
+        self._checked(self.inner.read_span, requests)
+
+    def _checked(self, read: Callable[[Sequence[Request]], None], requests: Sequence[Request]) -> None:
         try:
-            self.inner.read_requests(requests)
+            read(requests)
         except (StoreChangedError, MissingFileError, ShortReadError):
             self.guard.confirm()  # the store's replacement, if it began, explains the failure
             raise
