@@ -205,3 +205,36 @@ def test_a_weight_loaded_by_columns_from_an_object_store_takes_two_gets(tmp_path
     got = store.read("w", (slice(None), slice(0, 512)), workers=4)
     assert np.array_equal(got, values[:, :512])
     assert len(watched_bucket.proxy.requests("GET")) == 2 == len(watched_bucket.proxy.requests())
+
+
+@st.composite
+def _ranges(draw):
+    n = draw(st.integers(1, 12))
+    files = [draw(st.integers(0, 1)) for _ in range(n)]
+    offsets = [draw(st.integers(0, 60)) for _ in range(n)]
+    lengths = [draw(st.integers(1, 8)) for _ in range(n)]
+    extents = draw(st.one_of(st.none(), st.lists(st.tuples(st.integers(0, 1), st.integers(0, 40), st.integers(1, 40)),
+                                                  min_size=1, max_size=4)))
+    within = None if extents is None else [(f, a, a + m) for f, a, m in extents]
+    return [np.array(c, dtype=np.int64) for c in (files, offsets, lengths, list(range(n)))], within
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(_ranges(), costs, st.sampled_from(["auto", "exact", "merged", "whole"]))
+def test_few_ranges_are_planned_with_plain_ints_as_with_numpy(monkeypatch_module, r, cost, strategy):
+    from ckptstore.store import read_plan
+
+    cols, within = r
+    few = read_plan.plan_requests(cols, cost, strategy, within)
+    monkeypatch_module.setattr(read_plan, "FEW_RANGES", 0)
+    try:
+        many = read_plan.plan_requests(cols, cost, strategy, within)
+    finally:
+        monkeypatch_module.undo()
+    assert [c.tolist() for c in few] == [c.tolist() for c in many]
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp

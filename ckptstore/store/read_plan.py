@@ -35,6 +35,10 @@ from ckptstore.io.base import LOCAL_COST, ReadCost
 from ckptstore.store.manifest import ParamManifest, Piece
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+#: Up to this many ranges, :func:`plan_requests` works with plain ints.
+FEW_RANGES = 32
+_ONE = np.array([0, 1], dtype=np.int64)
+_ONE.flags.writeable = False
 #: How a file's ranges become requests (:func:`plan_requests`); ``"auto"`` picks per file.
 STRATEGIES = ("exact", "merged", "whole")
 
@@ -441,6 +445,10 @@ def plan_requests(cols: Sequence[np.ndarray], cost: ReadCost, strategy: str = "a
     ``"whole"`` only where a limit says so. ``"auto"`` takes, per file, the strategy of least
     :meth:`ReadCost.seconds` (a tie goes to the one fetching fewer bytes: exact, merged, whole).
     """
+    if len(cols[0]) == 1 and int(cols[2][0]) <= cost.max_request_bytes:  # most parameters: one range
+        return (*cols, _ONE)
+    if len(cols[0]) <= FEW_RANGES and int(cols[2].max(initial=0)) <= cost.max_request_bytes:
+        return _plan_few(cols, cost, strategy, within)
     files, offsets, lengths, dests = _split_long(*cols, cost.max_request_bytes)
     n = len(files)
     if n == 0:
@@ -484,15 +492,70 @@ def plan_requests(cols: Sequence[np.ndarray], cost: ReadCost, strategy: str = "a
     return files, offsets, lengths, dests, cuts
 
 
-def _regions(files: np.ndarray, offsets: np.ndarray, within: Iterable[tuple[int, int, int]]) -> np.ndarray:
-    """For each range, the index of the merged extent of ``within`` holding its start (ranges
-    of one index may share a request: the bytes between them belong to the extents)."""
+def _plan_few(cols: Sequence[np.ndarray], cost: ReadCost, strategy: str,
+              within: Iterable[tuple[int, int, int]] | None) -> tuple[np.ndarray, ...]:
+    """:func:`plan_requests` for a few ranges none longer than a request, with plain ints (numpy's
+    cost per call would be most of the work): the same rules, the same result."""
+    order = sorted(range(len(cols[0])), key=lambda i: (int(cols[0][i]), int(cols[1][i])))
+    files, offsets, lengths, dests = ([int(c[i]) for i in order] for c in cols)
+    extents = None if within is None else _merged(within)
+    size, gap_ok, max_gap, most = cost.max_request_bytes, cost.gap_bytes, cost.max_gap_bytes, cost.max_buffers
+    used = [1]  # buffers, gaps included, up to each range (as the numpy rule counts them)
+    region = []
+    for i in range(len(files)):
+        if i:
+            used.append(used[-1] + 1 + (offsets[i] > offsets[i - 1] + lengths[i - 1]))
+        if extents is not None:  # the file's last extent starting at or before the range (else its first)
+            mine = [j for j, (f, _, _) in enumerate(extents) if f == files[i]]
+            before = [j for j in mine if extents[j][1] <= offsets[i]]
+            region.append(before[-1] if before else mine[0] if mine else -1)
+    starts: dict[str, list[bool]] = {s: [] for s in STRATEGIES}
+    for i in range(1, len(files)):
+        gap = offsets[i] - offsets[i - 1] - lengths[i - 1]
+        hard = (files[i] != files[i - 1] or gap < 0 or offsets[i] // size != offsets[i - 1] // size
+                or (max_gap is not None and gap > max_gap) or (extents is None and gap > 0)
+                or (extents is not None and region[i] != region[i - 1])
+                or (most is not None and (used[i] - 1) // max(2, most) != (used[i - 1] - 1) // max(2, most)))
+        starts["exact"].append(hard or gap != 0)
+        starts["merged"].append(hard or gap > gap_ok)
+        starts["whole"].append(hard)
+    if strategy == "auto":
+        best: dict[int, tuple[float, str]] = {}
+        for name in STRATEGIES:
+            per_file: dict[int, list[int]] = {}
+            first = 0
+            for i in range(1, len(files) + 1):
+                if i == len(files) or starts[name][i - 1]:
+                    t = per_file.setdefault(files[first], [0, 0])
+                    t[0] += 1
+                    t[1] += offsets[i - 1] + lengths[i - 1] - offsets[first]
+                    first = i
+            for f, (count, fetched) in per_file.items():
+                seconds = count * cost.request_seconds / cost.in_flight + fetched / cost.bytes_per_second
+                if f not in best or seconds < best[f][0]:
+                    best[f] = (seconds, name)
+        breaks = [starts[best[files[i]][1]][i - 1] for i in range(1, len(files))]
+    else:
+        breaks = starts[strategy]
+    cuts = [0, *(i + 1 for i, b in enumerate(breaks) if b), len(files)]
+    return (*(np.array(c, dtype=np.int64) for c in (files, offsets, lengths, dests)), np.array(cuts, dtype=np.int64))
+
+
+def _merged(within: Iterable[tuple[int, int, int]]) -> list[list[int]]:
+    """``within``'s extents sorted, those touching or overlapping in one file joined."""
     merged: list[list[int]] = []
     for f, a, b in sorted(within):
         if merged and merged[-1][0] == f and a <= merged[-1][2]:
             merged[-1][2] = max(merged[-1][2], b)
         else:
             merged.append([f, a, b])
+    return merged
+
+
+def _regions(files: np.ndarray, offsets: np.ndarray, within: Iterable[tuple[int, int, int]]) -> np.ndarray:
+    """For each range, the index of the merged extent of ``within`` holding its start (ranges
+    of one index may share a request: the bytes between them belong to the extents)."""
+    merged = _merged(within)
     if len(merged) == 1:
         return np.zeros(len(files), dtype=np.int64)
     out = np.full(len(files), -1, dtype=np.int64)
