@@ -119,10 +119,7 @@ def test_loading_a_rank_reads_only_its_ranges_in_few_requests(watched_bucket, lo
     assert wanted == sum(v.nbytes for v in t.oracle(1).values())
     assert sum(s.nbytes for s in gets) <= 1.02 * wanted
     assert len(gets) <= _runs(params.plan.ranges())
-    # the check that the store was not replaced: a HEAD of its manifest, at most one per data object
-    # first read (one look serves every object pinned before it began)
-    assert {(s.method, s.path.rsplit("/", 1)[-1]) for s in heads} == {("HEAD", ROOT_METADATA)}
-    assert 1 <= len(heads) <= len(params.plan.files)
+    assert heads == []  # every object is pinned to the version the manifest recorded: no HEAD
     print(f"load of rank 1: {len(metadata)} GET to open, {len(gets)} ranged GETs, {len(heads)} HEADs, "
           f"{len(params.plan.files)} data objects")
 
@@ -167,7 +164,7 @@ def test_convert_to_s3_writes_the_same_store_as_to_a_folder(bucket, load_env, tm
     r = run_cli("convert", layout.root, *strategy_args(layout), "--out", bucket.url("model.zarr"), "-q",
                 env=bucket.env)
     assert r.returncode == 0, r.stderr
-    assert S.objects(bucket.url("model.zarr")) == store_files(tmp_path / "local")
+    assert S.comparable(S.objects(bucket.url("model.zarr"))) == S.comparable(store_files(tmp_path / "local"))
 
 
 @pytest.mark.slow
@@ -195,7 +192,7 @@ def test_an_interrupted_conversion_to_s3_is_refused_then_resumed(bucket, load_en
     r = run_cli("convert", layout.root, *strategy_args(layout), "--out", url, "-q", env=bucket.env)
     assert r.returncode == 0, r.stderr
     ckptstore.convert(layout.root, tmp_path / "local", strategy=layout.strategy_files)
-    assert S.objects(url) == store_files(tmp_path / "local")
+    assert S.comparable(S.objects(url)) == S.comparable(store_files(tmp_path / "local"))
 
 
 def test_a_big_parameter_is_uploaded_in_parts(watched_bucket, tmp_path, monkeypatch):
@@ -235,7 +232,7 @@ def test_a_safetensors_store_in_a_bucket_is_the_one_written_to_a_folder(bucket, 
     layout = load_env.saved_layout("mixed_dtypes")
     ckptstore.convert(layout.root, tmp_path / "local", strategy=layout.strategy_files, format="safetensors")
     ckptstore.convert(layout.root, bucket.url("st"), strategy=layout.strategy_files, format="safetensors")
-    assert S.objects(bucket.url("st")) == store_files(tmp_path / "local")
+    assert S.comparable(S.objects(bucket.url("st"))) == S.comparable(store_files(tmp_path / "local"))
 
 
 def test_a_prefix_holding_other_objects_is_not_written_into(bucket, load_env):
@@ -268,7 +265,7 @@ def test_bucket_to_bucket_convert_writes_the_store_a_local_conversion_writes(buc
                 env=bucket.env)
     assert r.returncode == 0, r.stderr
     ckptstore.convert(src, tmp_path / "local", strategy=_strategy_urls(layout, src), format=fmt)
-    assert S.objects(bucket.url("model")) == store_files(tmp_path / "local")
+    assert S.comparable(S.objects(bucket.url("model"))) == S.comparable(store_files(tmp_path / "local"))
 
 
 @pytest.mark.slow
@@ -386,4 +383,4 @@ def test_an_outage_while_writing_is_an_outage_and_the_rerun_resumes(watched_buck
     watched_bucket.proxy.reset()
     ckptstore.convert(layout.root, url, strategy=layout.strategy_files)
     ckptstore.convert(layout.root, tmp_path / "local", strategy=layout.strategy_files)
-    assert S.objects(url) == store_files(tmp_path / "local")
+    assert S.comparable(S.objects(url)) == S.comparable(store_files(tmp_path / "local"))

@@ -104,6 +104,11 @@ class S3Sink(ByteSink):
     def keys(self, prefix: str = "") -> list[str]:
         return sorted(k for k, _ in self.source.walk(prefix))
 
+    def versions(self) -> dict[str, tuple[str, int]]:
+        """``{key: (ETag, size)}`` of every object under the prefix: one LIST (a page per 1,000
+        objects). Objects whose listing carries no ETag are left out."""
+        return {k: (st.version, st.size) for k, st in self.source.walk() if st.version}
+
     def delete(self, keys: Sequence[str]) -> None:
         """Delete objects (missing ones are fine)."""
         import obstore
