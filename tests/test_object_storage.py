@@ -384,3 +384,24 @@ def test_an_outage_while_writing_is_an_outage_and_the_rerun_resumes(watched_buck
     ckptstore.convert(layout.root, url, strategy=layout.strategy_files)
     ckptstore.convert(layout.root, tmp_path / "local", strategy=layout.strategy_files)
     assert S.comparable(S.objects(url)) == S.comparable(store_files(tmp_path / "local"))
+
+
+def test_a_save_into_a_bucket_uploads_its_files_several_at_once(watched_bucket, monkeypatch):
+    values = {f"layer{i}.w": np.full((64, 64), i, np.float32) for i in range(12)}
+    monkeypatch.setattr(watched_bucket.proxy, "delay", 0.05)  # each request waits: uploads one by one would show
+    ckptstore.save_rank(values, watched_bucket.url("root"), step=1)
+    assert watched_bucket.proxy.peak["PUT"] >= 4
+    with ckptstore.open(watched_bucket.url("root")) as store:
+        for name, value in values.items():
+            assert store.read(name).tobytes() == value.tobytes()
+
+
+def test_a_data_upload_that_fails_fails_the_save_before_its_record(watched_bucket):
+    from ckptstore.errors import AccessDeniedError
+
+    values = {f"layer{i}.w": np.full((8, 8), i, np.float32) for i in range(4)}
+    watched_bucket.proxy.fail_next(1, method="PUT", status=403, path="/layer2.w/")  # one data file's upload
+    with pytest.raises(AccessDeniedError, match="access to s3://.*/root/step_1/layer2.w/.* was denied"):
+        ckptstore.save_rank(values, watched_bucket.url("root"), step=1)
+    written = S.objects(watched_bucket.url("root"))
+    assert not any(k.startswith("step_1/.ckptstore-work/saved") or k == "step_1/zarr.json" for k in written), written

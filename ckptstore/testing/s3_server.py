@@ -233,8 +233,13 @@ class CountingProxy:
         #: listings): a server that does not send them with what it serves (obstore refuses a
         #: PUT answered without an ETag, so writes keep theirs).
         self.strip = {h.lower() for h in strip}
+        #: Seconds each request is held before it is forwarded (a slow server's latency).
+        self.delay = 0.0
+        #: The most requests of each method that were in the proxy at once.
+        self.peak: dict[str, int] = {}
+        self._inside: dict[str, int] = {}
         self.seen: list[Seen] = []
-        self._faults: list[tuple[str, int]] = []  # (method, status) to answer instead of forwarding
+        self._faults: list[tuple[str, int, str]] = []  # (method, status, path part) to answer instead of forwarding
         self._lock = threading.Lock()
         proxy = self
 
@@ -245,9 +250,21 @@ class CountingProxy:
                 pass
 
             def _handle(self) -> None:
+                with proxy._lock:
+                    inside = proxy._inside[self.command] = proxy._inside.get(self.command, 0) + 1
+                    proxy.peak[self.command] = max(proxy.peak.get(self.command, 0), inside)
+                try:
+                    self._forward()
+                finally:
+                    with proxy._lock:
+                        proxy._inside[self.command] -= 1
+
+            def _forward(self) -> None:
+                if proxy.delay:
+                    time.sleep(proxy.delay)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                fault = proxy._take_fault(self.command)
+                fault = proxy._take_fault(self.command, self.path)
                 if fault is not None:
                     payload = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
                     # recorded before answering: the client may act on the answer at once
@@ -296,23 +313,25 @@ class CountingProxy:
         with self._lock:
             self.seen.append(seen)
 
-    def _take_fault(self, method: str) -> int | None:
+    def _take_fault(self, method: str, path: str) -> int | None:
         with self._lock:
-            for i, (m, status) in enumerate(self._faults):
-                if m == method:
+            for i, (m, status, part) in enumerate(self._faults):
+                if m == method and part in path:
                     del self._faults[i]
                     return status
         return None
 
-    def fail_next(self, count: int, *, method: str = "GET", status: int = 503) -> None:
-        """Answer the next ``count`` ``method`` requests with ``status`` instead of forwarding them."""
+    def fail_next(self, count: int, *, method: str = "GET", status: int = 503, path: str = "") -> None:
+        """Answer the next ``count`` ``method`` requests (whose path holds ``path``) with
+        ``status`` instead of forwarding them."""
         with self._lock:
-            self._faults += [(method, status)] * count
+            self._faults += [(method, status, path)] * count
 
     def reset(self) -> None:
         with self._lock:
             self.seen.clear()
             self._faults.clear()
+            self.peak.clear()
 
     def requests(self, method: str | None = None) -> list[Seen]:
         with self._lock:
