@@ -205,6 +205,65 @@ def test_a_redirect_to_another_host_is_refused_before_a_session_token_is_sent(mo
             s.server_close()
 
 
+def test_an_endpoint_redirecting_only_signed_requests_is_refused_before_a_session_token_is_sent(monkeypatch,
+                                                                                                  quick_retries):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[tuple[str, str, dict[str, str]]] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(("elsewhere", self.path, dict(self.headers)))
+            self.send_response(200)  # an empty "zarr.json": what a damaged store would look like
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+    elsewhere = ThreadingHTTPServer(("127.0.0.2", 0), Elsewhere)
+
+    class SignedOnly(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(("endpoint", self.path, dict(self.headers)))
+            signed = "Authorization" in self.headers or "X-Amz-Signature=" in self.path
+            self.send_response(307 if signed else 404)
+            if signed:
+                self.send_header("Location", f"http://127.0.0.2:{elsewhere.server_address[1]}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+    endpoint = ThreadingHTTPServer(("127.0.0.1", 0), SignedOnly)
+    servers = [elsewhere, endpoint]
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        for k, v in S.env_for(f"http://127.0.0.1:{endpoint.server_address[1]}").items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("AWS_SESSION_TOKEN", "SESSION-TOKEN-Zq81")
+        with pytest.raises(ObjectStoreConfigError, match=r"redirects signed requests for bucket some-bucket to "
+                                                         r"another host \(http://127.0.0.2:\d+, HTTP 307\)"):
+            ckptstore.open("s3://some-bucket/model.zarr")
+        assert [w for w, _, _ in seen] == ["endpoint", "endpoint"]  # the two probes; nothing went elsewhere
+        assert not any("SESSION-TOKEN-Zq81" in str(h) for w, _, h in seen if w == "elsewhere")
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()
+
+
 @pytest.mark.slow
 def test_the_seaweedfs_server_takes_writes_into_many_buckets(monkeypatch):
     """Each bucket is a collection that grows volumes of its own: with weed's default volume count

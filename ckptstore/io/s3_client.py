@@ -129,15 +129,16 @@ def client(bucket: str, url: str) -> Any:
             from obstore.store import S3Store
 
             check_environment()
-            if s3_redirects.may_send_token():
-                s3_redirects.check_redirects(bucket)
             try:
                 # client options (time-outs, AWS_ALLOW_HTTP, proxies) stay the environment's
-                found = _CLIENTS[key] = S3Store(bucket, retry_config=RETRY)
+                built = S3Store(bucket, retry_config=RETRY)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as e:  # configuration errors: a bad region, a value the client panics on
                 raise ObjectStoreConfigError(f"cannot set up the object store client for {url} ({type(e).__name__}); "
                                              "check the AWS_* environment variables") from None
+            if s3_redirects.may_send_token():
+                s3_redirects.check_redirects(bucket, built)  # before its first request
+            found = _CLIENTS[key] = built
         return found
 

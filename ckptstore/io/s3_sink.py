@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ckptstore.errors import CkptStoreError
 from ckptstore.io.s3_client import REQUEST_STATS, request
@@ -29,6 +30,11 @@ from ckptstore.io.urls import SCHEMES
 
 #: Parts of a multipart upload (S3 needs at least 5 MiB per part but the last).
 UPLOAD_PART = 16 << 20
+#: Uploads in flight at once per sink: a request waits on the network, not on a core, and one
+#: connection's throughput is what limits one upload.
+UPLOAD_CONCURRENCY = 8
+#: Bytes of uploads in flight per sink (each holds its own copy: the caller may reuse its buffer).
+UPLOAD_BUDGET = 64 << 20
 
 
 class S3Sink(ByteSink):
@@ -40,18 +46,57 @@ class S3Sink(ByteSink):
 
     def __init__(self, url: str) -> None:
         self.source = S3Source(url)
+        self._uploads = _Uploads(UPLOAD_CONCURRENCY, UPLOAD_BUDGET)
 
     def put(self, key: str, data: bytes | memoryview, *, durable: bool = True) -> None:
-        """Write the object ``key`` whole (one PUT); an object is durable once it appears."""
+        """Write the object ``key`` whole (one PUT, or a multipart upload of parts sent at once
+        when it is larger than :data:`UPLOAD_PART`); an object is durable once it appears.
+
+        ``durable=False`` (a save's data files, whose :meth:`make_durable` follows) starts the
+        upload and returns: up to :data:`UPLOAD_CONCURRENCY` run at once, holding copies of at
+        most :data:`UPLOAD_BUDGET` bytes. Every other call of the sink waits for them first and
+        raises the first one's error, so what is written or read after an upload finds it done
+        (a save's record and done-marker are written after its data files exist).
+        """
+        if durable:
+            self._uploads.wait()
+            self._upload(key, data)
+            return
+        copy = data if isinstance(data, bytes) else bytes(data)  # the caller may refill its buffer
+        self._uploads.start(len(copy), lambda: self._upload(key, copy))
+
+    def _upload(self, key: str, data: bytes | memoryview) -> None:
         import obstore
 
         src = self.source
-        with request(src.key_url(key), "write", puts=1):
-            obstore.put(src.store, src.path(key), data, use_multipart=False)
-        REQUEST_STATS.add(bytes_out=len(data))
+        n = memoryview(data).nbytes
+        with request(src.key_url(key), "write", puts=max(1, -(-n // UPLOAD_PART))):
+            obstore.put(src.store, src.path(key), data, use_multipart=n > UPLOAD_PART, chunk_size=UPLOAD_PART,
+                        max_concurrency=UPLOAD_CONCURRENCY)
+        REQUEST_STATS.add(bytes_out=n)
+
+    def read(self, key: str) -> bytes | None:
+        self._uploads.wait()
+        return super().read(key)
+
+    def listing(self) -> tuple[list[str], list[str]]:
+        self._uploads.wait()
+        return super().listing()
+
+    def make_durable(self, keys: Sequence[str]) -> None:
+        """Wait for the uploads started by :meth:`put` (an object is durable once it appears)."""
+        self._uploads.wait()
+
+    def sync(self) -> None:
+        self._uploads.wait()
+
+    def close(self) -> None:
+        self._uploads.wait()
+        super().close()
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Create ``key`` only if no object has that name (a conditional PUT); return whether it did."""
+        self._uploads.wait()
         import obstore
         import obstore.exceptions as oe
 
@@ -74,6 +119,7 @@ class S3Sink(ByteSink):
         runtime, where another obstore call would panic ("Cannot start a runtime from within a
         runtime"), so the upload runs in a helper thread and is handed the pieces from here.
         """
+        self._uploads.wait()
         import obstore
 
         src = self.source
@@ -98,14 +144,23 @@ class S3Sink(ByteSink):
         return handoff.nbytes
 
     def size(self, key: str) -> int | None:
+        self._uploads.wait()
         st = self.source.stat(key)
         return None if st is None else st.size
 
     def keys(self, prefix: str = "") -> list[str]:
+        self._uploads.wait()
         return sorted(k for k, _ in self.source.walk(prefix))
+
+    def versions(self) -> dict[str, tuple[str, int]]:
+        """``{key: (ETag, size)}`` of every object under the prefix: one LIST (a page per 1,000
+        objects). Objects whose listing carries no ETag are left out."""
+        self._uploads.wait()
+        return {k: (st.version, st.size) for k, st in self.source.walk() if st.version}
 
     def delete(self, keys: Sequence[str]) -> None:
         """Delete objects (missing ones are fine)."""
+        self._uploads.wait()
         import obstore
 
         src = self.source
@@ -117,6 +172,54 @@ class S3Sink(ByteSink):
                 except FileNotFoundError:
                     pass
 
+
+
+class _Uploads:
+    """Uploads run by a few threads: at most ``workers`` at once and ``budget`` bytes in flight
+    (one larger upload runs alone). :meth:`wait` waits for every upload started before it
+    (by any thread of the sink) and raises the first error one of them met."""
+
+    def __init__(self, workers: int, budget: int) -> None:
+        self.workers, self.budget = workers, budget
+        self._pool: ThreadPoolExecutor | None = None
+        self._cond = threading.Condition()
+        self._bytes = 0
+        self._pending: list[Future[None]] = []
+
+    def start(self, nbytes: int, upload: Callable[[], None]) -> None:
+        def run() -> None:
+            try:
+                upload()
+            finally:
+                with self._cond:
+                    self._bytes -= nbytes
+                    self._cond.notify_all()
+
+        with self._cond:
+            while self._bytes and self._bytes + nbytes > self.budget:
+                self._cond.wait()
+            self._bytes += nbytes
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ckptstore-upload")
+            self._pending.append(self._pool.submit(run))
+
+    def wait(self) -> None:
+        with self._cond:
+            if not self._pending:
+                return
+            pending, self._pending = self._pending, []
+        error: BaseException | None = None
+        for f in pending:
+            e = f.exception()
+            error = error or e
+        with self._cond:  # idle again: no threads kept between one batch of uploads and the next
+            pool = self._pool if not self._pending else None
+            if pool is not None:
+                self._pool = None
+        if pool is not None:
+            pool.shutdown(wait=False)
+        if error is not None:
+            raise error
 
 
 class _Handoff:

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import errno
 import threading
+from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Sequence
 
-from ckptstore.errors import CkptStoreError, FileAccessError, MissingFileError, ShortReadError, StoreChangedError
+from ckptstore.errors import (CkptStoreError, FileAccessError, MissingFileError, ObjectStoreConfigError, ShortReadError,
+                              StoreChangedError)
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, ReadCost, Request, check_key
 from ckptstore.io.s3_client import REQUEST_STATS, client, request
-from ckptstore.io.s3_errors import client_error, is_no_such_bucket, is_range_error
+from ckptstore.io.s3_errors import client_error, endpoint, is_no_such_bucket, is_range_error
 from ckptstore.io.schemes import Scheme
 from ckptstore.io.urls import SCHEMES, split_url
 
@@ -54,11 +56,16 @@ class S3File(ReadableFile):
     """One object; reads are ranged GETs. Its size costs a HEAD, asked for only when needed.
 
     The object is pinned to the version its first request saw (the ETag of the HEAD or of the
-    first GET's answer): every later GET sends that ETag as ``If-Match``, so a replaced object
-    answers 412 instead of other bytes, and every answer's ETag is compared with the pin (which
-    also catches GETs sent at once before any answer had pinned it, and a server that ignores
-    ``If-Match``). A change is a :class:`~ckptstore.errors.StoreChangedError` naming the object,
-    as is a pinned object that disappeared: reads of one file never mix two versions.
+    first GET's answer), or to one known beforehand (:meth:`pin`: the manifest's or an index's
+    record): every later GET sends that ETag as ``If-Match``, so a replaced object answers 412
+    instead of other bytes, and every answer's ETag is compared with the pin (which also catches
+    GETs sent at once before any answer had pinned it, and a server that ignores ``If-Match``).
+    A server that sends no ETag pins an object by its size and ``Last-Modified`` time instead
+    (sent as ``If-Unmodified-Since``, and compared with every answer): one second's resolution,
+    so a rewrite of the same size within the second its version was written is not seen. An
+    object answered with neither is refused, as no version of it can be told from another. A
+    change is a :class:`~ckptstore.errors.StoreChangedError` naming the object, as is a pinned
+    object that disappeared: reads of one file never mix two versions.
     """
 
     read_ahead = 256 << 10
@@ -67,6 +74,7 @@ class S3File(ReadableFile):
         self.source, self.key = source, key
         self._size = size
         self._etag: str | None = None
+        self._modified_ns = 0  # the Last-Modified time pinned where the server sends no ETag (0: none)
         self._changed: Callable[[], Exception] | None = None
         self._lock = threading.Lock()
 
@@ -85,7 +93,7 @@ class S3File(ReadableFile):
             st = self.source.stat(self.key)
             if st is None:
                 raise MissingFileError(errno.ENOENT, f"{self.url} does not exist", self.url)
-            self._seen(st.version or None, st.size)
+            self._seen(st.version or None, st.size, st.mtime_ns)
         assert self._size is not None
         return self._size
 
@@ -95,20 +103,32 @@ class S3File(ReadableFile):
         when the object is another version (default: :class:`~ckptstore.errors.StoreChangedError`)."""
         with self._lock:
             self._changed = changed
-        self._seen(etag, size)
+        self._seen(etag, size, 0)
 
-    def _seen(self, etag: str | None, size: int) -> None:
-        """Take the version an answer reports: the pin if there is none yet, else compared with it."""
+    def _seen(self, etag: str | None, size: int, modified_ns: int) -> None:
+        """Take the version an answer reports (``modified_ns``: its Last-Modified, 0 if none): the
+        pin if there is none yet, else compared with it."""
         with self._lock:
-            if self._etag is None:
-                if etag:  # a server that reports no ETag leaves the object unpinned
+            if self._etag is None and not self._modified_ns:
+                if etag:
                     self._etag, self._size = etag, size
-                elif self._size is None:
-                    self._size = size
+                elif modified_ns:  # a server that sends no ETag: size and time are the version
+                    self._modified_ns, self._size = modified_ns, size
+                else:
+                    raise ObjectStoreConfigError(  # the server's, not the store's: no StoreCorruptError
+                        f"cannot read {self.url}: the object store at {endpoint()} answers with neither an ETag nor "
+                        "a Last-Modified time, so ckptstore cannot keep its reads to one version of the object (a "
+                        "store replaced meanwhile would be read as a mix of two) and refuses it")
                 return
-            if etag == self._etag and size == self._size:
-                return
-        raise self._replaced(f"ETag {etag}, {size} bytes, was {self._etag}, {self._size} bytes")
+            if self._etag is not None:
+                if etag == self._etag and size == self._size:
+                    return
+                what = f"ETag {etag}, {size} bytes, was {self._etag}, {self._size} bytes"
+            else:
+                if size == self._size and modified_ns == self._modified_ns:
+                    return
+                what = f"{size} bytes, modified at {_time(modified_ns)}, was {self._size} at {_time(self._modified_ns)}"
+        raise self._replaced(what)
 
     def _replaced(self, what: str) -> Exception:
         if self._changed is not None:
@@ -133,14 +153,16 @@ class S3File(ReadableFile):
         import obstore.exceptions as oe
 
         path = self.source.path(self.key)
-        pinned = self._etag
+        pinned, since = self._etag, self._modified_ns
         options: dict[str, Any] = {"range": (start, end)}
         if pinned is not None:
             options["if_match"] = pinned
+        elif since:
+            options["if_unmodified_since"] = datetime.fromtimestamp(since / 1e9, timezone.utc)
         try:
             result = obstore.get(self.source.store, path, options=options)
             meta = result.meta
-            self._seen(meta.get("e_tag"), int(meta["size"]))  # before any byte reaches a caller's buffer
+            self._seen(meta.get("e_tag"), int(meta["size"]), _mtime_ns(meta))  # before any byte reaches a buffer
             pos = start
             # each piece of the answer goes straight into the requests it overlaps
             i = 0
@@ -164,8 +186,9 @@ class S3File(ReadableFile):
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             if isinstance(e, oe.PreconditionError):  # 412: the object is not the pinned version
-                raise self._replaced(f"its ETag is no longer {pinned}") from None
-            if pinned is not None and isinstance(e, (FileNotFoundError, oe.NotFoundError)):
+                raise self._replaced(f"its ETag is no longer {pinned}" if pinned is not None
+                                     else f"it was modified after {_time(since)}") from None
+            if (pinned is not None or since) and isinstance(e, (FileNotFoundError, oe.NotFoundError)):
                 raise self._replaced("it no longer exists") from None
             if is_range_error(e):
                 raise ShortReadError(self.url, start, end - start, self.size) from None
@@ -284,10 +307,19 @@ class S3Source(ByteSource):
                     yield meta["path"][cut:], _stat(meta)
 
 
-def _stat(meta: Any) -> FileStat:
+def _mtime_ns(meta: Any) -> int:
+    """An answer's Last-Modified time in ns since the epoch; 0 when it sent none (the client
+    reports the epoch then)."""
     modified = meta.get("last_modified")
-    mtime_ns = int(modified.timestamp() * 1e9) if modified is not None else 0
-    return FileStat(int(meta["size"]), mtime_ns, str(meta.get("e_tag") or meta.get("version") or ""))
+    return max(0, int(modified.timestamp() * 1e9)) if modified is not None else 0
+
+
+def _time(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _stat(meta: Any) -> FileStat:
+    return FileStat(int(meta["size"]), _mtime_ns(meta), str(meta.get("e_tag") or meta.get("version") or ""))
 
 
 #: ``s3://`` and ``obs://`` URLs are read from object storage.

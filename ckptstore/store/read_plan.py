@@ -221,6 +221,7 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
         if at is not None and not cast:  # a whole chunk landing in one run of the destination
             f, offset, nbytes = pieces[0]
             direct.add(_key_id(keys, f), offset, nbytes, at * item)
+            extents.add((_key_id(keys, f), offset, offset + nbytes))
             continue
         cols = _runs(overlap, container, pieces, frame, item, keys)
         within = {(_key_id(keys, f), o, o + n) for f, o, n in pieces}

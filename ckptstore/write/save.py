@@ -47,6 +47,7 @@ from ckptstore.store.chunking import select_params
 from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR, read_manifest
 from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest, dtype_label
 from ckptstore.store.steps import STEP_FOLDER, step_name
+from ckptstore.store.versions import record_versions
 from ckptstore.version import __version__
 from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, drop_work, lock_output
 from ckptstore.write.parts import LAUNCHERS, PARTS_DIR, Part
@@ -429,6 +430,7 @@ def commit_step(sink: ByteSink) -> StoreManifest:
         records.append(record)
     manifest = StoreManifest(merge_records(records, sink.url), dict(header), kind="zarr")
     # every rank synced its chunk files' folders before its marker (mark_done): the manifest is last
+    manifest = record_versions(sink, manifest)  # objects' ETags, so readers pin them without a request
     sink.put(ROOT_METADATA, zb.group_metadata({"ckptstore": manifest.to_json()}))
     sink.sync()
     drop_work(sink)
