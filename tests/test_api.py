@@ -323,6 +323,7 @@ def test_the_plan_of_load_rank_is_what_it_reads(load_env):
     IO_STATS.reset()
     ckptstore.load_rank(t.store_path, t.strategy, 2).materialize()
     assert (IO_STATS.bytes_read, IO_STATS.requests, len(IO_STATS.files)) == (plan.nbytes, plan.requests, plan.files)
+    assert IO_STATS.bytes_fetched == plan.fetched_bytes == plan.nbytes + plan.over_read_bytes
 
 
 def test_the_plan_command_prints_the_plan(load_env):
@@ -335,6 +336,8 @@ def test_the_plan_command_prints_the_plan(load_env):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[1].endswith(f" ({plan.nbytes:,} bytes) in {plan.requests} requests from "
                                              f"{plan.files} files")
+    assert f"({plan.over_read_bytes:,} bytes over-read between wanted ranges); modelled " \
+           f"{plan.modelled_seconds:.3f} s at 0.005 ms per request, 8000 MB/s" in r.stdout.splitlines()[2]
 
 
 def test_the_plan_command_takes_a_folder_of_strategy_files_as_export_does(load_env, tmp_path):

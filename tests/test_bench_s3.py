@@ -39,11 +39,15 @@ def test_quick_run_races_every_route_on_the_same_bytes(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_s3", "--quick", "--results-dir", str(tmp_path)],
                           cwd=REPO, env={**os.environ, "GLOG_v": "3"}, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    record = json.loads((tmp_path / "s3.json").read_text(encoding="utf-8"))["runs"][-1]
-    rows = _rows((tmp_path / "s3.md").read_text(encoding="utf-8"))
+    runs = json.loads((tmp_path / "s3.json").read_text(encoding="utf-8"))["runs"]
+    assert [r["params"]["latency_ms"] for r in runs[-2:]] == [0, 20]  # the default races: direct, then 20 ms
+    record = runs[-2]
+    report = (tmp_path / "s3.md").read_text(encoding="utf-8")
+    rows = _rows(report.split("## ")[1])  # the first section: straight to the server
     dcp_here = all(importlib.util.find_spec(m) for m in ("torch", "s3torchconnector", "tenacity"))
 
-    expected = [bench_s3.LOCAL, bench_s3.S3, bench_s3.S3_NUMPY, bench_s3.DCP, bench_s3.DCP_1T, bench_s3.RAW]
+    expected = [bench_s3.LOCAL, bench_s3.S3, bench_s3.S3_LAZY, bench_s3.S3_NUMPY, bench_s3.DCP, bench_s3.DCP_1T,
+                bench_s3.RAW]
     assert [c["name"] for c in record["contenders"]] == expected
     assert set(rows) == set(expected)
     ran = expected if dcp_here else [n for n in expected if n not in (bench_s3.DCP, bench_s3.DCP_1T)]
@@ -63,3 +67,12 @@ def test_quick_run_races_every_route_on_the_same_bytes(tmp_path: Path) -> None:
     assert traffic[bench_s3.S3]["bytes"] == record["params"]["raw_bytes"] + record["params"]["manifest_bytes"]
     if dcp_here:
         assert traffic[bench_s3.DCP]["bytes"] > wanted  # DCP fetches whole stored chunks
+
+    # the same race again through the latency proxy, and the transposed case in both
+    slow = runs[-1]
+    assert [c["name"] for c in slow["contenders"]] == expected
+    assert "20 ms per request through the latency proxy" in report.split("## ")[2]
+    for r in (record, slow):
+        t = r["params"]["transposed"]
+        assert t["exact"]["requests"] == t["exact"]["gets"] == 4096
+        assert t["auto"]["requests"] == t["auto"]["gets"] <= 64

@@ -206,7 +206,7 @@ def test_printing_a_load_plan_says_params_bytes_and_requests_in_one_line(load_en
     plan = ckptstore.load_rank(t.store_path, t.strategy, 1).plan
     assert repr(plan) == (f"<ReadPlan {len(plan.params)} params: {plan.nbytes:,} bytes in {plan.requests} requests "
                           f"from {len(plan.files)} files>")
-    assert plan.requests == sum(1 for _ in plan.ranges()) and "\n" not in str(plan)
+    assert "\n" not in str(plan)
     one = next(iter(plan.params.values()))
     assert repr(one).startswith(f"<ParamReadPlan {one.name!r} ") and "array(" not in repr(one)
 

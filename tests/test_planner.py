@@ -201,7 +201,7 @@ def test_plan_ranges_is_what_plan_param_makes_of_the_index_like_manifest(c):
     keys = ["a.bin", "b.bin"]
     flat = [piece for p in chunks for piece in p]
     got = plan_ranges("x", keys, [keys.index(f) for f, _, _ in flat], [o for _, o, _ in flat], [m for _, _, m in flat])
-    assert list(got.ranges()) == list(want.ranges())
+    assert sorted(got.ranges()) == sorted(want.ranges())  # the same ranges (plan_param's sorted by file offset)
     assert (got.box, got.dtype, got.nbytes) == (want.box, want.dtype, want.nbytes)
 
 
@@ -228,23 +228,3 @@ def test_a_byte_ranges_plan_read_in_place_makes_the_calls_of_its_group(tmp_path,
     assert seen[0] == seen[1]
 
 
-@pytest.mark.parametrize("shape, chunk, box, layout", [
-    ((4, 6), (2, 3), Box((0, 0), (4, 6)), "chunks"),  # each chunk's rows: runs contiguous in the file
-    ((4, 6), (2, 3), Box((1, 1), (4, 5)), "pieces"),  # chunks in two pieces in two files
-    ((100, 4), (100, 2), Box((0, 0), (100, 4)), "chunks"),  # 200 ranges
-    ((7, 5), (7, 5), Box((2, 0), (5, 3)), "dense"),
-])
-def test_few_and_many_ranges_are_read_with_the_same_calls(tmp_path, monkeypatch, shape, chunk, box, layout):
-    values = _values(shape, "float32", 0)
-    store = write_store(tmp_path, values, chunk, layout, 0)
-    plan = store.plan("w", box)
-    seen = []
-    for few in (10**6, 0):  # the calls found with plain ints, then with numpy
-        monkeypatch.setattr(executor, "_FEW_RANGES", few)
-        out, stats = np.empty(box.shape, dtype="float32"), IOStats()
-        with Executor(store.data, stats=stats) as ex:
-            ex.run([(plan, out)])
-            assert stats.requests == ex.requests(plan)
-        assert np.array_equal(out, values[box.slices()])
-        seen.append((stats.bytes_read, stats.reads, stats.requests, stats.files))
-    assert seen[0] == seen[1]

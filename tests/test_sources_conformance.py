@@ -44,12 +44,14 @@ class TestLocalSource(ByteSourceTests):
 class TestS3Source(ByteSourceTests):
     @pytest.fixture
     def source(self, bucket):
-        from ckptstore.io.s3 import S3Source
+        from ckptstore.io.s3_sink import S3Sink
 
-        yield S3Source(bucket.url("src"))
+        yield S3Sink(bucket.url("src")).source
 
     def put(self, source: Any, key: str, data: bytes) -> None:
-        source.put(key, data)
+        from ckptstore.io.s3_sink import S3Sink
+
+        S3Sink(source.url).put(key, data)
 
 
 class TestMemorySource(ByteSourceTests):

@@ -30,7 +30,7 @@ from ckptstore.checkpoint.rank_bytes import RankFiles
 from ckptstore.errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
 from ckptstore.checkpoint.strategy import Layout, Strategy, StrategyPaths, load_strategy, stage_slices
 from ckptstore.io.locations import is_url
-from ckptstore.io.s3 import READ_CONCURRENCY as S3_READ_CONCURRENCY
+from ckptstore.io.s3_source import READ_CONCURRENCY as S3_READ_CONCURRENCY
 
 
 

@@ -11,12 +11,13 @@ concurrent ranged GETs), so the plan a caller built is exactly what is read.
 """
 from __future__ import annotations
 
+import os
 import re
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
 
-from ckptstore.errors import UnsafePathError
+from ckptstore.errors import InvalidOptionError, UnsafePathError
 from ckptstore.limits import MAX_NAME_BYTES
 
 _FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")  # control characters and backslashes
@@ -43,11 +44,93 @@ class FileStat:
     ctime_ns: int | None = None
 
 
-def worth_merging(span: int, wanted: int, gap: int, length: int, fraction: float) -> bool:
-    """Whether one request should also cover the next range: a span of ``span`` bytes holding
-    ``wanted`` wanted ones, then ``gap`` bytes to skip and ``length`` more wanted. Yes while the
-    bytes fetched but not wanted stay within ``fraction`` of the bytes wanted."""
-    return (span - wanted) + max(0, gap) <= fraction * (wanted + length)
+@dataclass(frozen=True)
+class ReadCost:
+    """What reading from a source costs: the one model the read planner prices plans with.
+
+    A request costs ``request_seconds`` (its latency: a system call and its bookkeeping for a
+    local file, a round trip for an object store) and a byte ``1 / bytes_per_second``;
+    ``in_flight`` requests run at once, so a plan of ``r`` requests fetching ``b`` bytes is
+    modelled as ``r * request_seconds / in_flight + b / bytes_per_second`` (:meth:`seconds`).
+    The planner (:mod:`ckptstore.store.read_plan`) lets one request cover several wanted ranges
+    of a file, reading the gaps between them too, when that models faster; the limits bound one
+    request: at most ``max_request_bytes`` (longer runs are cut, so several threads share them),
+    at most ``max_buffers`` buffers (a local ``preadv``'s ``IOV_MAX``, gaps included; ``None``:
+    no limit) and gaps of at most ``max_gap_bytes`` each (the scratch a gap is read into: a local
+    file reads it into a discard buffer of that size, an object store drops it from the stream).
+
+    The defaults are each source's (:attr:`ByteSource.cost`); the environment overrides them
+    for every source (:meth:`from_environment`): ``CKPTSTORE_REQUEST_LATENCY_MS``,
+    ``CKPTSTORE_BANDWIDTH_MBPS`` (megabytes, 10**6 bytes, per second) and
+    ``CKPTSTORE_REQUESTS_IN_FLIGHT``; a program can also set ``source.cost`` itself.
+    """
+
+    request_seconds: float
+    bytes_per_second: float
+    in_flight: int
+    max_request_bytes: int
+    max_buffers: int | None = None
+    max_gap_bytes: int | None = None
+
+    def seconds(self, requests: int, nbytes: int) -> float:
+        """The modelled time of ``requests`` requests fetching ``nbytes`` bytes in all."""
+        return requests * self.request_seconds / self.in_flight + nbytes / self.bytes_per_second
+
+    @property
+    def gap_bytes(self) -> int:
+        """The longest gap worth reading to save a request: what a request's share of latency
+        would transfer (0 when gaps cannot be read at all)."""
+        worth = int(self.request_seconds / self.in_flight * self.bytes_per_second)
+        return worth if self.max_gap_bytes is None else min(worth, self.max_gap_bytes)
+
+    def spans(self, requests: Sequence["Request"]) -> list[list["Request"]]:
+        """Ad-hoc ``requests`` (not planned by the read planner), sorted by offset and grouped into
+        the spans one request each should read: neighbours share a request while the gap is at
+        most :attr:`gap_bytes` and the span at most :attr:`max_request_bytes`."""
+        ordered = sorted((r for r in requests if len(r[1])), key=lambda r: r[0])
+        out: list[list[Request]] = []
+        gap_ok, start, end = self.gap_bytes, 0, 0
+        for offset, buf in ordered:
+            stop = offset + len(buf)
+            if out and 0 <= offset - end <= gap_ok and stop - start <= self.max_request_bytes:
+                out[-1].append((offset, buf))
+            else:
+                out.append([(offset, buf)])
+                start = offset
+            end = max(end, stop) if len(out[-1]) > 1 else stop
+        return out
+
+    def from_environment(self, environ: Mapping[str, str] | None = None) -> "ReadCost":
+        """This cost with the ``CKPTSTORE_*`` overrides of ``environ`` (``os.environ`` when
+        ``None``) applied; a malformed or non-positive value is an
+        :class:`~ckptstore.errors.InvalidOptionError` naming the variable."""
+        env = os.environ if environ is None else environ
+        changes: dict[str, Any] = {}
+        for var, field_name, scale, kind in _COST_ENV:
+            text = env.get(var)
+            if text is None or not text.strip():
+                continue
+            try:
+                value = kind(text.strip())
+            except ValueError:
+                value = -1
+            if not value > 0:
+                raise InvalidOptionError(f"{var}={text!r} is not a positive number")
+            changes[field_name] = kind(value * scale)
+        return replace(self, **changes) if changes else self
+
+
+#: The environment's overrides of a source's :class:`ReadCost`: variable, field, scale, type.
+_COST_ENV = (("CKPTSTORE_REQUEST_LATENCY_MS", "request_seconds", 1e-3, float),
+             ("CKPTSTORE_BANDWIDTH_MBPS", "bytes_per_second", 1e6, float),
+             ("CKPTSTORE_REQUESTS_IN_FLIGHT", "in_flight", 1, int))
+
+#: A local file (page cache): a ``preadv`` call and the executor's bookkeeping for it cost a few
+#: microseconds, copies run at ~9 GB/s per thread (measured on this machine: 1.5 us per bare call,
+#: 9.3 GB/s for a 64 MiB read); a thread per core up to four (measured at 1, 2 and 4 on 2 cores in
+#: benchmarks/results/load.md); 8 MiB per request so that threads share long runs.
+LOCAL_COST = ReadCost(request_seconds=5e-6, bytes_per_second=8e9, in_flight=min(4, os.cpu_count() or 1),
+                      max_request_bytes=8 << 20, max_buffers=1024, max_gap_bytes=1 << 20)
 
 
 def check_key(key: object, where: str = "") -> str:
@@ -100,6 +183,13 @@ class ReadableFile(ABC):
             offset += len(view)
         self.read_requests(requests)
 
+    def read_span(self, requests: Sequence[Request]) -> None:
+        """Fill the buffers of ``requests`` (sorted by offset, not overlapping) with ONE request to
+        the source covering them all: the bytes between them are read too and dropped. This is
+        how the executor runs a planned request; the default reads them one by one, for files
+        that have no cheaper way."""
+        self.read_requests(requests)
+
     def read_into(self, offset: int, buffer: memoryview) -> None:
         """Fill ``buffer`` with the bytes at ``offset``."""
         self.read_requests([(offset, buffer)])
@@ -116,16 +206,10 @@ class ReadableFile(ABC):
 class ByteSource(ABC):
     """A folder of files addressed by keys; see the module docstring."""
 
-    #: Threads a load reads with by default (an object store wants many requests in flight).
-    default_workers: int | None = None
-    #: Whether a file of this source wants all the ranges of a read in one call: an object store
-    #: merges near ranges into one request, where a local file reads contiguous runs.
-    coalesces: bool = False
-    #: Bytes per unit of work of a parallel read (``None``: the reader's default); a longer range
-    #: is cut into pieces read at once.
-    unit_bytes: int | None = None
-    #: With ``coalesces``: the share of extra bytes one request may fetch to cover several ranges.
-    gap_fraction: float = 0.0
+    #: What a request and a byte cost (:class:`ReadCost`); the read planner prices plans with it
+    #: and the executor keeps ``cost.in_flight`` requests in flight. The environment's overrides
+    #: are applied by :meth:`read_cost`.
+    cost: ReadCost = LOCAL_COST
     #: Whether an open file keeps its content when the file is replaced (a local file: the
     #: descriptor holds the old inode), so checking a file's identity once, at its opening, holds
     #: for every later read of it.
@@ -140,6 +224,10 @@ class ByteSource(ABC):
     @abstractmethod
     def url(self) -> str:
         """The location of the source itself (a path or a URL), for messages and metadata."""
+
+    def read_cost(self) -> ReadCost:
+        """:attr:`cost` with the environment's overrides (:meth:`ReadCost.from_environment`)."""
+        return self.cost.from_environment()
 
     def key_url(self, key: str) -> str:
         """The location of ``key``, for messages."""
@@ -186,13 +274,18 @@ class ByteSource(ABC):
 class SourceWrapper(ByteSource):
     """A byte source that adds checks to another one (an index's record of its rank files, a
     store's guard against being replaced): everything not overridden goes to ``inner``, and the
-    tuning of reads (workers, coalescing, units) is the inner source's."""
+    cost of reads is the inner source's."""
 
     def __init__(self, inner: ByteSource) -> None:
         self.inner = inner
-        self.default_workers, self.coalesces = inner.default_workers, inner.coalesces
-        self.unit_bytes, self.gap_fraction = inner.unit_bytes, inner.gap_fraction
         self.pins_open_files, self.pins_read_files = inner.pins_open_files, inner.pins_read_files
+
+    @property  # type: ignore[override]
+    def cost(self) -> ReadCost:
+        return self.inner.cost
+
+    def read_cost(self) -> ReadCost:
+        return self.inner.read_cost()
 
     @property
     def url(self) -> str:

@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ckptstore.errors import FileAccessError, MissingFileError, ShortReadError, UnsafePathError
-from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request, check_key
+from ckptstore.io.base import LOCAL_COST, ByteSource, FileStat, ReadableFile, Request, check_key
 from ckptstore.io.schemes import PATH, Scheme
 
 #: Buffers per preadv call (Linux's IOV_MAX is 1024).
 _IOV_MAX = 1024
+#: Where the gaps inside a planned request are read to and dropped (shared by every thread:
+#: nobody reads it back, so concurrent writes into it do no harm).
+_DISCARD = bytearray(LOCAL_COST.max_gap_bytes or 1 << 20)
 
 
 class LocalFile(ReadableFile):
@@ -70,6 +73,27 @@ class LocalFile(ReadableFile):
                 j += 1
             self.readv(offset, bufs)
             i = j
+
+    def read_span(self, requests: Sequence[Request]) -> None:
+        """One ``preadv`` from the first offset to the last end, the gaps read into a discard
+        buffer (several calls only beyond ``IOV_MAX`` buffers, which the planner avoids)."""
+        if len(requests) == 1:
+            offset, buf = requests[0]
+            self.readv(offset, [buf])
+            return
+        start = requests[0][0]
+        bufs: list[Any] = []
+        end = start
+        discard = memoryview(_DISCARD)
+        for offset, buf in requests:
+            gap = offset - end
+            while gap > 0:
+                take = min(gap, len(discard))
+                bufs.append(discard[:take])
+                gap -= take
+            bufs.append(buf)
+            end = offset + len(buf)
+        self.readv(start, bufs)
 
     def readv(self, offset: int, buffers: Sequence[Any]) -> None:
         for i in range(0, len(buffers), _IOV_MAX):

@@ -3,7 +3,7 @@
 Every command and function that takes a store, a checkpoint folder or a rank file accepts
 either. The byte source of a location is the one declared for its URL scheme
 (:mod:`ckptstore.io.schemes`): ``s3://bucket/prefix`` and ``obs://bucket/prefix`` go to
-:class:`~.s3.S3Source`, plain paths to :class:`~.local.LocalSource`; any other ``scheme://``
+:class:`~.s3_source.S3Source`, plain paths to :class:`~.local.LocalSource`; any other ``scheme://``
 is refused with :class:`~ckptstore.errors.UnsupportedLocationError` rather than taken for a
 local folder named ``scheme:``.
 """
@@ -15,7 +15,7 @@ import posixpath
 from ckptstore.errors import UnsafePathError, UnsupportedLocationError
 from ckptstore.io.base import ByteSource, ReadableFile
 from ckptstore.io.local import LocalFile
-from ckptstore.io.s3 import redact, url_scheme
+from ckptstore.io.urls import redact, url_scheme
 from ckptstore.io.schemes import BYTE_SOURCES, PATH, Scheme
 from ckptstore.registry import Registry
 

@@ -216,6 +216,12 @@ class ByteSink(ABC):
         """Delete files (missing ones are fine; a link is removed, not what it points to), and
         the folders this leaves empty."""
 
+    def versions(self) -> dict[str, tuple[str, int]]:
+        """``{key: (version, size)}`` of every file of the sink that has a version a reader can
+        ask for (an object's ETag, from one listing); empty where files have none (a folder: an
+        open file keeps its bytes, so a reader pins it by opening it)."""
+        return {}
+
     def sync(self) -> None:
         """Make every publish and new folder since the last call durable (sync their folders)."""
 

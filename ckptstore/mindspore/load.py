@@ -98,6 +98,7 @@ class _NetLoader:
                  strict_load: bool, workers: int) -> None:
         self.store, self.boxes, self.dtype, self.verify = store, boxes, dtype, verify
         self.strict_load, self.workers = strict_load, workers
+        self.cost = store.data.read_cost()  # the store's source prices requests (local, or an object store)
 
     def load(self, loads: dict[str, tuple[str, Any]], rank: int, quiet: bool = True) -> None:
         """Read every slice of ``loads`` (store name -> (network name, Parameter)) into its Parameter.
@@ -142,7 +143,8 @@ class _NetLoader:
                 f"parameter {param.name!r}: the network expects shape {list(param.shape)} but rank {rank} of the "
                 f"target layout holds {list(shape)} of the global {list(info.shape)}; pass the strategy file the "
                 "network was compiled with (strategy=...)")
-        return plan_param(info, box, out_dtype=self._dtype_for(param, info.np_dtype), verify=self.verify)
+        return plan_param(info, box, out_dtype=self._dtype_for(param, info.np_dtype), verify=self.verify,
+                          cost=self.cost)
 
     def _dtype_for(self, param: Any, stored: np.dtype) -> np.dtype:
         want = lookup(str(param.dtype)).numpy

@@ -20,7 +20,7 @@ from ckptstore.errors import InvalidOptionError, StoreExistsError, StrategyError
 from ckptstore.io.atomic_file import SinkKey
 from ckptstore.io.local_sink import LocalSink
 from ckptstore.io.locations import is_url
-from ckptstore.io.s3 import redact
+from ckptstore.io.urls import redact
 from ckptstore.progress import Progress
 from ckptstore.read.loader import (
     RankView,

@@ -10,6 +10,8 @@ reads each parameter only when asked, or many at once through one pool of thread
 from __future__ import annotations
 
 import fnmatch
+import functools
+import threading
 import mmap
 import operator
 import os
@@ -24,8 +26,9 @@ from ckptstore.dtypes import is_float, lookup
 from ckptstore.errors import ForeignStrategyError, InvalidOptionError, LayoutMismatchError, StrategyError
 from ckptstore.store.memory import empty
 from ckptstore.store.read_plan import ParamReadPlan, ReadPlan, plan_param
-from ckptstore.store.executor import POOL_MIN_BYTES, Executor, Job, check_extents
+from ckptstore.store.executor import Executor, Job, check_extents
 from ckptstore.io import LocalFile
+from ckptstore.io.base import ReadCost
 from ckptstore.launcher import process_rank
 from ckptstore.progress import Progress, binary_size
 from ckptstore.store.store import Store, StoreLike, store_argument
@@ -36,8 +39,20 @@ StrategyLike = Strategy | str | os.PathLike[str] | Sequence[str | os.PathLike[st
 #: Threads that read one load by default: measured at 1, 2 and 4 on 2 cores (the workers rows of
 #: benchmarks/results/load.md: 2 beat 1 by 1.35x, 4 gained nothing).
 DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
-#: Parameters smaller than this are read by the thread that plans them, not handed to the pool.
-SMALL_READ_BYTES = 256 << 10
+#: Plans modelled to take less than this (a local 256 KiB parameter) are read by the thread that
+#: plans them, not handed to the pool: the hand-off would cost more. Any request of an object
+#: store takes longer, so its requests always go to the pool and stay in flight together.
+HAND_OFF_SECONDS = 30e-6
+#: A parameter read alone (:meth:`RankView.read`) uses the pool when it is modelled to take at
+#: least this (4 MiB of local reads) in more than one request.
+POOL_MIN_SECONDS = 0.5e-3
+#: Parameters taken one by one (``params[name]`` in a loop) are read ahead in the view's order,
+#: up to this many bytes of arrays not asked for yet, from sources whose requests take at least
+#: :data:`READ_AHEAD_LATENCY` (object stores: there the next parameter's requests can wait on
+#: the network while the caller builds the previous one; a local read is a copy that competes
+#: with the caller for the cores).
+READ_AHEAD_BYTES = 128 << 20
+READ_AHEAD_LATENCY = 1e-3
 
 
 def resolve_target(store: Store, strategy: StrategyLike) -> Strategy | None:
@@ -250,9 +265,14 @@ class RankView:
         stored = self.store.info(name).np_dtype
         return self.dtype if self.dtype is not None and is_float(stored) else stored
 
+    @functools.cached_property
+    def _cost(self) -> ReadCost:
+        """What the store's byte source says a request and a byte cost (read once per view)."""
+        return self.store.data.read_cost()
+
     def plan_for(self, name: str) -> ParamReadPlan:
         return plan_param(self.store.info(name), self.boxes[name], out_dtype=self.dtype_of(name),
-                          verify=self.verify)
+                          verify=self.verify, cost=self._cost)
 
     @property
     def plan(self) -> ReadPlan:
@@ -260,16 +280,32 @@ class RankView:
         return ReadPlan({n: self.plan_for(n) for n in self.boxes if not self.store.info(n).is_str})
 
     def read(self, name: str) -> np.ndarray | str:
-        """The rank's slice of ``name`` in a fresh, ordinary (anonymous) numpy array."""
+        """The rank's slice of ``name`` in a fresh, ordinary (anonymous) numpy array.
+
+        Reading parameters one after another in the view's order starts reading the next ones
+        (:data:`READ_AHEAD_BYTES`) from an object store while the caller works on this one.
+        """
         info = self.store.info(name)
         if info.is_str:
             return info.value or ""
+        if self._cost.request_seconds >= READ_AHEAD_LATENCY:
+            return self._ahead.read(name)
         plan = self.plan_for(name)
         check_extents(plan, self.store.data)
         array = empty(plan.shape, self.dtype_of(name))
         with Executor(self.store.data, workers=self.workers) as executor:
-            executor.submit(plan, array, parallel=plan.nbytes >= POOL_MIN_BYTES).wait()
+            executor.submit(plan, array, parallel=self._worth_pool(plan)).wait()
         return array
+
+    def _worth_pool(self, plan: ParamReadPlan) -> bool:
+        return plan.requests > 1 and self._cost.seconds(plan.requests, plan.fetched) >= POOL_MIN_SECONDS
+
+    def _worth_hand_off(self, plan: ParamReadPlan) -> bool:
+        return self._cost.seconds(plan.requests, plan.fetched) >= HAND_OFF_SECONDS
+
+    @functools.cached_property
+    def _ahead(self) -> "_ReadAhead":
+        return _ReadAhead(self)
 
     def read_many(self, names: Sequence[str]) -> dict[str, np.ndarray | str]:
         """Several parameters at once, their reads sharing one pool of ``workers`` threads."""
@@ -293,17 +329,21 @@ class RankView:
 
     def _stream(self, names: Sequence[str]) -> Iterator[tuple[str, np.ndarray | str]]:
         pending: deque[tuple[str, np.ndarray | str, Job | None]] = deque()
+        ahead: _ReadAhead | None = self.__dict__.get("_ahead")  # parameters already being read ahead
         with Executor(self.store.data, workers=self.workers) as executor:
             for name in names:
                 info = self.store.info(name)
+                claimed = None if ahead is None or info.is_str else ahead.claim(name)
                 if info.is_str:
                     pending.append((name, info.value or "", None))
+                elif claimed is not None:
+                    pending.append((name, claimed[0], _Claimed(claimed[1], ahead)))  # type: ignore[arg-type]
                 else:
                     plan = self.plan_for(name)
                     check_extents(plan, self.store.data)
                     array = empty(plan.shape, self.dtype_of(name))
-                    # a small parameter is read here, before the next is planned: cheaper than a hand-off
-                    job = executor.submit(plan, array, parallel=plan.nbytes >= SMALL_READ_BYTES)
+                    # a quick parameter is read here, before the next is planned: cheaper than a hand-off
+                    job = executor.submit(plan, array, parallel=self._worth_hand_off(plan))
                     pending.append((name, array, job))
                 while pending and (pending[0][2] is None or pending[0][2].done()):
                     yield self._ready(pending.popleft())
@@ -345,10 +385,111 @@ class RankView:
         return np.frombuffer(mm, dtype=info.np_dtype, count=box.size, offset=offset - base).reshape(box.shape)
 
 
+class _Claimed(Job):
+    """A read-ahead job taken over by :meth:`RankView.stream`: released once waited for."""
+
+    def __init__(self, job: Job, ahead: "_ReadAhead") -> None:
+        super().__init__([])
+        self.job, self.ahead, self.released = job, ahead, False
+
+    def done(self) -> bool:
+        return self.job.done()
+
+    def wait(self) -> None:
+        try:
+            self.job.wait()
+        finally:
+            if not self.released:
+                self.released = True
+                self.ahead.release()
+
+
+class _ReadAhead:
+    """The lazy path's read-ahead: parameters read one by one through :meth:`RankView.read`.
+
+    When the parameter asked for follows the previous one in the view's order, the reads of the
+    next parameters (planned, in the view's order, up to :data:`READ_AHEAD_BYTES` of arrays) are
+    handed to a pool that keeps the source's requests in flight; a parameter asked for that was
+    read ahead waits only for what is left of its reads. A read ahead that failed raises when
+    its parameter is asked for, never before. The pool stops when nothing is read ahead.
+    """
+
+    def __init__(self, view: RankView) -> None:
+        self.view = view
+        self.order = [n for n in view.boxes if not view.store.info(n).is_str]
+        self.position = {n: i for i, n in enumerate(self.order)}
+        self.pending: dict[str, tuple[np.ndarray, Job]] = {}
+        self.taken: set[str] = set()
+        self.last = -2
+        self.active = 0  # readers waiting for a job of the pool
+        self.executor: Executor | None = None
+        self.lock = threading.Lock()
+
+    def read(self, name: str) -> np.ndarray:
+        with self.lock:
+            ahead = self.pending.pop(name, None)
+            i = self.position.get(name, -2)
+            sequential, self.last = i == self.last + 1, i
+            self.taken.add(name)
+            if ahead is None:
+                plan = self.view.plan_for(name)
+                check_extents(plan, self.view.store.data)
+                array = empty(plan.shape, self.view.dtype_of(name))
+                ahead = (array, self._pool().submit(plan, array, parallel=True))
+            if sequential:
+                self._schedule(i + 1)
+            self.active += 1
+        array, job = ahead
+        try:
+            job.wait()
+        finally:
+            self.release()
+        return array
+
+    def claim(self, name: str) -> tuple[np.ndarray, Job] | None:
+        """The array and reads of ``name`` if it is being read ahead (the caller waits for the
+        job, then calls :meth:`release`), else ``None``."""
+        with self.lock:
+            ahead = self.pending.pop(name, None)
+            self.taken.add(name)
+            if ahead is not None:
+                self.active += 1
+            return ahead
+
+    def release(self) -> None:
+        with self.lock:
+            self.active -= 1
+            executor = self.executor
+            if not self.pending and not self.active and executor is not None:
+                self.executor = None  # nothing read ahead: let the pool's threads go
+                executor.close()
+
+    def _pool(self) -> Executor:
+        if self.executor is None:
+            self.executor = Executor(self.view.store.data, workers=self.view.workers)
+        return self.executor
+
+    def _schedule(self, start: int) -> None:
+        held = sum(a.nbytes for a, _ in self.pending.values())
+        for name in self.order[start:]:
+            if held >= READ_AHEAD_BYTES:
+                return
+            if name in self.pending or name in self.taken:
+                continue
+            plan = self.view.plan_for(name)
+            try:
+                check_extents(plan, self.view.store.data)
+            except Exception:
+                return  # said when the parameter is asked for
+            array = empty(plan.shape, self.view.dtype_of(name))
+            self.pending[name] = (array, self._pool().submit(plan, array, parallel=True))
+            held += array.nbytes
+
+
 def check_workers(workers: int | None, store: Store) -> int:
     """The number of reading threads: ``workers`` when given, else what the store's byte source wants."""
     if workers is None:
-        return store.data.default_workers or DEFAULT_WORKERS
+        return store.data.read_cost().in_flight
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise InvalidOptionError(f"workers must be a positive integer, not {workers!r}")
     return workers

@@ -1,10 +1,10 @@
 """What one target rank will read, worked out before it reads: ``ckptstore plan`` / :func:`plan_rank`.
 
-The figures come from the same plan and the same executor arithmetic a load runs
-(:class:`~ckptstore.read.loader.RankView` plans every parameter's box,
-:meth:`~ckptstore.store.executor.Executor.requests` counts the read calls it will make), so a
-load then reports the same numbers in :data:`~ckptstore.store.executor.IO_STATS`: bytes read,
-files (or objects) opened, requests, and scratch memory. Nothing here reads a payload byte.
+The figures come from the same plan a load runs (:class:`~ckptstore.read.loader.RankView` plans
+every parameter's box and the planner chooses its requests by the source's
+:class:`~ckptstore.io.base.ReadCost`; the executor sends exactly those), so a load then reports
+the same numbers in :data:`~ckptstore.store.executor.IO_STATS`: bytes wanted and fetched, files
+(or objects) opened, requests, and scratch memory. Nothing here reads a payload byte.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from ckptstore.read.loader import StrategyLike, include_globs, rank_view
-from ckptstore.store.executor import MAX_INFLIGHT, Executor
+from ckptstore.store.executor import MAX_INFLIGHT
 from ckptstore.store.store import StoreLike, store_argument
 
 
@@ -20,8 +20,11 @@ from ckptstore.store.store import StoreLike, store_argument
 class RankPlan:
     """What loading ``rank`` of a target from ``store`` will need.
 
-    ``nbytes`` bytes in ``requests`` read calls (a vectored read of a local file, a ranged GET of
-    an object) from ``files`` files or objects; ``result_bytes`` the arrays the rank receives;
+    ``nbytes`` bytes wanted, fetched as ``fetched_bytes`` (``over_read_bytes`` more: the gaps the
+    planner chose to read rather than pay another request) in ``requests`` read calls (a vectored
+    read of a local file, a ranged GET of an object) from ``files`` files or objects;
+    ``modelled_seconds`` what the source's cost model says they take (``request_ms``,
+    ``bandwidth_mbps`` and ``in_flight`` are that model); ``result_bytes`` the arrays the rank receives;
     ``scratch_bytes`` at most this much memory held at once for chunks read whole (compressed,
     checksummed or converted to another dtype; 0 when every byte lands in place); ``peak_bytes``
     their sum, the memory the load needs besides the process itself.
@@ -37,13 +40,22 @@ class RankPlan:
     result_bytes: int
     scratch_bytes: int
     workers: int
+    fetched_bytes: int = 0
+    modelled_seconds: float = 0.0
+    request_ms: float = 0.0
+    bandwidth_mbps: float = 0.0
+    in_flight: int = 1
 
     @property
     def peak_bytes(self) -> int:
         return self.result_bytes + self.scratch_bytes
 
+    @property
+    def over_read_bytes(self) -> int:
+        return self.fetched_bytes - self.nbytes
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "peak_bytes": self.peak_bytes}
+        return {**asdict(self), "peak_bytes": self.peak_bytes, "over_read_bytes": self.over_read_bytes}
 
 
 def plan_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
@@ -63,8 +75,8 @@ def plan_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
         view = rank_view(st, strategy, rank, names=include, dtype=dtype, verify=verify, workers=workers,
                          allow_whole=allow_whole)
         plan = view.plan
-        executor = Executor(st.data, workers=view.workers)  # counts only: no pool is started
-        requests = sum(executor.requests(p) for p in plan.params.values())
+        requests, fetched = plan.requests, plan.fetched
+        cost = st.data.read_cost()
         scratch = sorted((g.scratch_nbytes for p in plan.params.values() for g in p.groups if not g.into_destination),
                          reverse=True)
         # The pool's threads and the thread that reads small parameters itself may each hold one
@@ -74,4 +86,7 @@ def plan_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
         result = sum(p.box.size * view.dtype_of(n).itemsize for n, p in plan.params.items())
         return RankPlan(store=st.location.url, rank=view.rank, world_size=view.world_size, params=len(view),
                         nbytes=plan.nbytes, files=len(plan.files), requests=requests, result_bytes=result,
-                        scratch_bytes=held, workers=view.workers)
+                        scratch_bytes=held, workers=view.workers, fetched_bytes=fetched,
+                        modelled_seconds=round(cost.seconds(requests, fetched), 6),
+                        request_ms=cost.request_seconds * 1e3, bandwidth_mbps=cost.bytes_per_second / 1e6,
+                        in_flight=cost.in_flight)

@@ -1,13 +1,17 @@
-"""Execute read plans: the planned byte ranges, straight into their destination buffers.
+"""Execute read plans: the planned requests, straight into their destination buffers.
 
-The executor runs exactly the ranges of a :class:`~ckptstore.store.read_plan.ParamReadPlan` through a
-:class:`~ckptstore.io.ByteSource`. Ranges whose buffer is the destination array are cut
-into units of about :data:`UNIT_BYTES` and read by a pool of threads (``preadv`` releases the
-GIL, so copies from the page cache and the first-touch faults of fresh destination pages run on
-several cores). Within a unit, ranges that follow each other in one file are read by one
-vectored call into many buffers (a column slice of a chunk is one call, not one per row).
-Scratch groups (compressed, checksummed or converted chunks) are read whole, checked, decoded
-and copied, with the scratch memory held at once capped by ``max_inflight``. One
+The executor sends exactly the requests of a :class:`~ckptstore.store.read_plan.ParamReadPlan`
+(:attr:`ReadGroup.cuts <ckptstore.store.read_plan.ReadGroup.cuts>`, priced and chosen by the
+planner from the source's :class:`~ckptstore.io.base.ReadCost`) through a
+:class:`~ckptstore.io.ByteSource`: one :meth:`~ckptstore.io.base.ReadableFile.read_span` per
+request, its ranges landing in their buffers and the gaps between them dropped. It decides
+nothing about requests; it only hands them to threads. Requests into the destination are
+packed into units of about :data:`UNIT_SECONDS` of modelled time (many small ``preadv`` calls
+of a local file per unit, one GET of an object store per unit, so that the pool keeps as many
+requests in flight as it has threads); ``preadv`` releases the GIL, and an object store's
+requests wait on the network, so the copies and the waits of several units overlap. Scratch
+groups (compressed, checksummed or converted chunks) are read whole, checked, decoded and
+copied, with the scratch memory held at once capped by ``max_inflight``. One
 :class:`Executor` runs the plans of many parameters together, so small parameters share the
 pool instead of each paying for threads.
 """
@@ -26,17 +30,18 @@ from ckptstore.store.codecs import decode
 from ckptstore.errors import (AccessDeniedError, FileAccessError, MissingFileError, ShortReadError, StoreCorruptError,
                               StoreUnavailableError)
 from ckptstore.store.read_plan import ByteRangesPlan, ParamReadPlan, ReadGroup
-from ckptstore.io.base import ByteSource, worth_merging
+from ckptstore.io.base import ByteSource
 
-#: Bytes per unit of work handed to a thread: big enough that a unit's system calls dominate
-#: its scheduling cost, small enough that the threads finish together.
+#: Modelled time per unit of work handed to a thread: long enough that a unit's requests
+#: dominate its scheduling cost (about 8 MiB of local reads), short enough that the threads
+#: finish together; a request of an object store is a unit of its own.
+UNIT_SECONDS = 1e-3
+#: Bytes of a :class:`~ckptstore.store.read_plan.ByteRangesPlan` read on the calling thread.
 UNIT_BYTES = 8 << 20
 #: Scratch bytes (decoded/verified/converted chunks) held at once by default.
 MAX_INFLIGHT = 256 << 20
 #: Below this many planned bytes, reading on the calling thread beats starting a pool.
 POOL_MIN_BYTES = 4 << 20
-#: Up to this many ranges, a read's calls are found with plain ints rather than numpy.
-_FEW_RANGES = 64
 #: Destinations at least this large are allocated only once the files are known to hold the
 #: planned bytes (:func:`check_extents`).
 CHECKED_ALLOCATION = 64 << 20
@@ -48,7 +53,8 @@ class IOStats:
     executor given its own ``stats``, such as a converter's reading rank files, counts there).
 
     ``bytes_read`` and ``reads`` (byte ranges) as planned; ``requests``: calls to a byte source
-    (one vectored read of a local file, one ranged GET of an object); ``files``: the locations
+    (one vectored read of a local file, one ranged GET of an object); ``bytes_fetched``: the bytes
+    those requests transferred (the wanted ones and the gaps inside requests); ``files``: the locations
     read; ``scratch_peak``: the most scratch memory (compressed, checksummed or converted chunks)
     held at once. :func:`ckptstore.plan_rank` predicts each of them before a byte is read.
     """
@@ -56,16 +62,19 @@ class IOStats:
     bytes_read: int = 0
     reads: int = 0
     requests: int = 0
+    bytes_fetched: int = 0
     files: set[str] = field(default_factory=set)
     scratch_peak: int = 0
     _scratch_held: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, nbytes: int, reads: int = 1, requests: int = 0, files: Sequence[str] = ()) -> None:
+    def add(self, nbytes: int, reads: int = 1, requests: int = 0, files: Sequence[str] = (),
+            fetched: int | None = None) -> None:
         with self._lock:
             self.bytes_read += nbytes
             self.reads += reads
             self.requests += requests
+            self.bytes_fetched += nbytes if fetched is None else fetched
             self.files.update(files)
 
     def hold(self, nbytes: int) -> None:
@@ -77,6 +86,7 @@ class IOStats:
     def reset(self) -> None:
         with self._lock:
             self.bytes_read = self.reads = self.requests = self.scratch_peak = self._scratch_held = 0
+            self.bytes_fetched = 0
             self.files = set()
 
 
@@ -154,16 +164,13 @@ class _Budget:
 
 
 @dataclass(frozen=True)
-class _Ranges:
-    """A slice of a group's range columns (file ids, file offsets, lengths, buffer offsets)."""
+class _Requests:
+    """Requests ``first:stop`` of a group (their ranges ``cuts[first]:cuts[stop]``)."""
 
-    files: np.ndarray
-    offsets: np.ndarray
-    lengths: np.ndarray
-    dests: np.ndarray
-
-    def __getitem__(self, s: slice | np.ndarray) -> "_Ranges":
-        return _Ranges(self.files[s], self.offsets[s], self.lengths[s], self.dests[s])
+    group: ReadGroup
+    cuts: np.ndarray
+    first: int
+    stop: int
 
 
 class Executor:
@@ -172,6 +179,8 @@ class Executor:
     :meth:`submit` starts a plan's reads and returns at once (the caller can plan the next
     parameter, or build the previous one, while the pool reads); :meth:`run` submits plans and
     waits for all of them. Use it as a context manager, or :meth:`close` it, to stop the pool.
+    ``unit_bytes`` packs requests into units by their bytes instead of their modelled time (a
+    test's way of forcing many units).
     """
 
     def __init__(self, source: ByteSource, *, workers: int = 1, max_inflight: int = MAX_INFLIGHT,
@@ -179,13 +188,14 @@ class Executor:
                  reading: Callable[[ParamReadPlan], ContextManager[None]] | None = None,
                  stats: IOStats | None = None) -> None:
         self.source = source
+        self.cost = source.read_cost()
         # a load's reads count in IO_STATS (what plan_rank predicts); a converter keeps its own
         self.stats = IO_STATS if stats is None else stats
         # what a failed open or read says: by default, about a store (a converter reading rank
         # files says it about the checkpoint instead)
         self._reading_ctx = reading or _reading
         self.workers = max(1, int(workers))
-        self.unit_bytes = max(1, unit_bytes or source.unit_bytes or UNIT_BYTES)
+        self.unit_bytes = None if unit_bytes is None else max(1, unit_bytes)
         self.pool_min_bytes = pool_min_bytes
         self._budget = _Budget(max_inflight)
         self._pool: ThreadPoolExecutor | None = None
@@ -206,7 +216,7 @@ class Executor:
 
         With one worker, or ``parallel=False``, the reads happen here, before this returns.
         """
-        if type(plan) is ByteRangesPlan and plan.nbytes <= self.unit_bytes and not self.source.coalesces \
+        if type(plan) is ByteRangesPlan and plan.nbytes <= (self.unit_bytes or UNIT_BYTES) \
                 and (self.workers == 1 or not parallel):
             self._read_byte_ranges(plan, out)  # a converter's chunk or batch of small chunks
             return _DONE
@@ -241,86 +251,75 @@ class Executor:
             self.close()
 
     def requests(self, plan: ParamReadPlan) -> int:
-        """The read calls :meth:`submit` will make for ``plan`` (pure: nothing is read)."""
-        count = 0
-        for g in plan.groups:
-            units = self._units(g) if g.into_destination else [_Ranges(g.files, g.offsets, g.lengths, g.dests)]
-            count += sum(len(_calls(r, self.source.coalesces)) for r in units)
-        return count
+        """The requests :meth:`submit` sends for ``plan``: the plan's own (pure: nothing is read)."""
+        return plan.requests
 
-    def _units(self, g: ReadGroup) -> list[_Ranges]:
-        """The group's ranges cut into pieces of at most one unit, grouped into units."""
-        r = _Ranges(g.files, g.offsets, g.lengths, g.dests)
-        n = len(r.lengths)
-        # at most a unit in all (a converter's block, a small parameter): nothing to cut or group (a
-        # source that coalesces groups several ranges by their gaps, below)
-        if n == 1 and int(r.lengths[0]) <= self.unit_bytes:
-            return [r]
-        if n > 1 and not self.source.coalesces and int(r.lengths.sum()) <= self.unit_bytes:
-            return [r]
-        r = _split_long(r, self.unit_bytes)
-        if not len(r.lengths):
-            return []
-        if self.source.coalesces:
-            return _request_units(r, self.unit_bytes, self.source.gap_fraction)
-        before = np.cumsum(r.lengths) - r.lengths  # bytes before each range
-        ids = before // self.unit_bytes
-        cuts = [0, *(np.flatnonzero(np.diff(ids)) + 1).tolist(), len(ids)]
-        return [r[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+    def _units(self, g: ReadGroup) -> list[_Requests]:
+        """The group's requests packed into units of work, in order."""
+        cuts = g.request_cuts
+        n = len(cuts) - 1
+        if n <= 1:
+            return [_Requests(g, cuts, 0, n)] if n else []
+        first, last = cuts[:-1], cuts[1:] - 1
+        span = g.offsets[last] + g.lengths[last] - g.offsets[first]
+        if self.unit_bytes is not None:
+            cost, unit = span.astype(np.float64), float(self.unit_bytes)
+        else:
+            cost, unit = self.cost.request_seconds + span / self.cost.bytes_per_second, UNIT_SECONDS
+        if float(cost.sum()) <= unit:
+            return [_Requests(g, cuts, 0, n)]
+        ids = (np.cumsum(cost) - cost) // unit  # modelled time (or bytes) before each request
+        bounds = [0, *(np.flatnonzero(np.diff(ids)) + 1).tolist(), n]
+        return [_Requests(g, cuts, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
-    def _read(self, plan: ParamReadPlan, r: _Ranges, flat: np.ndarray) -> None:
-        """Read ranges into ``flat`` (uint8): one vectored call per run that is contiguous in a file."""
-        if not self.source.coalesces and len(r.lengths) <= _FEW_RANGES:
-            # found with plain ints: numpy's fixed cost per call would exceed the work
-            self._read_few(plan, r.files.tolist(), r.offsets.tolist(), r.lengths.tolist(), r.dests.tolist(), flat)
-            return
-        calls = _calls(r, self.source.coalesces)
-        keys = []
-        with self._reading_ctx(plan):
-            for a, b in calls:
-                f = self.source.open(plan.keys[int(r.files[a])])
-                keys.append(f.url)
-                buffers = _buffers(flat, r.dests[a:b], r.lengths[a:b])
-                if self.source.coalesces:  # every range of the file in one call: near ones share a request
-                    f.read_requests(list(zip(r.offsets[a:b].tolist(), buffers)))
-                else:
-                    f.readv(int(r.offsets[a]), buffers)
-        self.stats.add(int(r.lengths.sum()), len(r.lengths), len(calls), keys)
-
-    def _read_byte_ranges(self, plan: ByteRangesPlan, out: np.ndarray) -> None:
-        """Run a :class:`~ckptstore.store.read_plan.ByteRangesPlan` of at most one unit here, from
-        its columns as they are: the calls its one group would make (one unit, one vectored call
-        per run contiguous in a file), without building the group, so that a converter's small
-        reads cost about what a direct read costs."""
-        if out.dtype != np.uint8 or out.shape != (plan.nbytes,) or not out.flags.c_contiguous \
-                or not out.flags.writeable:
-            _check_out(plan, out)  # raises, saying what is wrong
-        self._read_few(plan, plan.range_files, plan.offsets, plan.lengths, plan.dests, out)
-
-    def _read_few(self, plan: ParamReadPlan | ByteRangesPlan, files: list[int], offsets: list[int],
-                  lengths: list[int], dests: list[int], flat: np.ndarray) -> None:
-        """Read ranges given as plain ints from a source that does not coalesce: one vectored call
-        per run contiguous in a file (what :func:`_calls` finds with numpy)."""
-        n, i, calls = len(files), 0, 0
+    def _read(self, plan: ParamReadPlan, r: _Requests, flat: np.ndarray) -> None:
+        """Send requests ``r`` of a group, each one :meth:`ReadableFile.read_span`, into ``flat`` (uint8)."""
+        g, cuts = r.group, r.cuts
+        lo, hi = int(cuts[r.first]), int(cuts[r.stop])
+        files, offsets = g.files[lo:hi].tolist(), g.offsets[lo:hi].tolist()
+        lengths, dests = g.lengths[lo:hi].tolist(), g.dests[lo:hi].tolist()
+        bounds = (cuts[r.first:r.stop + 1] - lo).tolist()
         opened: dict[int, Any] = {}
+        fetched = 0
         try:
-            while i < n:
-                f_id, end, j = files[i], offsets[i] + lengths[i], i + 1
-                while j < n and files[j] == f_id and offsets[j] == end:  # a run contiguous in the file
-                    end += lengths[j]
-                    j += 1
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                f_id = files[a]
                 f = opened.get(f_id)
                 if f is None:
                     f = opened[f_id] = self.source.open(plan.keys[f_id])
-                f.readv(offsets[i], [flat[d:d + m] for d, m in zip(dests[i:j], lengths[i:j])])
-                calls += 1
-                i = j
+                if b - a == 1:
+                    d, m = dests[a], lengths[a]
+                    f.read_span([(offsets[a], flat[d:d + m])])
+                else:
+                    bufs = _buffers(flat, g.dests[lo + a:lo + b], g.lengths[lo + a:lo + b])
+                    f.read_span(list(zip(offsets[a:b], bufs)))
+                fetched += offsets[b - 1] + lengths[b - 1] - offsets[a]
         except Exception:
             # said in the plan's words; entered only on failure (a context per read costs more
             # than the read of a small chunk)
             with self._reading_ctx(plan):
                 raise
-        self.stats.add(sum(lengths), n, calls, [f.url for f in opened.values()])
+        self.stats.add(sum(lengths), hi - lo, len(bounds) - 1, [f.url for f in opened.values()], fetched)
+
+    def _read_byte_ranges(self, plan: ByteRangesPlan, out: np.ndarray) -> None:
+        """Run a :class:`~ckptstore.store.read_plan.ByteRangesPlan` here, from its columns as they
+        are: one request per range (what its one group says), without building the group, so
+        that a converter's small reads cost about what a direct read costs."""
+        if out.dtype != np.uint8 or out.shape != (plan.nbytes,) or not out.flags.c_contiguous \
+                or not out.flags.writeable:
+            _check_out(plan, out)  # raises, saying what is wrong
+        files, offsets, lengths, dests = plan.range_files, plan.offsets, plan.lengths, plan.dests
+        opened: dict[int, Any] = {}
+        try:
+            for f_id, offset, m, d in zip(files, offsets, lengths, dests):
+                f = opened.get(f_id)
+                if f is None:
+                    f = opened[f_id] = self.source.open(plan.keys[f_id])
+                f.read_span([(offset, out[d:d + m])])
+        except Exception:
+            with self._reading_ctx(plan):
+                raise
+        self.stats.add(plan.nbytes, len(files), len(files), [f.url for f in opened.values()])
 
     def _scratch(self, plan: ParamReadPlan, g: ReadGroup, out: np.ndarray) -> None:
         n = g.scratch_nbytes
@@ -328,7 +327,9 @@ class Executor:
         self.stats.hold(n)
         try:
             buf = np.empty(n, dtype=np.uint8)
-            self._read(plan, _Ranges(g.files, g.offsets, g.lengths, g.dests), buf)
+            cuts = g.request_cuts
+            if len(cuts) > 1:
+                self._read(plan, _Requests(g, cuts, 0, len(cuts) - 1), buf)
             if g.crc32c is not None and crc32c.crc32c(buf) != g.crc32c:
                 first = plan.keys[int(g.files[0])] if len(g.files) else "?"
                 raise StoreCorruptError(
@@ -362,52 +363,6 @@ class Job:
 
 #: The job of a plan read on the calling thread (nothing left to wait for).
 _DONE = Job([])
-
-
-def _calls(r: _Ranges, coalesces: bool) -> list[tuple[int, int]]:
-    """``(first, stop)`` of the ranges each read call covers: a run contiguous in one file, or for
-    a source that coalesces (an object store), every range of one file."""
-    n = len(r.lengths)
-    if n < 2:
-        return [(0, n)] if n else []
-    breaks = r.files[1:] != r.files[:-1]
-    if not coalesces:
-        breaks = breaks | (r.offsets[:-1] + r.lengths[:-1] != r.offsets[1:])
-    cuts = [0, *(np.flatnonzero(breaks) + 1).tolist(), n]
-    return list(zip(cuts[:-1], cuts[1:]))
-
-
-def _split_long(r: _Ranges, unit: int) -> _Ranges:
-    """The same ranges, those longer than ``unit`` cut into consecutive pieces of at most ``unit``."""
-    pieces = -(-r.lengths // unit)
-    if not len(pieces) or pieces.max() <= 1:
-        return r
-    index = np.repeat(np.arange(len(pieces)), pieces)
-    step = np.arange(len(index)) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # 0, 1, .. within a range
-    shift = step * unit
-    lengths = np.minimum(unit, r.lengths[index] - shift)
-    return _Ranges(r.files[index], r.offsets[index] + shift, lengths, r.dests[index] + shift)
-
-
-def _request_units(r: _Ranges, most: int, fraction: float) -> list[_Ranges]:
-    """For a source that pays per request: units that are one request each (ranges of one file,
-    near enough that the bytes between them cost at most ``fraction`` more, spanning at most
-    ``most`` bytes), so the requests issued are exactly the merged ranges."""
-    order = np.lexsort((r.offsets, r.files))
-    files, offsets, lengths = r.files[order].tolist(), r.offsets[order].tolist(), r.lengths[order].tolist()
-    cuts = [0]
-    start, stop, wanted = offsets[0], offsets[0] + lengths[0], lengths[0]
-    for i in range(1, len(files)):
-        off, n = offsets[i], lengths[i]
-        end = max(stop, off + n)
-        if (files[i] == files[i - 1] and end - start <= most
-                and worth_merging(stop - start, wanted, off - stop, n, fraction)):
-            stop, wanted = end, wanted + n
-        else:
-            cuts.append(i)
-            start, stop, wanted = off, off + n, n
-    cuts.append(len(files))
-    return [r[order[a:b]] for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def _buffers(flat: np.ndarray, dests: np.ndarray, lengths: np.ndarray) -> list[Any]:

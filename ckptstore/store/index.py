@@ -84,7 +84,7 @@ def _record(source: ByteSource, st: FileStat) -> dict[str, Any]:
     rec: dict[str, Any] = {"size": st.size, "mtime_ns": st.mtime_ns}
     if st.ino is not None and st.ctime_ns is not None:
         rec.update(ino=st.ino, ctime_ns=st.ctime_ns)
-    if source.coalesces and st.version:  # an object's ETag changes with every write
+    if st.ino is None and st.version:  # an object (no inode): its ETag changes with every write
         rec["etag"] = st.version
     return rec
 

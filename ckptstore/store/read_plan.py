@@ -12,20 +12,35 @@ Given a parameter's manifest and the global box a rank needs, :func:`plan_param`
   reads its stored bytes whole into a scratch buffer, checks the CRC-32C, decodes, and copies
   the overlap into the destination.
 
-The executor (:mod:`ckptstore.store.executor`) runs exactly these ranges, so :attr:`ParamReadPlan.nbytes`
-and :meth:`ParamReadPlan.ranges` are what will be read, before a byte moves.
+Each group's ranges are then cut into *requests* priced by the source's
+:class:`~ckptstore.io.base.ReadCost` (:func:`plan_requests`): per file, the planner compares
+exact ranges (one request per run contiguous in the file), merged spans (one request also
+reads a gap shorter than what a request's latency would transfer) and whole spans (one request
+per file region up to the source's limits, every gap read), and keeps the one of least
+modelled time. A request's gaps are over-read into bounded scratch (a local file's discard
+buffer, an object's stream) and dropped. The executor (:mod:`ckptstore.store.executor`) sends
+exactly these requests, so :attr:`ParamReadPlan.nbytes` (bytes wanted),
+:attr:`ParamReadPlan.fetched` (bytes the requests transfer), :attr:`ParamReadPlan.requests` and
+:meth:`ParamReadPlan.ranges` are known before a byte moves.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from ckptstore.boxes import Box, paired_runs
+from ckptstore.io.base import LOCAL_COST, ReadCost
 from ckptstore.store.manifest import ParamManifest, Piece
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+#: Up to this many ranges, :func:`plan_requests` works with plain ints.
+FEW_RANGES = 32
+_ONE = np.array([0, 1], dtype=np.int64)
+_ONE.flags.writeable = False
+#: How a file's ranges become requests (:func:`plan_requests`); ``"auto"`` picks per file.
+STRATEGIES = ("exact", "merged", "whole")
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,10 +66,31 @@ class ReadGroup:
     chunk: int = -1
     crc32c: int | None = None
     decode: bool = False
+    #: Request boundaries: request ``k`` reads ranges ``cuts[k]:cuts[k + 1]`` (one file, sorted by
+    #: offset) in one call, the gaps between them included; ``None``: one request per range.
+    cuts: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
         return int(self.lengths.sum())
+
+    @property
+    def request_cuts(self) -> np.ndarray:
+        """:attr:`cuts`, or one request per range when there are none."""
+        return np.arange(len(self.lengths) + 1, dtype=np.int64) if self.cuts is None else self.cuts
+
+    @property
+    def requests(self) -> int:
+        """Requests the executor sends for this group."""
+        return len(self.lengths) if self.cuts is None else len(self.cuts) - 1
+
+    @property
+    def fetched(self) -> int:
+        """Bytes the group's requests transfer: the wanted ones and the gaps inside requests."""
+        if self.cuts is None or len(self.cuts) < 2:
+            return self.nbytes
+        first, last = self.cuts[:-1], self.cuts[1:] - 1
+        return int((self.offsets[last] + self.lengths[last] - self.offsets[first]).sum())
 
     @property
     def scratch_nbytes(self) -> int:
@@ -84,19 +120,24 @@ class ParamReadPlan:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the execution reads (the sum of every range's length)."""
+        """Bytes wanted (the sum of every range's length)."""
         return sum(g.nbytes for g in self.groups)
+
+    @property
+    def requests(self) -> int:
+        """Requests the execution sends (a ``preadv`` of a local file, a ranged GET of an object)."""
+        return sum(g.requests for g in self.groups)
+
+    @property
+    def fetched(self) -> int:
+        """Bytes the requests transfer: :attr:`nbytes` and the over-read gaps inside requests."""
+        return sum(g.fetched for g in self.groups)
 
     @property
     def files(self) -> tuple[str, ...]:
         """The file keys read, in first-use order."""
         used = dict.fromkeys(self.keys[i] for g in self.groups for i in np.unique(g.files).tolist())
         return tuple(used)
-
-    @property
-    def requests(self) -> int:
-        """Byte ranges the execution reads (one request each)."""
-        return sum(len(g.files) for g in self.groups)
 
     def __repr__(self) -> str:  # a line, not the groups' arrays (issue 25.7)
         return (f"<ParamReadPlan {self.name!r} {np.dtype(self.dtype).name} {list(self.shape)}: {self.nbytes:,} bytes "
@@ -124,13 +165,16 @@ class ReadPlan:
         return sum(p.nbytes for p in self.params.values())
 
     @property
-    def files(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(f for p in self.params.values() for f in p.files))
+    def requests(self) -> int:
+        return sum(p.requests for p in self.params.values())
 
     @property
-    def requests(self) -> int:
-        """Byte ranges the execution reads (one request each)."""
-        return sum(p.requests for p in self.params.values())
+    def fetched(self) -> int:
+        return sum(p.fetched for p in self.params.values())
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f for p in self.params.values() for f in p.files))
 
     def __repr__(self) -> str:  # a line, not every parameter's arrays (issue 25.7); .params has the detail
         return (f"<ReadPlan {len(self.params)} params: {self.nbytes:,} bytes in {self.requests} requests "
@@ -144,13 +188,18 @@ class ReadPlan:
 
 
 def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np.dtype | None = None,
-               verify: bool = False) -> ParamReadPlan:
+               verify: bool = False, cost: ReadCost | None = None, strategy: str = "auto") -> ParamReadPlan:
     """The reads that fill global ``box`` (whole tensor when ``None``) of one parameter.
 
     ``out_dtype`` is the destination's dtype (the stored one when ``None``); ``verify`` reads
-    every touched chunk whole to check its CRC-32C. Raises ``ValueError`` when ``box`` is not
-    inside the tensor.
+    every touched chunk whole to check its CRC-32C. ``cost`` prices requests and bytes (the
+    source's :meth:`~ckptstore.io.base.ByteSource.read_cost`; a local file's when ``None``) and
+    ``strategy`` is ``"auto"`` (per file, the least modelled time) or one of :data:`STRATEGIES`
+    for every file. Raises ``ValueError`` when ``box`` is not inside the tensor.
     """
+    if strategy != "auto" and strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be 'auto' or one of {', '.join(STRATEGIES)}, not {strategy!r}")
+    cost = LOCAL_COST if cost is None else cost
     full = Box.full(manifest.shape)
     box = full if box is None else box
     if box is not full and (box.ndim != len(manifest.shape) or not full.contains(box)):
@@ -161,6 +210,7 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
     cast = out_dtype is not None and np.dtype(out_dtype) != manifest.np_dtype
     whole = verify or manifest.codec is not None
     direct = _Columns()
+    extents: set[tuple[int, int, int]] = set()  # the direct group's chunks' bytes: (file, start, end)
     groups: list[ReadGroup] = []
     touched: list[tuple[int, Box]] = []
     for i in manifest.chunks_overlapping(box):
@@ -170,7 +220,7 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
             continue
         touched.append((i, overlap))
         if whole:
-            groups.append(_whole_group(manifest, i, cbox, overlap, keys))
+            groups.append(_whole_group(manifest, i, cbox, overlap, keys, cost))
             continue
         # the chunk itself holds its bytes, unless the layout is dense (the whole tensor does)
         container, pieces = manifest.container(i) if manifest.dense else (cbox, manifest.chunks.chunk_pieces(i))
@@ -179,14 +229,19 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
         if at is not None and not cast:  # a whole chunk landing in one run of the destination
             f, offset, nbytes = pieces[0]
             direct.add(_key_id(keys, f), offset, nbytes, at * item)
+            extents.add((_key_id(keys, f), offset, offset + nbytes))
             continue
         cols = _runs(overlap, container, pieces, frame, item, keys)
+        within = {(_key_id(keys, f), o, o + n) for f, o, n in pieces}
         if cast:
-            groups.append(ReadGroup(frame, overlap, *cols, into_destination=False, chunk=i))
+            *cols, cuts = plan_requests(cols, cost, strategy, within)
+            groups.append(ReadGroup(frame, overlap, *cols, into_destination=False, chunk=i, cuts=cuts))
         else:
             direct.extend(cols)
+            extents |= within
     if direct:
-        groups.insert(0, ReadGroup(box, box, *_coalesce(direct.arrays()), into_destination=True))
+        *cols, cuts = plan_requests(_coalesce(direct.arrays()), cost, strategy, extents)
+        groups.insert(0, ReadGroup(box, box, *cols, into_destination=True, cuts=cuts))
     return ParamReadPlan(manifest.name, manifest.np_dtype, box, tuple(keys), tuple(groups), manifest.codec,
                          tuple(i for i, _ in touched), tuple(o for _, o in touched))
 
@@ -249,6 +304,15 @@ class ByteRangesPlan:
         return Box((0,), (self.nbytes,))
 
     @property
+    def requests(self) -> int:
+        """One request per range (neighbours contiguous in a file were joined already)."""
+        return len(self.range_files)
+
+    @property
+    def fetched(self) -> int:
+        return self.nbytes
+
+    @property
     def shape(self) -> tuple[int, ...]:
         return (self.nbytes,)
 
@@ -265,11 +329,6 @@ class ByteRangesPlan:
     def files(self) -> tuple[str, ...]:
         """The file keys read, in first-use order."""
         return tuple(dict.fromkeys(self.keys[i] for i in self.range_files))
-
-    @property
-    def requests(self) -> int:
-        """Byte ranges the execution reads (one request each)."""
-        return len(self.offsets)
 
     def ranges(self) -> Iterator[tuple[str, int, int, int | None]]:
         """Every ``(file, offset, length, dest_offset)`` byte range, in execution order."""
@@ -323,15 +382,17 @@ def _key_id(keys: dict[str, int], key: str) -> int:
     return keys.setdefault(key, len(keys))
 
 
-def _whole_group(manifest: ParamManifest, i: int, cbox: Box, overlap: Box, keys: dict[str, int]) -> ReadGroup:
+def _whole_group(manifest: ParamManifest, i: int, cbox: Box, overlap: Box, keys: dict[str, int],
+                 cost: ReadCost) -> ReadGroup:
     pieces = manifest.chunk_pieces(i)
     lengths = np.array([n for _, _, n in pieces], dtype=np.int64)
     dests = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     files = np.array([_key_id(keys, f) for f, _, _ in pieces], dtype=np.int64)
     offsets = np.array([o for _, o, _ in pieces], dtype=np.int64)
     crc = manifest.chunks.crc32c
+    files, offsets, lengths, dests, cuts = plan_requests((files, offsets, lengths, dests), cost, "exact")
     return ReadGroup(cbox, overlap, files, offsets, lengths, dests, into_destination=False, chunk=i,
-                     crc32c=None if crc is None else crc[i], decode=manifest.codec is not None)
+                     crc32c=None if crc is None else crc[i], decode=manifest.codec is not None, cuts=cuts)
 
 
 def _runs(overlap: Box, container: Box, pieces: Sequence[Piece], frame: Box, item: int,
@@ -375,3 +436,156 @@ def _coalesce(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
         return files, offsets, lengths, dests
     heads = np.concatenate([[0], np.flatnonzero(~joins) + 1])
     return files[heads], offsets[heads], np.add.reduceat(lengths, heads), dests[heads]
+
+
+def plan_requests(cols: Sequence[np.ndarray], cost: ReadCost, strategy: str = "auto",
+                  within: Iterable[tuple[int, int, int]] | None = None) -> tuple[np.ndarray, ...]:
+    """``(files, offsets, lengths, dests, cuts)``: the ranges ``cols`` cut to the source's request
+    size and sorted by file and offset, and the request boundaries ``cuts`` (request ``k`` reads
+    ranges ``cuts[k]:cuts[k + 1]`` in one call, see :attr:`ReadGroup.cuts`).
+
+    ``within`` are the ``(file, start, end)`` extents a request may read (the chunks the ranges
+    come from; ``None``: the ranges only): a gap is read only inside one of them, so no request
+    reads a byte of another parameter, a header, or a chunk the plan does not need.
+
+    Every strategy respects the source's limits on one request (its length, its buffers, its
+    longest gap: see :class:`~ckptstore.io.base.ReadCost`); within them, ``"exact"`` starts a
+    request at every gap, ``"merged"`` at gaps longer than :attr:`ReadCost.gap_bytes` and
+    ``"whole"`` only where a limit says so. ``"auto"`` takes, per file, the strategy of least
+    :meth:`ReadCost.seconds` (a tie goes to the one fetching fewer bytes: exact, merged, whole).
+    """
+    if len(cols[0]) == 1 and int(cols[2][0]) <= cost.max_request_bytes:  # most parameters: one range
+        return (*cols, _ONE)
+    if len(cols[0]) <= FEW_RANGES and int(cols[2].max(initial=0)) <= cost.max_request_bytes:
+        return _plan_few(cols, cost, strategy, within)
+    files, offsets, lengths, dests = _split_long(*cols, cost.max_request_bytes)
+    n = len(files)
+    if n == 0:
+        return files, offsets, lengths, dests, np.zeros(1, dtype=np.int64)
+    if n > 1 and not (np.all(files[1:] >= files[:-1]) and np.all((files[1:] > files[:-1]) | (offsets[1:] > offsets[:-1]))):
+        order = np.lexsort((offsets, files))
+        files, offsets, lengths, dests = files[order], offsets[order], lengths[order], dests[order]
+    ends = offsets + lengths
+    gaps = offsets[1:] - ends[:-1]
+    hard = (files[1:] != files[:-1]) | (gaps < 0)  # another file; (overlapping ranges: never in one request)
+    size = cost.max_request_bytes
+    hard |= (offsets[1:] // size) != (offsets[:-1] // size)  # a request spans at most about its size
+    if cost.max_gap_bytes is not None:
+        hard |= gaps > cost.max_gap_bytes
+    if within is None:
+        hard |= gaps > 0
+    else:
+        region = _regions(files, offsets, within)
+        hard |= region[1:] != region[:-1]
+    if cost.max_buffers is not None:  # each range takes a buffer, each gap before it another
+        used = np.cumsum(np.concatenate([[1], 1 + (gaps > 0)]))
+        slot = (used - 1) // max(2, cost.max_buffers)
+        hard |= slot[1:] != slot[:-1]
+    starts = {"exact": hard | (gaps != 0), "merged": hard | (gaps > cost.gap_bytes), "whole": hard}
+    if strategy != "auto":
+        breaks = starts[strategy]
+    else:
+        nfiles = int(files.max()) + 1
+        times = []
+        for name in STRATEGIES:
+            first = np.flatnonzero(np.concatenate([[True], starts[name]]))
+            last = np.concatenate([first[1:], [n]]) - 1
+            f = files[first]
+            count = np.bincount(f, minlength=nfiles)
+            fetched = np.bincount(f, weights=ends[last] - offsets[first], minlength=nfiles)
+            times.append(count * cost.request_seconds / cost.in_flight + fetched / cost.bytes_per_second)
+        best = np.argmin(np.stack(times), axis=0)  # per file; argmin keeps the first of equals
+        choice = best[files[1:]]
+        breaks = np.choose(choice, [starts[name] for name in STRATEGIES])
+    cuts = np.concatenate([[0], np.flatnonzero(breaks) + 1, [n]]).astype(np.int64)
+    return files, offsets, lengths, dests, cuts
+
+
+def _plan_few(cols: Sequence[np.ndarray], cost: ReadCost, strategy: str,
+              within: Iterable[tuple[int, int, int]] | None) -> tuple[np.ndarray, ...]:
+    """:func:`plan_requests` for a few ranges none longer than a request, with plain ints (numpy's
+    cost per call would be most of the work): the same rules, the same result."""
+    order = sorted(range(len(cols[0])), key=lambda i: (int(cols[0][i]), int(cols[1][i])))
+    files, offsets, lengths, dests = ([int(c[i]) for i in order] for c in cols)
+    extents = None if within is None else _merged(within)
+    size, gap_ok, max_gap, most = cost.max_request_bytes, cost.gap_bytes, cost.max_gap_bytes, cost.max_buffers
+    used = [1]  # buffers, gaps included, up to each range (as the numpy rule counts them)
+    region = []
+    for i in range(len(files)):
+        if i:
+            used.append(used[-1] + 1 + (offsets[i] > offsets[i - 1] + lengths[i - 1]))
+        if extents is not None:  # the file's last extent starting at or before the range (else its first)
+            mine = [j for j, (f, _, _) in enumerate(extents) if f == files[i]]
+            before = [j for j in mine if extents[j][1] <= offsets[i]]
+            region.append(before[-1] if before else mine[0] if mine else -1)
+    starts: dict[str, list[bool]] = {s: [] for s in STRATEGIES}
+    for i in range(1, len(files)):
+        gap = offsets[i] - offsets[i - 1] - lengths[i - 1]
+        hard = (files[i] != files[i - 1] or gap < 0 or offsets[i] // size != offsets[i - 1] // size
+                or (max_gap is not None and gap > max_gap) or (extents is None and gap > 0)
+                or (extents is not None and region[i] != region[i - 1])
+                or (most is not None and (used[i] - 1) // max(2, most) != (used[i - 1] - 1) // max(2, most)))
+        starts["exact"].append(hard or gap != 0)
+        starts["merged"].append(hard or gap > gap_ok)
+        starts["whole"].append(hard)
+    if strategy == "auto":
+        best: dict[int, tuple[float, str]] = {}
+        for name in STRATEGIES:
+            per_file: dict[int, list[int]] = {}
+            first = 0
+            for i in range(1, len(files) + 1):
+                if i == len(files) or starts[name][i - 1]:
+                    t = per_file.setdefault(files[first], [0, 0])
+                    t[0] += 1
+                    t[1] += offsets[i - 1] + lengths[i - 1] - offsets[first]
+                    first = i
+            for f, (count, fetched) in per_file.items():
+                seconds = count * cost.request_seconds / cost.in_flight + fetched / cost.bytes_per_second
+                if f not in best or seconds < best[f][0]:
+                    best[f] = (seconds, name)
+        breaks = [starts[best[files[i]][1]][i - 1] for i in range(1, len(files))]
+    else:
+        breaks = starts[strategy]
+    cuts = [0, *(i + 1 for i, b in enumerate(breaks) if b), len(files)]
+    return (*(np.array(c, dtype=np.int64) for c in (files, offsets, lengths, dests)), np.array(cuts, dtype=np.int64))
+
+
+def _merged(within: Iterable[tuple[int, int, int]]) -> list[list[int]]:
+    """``within``'s extents sorted, those touching or overlapping in one file joined."""
+    merged: list[list[int]] = []
+    for f, a, b in sorted(within):
+        if merged and merged[-1][0] == f and a <= merged[-1][2]:
+            merged[-1][2] = max(merged[-1][2], b)
+        else:
+            merged.append([f, a, b])
+    return merged
+
+
+def _regions(files: np.ndarray, offsets: np.ndarray, within: Iterable[tuple[int, int, int]]) -> np.ndarray:
+    """For each range, the index of the merged extent of ``within`` holding its start (ranges
+    of one index may share a request: the bytes between them belong to the extents)."""
+    merged = _merged(within)
+    if len(merged) == 1:
+        return np.zeros(len(files), dtype=np.int64)
+    out = np.full(len(files), -1, dtype=np.int64)
+    by_file: dict[int, list[int]] = {}
+    for k, (f, _, _) in enumerate(merged):
+        by_file.setdefault(f, []).append(k)
+    for f, ks in by_file.items():  # a plan reads few files: a search per file
+        rows = files == f
+        starts = np.array([merged[k][1] for k in ks], dtype=np.int64)
+        out[rows] = np.asarray(ks, dtype=np.int64)[np.maximum(np.searchsorted(starts, offsets[rows], "right") - 1, 0)]
+    return out
+
+
+def _split_long(files: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray,
+                unit: int) -> tuple[np.ndarray, ...]:
+    """The same ranges, those longer than ``unit`` cut into consecutive pieces of at most ``unit``
+    (several requests, so that several threads or connections share a long run)."""
+    pieces = -(-lengths // unit)
+    if not len(pieces) or pieces.max() <= 1:
+        return files, offsets, lengths, dests
+    index = np.repeat(np.arange(len(pieces)), pieces)
+    step = np.arange(len(index)) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # 0, 1, .. within a range
+    shift = step * unit
+    return files[index], offsets[index] + shift, np.minimum(unit, lengths[index] - shift), dests[index] + shift

@@ -12,7 +12,7 @@ import os
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from ckptstore.errors import (
     StoreNotFoundError,
 )
 from ckptstore.store.manifest import ParamManifest, StoreManifest
+from ckptstore.store.versions import recorded_versions
 from ckptstore.store.read_plan import ParamReadPlan, plan_param
 from ckptstore.store.executor import execute
 from ckptstore.io import ByteSource, FileStat, LocalSource, ReadableFile, open_location
@@ -119,7 +120,8 @@ class Store:
         info = self.info(name)
         try:
             return plan_param(info, _as_box(box, info.shape, name),
-                              out_dtype=None if dtype is None else np.dtype(dtype), verify=verify)
+                              out_dtype=None if dtype is None else np.dtype(dtype), verify=verify,
+                              cost=self.data.read_cost())
         except ValueError as e:
             raise InvalidOptionError(str(e)) from None
 
@@ -253,7 +255,8 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
     if kind.open_data is not None:  # the chunks are elsewhere (an index's rank files)
         data = kind.open_data(location, manifest)
         return Store(location, manifest, data if before is None else ReplaceGuard(data, location, before))
-    return Store(location, manifest, None if before is None else ReplaceGuard(location, location, before))
+    versions = recorded_versions(manifest, where=location.url)
+    return Store(location, manifest, None if before is None else ReplaceGuard(location, location, before, versions))
 
 
 #: What every function that takes a store accepts: a ``Store``, a path or an ``s3://``/``obs://`` URL.
@@ -316,18 +319,30 @@ class ReplaceGuard(SourceWrapper):
 
     The check costs one ``stat`` of the manifest (one HEAD on object storage) per data file,
     fewer when many files are pinned at once: one check that began after several pins vouches
-    for all of them (:class:`_ManifestCheck`).
+    for all of them (:class:`_ManifestCheck`). A data object whose version the manifest recorded
+    at the commit (``versions``, see :mod:`ckptstore.store.versions`) needs no check: it is
+    pinned to that version before its first request, which then asks for it (``If-Match``), so
+    a replaced object answers 412 and none of its bytes are read.
     """
 
-    def __init__(self, inner: ByteSource, location: ByteSource, manifest: tuple[str, FileStat]) -> None:
+    def __init__(self, inner: ByteSource, location: ByteSource, manifest: tuple[str, FileStat],
+                 versions: Mapping[str, tuple[str, int]] | None = None) -> None:
         super().__init__(inner)
         self.location, self.manifest = location, manifest
+        self.versions = versions or {}
         self._checked: set[str] = set()
         self._check = _ManifestCheck(self)
 
     def open(self, key: str) -> ReadableFile:
         if key in self._checked:
             return self.inner.open(key)
+        recorded = self.versions.get(key)
+        if recorded is not None:
+            f = self.inner.open(key)
+            pin = getattr(f, "pin", None)
+            if pin is not None:  # an object: pinned to the committed version, at no request
+                pin(*recorded, lambda: self._not_committed(f.url))
+                return f
         try:
             f = self.inner.open(key)
         except MissingFileError:
@@ -337,6 +352,11 @@ class ReplaceGuard(SourceWrapper):
             self.confirmed(key)
             return f
         return _PinThenCheck(f, self, key)
+
+    def _not_committed(self, url: str) -> StoreChangedError:
+        return StoreChangedError(f"{url} was replaced while it was read (it is no longer the version the store's "
+                                 f"manifest recorded: the store {self.location.url} was replaced, or the object was "
+                                 "changed after the commit); open it again")
 
     def confirmed(self, key: str) -> None:
         """Check the manifest after ``key`` was pinned (once per key until :meth:`close`)."""
@@ -424,8 +444,14 @@ class _PinThenCheck(ReadableFile):
         return self.inner.size
 
     def read_requests(self, requests: Sequence[Request]) -> None:
+        self._checked(self.inner.read_requests, requests)
+
+    def read_span(self, requests: Sequence[Request]) -> None:
+        self._checked(self.inner.read_span, requests)
+
+    def _checked(self, read: Callable[[Sequence[Request]], None], requests: Sequence[Request]) -> None:
         try:
-            self.inner.read_requests(requests)
+            read(requests)
         except (StoreChangedError, MissingFileError, ShortReadError):
             self.guard.confirm()  # the store's replacement, if it began, explains the failure
             raise

@@ -11,12 +11,13 @@ where ``weed`` is not installed.
 :class:`CountingProxy` sits between ckptstore and a server where a test needs to watch or
 disturb the traffic: it records every request (method, path, ``Range`` header, status, bytes
 sent back) and can answer the next few matching requests with an error (503 Slow Down) to prove
-retries and outages.
+retries and outages, or strip headers from every answer (a server that sends no ``ETag``).
 """
 from __future__ import annotations
 
 import http.client
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -29,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Iterator, Sequence, Union
 
 #: Credentials of the test server (moto accepts any); distinctive so a leak is easy to find.
 ACCESS_KEY = "AKIACKPTSTORETESTKEY1"
@@ -220,15 +221,25 @@ class Seen:
     range: str | None
     status: int
     nbytes: int  # response body bytes sent to the client
+    if_match: str | None = None  # the request's If-Match header
 
 
 class CountingProxy:
     """Forwards HTTP to ``upstream``, recording requests; can inject error answers."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, *, strip: Sequence[str] = ()) -> None:
         self.upstream_port = upstream_port
+        #: Response headers removed from every answer to a GET or HEAD (and, for ``ETag``, from
+        #: listings): a server that does not send them with what it serves (obstore refuses a
+        #: PUT answered without an ETag, so writes keep theirs).
+        self.strip = {h.lower() for h in strip}
+        #: Seconds each request is held before it is forwarded (a slow server's latency).
+        self.delay = 0.0
+        #: The most requests of each method that were in the proxy at once.
+        self.peak: dict[str, int] = {}
+        self._inside: dict[str, int] = {}
         self.seen: list[Seen] = []
-        self._faults: list[tuple[str, int]] = []  # (method, status) to answer instead of forwarding
+        self._faults: list[tuple[str, int, str]] = []  # (method, status, path part) to answer instead of forwarding
         self._lock = threading.Lock()
         proxy = self
 
@@ -239,9 +250,21 @@ class CountingProxy:
                 pass
 
             def _handle(self) -> None:
+                with proxy._lock:
+                    inside = proxy._inside[self.command] = proxy._inside.get(self.command, 0) + 1
+                    proxy.peak[self.command] = max(proxy.peak.get(self.command, 0), inside)
+                try:
+                    self._forward()
+                finally:
+                    with proxy._lock:
+                        proxy._inside[self.command] -= 1
+
+            def _forward(self) -> None:
+                if proxy.delay:
+                    time.sleep(proxy.delay)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                fault = proxy._take_fault(self.command)
+                fault = proxy._take_fault(self.command, self.path)
                 if fault is not None:
                     payload = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
                     # recorded before answering: the client may act on the answer at once
@@ -257,11 +280,15 @@ class CountingProxy:
                 resp = conn.getresponse()
                 data = resp.read()
                 conn.close()
+                strip = proxy.strip if self.command in ("GET", "HEAD") else set()
+                if "etag" in strip:
+                    data = re.sub(rb"<ETag>[^<]*</ETag>", b"", data)
                 proxy._record(Seen(self.command, self.path, self.headers.get("Range"), resp.status,
-                                   0 if self.command == "HEAD" else len(data)))
+                                   0 if self.command == "HEAD" else len(data), self.headers.get("If-Match")))
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date",
+                                         *strip):
                         self.send_header(k, v)
                 # a HEAD answer has no body but says the object's size
                 size = resp.getheader("Content-Length") if self.command == "HEAD" else None
@@ -286,23 +313,25 @@ class CountingProxy:
         with self._lock:
             self.seen.append(seen)
 
-    def _take_fault(self, method: str) -> int | None:
+    def _take_fault(self, method: str, path: str) -> int | None:
         with self._lock:
-            for i, (m, status) in enumerate(self._faults):
-                if m == method:
+            for i, (m, status, part) in enumerate(self._faults):
+                if m == method and part in path:
                     del self._faults[i]
                     return status
         return None
 
-    def fail_next(self, count: int, *, method: str = "GET", status: int = 503) -> None:
-        """Answer the next ``count`` ``method`` requests with ``status`` instead of forwarding them."""
+    def fail_next(self, count: int, *, method: str = "GET", status: int = 503, path: str = "") -> None:
+        """Answer the next ``count`` ``method`` requests (whose path holds ``path``) with
+        ``status`` instead of forwarding them."""
         with self._lock:
-            self._faults += [(method, status)] * count
+            self._faults += [(method, status, path)] * count
 
     def reset(self) -> None:
         with self._lock:
             self.seen.clear()
             self._faults.clear()
+            self.peak.clear()
 
     def requests(self, method: str | None = None) -> list[Seen]:
         with self._lock:
@@ -343,6 +372,23 @@ def objects(url: str) -> dict[str, bytes]:
     for batch in obstore.list(store, prefix + "/" if prefix else None):
         for meta in batch:
             out[meta["path"][len(prefix) + 1 if prefix else 0:]] = bytes(obstore.get(store, meta["path"]).bytes())
+    return out
+
+
+def comparable(files: dict[str, bytes]) -> dict[str, object]:
+    """``files`` (key -> bytes, of a store) with each top-level manifest parsed and its
+    ``object_versions`` (the ETags a commit into a bucket records) left out, so a store written
+    into a bucket compares equal to the same store written into a folder."""
+    import json
+
+    out: dict[str, object] = dict(files)
+    for key in ("zarr.json", "ckptstore.json"):
+        if key in files:
+            doc = json.loads(files[key])
+            manifest = doc.get("attributes", {}).get("ckptstore", doc) if key == "zarr.json" else doc
+            if isinstance(manifest, dict):
+                manifest.pop("object_versions", None)
+            out[key] = doc
     return out
 
 

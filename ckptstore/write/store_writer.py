@@ -19,6 +19,7 @@ from ckptstore.store import zarr as zb
 from ckptstore.store.chunking import ParamPlan
 from ckptstore.errors import CkptStoreError, IncompleteStoreError
 from ckptstore.store.manifest import ParamManifest, StoreManifest
+from ckptstore.store.versions import record_versions
 from ckptstore.io.sink import ByteSink, write_error
 from ckptstore.write.output_folder import Claim, drop_work
 from ckptstore.store.work import unfinished_parts, what_finishes
@@ -133,6 +134,7 @@ class StoreWriter:
                                  extra=plan["extra"])
         cls.finish_store(sink, manifest)
         sink.sync()  # every data file and folder this process changed is durable before the manifest names them
+        manifest = record_versions(sink, manifest)  # objects' ETags, so readers pin them without a request
         sink.put(*cls.manifest_file(manifest))
         sink.sync()
         drop_work(sink)
