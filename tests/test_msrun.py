@@ -118,3 +118,33 @@ def test_initialised_communication_decides_where_launcher_variables_disagree(tmp
                    if line.startswith("SAVED"))
     assert saved == ["0", "1"]
     assert ckptstore.open(tmp_path / "run").source["step"] == 5
+
+
+SAVE_ONE_RANK = '''
+import os, sys
+import numpy as np
+import ckptstore
+
+rank = int(os.environ["RANK_ID"])
+if os.environ.get("MS_ROLE") == "MS_WORKER" and rank == int(sys.argv[3]):  # the other rank dies before it saves
+    value = float(sys.argv[4])
+    summary = ckptstore.save_rank({"w": np.full((4, 4), value, np.float32)}, sys.argv[1], step=7,
+                                  strategy=sys.argv[2])
+    print("SAVED", summary.rank, summary.committed, flush=True)
+'''
+
+
+def test_two_msrun_launches_without_init_never_mix_in_one_step(tmp_path, source):
+    """Issue 24.1/24.2 under msrun without init(): launch A saves rank 0 of step 7 and dies; launch B
+    (other values) saves rank 1. Each launch is its own attempt (its msrun process), so B's rank 1
+    starts the step over instead of committing A's rank 0 with its own rank 1."""
+    src, _ = source
+    (tmp_path / "job.py").write_text(SAVE_ONE_RANK)
+    run, strategy = str(tmp_path / "run"), str(src / "strategy.ckpt")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert msrun(tmp_path / "a", str(tmp_path / "job.py"), run, strategy, "0", "1")[0] == 0
+    code, logs = msrun(tmp_path / "b", str(tmp_path / "job.py"), run, strategy, "1", "2")
+    assert code == 0, "\n".join(logs.values())[-3000:]
+    assert [line for line in logs["worker_1"].splitlines() if line.startswith("SAVED")] == ["SAVED 1 False"]
+    assert sorted(p.name for p in (tmp_path / "run" / "step_7" / ".ckptstore-work" / "parts").iterdir()) == ["1-of-2"]

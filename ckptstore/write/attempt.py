@@ -11,15 +11,19 @@ first that applies:
    step, as a collective save must);
 3. the launcher's job identity: mpirun (OpenMPI's ``OMPI_MCA_ess_base_jobid``, PMIx's
    ``PMIX_NAMESPACE``) and Slurm (``SLURM_JOB_ID``, ``SLURM_STEP_ID``, ``SLURM_RESTART_COUNT``)
-   give every process of one launch the same value and another launch another. msrun gives
-   none: its variables (``MS_SCHED_HOST``, ``MS_SCHED_PORT``, ``MS_WORKER_NUM``) are the same
-   for every launch of the same command, so under msrun the id comes from MindSpore's
-   communication (``init()``), or ``attempt=``;
+   give every process of one launch the same value and another launch another. msrun's
+   variables (``MS_SCHED_HOST``, ``MS_SCHED_PORT``, ``MS_WORKER_NUM``) are the same for every
+   launch of the same command, but a job on one host (its scheduler on loopback, msrun's
+   default) has one msrun process, the parent of every worker: the parent's pid and start time
+   (from ``/proc``) name the launch, and a relaunch (a restarted job) is another msrun process.
+   A job of msrun on several hosts has one msrun per host, so there the id comes from
+   MindSpore's communication (``init()``) or ``attempt=``;
 4. a job of one process draws a random id;
 5. otherwise (several ranks, no communication, no launcher id, no ``attempt=``: ranks saved by
    separate scripts) there is no attempt (``None``): records of every run of the step count, as
    if one job saved them, so rerunning one rank completes the step. The limit: two such jobs
-   saving the same step into one root, or a restart with other values, can mix in one commit.
+   saving the same step into one root, or a restart with other values, can mix in one commit
+   (the first such save into a root logs it).
 """
 from __future__ import annotations
 
@@ -47,7 +51,10 @@ def save_attempt(explicit: str | None, world: int, environ: Mapping[str, str] | 
         shared = broadcast_attempt()
         if shared is not None:
             return shared
-    launched = launcher_attempt(os.environ if environ is None else environ)
+    env = os.environ if environ is None else environ
+    launched = launcher_attempt(env)
+    if launched is None:
+        launched = msrun_attempt(env)
     if launched is not None:
         return launched
     return uuid.uuid4().hex if world == 1 else None
@@ -59,6 +66,41 @@ def launcher_attempt(environ: Mapping[str, str]) -> str | None:
         if environ.get(names[0]):
             return "launch:" + ":".join(f"{n}={environ.get(n, '')}" for n in names)
     return None
+
+
+#: Scheduler addresses that put every worker of an msrun job on this host (msrun's default is 127.0.0.1).
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def msrun_attempt(environ: Mapping[str, str], ppid: int | None = None) -> str | None:
+    """The launch of an msrun worker on a one-host job: ``msrun:<host>:<msrun's pid>:<its start>``,
+    or ``None`` (not an msrun worker, a job on several hosts, or no ``/proc`` to ask).
+
+    msrun starts every worker itself (``subprocess.Popen``), so the workers of one launch share
+    their parent, and each launch is a new msrun process: its pid and start time (in clock ticks
+    since boot, which tell apart a pid the kernel reused) differ between launches.
+    """
+    if environ.get("MS_ROLE") != "MS_WORKER" or environ.get("MS_SCHED_HOST", "127.0.0.1") not in LOOPBACK:
+        return None
+    parent = os.getppid() if ppid is None else ppid
+    started = process_start_ticks(parent)
+    return None if started is None else f"msrun:{os.uname().nodename}:{parent}:{started}"
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22), or
+    ``None`` where there is no such process or no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read(4096)
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: the fields after it follow the last ')'
+    fields = stat[stat.rfind(b")") + 2:].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
 
 
 def broadcast_attempt() -> str | None:
