@@ -110,3 +110,13 @@ def test_a_step_folder_that_is_a_symbolic_link_is_listed_as_one(root, tmp_path_f
     r = run_cli("steps", root, "--json")
     assert json.loads(r.stdout)["steps"][0] == {"step": 40, "state": "symbolic link", "world": None,
                                                  "missing_ranks": [], "bytes": 0, "files": 0, "mtime": None}
+
+
+def test_commit_of_a_training_folder_names_the_step_to_commit_and_changes_nothing(root) -> None:
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    r = run_cli("commit", root)
+    assert (r.returncode, r.stderr.strip()) == (
+        2, f"ckptstore: error: {root} is a folder of saved steps, not one store: commit one step folder "
+           f"('ckptstore commit {root / 'step_30'}'; unfinished: step 30, 10); 'ckptstore steps {root}' says "
+           "which ranks each is missing [IncompleteStoreError]")
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
