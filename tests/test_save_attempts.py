@@ -88,6 +88,26 @@ def test_an_empty_attempt_is_refused():
         ckptstore.save_rank({"w": np.ones(2)}, "unused", step=1, attempt=" ")
 
 
+def test_a_job_of_several_ranks_with_no_attempt_says_once_a_root_that_its_saves_can_mix(tmp_path, monkeypatch,
+                                                                                        caplog):
+    from ckptstore.write.attempt import JOB_IDS
+
+    for names in JOB_IDS:
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    w = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    with caplog.at_level("WARNING", logger="ckptstore"):
+        for step in (1, 2):
+            for rank in (0, 1):
+                local = np.ascontiguousarray(w[:, rank * 3:(rank + 1) * 3])
+                ckptstore.save_rank({"w": local}, tmp_path, step=step, strategy=_two_column_ranks(), rank=rank)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ckptstore: {tmp_path}: this job of 2 ranks has no save attempt id (MindSpore's communication is not "
+        "initialised, no mpirun or Slurm job id, no attempt=), so every run of a step counts as one save: a restart "
+        "or another job saving the same step can mix into it. Call mindspore.communication.init() (msrun's workers "
+        "can), or pass attempt= (the same on every rank, new for each launch)"]
+
+
 # ---- 24.1, 24.2: attempts never mix; another attempt starts an unfinished step over -----------
 
 
