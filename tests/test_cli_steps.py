@@ -120,3 +120,18 @@ def test_commit_of_a_training_folder_names_the_step_to_commit_and_changes_nothin
            f"('ckptstore commit {root / 'step_30'}'; unfinished: step 30, 10); 'ckptstore steps {root}' says "
            "which ranks each is missing [IncompleteStoreError]")
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+
+
+def test_opening_a_folder_with_no_committed_step_names_the_ranks_its_newest_step_waits_for(tmp_path) -> None:
+    from ckptstore.errors import IncompleteStoreError
+
+    _save(tmp_path, 10, (1,))
+    _save(tmp_path, 30, (0,))
+    (tmp_path / "step_40").mkdir()  # another tool's folder: not a step that waits for ranks
+    with pytest.raises(IncompleteStoreError) as caught:
+        ckptstore.open(tmp_path)
+    assert str(caught.value) == (
+        f"{tmp_path} holds no committed step yet: step 30 at {tmp_path / 'step_30'} is not committed: rank(s) 1 of 2 "
+        "have not finished saving it. Rerun the job's save of step 30: a new job starts the step over, and the ranks "
+        "of the same attempt (the same job, or the same attempt= / launcher job id) complete it; "
+        f"'ckptstore steps {tmp_path}' lists every step (unfinished: 30, 10)")

@@ -206,6 +206,17 @@ def _unfinished(location: ByteSource) -> str:
             "'ckptstore convert' command again to finish it")
 
 
+def _no_committed_step(location: ByteSource, pending: list[int]) -> str:
+    """Why a folder of steps none of which is committed does not open: what its newest unfinished
+    step of ckptstore's waits for (:func:`~ckptstore.store.work.what_finishes`), and the others."""
+    ours = [(n, said) for n in pending if (said := work.what_finishes(steps.step_source(location, n))) is not None]
+    if not ours:
+        return (f"{location.url} holds no committed step yet: step(s) {', '.join(map(str, pending[:5]))} are "
+                "still being saved or some rank did not finish saving them")
+    return (f"{location.url} holds no committed step yet: {ours[0][1]}; 'ckptstore steps {location.url}' lists every "
+            f"step (unfinished: {', '.join(str(n) for n, _ in ours[:5])})")
+
+
 def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name is ckptstore.open
     """Open a store written by ``ckptstore convert`` (or ``ckptstore index``), reading only its metadata.
 
@@ -233,9 +244,7 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
         if stepped is not None:
             return open(stepped.url)
         if pending:
-            raise IncompleteStoreError(f"{location.url} holds no committed step yet: step(s) "
-                                       f"{', '.join(map(str, pending[:5]))} are still being saved or some rank did "
-                                       "not finish saving them")
+            raise IncompleteStoreError(_no_committed_step(location, pending))
         raise StoreNotFoundError(f"no ckptstore store at {location.url} (no {' or '.join(manifest_files())})")
     if doc is False:
         raise StoreNotFoundError(f"{location.url} is a Zarr group but not a ckptstore store (no 'ckptstore' "
