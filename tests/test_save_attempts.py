@@ -363,3 +363,18 @@ def test_the_last_parts_summary_says_its_share_and_the_stores_parameters(saved_l
     assert said is not None, last.stdout
     mine, total = map(int, said.groups())
     assert total == len(ckptstore.open(out).names()) and 0 < mine < total
+
+
+def test_a_step_whose_attempt_record_claims_more_ranks_than_a_job_has_is_refused_at_once(tmp_path):
+    from ckptstore.limits import MAX_WORLD
+
+    ckptstore.save_rank({"w": np.ones((8, 3), np.float32)}, tmp_path, step=1, strategy=_two_column_ranks(), rank=0)
+    step = tmp_path / "step_1"
+    (step / ".ckptstore-work" / "attempt.json").write_text(
+        json.dumps({"attempt": "x", "parts": MAX_WORLD + 1, "writer": "save_rank"}))  # 10**11 ran out of memory
+    with pytest.raises(IncompleteStoreError) as caught:
+        ckptstore.open(step)
+    assert str(caught.value) == (
+        f"the step at {step} is not committed and its attempt record (.ckptstore-work/attempt.json) is unreadable: "
+        "rerun the job's save of the step (a new job starts it over); open the folder above it for the newest "
+        "committed step")

@@ -199,9 +199,13 @@ def _index_to_box(index: Index, shape: Sequence[int], name: str) -> tuple[Box, l
 def _unfinished(location: ByteSource) -> str:
     """Why an unfinished store cannot be opened, and what finishes it (:func:`~ckptstore.store.work.what_finishes`)."""
     said = work.what_finishes(location)
+    is_step = steps.STEP_FOLDER.match(location.url.rstrip("/").rsplit("/", 1)[-1]) is not None
     if said is not None:
-        return said + ("; open the folder above it for the newest committed step"
-                       if steps.STEP_FOLDER.match(location.url.rstrip("/").rsplit("/", 1)[-1]) else "")
+        return said + ("; open the folder above it for the newest committed step" if is_step else "")
+    if is_step:  # a save's attempt record torn or damaged: its ranks cannot be told
+        return (f"the step at {location.url} is not committed and its attempt record ({work.ATTEMPT_FILE}) is "
+                "unreadable: rerun the job's save of the step (a new job starts it over); open the folder above it "
+                "for the newest committed step")
     return (f"the store at {location.url} is incomplete: its conversion was interrupted. Run the same "
             "'ckptstore convert' command again to finish it")
 

@@ -20,7 +20,7 @@ from ckptstore.errors import IncompleteStoreError, InvalidOptionError
 from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.io.sink import ByteSink
 from ckptstore.store.steps import step_name, step_source, steps
-from ckptstore.store.work import read_attempt, unfinished_parts, what_finishes
+from ckptstore.store.work import is_part_count, read_attempt, unfinished_parts, what_finishes
 from ckptstore.write.output_folder import Claim, complete_manifest, drop_idle_work, lock_output
 from ckptstore.write.parts import Part, assign
 from ckptstore.write.chunk_writer import ChunkCopier
@@ -81,7 +81,7 @@ def read_plan(sink: ByteSink) -> dict[str, Any] | None:
     ok = (isinstance(doc, dict) and isinstance(doc.get("format"), str) and store_kind(doc["format"]) is not None
           and isinstance(doc.get("names"), list)
           and all(isinstance(n, str) for n in doc["names"]) and isinstance(doc.get("source"), dict)
-          and isinstance(doc.get("extra"), dict) and isinstance(doc.get("parts", 1), int))
+          and isinstance(doc.get("extra"), dict) and is_part_count(doc.get("parts", 1)))
     return doc if ok else None
 
 
