@@ -135,3 +135,12 @@ def test_opening_a_folder_with_no_committed_step_names_the_ranks_its_newest_step
         "have not finished saving it. Rerun the job's save of step 30: a new job starts the step over, and the ranks "
         "of the same attempt (the same job, or the same attempt= / launcher job id) complete it; "
         f"'ckptstore steps {tmp_path}' lists every step (unfinished: 30, 10)")
+
+
+def test_steps_takes_a_steps_ranks_from_its_attempt_record_not_from_a_markers_name(tmp_path) -> None:
+    _save(tmp_path, 10, (0,))
+    parts = tmp_path / "step_10" / ".ckptstore-work" / "parts"
+    (parts / "0-of-2").rename(parts / "0-of-2000000")  # a planted name (10**11 ran out of memory)
+    r = run_cli("steps", tmp_path, "--json")
+    assert r.returncode == 0, r.stderr
+    assert [(s["step"], s["world"], s["missing_ranks"]) for s in json.loads(r.stdout)["steps"]] == [(10, 2, [0, 1])]
