@@ -110,3 +110,37 @@ def test_a_step_folder_that_is_a_symbolic_link_is_listed_as_one(root, tmp_path_f
     r = run_cli("steps", root, "--json")
     assert json.loads(r.stdout)["steps"][0] == {"step": 40, "state": "symbolic link", "world": None,
                                                  "missing_ranks": [], "bytes": 0, "files": 0, "mtime": None}
+
+
+def test_commit_of_a_training_folder_names_the_step_to_commit_and_changes_nothing(root) -> None:
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    r = run_cli("commit", root)
+    assert (r.returncode, r.stderr.strip()) == (
+        2, f"ckptstore: error: {root} is a folder of saved steps, not one store: commit one step folder "
+           f"('ckptstore commit {root / 'step_30'}'; unfinished: step 30, 10); 'ckptstore steps {root}' says "
+           "which ranks each is missing [IncompleteStoreError]")
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+
+
+def test_opening_a_folder_with_no_committed_step_names_the_ranks_its_newest_step_waits_for(tmp_path) -> None:
+    from ckptstore.errors import IncompleteStoreError
+
+    _save(tmp_path, 10, (1,))
+    _save(tmp_path, 30, (0,))
+    (tmp_path / "step_40").mkdir()  # another tool's folder: not a step that waits for ranks
+    with pytest.raises(IncompleteStoreError) as caught:
+        ckptstore.open(tmp_path)
+    assert str(caught.value) == (
+        f"{tmp_path} holds no committed step yet: step 30 at {tmp_path / 'step_30'} is not committed: rank(s) 1 of 2 "
+        "have not finished saving it. Rerun the job's save of step 30: a new job starts the step over, and the ranks "
+        "of the same attempt (the same job, or the same attempt= / launcher job id) complete it; "
+        f"'ckptstore steps {tmp_path}' lists every step (unfinished: 30, 10)")
+
+
+def test_steps_takes_a_steps_ranks_from_its_attempt_record_not_from_a_markers_name(tmp_path) -> None:
+    _save(tmp_path, 10, (0,))
+    parts = tmp_path / "step_10" / ".ckptstore-work" / "parts"
+    (parts / "0-of-2").rename(parts / "0-of-2000000")  # a planted name (10**11 ran out of memory)
+    r = run_cli("steps", tmp_path, "--json")
+    assert r.returncode == 0, r.stderr
+    assert [(s["step"], s["world"], s["missing_ranks"]) for s in json.loads(r.stdout)["steps"]] == [(10, 2, [0, 1])]

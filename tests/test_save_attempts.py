@@ -88,6 +88,26 @@ def test_an_empty_attempt_is_refused():
         ckptstore.save_rank({"w": np.ones(2)}, "unused", step=1, attempt=" ")
 
 
+def test_a_job_of_several_ranks_with_no_attempt_says_once_a_root_that_its_saves_can_mix(tmp_path, monkeypatch,
+                                                                                        caplog):
+    from ckptstore.write.attempt import JOB_IDS
+
+    for names in JOB_IDS:
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    w = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    with caplog.at_level("WARNING", logger="ckptstore"):
+        for step in (1, 2):
+            for rank in (0, 1):
+                local = np.ascontiguousarray(w[:, rank * 3:(rank + 1) * 3])
+                ckptstore.save_rank({"w": local}, tmp_path, step=step, strategy=_two_column_ranks(), rank=rank)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ckptstore: {tmp_path}: this job of 2 ranks has no save attempt id (MindSpore's communication is not "
+        "initialised, no mpirun or Slurm job id, no attempt=), so every run of a step counts as one save: a restart "
+        "or another job saving the same step can mix into it. Call mindspore.communication.init() (msrun's workers "
+        "can), or pass attempt= (the same on every rank, new for each launch)"]
+
+
 # ---- 24.1, 24.2: attempts never mix; another attempt starts an unfinished step over -----------
 
 
@@ -363,3 +383,18 @@ def test_msrun_workers_of_one_launch_share_an_attempt_and_another_launch_has_ano
         other.wait()
     assert msrun_attempt({**worker, "MS_SCHED_HOST": "10.1.2.3"}) is None
     assert msrun_attempt({"MS_ROLE": "MS_SCHED", "MS_SCHED_HOST": "127.0.0.1"}) is None
+
+
+def test_a_step_whose_attempt_record_claims_more_ranks_than_a_job_has_is_refused_at_once(tmp_path):
+    from ckptstore.limits import MAX_WORLD
+
+    ckptstore.save_rank({"w": np.ones((8, 3), np.float32)}, tmp_path, step=1, strategy=_two_column_ranks(), rank=0)
+    step = tmp_path / "step_1"
+    (step / ".ckptstore-work" / "attempt.json").write_text(
+        json.dumps({"attempt": "x", "parts": MAX_WORLD + 1, "writer": "save_rank"}))  # 10**11 ran out of memory
+    with pytest.raises(IncompleteStoreError) as caught:
+        ckptstore.open(step)
+    assert str(caught.value) == (
+        f"the step at {step} is not committed and its attempt record (.ckptstore-work/attempt.json) is unreadable: "
+        "rerun the job's save of the step (a new job starts it over); open the folder above it for the newest "
+        "committed step")

@@ -201,11 +201,26 @@ def _index_to_box(index: Index, shape: Sequence[int], name: str) -> tuple[Box, l
 def _unfinished(location: ByteSource) -> str:
     """Why an unfinished store cannot be opened, and what finishes it (:func:`~ckptstore.store.work.what_finishes`)."""
     said = work.what_finishes(location)
+    is_step = steps.STEP_FOLDER.match(location.url.rstrip("/").rsplit("/", 1)[-1]) is not None
     if said is not None:
-        return said + ("; open the folder above it for the newest committed step"
-                       if steps.STEP_FOLDER.match(location.url.rstrip("/").rsplit("/", 1)[-1]) else "")
+        return said + ("; open the folder above it for the newest committed step" if is_step else "")
+    if is_step:  # a save's attempt record torn or damaged: its ranks cannot be told
+        return (f"the step at {location.url} is not committed and its attempt record ({work.ATTEMPT_FILE}) is "
+                "unreadable: rerun the job's save of the step (a new job starts it over); open the folder above it "
+                "for the newest committed step")
     return (f"the store at {location.url} is incomplete: its conversion was interrupted. Run the same "
             "'ckptstore convert' command again to finish it")
+
+
+def _no_committed_step(location: ByteSource, pending: list[int]) -> str:
+    """Why a folder of steps none of which is committed does not open: what its newest unfinished
+    step of ckptstore's waits for (:func:`~ckptstore.store.work.what_finishes`), and the others."""
+    ours = [(n, said) for n in pending if (said := work.what_finishes(steps.step_source(location, n))) is not None]
+    if not ours:
+        return (f"{location.url} holds no committed step yet: step(s) {', '.join(map(str, pending[:5]))} are "
+                "still being saved or some rank did not finish saving them")
+    return (f"{location.url} holds no committed step yet: {ours[0][1]}; 'ckptstore steps {location.url}' lists every "
+            f"step (unfinished: {', '.join(str(n) for n, _ in ours[:5])})")
 
 
 def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name is ckptstore.open
@@ -235,9 +250,7 @@ def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name
         if stepped is not None:
             return open(stepped.url)
         if pending:
-            raise IncompleteStoreError(f"{location.url} holds no committed step yet: step(s) "
-                                       f"{', '.join(map(str, pending[:5]))} are still being saved or some rank did "
-                                       "not finish saving them")
+            raise IncompleteStoreError(_no_committed_step(location, pending))
         raise StoreNotFoundError(f"no ckptstore store at {location.url} (no {' or '.join(manifest_files())})")
     if doc is False:
         raise StoreNotFoundError(f"{location.url} is a Zarr group but not a ckptstore store (no 'ckptstore' "

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from ckptstore.errors import CkptStoreError
 from ckptstore.io.base import ByteSource
+from ckptstore.limits import MAX_WORLD
 from ckptstore.store.kinds import WORK_DIR
 
 PARTS_DIR = f"{WORK_DIR}/parts"
@@ -39,8 +40,13 @@ def read_attempt(source: ByteSource) -> dict[str, Any] | None:
         doc = json.loads(raw) if raw is not None else None
     except (ValueError, RecursionError, OSError, CkptStoreError):
         return None
-    ok = isinstance(doc, dict) and isinstance(doc.get("parts"), int) and doc["parts"] >= 1
-    return doc if ok else None
+    return doc if isinstance(doc, dict) and is_part_count(doc.get("parts")) else None
+
+
+def is_part_count(value: Any) -> bool:
+    """Whether ``value`` can be a store's number of parts (a job's world size at most): the
+    work folder's files are untrusted, and a count is listed rank by rank."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_WORLD
 
 
 def finished_parts(source: ByteSource, count: int) -> set[int]:

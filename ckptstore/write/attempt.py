@@ -27,6 +27,7 @@ first that applies:
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import uuid
@@ -58,6 +59,23 @@ def save_attempt(explicit: str | None, world: int, environ: Mapping[str, str] | 
     if launched is not None:
         return launched
     return uuid.uuid4().hex if world == 1 else None
+
+
+#: The roots this process has said :func:`say_no_attempt` for (once a root: a training loop saves many steps).
+_SAID: set[str] = set()
+
+
+def say_no_attempt(root: str, world: int) -> None:
+    """Say in one log line, once a root in this process, that a job of ``world`` ranks saves with
+    no attempt (the documented limit of item 5 above: its saves can mix with another run's)."""
+    if root in _SAID:
+        return
+    _SAID.add(root)
+    logging.getLogger("ckptstore").warning(
+        "ckptstore: %s: this job of %d ranks has no save attempt id (MindSpore's communication is not initialised, "
+        "no mpirun or Slurm job id, no attempt=), so every run of a step counts as one save: a restart or another job "
+        "saving the same step can mix into it. Call mindspore.communication.init() (msrun's workers can), or pass "
+        "attempt= (the same on every rank, new for each launch)", root, world)
 
 
 def launcher_attempt(environ: Mapping[str, str]) -> str | None:

@@ -19,7 +19,8 @@ from ckptstore.store.chunking import ParamPlan
 from ckptstore.errors import IncompleteStoreError, InvalidOptionError
 from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.io.sink import ByteSink
-from ckptstore.store.work import unfinished_parts, what_finishes
+from ckptstore.store.steps import step_name, step_source, steps
+from ckptstore.store.work import is_part_count, read_attempt, unfinished_parts, what_finishes
 from ckptstore.write.output_folder import Claim, complete_manifest, drop_idle_work, lock_output
 from ckptstore.write.parts import Part, assign
 from ckptstore.write.chunk_writer import ChunkCopier
@@ -80,7 +81,7 @@ def read_plan(sink: ByteSink) -> dict[str, Any] | None:
     ok = (isinstance(doc, dict) and isinstance(doc.get("format"), str) and store_kind(doc["format"]) is not None
           and isinstance(doc.get("names"), list)
           and all(isinstance(n, str) for n in doc["names"]) and isinstance(doc.get("source"), dict)
-          and isinstance(doc.get("extra"), dict) and isinstance(doc.get("parts", 1), int))
+          and isinstance(doc.get("extra"), dict) and is_part_count(doc.get("parts", 1)))
     return doc if ok else None
 
 
@@ -128,6 +129,21 @@ def commit_if_last(hold: Claim, attempt: str, known: Mapping[str, ParamManifest]
         lock.release()
 
 
+def _steps_to_commit(sink: ByteSink) -> str | None:
+    """What to commit in a training folder (``ROOT`` holding ``step_<N>`` folders, no store of its
+    own): a step folder, not the folder; ``None`` for any other folder."""
+    held = steps(sink.source)
+    if not held:
+        return None
+    unfinished = [s for s in held if read_attempt(step_source(sink.source, s)) is not None]
+    if not unfinished:
+        return f"{sink.url} is a folder of saved steps, none of them unfinished: nothing to commit"
+    first = sink.source.key_url(step_name(unfinished[0]))
+    return (f"{sink.url} is a folder of saved steps, not one store: commit one step folder ('ckptstore commit "
+            f"{first}'; unfinished: step {', '.join(map(str, unfinished))}); 'ckptstore steps {sink.url}' says "
+            "which ranks each is missing")
+
+
 def commit(sink: ByteSink, known: Mapping[str, ParamManifest] | None = None, *,
            parts: int | None = None) -> StoreManifest:
     """Make the store complete from the work folder: every part's records, then the manifest last.
@@ -146,8 +162,8 @@ def commit(sink: ByteSink, known: Mapping[str, ParamManifest] | None = None, *,
         if said is not None:  # a part's plan.json torn by a power loss: the next part writes it again
             raise IncompleteStoreError(f"{said} (its {PLAN_FILE} is missing or unreadable: the next part to run "
                                        "writes it again)")
-        raise IncompleteStoreError(f"{sink.url} has no unfinished conversion to commit (no readable "
-                                   f"{PLAN_FILE}); run 'ckptstore convert' (again) first")
+        raise IncompleteStoreError(_steps_to_commit(sink) or f"{sink.url} has no unfinished conversion to commit "
+                                   f"(no readable {PLAN_FILE}); run 'ckptstore convert' (again) first")
     count = parts or int(plan.get("parts") or 1)
     # a conversion's records tell which parameters are missing (the message counts them); a
     # save's ranks each hold some chunks of many parameters: there, the markers tell

@@ -29,8 +29,7 @@ from ckptstore.io.locations import open_location
 from ckptstore.io.sink import ByteSink, open_sink, partial_key
 from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR, find_manifest, read_manifest, store_kind
 from ckptstore.store.manifest import StoreManifest
-from ckptstore.store.steps import STEP_FOLDER, step_sink
-from ckptstore.write.parts import PARTS_DIR, Part
+from ckptstore.store.steps import STEP_FOLDER, step_sink, unfinished_ranks
 from ckptstore.write.save import step_location
 from ckptstore.write.save_records import RECORDS_DIR
 
@@ -39,7 +38,6 @@ from ckptstore.write.save_records import RECORDS_DIR
 _CHUNK_FILE = re.compile(r"^c([./]\d+)*(\.partial|\.journal)?$")
 #: The lock files of a work folder (``lock``, ``lock.part-<i>``).
 _LOCK = re.compile(r"^lock(\.part-\d+)?$")
-_MARKER = re.compile(r"^(\d+)-of-(\d+)$")
 
 COMMITTED, UNFINISHED, FOREIGN, LINK = "committed", "unfinished", "not ckptstore's", "symbolic link"
 
@@ -98,7 +96,7 @@ def _step_folder(sink: ByteSink, step: int) -> StepFolder:
     keys = [k for k, _, _ in files]
     if not any(k.startswith(WORK_DIR + "/") for k in keys):
         return StepFolder(step, FOREIGN, None, (), size, len(files), when)
-    world, missing = _waiting_for(keys)
+    world, missing = _waiting_for(sink)
     return StepFolder(step, UNFINISHED, world, missing, size, len(files), when)
 
 
@@ -108,17 +106,12 @@ def _world(doc: dict[str, Any]) -> int | None:
     return world if isinstance(world, int) and not isinstance(world, bool) else None
 
 
-def _waiting_for(keys: list[str]) -> tuple[int | None, tuple[int, ...]]:
-    """The world size and the ranks (parts) whose marker is missing, from the work folder's part
-    markers ``parts/<i>-of-<n>``; ``(None, ())`` when no rank has finished."""
-    done = set(keys)
-    for key in keys:
-        folder, _, name = key.rpartition("/")
-        m = _MARKER.match(name) if folder == PARTS_DIR else None
-        if m:
-            world = int(m.group(2))
-            return world, tuple(i for i in range(world) if Part(i, world).marker not in done)
-    return None, ()
+def _waiting_for(sink: ByteSink) -> tuple[int | None, tuple[int, ...]]:
+    """The world size and the ranks whose marker is missing, as every reader tells them
+    (:func:`~ckptstore.store.steps.unfinished_ranks`: the attempt record's count, its markers);
+    ``(None, ())`` when the attempt record is missing or unreadable."""
+    found = unfinished_ranks(sink.source)
+    return (None, ()) if found is None else (found[1], tuple(found[0]))
 
 
 @dataclass

@@ -43,7 +43,7 @@ from ckptstore.store.kinds import ROOT_METADATA
 from ckptstore.store.manifest import dtype_label
 from ckptstore.store.steps import step_name, step_sink
 from ckptstore.version import __version__
-from ckptstore.write.attempt import save_attempt
+from ckptstore.write.attempt import save_attempt, say_no_attempt
 from ckptstore.write.commit import commit_if_last, mark_done, write_plan
 from ckptstore.write.output_folder import claim, complete_manifest
 from ckptstore.write.parts import Part
@@ -138,7 +138,10 @@ def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strate
     st = _strategy(strategy if strategy is not None else cell_strategy)
     me, world = _place(rank, st.world_size if st is not None else None)
     plan = plan_save(arrays, rank=me, world=world, strategy=st, max_chunk_bytes=chunk_bytes)
-    return SaveJob(step_location(root, step), step, plan, arrays, st, chunk_bytes, save_attempt(attempt, world))
+    shared = save_attempt(attempt, world)
+    if shared is None:
+        say_no_attempt(os.fspath(root), world)
+    return SaveJob(step_location(root, step), step, plan, arrays, st, chunk_bytes, shared)
 
 
 def _chunk_bytes(chunk_mb: int | None) -> int:
