@@ -33,6 +33,9 @@ LAYOUTS = {
     "cols_dp_mp": ((16, 16), [-1, [1, 0]]),   # JSON: map [-1, 1, 0], shape [16, 2, 8]
     "rows_dp_mp": ((16, 16), [[1, 0], -1]),   # JSON: map [1, 0, -1], shape [2, 8, 16]
     "rows_mp_dp": ((16, 8), [[0, 1], -1]),    # the tuple in the other order
+    "rows_8x8": ((8, 8), [[1, 0], -1]),      # slice [1, 8]: also reads as ("dp", ("mp", "None")) of [2, 32]
+    "three_d": ((8, 6, 4), [[0, 1], -1, -1]),
+    "three_d_axis1": ((4, 16, 6), [-1, [1, 0], -1]),
     "plain": ((16, 8), [1, 0]),
     "bias": ((8,), [-1]),
 }
