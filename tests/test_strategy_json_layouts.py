@@ -97,6 +97,39 @@ def test_plan_takes_a_json_target(job, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+# ---- optimizer sharding with Layout tuples --------------------------------------------------
+
+OPT_DEV = (2, 2, 2)  # device axis 1 is left to the optimizer shard
+OPT_LAYOUTS = {
+    "rows": ((16, 8), [[2, 0], -1]),
+    "cols": ((8, 16), [-1, [0, 2]]),
+    "rows_8x8": ((8, 8), [[2, 0], -1]),
+    "three_d": ((16, 8, 4), [-1, [2, 0], -1]),
+}
+OPT_SHARD = {"rows": (4, 2), "cols": (4, 2), "rows_8x8": (4, -1), "three_d": (1, -1)}
+
+
+@pytest.fixture(scope="module")
+def opt_job(tmp_path_factory):
+    root = tmp_path_factory.mktemp("layout_tuples_opt")
+    rng = np.random.default_rng(27)
+    values = {n: rng.standard_normal(shape).astype(np.float32) for n, (shape, _) in OPT_LAYOUTS.items()}
+    nested, flat = write_layout_tuple_strategies(root / "strategy", OPT_DEV, OPT_LAYOUTS, OPT_SHARD)
+    return {"values": values, "nested": nested, "flat": flat, "dist": save_layout_tuple_checkpoint(root, values, nested)}
+
+
+def test_optimizer_sharded_tuples_read_from_json_as_transform_checkpoints_wrote_them(opt_job, tmp_path):
+    ckptstore.convert(opt_job["dist"], tmp_path / "store", strategy=opt_job["flat"])
+    assert _contents(tmp_path / "store").keys() == opt_job["values"].keys()
+    for name, value in _contents(tmp_path / "store").items():
+        assert value.tobytes() == opt_job["values"][name].tobytes(), name
+    for rank in range(8):
+        expected = load_oracle(opt_job["dist"] / f"rank_{rank}" / f"net-1_{rank}.ckpt")
+        got = ckptstore.read_rank(tmp_path / "store", opt_job["flat"], rank)
+        assert {n: (a.shape, a.tobytes()) for n, a in got.items()} == \
+            {n: (a.shape, a.tobytes()) for n, a in expected.items()}, rank
+
+
 # ---- 24.14: numbers that are not integers ----------------------------------------------------
 
 @pytest.mark.parametrize("key", ["dev_matrix", "tensor_map", "opt_weight_shard_step", "tensor_shape"])
