@@ -192,6 +192,16 @@ def test_an_index_json_naming_a_shard_outside_the_folder_is_refused(folder, tmp_
         index_hf(hf, tmp_path / "st", name_map="llama")
 
 
+def test_a_shard_whose_header_names_a_tensor_twice_is_refused_naming_it(tmp_path):
+    hf = write_hf_folder(tmp_path / "hf", {"model.norm.weight": np.ones(4, np.float32),
+                                           "model.norm.wxyzab": np.zeros(4, np.float32)}, shards=1)
+    shard = hf / "model.safetensors"
+    shard.write_bytes(shard.read_bytes().replace(b'"model.norm.wxyzab"', b'"model.norm.weight"'))
+    with pytest.raises(CorruptCheckpointError, match="^the safetensors header is not valid JSON: the key "
+                                                     "'model.norm.weight' appears twice .*model.safetensors"):
+        index_hf(hf, tmp_path / "st", name_map="llama")
+
+
 def test_an_index_json_naming_a_tensor_its_shard_lacks_is_refused(folder, tmp_path):
     hf, _ = folder
     doc = json.loads((hf / "model.safetensors.index.json").read_text())
