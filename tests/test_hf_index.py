@@ -202,6 +202,17 @@ def test_a_shard_whose_header_names_a_tensor_twice_is_refused_naming_it(tmp_path
         index_hf(hf, tmp_path / "st", name_map="llama")
 
 
+def test_a_cache_snapshot_of_symbolic_links_is_refused_saying_how_to_copy_it(folder, tmp_path):
+    hf, _ = folder
+    (tmp_path / "blobs").mkdir()
+    shard = hf / "model-00001-of-00003.safetensors"
+    shard.rename(tmp_path / "blobs" / "a1b2")
+    shard.symlink_to(os.path.relpath(tmp_path / "blobs" / "a1b2", hf))  # as huggingface_hub's cache links them
+    with pytest.raises(UnsafePathError, match=f"^{shard} is a symbolic link.*index a copy with real files "
+                                              r"\(cp -rL SNAPSHOT DIR, or huggingface-cli download --local-dir DIR\)"):
+        index_hf(hf, tmp_path / "st", name_map="llama")
+
+
 def test_an_index_json_naming_a_tensor_its_shard_lacks_is_refused(folder, tmp_path):
     hf, _ = folder
     doc = json.loads((hf / "model.safetensors.index.json").read_text())
