@@ -202,6 +202,14 @@ def test_a_shard_whose_header_names_a_tensor_twice_is_refused_naming_it(tmp_path
         index_hf(hf, tmp_path / "st", name_map="llama")
 
 
+def test_a_0_d_tensor_is_indexed_and_read_as_0_d(tmp_path):
+    hf = write_hf_folder(tmp_path / "hf", {"logit_scale": np.array(2.5, np.float32)}, shards=1)
+    index_hf(hf, tmp_path / "st", name_map="llama")
+    with ckptstore.open(tmp_path / "st") as store:
+        assert store.info("logit_scale").shape == ()
+        assert store.read("logit_scale").tobytes() == np.float32(2.5).tobytes()
+
+
 def test_a_cache_snapshot_of_symbolic_links_is_refused_saying_how_to_copy_it(folder, tmp_path):
     hf, _ = folder
     (tmp_path / "blobs").mkdir()
