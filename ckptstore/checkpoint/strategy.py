@@ -310,7 +310,7 @@ def _fit(layout: Layout, shape: tuple[int, ...], local: bool) -> Layout:
 
     search(0, [])
     if not found:
-        strict = False
+        strict, tries = False, 0
         search(0, [])
     if len(found) > 1 or tries > _FOLD_TRIES:
         raise StrategyError(f"tensor map {layout.pretty_map()} with tensor_shape {list(layout.tensor_shape)} can be "
