@@ -56,6 +56,11 @@ _DECRYPT_LOG = re.compile(rb"^\[ERROR\] (CORE|COMMON)\(.*\] (BlockDecrypt|Decryp
 _STDERR_LOCK = threading.Lock()
 
 
+def _flush_stderr() -> None:
+    if sys.stderr is not None:  # None under pythonw
+        sys.stderr.flush()
+
+
 def _decrypt_block(block: bytes, key: bytes, mode: str) -> bytes | None:
     os.environ.setdefault("GLOG_v", "3")
     from mindspore._c_expression import _decrypt_data
@@ -64,7 +69,7 @@ def _decrypt_block(block: bytes, key: bytes, mode: str) -> bytes | None:
     # captured during the call and replayed without MindSpore's decryption log lines (anything
     # else written meanwhile, by any thread, is replayed as it was).
     with _STDERR_LOCK:
-        sys.stderr.flush()
+        _flush_stderr()
         try:
             saved = os.dup(2)
         except OSError:
@@ -74,7 +79,7 @@ def _decrypt_block(block: bytes, key: bytes, mode: str) -> bytes | None:
             try:
                 return _decrypt_data(block, len(block), key, len(key), mode)
             finally:
-                sys.stderr.flush()
+                _flush_stderr()
                 os.dup2(saved, 2)
                 os.close(saved)
                 captured.seek(0)
