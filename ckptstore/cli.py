@@ -328,7 +328,8 @@ def _source_options(fn: F) -> F:
         click.option("--epoch", type=int, default=None,
                      help="Use each rank's checkpoint of this epoch (-<epoch>_<step>.ckpt); with --step, one "
                           "checkpoint of a folder that holds several (default: the newest every rank holds)."),
-        click.option("--prefix", default=None, help="Use only checkpoint files whose name starts with this."),
+        click.option("--prefix", default=None, help="Use only checkpoint files whose name starts with this "
+                     "({rank} stands for each folder's rank: MindFormers' '<p>_rank_{rank}-')."),
         click.option("--src-format", type=click.Choice(["ckpt", "safetensors"]), default=None,
                      help="Use only rank files of this format, when a rank folder holds both for one step "
                           "(default: whichever each rank has)."),

@@ -125,3 +125,15 @@ def test_an_encrypted_file_with_a_crc_trailer_converts(tmp_path):
     ckptstore.convert(path, tmp_path / "s", dec_key=KEY)
     with ckptstore.open(tmp_path / "s") as store:
         assert store.read("w").tobytes() == value.tobytes()
+
+
+@pytest.mark.slow  # a process: MindSpore writes to its file descriptor 2
+def test_a_wrong_key_at_the_cli_is_one_line(tmp_path):
+    # MindSpore's block decryption logs "[ERROR] ... Decrypt failed" on the process's stderr itself
+    (tmp_path / "ckpt").mkdir()
+    _, root, _ = _save_encrypted(tmp_path / "ckpt", "AES-GCM")
+    (tmp_path / "key").write_bytes(b"x" * 16)
+    r = run_cli("convert", root, "-s", root / "strategy.ckpt", "--out", tmp_path / "s", "--dec-key-file",
+                tmp_path / "key", "-q", process=True)  # its real stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("ckptstore: error: encrypted block 0 does not decrypt with the key given (AES-GCM)")

@@ -192,6 +192,35 @@ def test_an_index_json_naming_a_shard_outside_the_folder_is_refused(folder, tmp_
         index_hf(hf, tmp_path / "st", name_map="llama")
 
 
+def test_a_shard_whose_header_names_a_tensor_twice_is_refused_naming_it(tmp_path):
+    hf = write_hf_folder(tmp_path / "hf", {"model.norm.weight": np.ones(4, np.float32),
+                                           "model.norm.wxyzab": np.zeros(4, np.float32)}, shards=1)
+    shard = hf / "model.safetensors"
+    shard.write_bytes(shard.read_bytes().replace(b'"model.norm.wxyzab"', b'"model.norm.weight"'))
+    with pytest.raises(CorruptCheckpointError, match="^the safetensors header is not valid JSON: the key "
+                                                     "'model.norm.weight' appears twice .*model.safetensors"):
+        index_hf(hf, tmp_path / "st", name_map="llama")
+
+
+def test_a_0_d_tensor_is_indexed_and_read_as_0_d(tmp_path):
+    hf = write_hf_folder(tmp_path / "hf", {"logit_scale": np.array(2.5, np.float32)}, shards=1)
+    index_hf(hf, tmp_path / "st", name_map="llama")
+    with ckptstore.open(tmp_path / "st") as store:
+        assert store.info("logit_scale").shape == ()
+        assert store.read("logit_scale").tobytes() == np.float32(2.5).tobytes()
+
+
+def test_a_cache_snapshot_of_symbolic_links_is_refused_saying_how_to_copy_it(folder, tmp_path):
+    hf, _ = folder
+    (tmp_path / "blobs").mkdir()
+    shard = hf / "model-00001-of-00003.safetensors"
+    shard.rename(tmp_path / "blobs" / "a1b2")
+    shard.symlink_to(os.path.relpath(tmp_path / "blobs" / "a1b2", hf))  # as huggingface_hub's cache links them
+    with pytest.raises(UnsafePathError, match=f"^{shard} is a symbolic link.*index a copy with real files "
+                                              r"\(cp -rL SNAPSHOT DIR, or huggingface-cli download --local-dir DIR\)"):
+        index_hf(hf, tmp_path / "st", name_map="llama")
+
+
 def test_an_index_json_naming_a_tensor_its_shard_lacks_is_refused(folder, tmp_path):
     hf, _ = folder
     doc = json.loads((hf / "model.safetensors.index.json").read_text())

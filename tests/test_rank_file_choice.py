@@ -153,6 +153,14 @@ def test_ranks_whose_newest_files_are_of_different_runs_are_refused(tmp_path):
         ckptstore.convert(root, tmp_path / "s", strategy=_strategy(root))
 
 
+def test_a_prefix_with_rank_picks_one_run_of_per_rank_prefixes(tmp_path):
+    # MindFormers' prefixes differ per rank (llama_rank_<r>): no one prefix names the first run
+    first, _ = _rerun(tmp_path / "ckpt", lambda r: f"llama_rank_{r}")
+    ckptstore.convert(tmp_path / "ckpt", tmp_path / "s", strategy=_strategy(tmp_path / "ckpt"),
+                      prefix="llama_rank_{rank}-")
+    _assert_store_holds(tmp_path / "s", first)
+
+
 def test_full_training_files_of_different_steps_are_refused_naming_the_counters(tmp_path):
     # one file per rank folder, so the names offer no choice; the counters the save appended tell
     root = tmp_path / "ckpt"

@@ -33,6 +33,9 @@ LAYOUTS = {
     "cols_dp_mp": ((16, 16), [-1, [1, 0]]),   # JSON: map [-1, 1, 0], shape [16, 2, 8]
     "rows_dp_mp": ((16, 16), [[1, 0], -1]),   # JSON: map [1, 0, -1], shape [2, 8, 16]
     "rows_mp_dp": ((16, 8), [[0, 1], -1]),    # the tuple in the other order
+    "rows_8x8": ((8, 8), [[1, 0], -1]),      # slice [1, 8]: also reads as ("dp", ("mp", "None")) of [2, 32]
+    "three_d": ((8, 6, 4), [[0, 1], -1, -1]),
+    "three_d_axis1": ((4, 16, 6), [-1, [1, 0], -1]),
     "plain": ((16, 8), [1, 0]),
     "bias": ((8,), [-1]),
 }
@@ -92,6 +95,39 @@ def test_plan_takes_a_json_target(job, tmp_path):
     ckptstore.convert(job["dist"], tmp_path / "store", strategy=job["nested"])
     r = run_cli("plan", tmp_path / "store", "-s", job["flat"], "--rank", "5")
     assert r.returncode == 0, r.stderr
+
+
+# ---- optimizer sharding with Layout tuples --------------------------------------------------
+
+OPT_DEV = (2, 2, 2)  # device axis 1 is left to the optimizer shard
+OPT_LAYOUTS = {
+    "rows": ((16, 8), [[2, 0], -1]),
+    "cols": ((8, 16), [-1, [0, 2]]),
+    "rows_8x8": ((8, 8), [[2, 0], -1]),
+    "three_d": ((16, 8, 4), [-1, [2, 0], -1]),
+}
+OPT_SHARD = {"rows": (4, 2), "cols": (4, 2), "rows_8x8": (4, -1), "three_d": (1, -1)}
+
+
+@pytest.fixture(scope="module")
+def opt_job(tmp_path_factory):
+    root = tmp_path_factory.mktemp("layout_tuples_opt")
+    rng = np.random.default_rng(27)
+    values = {n: rng.standard_normal(shape).astype(np.float32) for n, (shape, _) in OPT_LAYOUTS.items()}
+    nested, flat = write_layout_tuple_strategies(root / "strategy", OPT_DEV, OPT_LAYOUTS, OPT_SHARD)
+    return {"values": values, "nested": nested, "flat": flat, "dist": save_layout_tuple_checkpoint(root, values, nested)}
+
+
+def test_optimizer_sharded_tuples_read_from_json_as_transform_checkpoints_wrote_them(opt_job, tmp_path):
+    ckptstore.convert(opt_job["dist"], tmp_path / "store", strategy=opt_job["flat"])
+    assert _contents(tmp_path / "store").keys() == opt_job["values"].keys()
+    for name, value in _contents(tmp_path / "store").items():
+        assert value.tobytes() == opt_job["values"][name].tobytes(), name
+    for rank in range(8):
+        expected = load_oracle(opt_job["dist"] / f"rank_{rank}" / f"net-1_{rank}.ckpt")
+        got = ckptstore.read_rank(tmp_path / "store", opt_job["flat"], rank)
+        assert {n: (a.shape, a.tobytes()) for n, a in got.items()} == \
+            {n: (a.shape, a.tobytes()) for n, a in expected.items()}, rank
 
 
 # ---- 24.14: numbers that are not integers ----------------------------------------------------

@@ -217,7 +217,8 @@ def choose_rank_files(src: str | os.PathLike[str], *, step: int | None = None, p
                       fmt: str | None = None, epoch: int | None = None) -> RankFileChoice:
     """Each rank's checkpoint file under ``src/rank_<i>/``, one checkpoint for the whole job.
 
-    Each folder's files are narrowed by the options as in :func:`pick_rank_file` (the newest run
+    Each folder's files are narrowed by the options as in :func:`pick_rank_file` (``{rank}`` in
+    ``prefix`` standing for the folder's rank number; the newest run
     of a job rerun in the same folder; every rank must then be of the same run). When a rank
     folder still holds several checkpoints, the newest ``(epoch, step)`` that *every* rank holds is
     taken: a pipeline job killed while saving leaves the newest epoch in some rank folders only,
@@ -230,7 +231,10 @@ def choose_rank_files(src: str | os.PathLike[str], *, step: int | None = None, p
     candidates: dict[int, list[str]] = {}
     runs: dict[int, tuple[str, int] | None] = {}
     for r, folder in folders.items():
-        files = _filtered(folder.folder, folder.names, step=step, epoch=epoch, prefix=prefix, fmt=fmt)
+        # "{rank}" in a prefix is each folder's rank: MindFormers names files <p>_rank_<r>-..., so
+        # one run of a rerun is chosen with "<p>_rank_{rank}-" (the first) or "<p>_rank_{rank}_1-"
+        mine = prefix.replace("{rank}", str(r)) if prefix is not None else None
+        files = _filtered(folder.folder, folder.names, step=step, epoch=epoch, prefix=mine, fmt=fmt)
         candidates[r], runs[r] = _newest_run(folder, files)
     notes = []
     chosen_runs = {run[1] for run in runs.values() if run is not None}
@@ -242,7 +246,8 @@ def choose_rank_files(src: str | os.PathLike[str], *, step: int | None = None, p
                 by_run.setdefault(n, []).append(r)
             shown = "; ".join(f"{_ranks_text(rs)}: {_example(candidates[rs[0]])}" for rs in by_run.values())
             raise LayoutMismatchError(f"the rank folders of {src} hold reruns of a job and their newest files are of "
-                                      f"different runs ({shown}); choose the files with --prefix")
+                                      f"different runs ({shown}); choose the files with --prefix (per-rank prefixes "
+                                      "with {rank}: '<p>_rank_{rank}-')")
         notes.append(f"the rank folders hold {max(chosen_runs) + 1} or more runs of the job (a rerun in the same "
                      f"folder); took the newest run's files, e.g. {_example(candidates[min(candidates)])} (newest "
                      "modification time, as MindFormers' transform picks)")

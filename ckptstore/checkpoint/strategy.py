@@ -246,12 +246,15 @@ class Layout:
             return self
         return _fit(self, shape, local)
 
-    def _folded(self, groups: Sequence[tuple[int, int]]) -> "Layout | None":
+    def _folded(self, groups: Sequence[tuple[int, int]], strict: bool = False) -> "Layout | None":
         """The nested layout of flattened tensor-map entries grouped as ``groups`` ([lo, hi) runs),
         or ``None`` when the flattened form cannot have come from it: every entry but a group's
-        last stands for one device axis whose size it has (the reshape InitFromExtendVector does)."""
+        last stands for one device axis whose size it has (the reshape InitFromExtendVector does).
+        ``strict`` also refuses a group holding an unsplit entry (a tuple with ``"None"`` in it)."""
         maps, shape = [], []
         for lo, hi in groups:
+            if strict and hi - lo > 1 and not all(self.tensor_map[lo:hi]):
+                return None
             for i in range(lo, hi - 1):
                 axis = self.tensor_map[i]
                 if len(axis) != 1 or self.tensor_shape[i] != self._dim(axis[0]):
@@ -275,6 +278,11 @@ def _fit(layout: Layout, shape: tuple[int, ...], local: bool) -> Layout:
         return layout
     found: dict[Layout, None] = {}
     tries = 0
+    # A tuple with "None" in it (("mp", "None")) is legal but rare, and its flattened form is also
+    # that of ("mp",) beside an unsplit axis: [1, 0, -1] of an [8, 8] weight whose slice is [1, 8]
+    # reads as (("dp", "mp"), "None") or as ("dp", ("mp", "None")). Readings without such tuples
+    # are tried first; only when none fits are they tried.
+    strict = True
 
     def fits(candidate: Layout) -> bool:
         if not local:
@@ -291,7 +299,7 @@ def _fit(layout: Layout, shape: tuple[int, ...], local: bool) -> Layout:
         left = k - len(groups)
         if left == 1:
             tries += 1
-            candidate = layout._folded(groups + [(lo, n)])
+            candidate = layout._folded(groups + [(lo, n)], strict)
             if candidate is not None and fits(candidate):
                 found[candidate] = None
             return
@@ -301,6 +309,9 @@ def _fit(layout: Layout, shape: tuple[int, ...], local: bool) -> Layout:
             search(hi, groups + [(lo, hi)])
 
     search(0, [])
+    if not found:
+        strict, tries = False, 0
+        search(0, [])
     if len(found) > 1 or tries > _FOLD_TRIES:
         raise StrategyError(f"tensor map {layout.pretty_map()} with tensor_shape {list(layout.tensor_shape)} can be "
                             f"read in more than one way for a tensor of shape {list(shape)}")

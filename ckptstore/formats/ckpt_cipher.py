@@ -13,6 +13,9 @@ MindSpore is imported only when a file is decrypted.
 from __future__ import annotations
 
 import os
+import re
+import sys
+import tempfile
 import threading
 from collections import OrderedDict
 from typing import Sequence
@@ -47,11 +50,43 @@ def read_key_file(path: str | os.PathLike[str]) -> bytes:
     return key
 
 
+#: MindSpore's own log lines of a block that does not decrypt (crypto.cc, pipeline_py.cc), which
+#: its C++ code writes to file descriptor 2 at level ERROR whatever Python does with sys.stderr.
+_DECRYPT_LOG = re.compile(rb"^\[ERROR\] (CORE|COMMON)\(.*\] (BlockDecrypt|Decrypt|PyDecryptData)\] ")
+_STDERR_LOCK = threading.Lock()
+
+
+def _flush_stderr() -> None:
+    if sys.stderr is not None:  # None under pythonw
+        sys.stderr.flush()
+
+
 def _decrypt_block(block: bytes, key: bytes, mode: str) -> bytes | None:
     os.environ.setdefault("GLOG_v", "3")
     from mindspore._c_expression import _decrypt_data
 
-    return _decrypt_data(block, len(block), key, len(key), mode)
+    # A wrong key is reported once, by the caller's EncryptedCheckpointError: file descriptor 2 is
+    # captured during the call and replayed without MindSpore's decryption log lines (anything
+    # else written meanwhile, by any thread, is replayed as it was).
+    with _STDERR_LOCK:
+        _flush_stderr()
+        try:
+            saved = os.dup(2)
+        except OSError:
+            return _decrypt_data(block, len(block), key, len(key), mode)
+        with tempfile.TemporaryFile() as captured:
+            os.dup2(captured.fileno(), 2)
+            try:
+                return _decrypt_data(block, len(block), key, len(key), mode)
+            finally:
+                _flush_stderr()
+                os.dup2(saved, 2)
+                os.close(saved)
+                captured.seek(0)
+                kept = b"".join(line for line in captured.read().splitlines(keepends=True)
+                                if not _DECRYPT_LOG.match(line))
+                if kept:
+                    os.write(2, kept)
 
 
 class DecryptedFile(ReadableFile):

@@ -82,9 +82,17 @@ def read_hf_folder(source: ByteSource) -> HFFolder:
     files = list(dict.fromkeys(weight_map.values())) if weight_map is not None else [SINGLE_FILE]
     headers: dict[str, dict[str, TensorInfo]] = {}
     for key in files:
-        if source.stat(key) is None:
-            raise MissingFileError(f"shard {source.key_url(key)} named by {INDEX_FILE} does not exist")
-        _, headers[key] = parse_header(source.open(key))
+        try:
+            if source.stat(key) is None:
+                raise MissingFileError(f"shard {source.key_url(key)} named by {INDEX_FILE} does not exist")
+            opened = source.open(key)
+        except UnsafePathError as e:
+            # the names passed check_key: what is refused is a symbolic link, as a Hugging Face cache
+            # snapshot holds (every file a link into ../../blobs); say how to get real files
+            raise UnsafePathError(f"{e}; a Hugging Face cache snapshot links its files into ../../blobs: index a "
+                                  "copy with real files (cp -rL SNAPSHOT DIR, or huggingface-cli download "
+                                  "--local-dir DIR)") from None
+        _, headers[key] = parse_header(opened)
     if weight_map is None:
         weight_map = {name: SINGLE_FILE for name in headers[SINGLE_FILE]}
     tensors: dict[str, HFTensor] = {}

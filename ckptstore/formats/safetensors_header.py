@@ -62,6 +62,17 @@ def build_header(tensors: Sequence[tuple[str, np.dtype, Sequence[int]]],
     return head, [TensorInfo(n, d, s, len(head) + a, len(head) + b) for n, d, s, a, b in spans]
 
 
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of two equal keys: a tensor named twice would be read from
+    # whichever entry came last, and the other's bytes left unaccounted for
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key[:200]!r} appears twice")
+        out[key] = value
+    return out
+
+
 def parse_header(f: ReadableFile) -> tuple[dict[str, str], dict[str, TensorInfo]]:
     """``(metadata, tensors)`` of the safetensors file ``f``, validated; tensors in file order.
 
@@ -78,7 +89,7 @@ def parse_header(f: ReadableFile) -> tuple[dict[str, str], dict[str, TensorInfo]
     if 8 + n > f.size:
         raise TruncatedCheckpointError(f"the file ends inside its {n}-byte safetensors header", path=f.url, offset=8)
     try:
-        doc = json.loads(f.pread(8, n))
+        doc = json.loads(f.pread(8, n), object_pairs_hook=_once_each)
     except (ValueError, RecursionError) as e:
         raise CorruptCheckpointError(f"the safetensors header is not valid JSON: {e}", path=f.url, offset=8) from None
     if not isinstance(doc, dict):

@@ -46,11 +46,13 @@ def flatten_layout(dev_matrix: Sequence[int], tensor_map: NestedMap,
 
 
 def write_layout_tuple_strategies(folder, dev_matrix: Sequence[int],
-                                  layouts: Mapping[str, tuple[Sequence[int], NestedMap]]) -> tuple[Path, Path]:
+                                  layouts: Mapping[str, tuple[Sequence[int], NestedMap]],
+                                  opt_shard: Mapping[str, tuple[int, int]] | None = None) -> tuple[Path, Path]:
     """Write ``folder/nested.ckpt`` (protobuf) and ``folder/flat.json`` (the compiler's JSON) for ``layouts``.
 
-    ``layouts[name] = (global shape, nested tensor map)``; one pipeline stage, no optimizer
-    sharding. Returns the two paths.
+    ``layouts[name] = (global shape, nested tensor map)``; one pipeline stage. ``opt_shard[name] =
+    (opt_weight_shard_step, opt_weight_shard_size)`` shards that parameter over the optimizer
+    (both forms record the two numbers as they are). Returns the two paths.
     """
     os.environ.setdefault("GLOG_v", "3")
     from mindspore.train import node_strategy_pb2 as pb2
@@ -80,13 +82,14 @@ def write_layout_tuple_strategies(folder, dev_matrix: Sequence[int],
             pl.tensor_map.add().dim.extend(int(e) for e in tmap)  # type: ignore[arg-type]
         pl.param_split_shape.add()
         pl.indices_offset.add()
+        step, size = (opt_shard or {}).get(name, (0, 0))
         pl.field = 0
-        pl.opt_weight_shard_step = 0
-        pl.opt_weight_shard_size = 0
+        pl.opt_weight_shard_step = step
+        pl.opt_weight_shard_size = size
         flat_map, flat_shape = flatten_layout(dev_matrix, tmap, shape)
         doc["parallel_layout_item"][name] = {  # type: ignore[index]
             "dev_matrix": [int(d) for d in dev_matrix], "tensor_map": flat_map, "tensor_shape": flat_shape,
-            "field": 0, "opt_weight_shard_step": 0, "opt_weight_shard_size": 0}
+            "field": 0, "opt_weight_shard_step": step, "opt_weight_shard_size": size}
     nested = folder / "nested.ckpt"
     nested.write_bytes(smap.SerializeToString())
     flat = folder / "flat.json"
