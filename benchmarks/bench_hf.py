@@ -38,8 +38,8 @@ def make_folder(work: Path, gb: float) -> Path:
     per_layer = 2 * (2 * h * h + 2 * kv * h + 3 * f * h + 2 * h)
     layers = max(1, round((gb * 1e9 - 2 * 2 * v * h) / per_layer))
     folder = work / f"llama-{gb}gb"
-    if (folder / "model.safetensors.index.json").exists():
-        return folder
+    if (folder / "model.safetensors.index.json").exists() or (folder / "model.safetensors").exists():
+        return folder  # one shard has no index file: without this check a small folder was rewritten every run
     config = llama_config(layers=layers, hidden=h, heads=SHAPE["num_attention_heads"],
                           kv_heads=SHAPE["num_key_value_heads"], ffn=f, vocab=v)
     rng = np.random.default_rng(0)
@@ -78,8 +78,6 @@ def strategy(store_path: Path, out: Path) -> Path:
 
 def child(args: argparse.Namespace) -> None:
     """One timed run in this process; prints a JSON line."""
-    import resource
-
     from ckptstore.write.hf_index import index_hf
 
     import ckptstore
@@ -89,17 +87,35 @@ def child(args: argparse.Namespace) -> None:
         index_hf(args.folder, args.store, name_map="mcore", overwrite=True)
         print(json.dumps({"seconds": time.perf_counter() - t0}))
         return
+    from ckptstore.store.executor import IO_STATS
+
     st = ckptstore.open(args.store)
     plan = ckptstore.plan_rank(st, args.strategy, rank=1)
-    with open("/proc/self/statm") as f:
-        base = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    # ru_maxrss survives fork and exec (Linux keeps the parent's high-water mark in the child), so
+    # a parent that once held a folder's tensors inflated it; reset this process's high-water mark
+    # to its current RSS instead (clear_refs 5) and read VmHWM after the read
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _status_kb("VmRSS") * 1024
+    IO_STATS.reset()
     t0 = time.perf_counter()
     got = ckptstore.read_rank(st, args.strategy, rank=1)
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _status_kb("VmHWM") * 1024
     slice_bytes = sum(a.nbytes for a in got.values())
-    print(json.dumps({"seconds": seconds, "bytes_read": plan.nbytes, "slice_bytes": slice_bytes,
-                      "peak_above_start": peak - base, "requests": plan.requests}))
+    print(json.dumps({"seconds": seconds, "bytes_read": plan.nbytes, "bytes_fetched": IO_STATS.bytes_fetched,
+                      "planned_fetched": plan.fetched_bytes, "slice_bytes": slice_bytes,
+                      "peak_above_start": peak - base, "requests": plan.requests,
+                      "requests_sent": IO_STATS.requests}))
+
+
+def _status_kb(field: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` (VmRSS: resident now; VmHWM: its high-water mark)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def main() -> None:
@@ -139,8 +155,8 @@ def main() -> None:
         reads.append(run("read", "--strategy", str(strat)))
     size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     print(f"| folder | index (median of {args.rounds}) | tp4 rank 1 read (median) | bytes read / slice | "
-          "peak RSS above start / slice | requests |")
-    print("| --- | --- | --- | --- | --- | --- |")
+          "bytes fetched / slice | peak RSS above start / slice | requests (planned = sent) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     rows = [("local", index_s, reads)]
     if args.s3:
         from ckptstore.testing import s3_server as S
@@ -166,7 +182,10 @@ def main() -> None:
         print(f"| {label}: {size / 1e9:.2f} GB, {len(list(folder.glob('*.safetensors')))} shards | "
               f"{statistics.median(idx):.3f} s | {statistics.median(x['seconds'] for x in rr):.3f} s | "
               f"{max(x['bytes_read'] / x['slice_bytes'] for x in rr):.4f}x ({r['slice_bytes'] / 1e6:.1f} MB) | "
-              f"{max(x['peak_above_start'] / x['slice_bytes'] for x in rr):.3f}x | {r['requests']} |")
+              f"{max(x['bytes_fetched'] / x['slice_bytes'] for x in rr):.4f}x | "
+              f"{max(x['peak_above_start'] / x['slice_bytes'] for x in rr):.3f}x | "
+              f"{r['requests']} {'=' if all(x['requests'] == x['requests_sent'] for x in rr) else '!='} "
+              f"{r['requests_sent']} |")
     print(f"loadavg: {open('/proc/loadavg').read().strip()}")
 
 

@@ -81,6 +81,28 @@ def test_a_slice_of_a_fused_view_reads_exactly_its_rows_and_columns(folder, tmp_
                                   mcore_expected(tensors, 0)[name][10:50, 4:20])
 
 
+@pytest.mark.parametrize("cost", ["local", "s3"])
+def test_a_tp_rank_of_gate_up_interleaved_row_by_row_takes_a_request_per_source_tensor(folder, tmp_path, cost):
+    # rank 1 of 4 of linear_fc1 is rows 12..24 of gate and of up, alternating in the destination:
+    # each source's rows are one run of its file, so one request each (not one per row, 24)
+    from ckptstore.io.s3_source import S3_COST
+    from ckptstore.store.executor import IO_STATS
+
+    hf, tensors = folder
+    index_hf(hf, tmp_path / "st", name_map="mcore")
+    store = ckptstore.open(tmp_path / "st")
+    name = "decoder.layers.0.mlp.linear_fc1.weight"
+    rows, cols = store.info(name).shape
+    box = Box((rows // 4, 0), (rows // 2, cols))
+    plan = plan_param(store.info(name), box, cost=S3_COST if cost == "s3" else None)
+    assert plan.nbytes == (rows // 4) * cols * 4 and plan.requests <= 2
+    if cost == "local":  # what the store's own (local) executor sends is that plan
+        IO_STATS.reset()
+        got = store.read(name, index=(slice(rows // 4, rows // 2), slice(None)))
+        assert (IO_STATS.requests, IO_STATS.bytes_read) == (plan.requests, plan.nbytes)
+        np.testing.assert_array_equal(got, mcore_expected(tensors, 0)[name][rows // 4:rows // 2])
+
+
 @settings(max_examples=examples(60))
 @given(st.lists(st.integers(1, 4), min_size=2, max_size=3), st.integers(1, 3), st.integers(0, 2),
        st.lists(st.integers(1, 3), min_size=2, max_size=2), st.data())
