@@ -252,6 +252,11 @@ class LocalSink(ByteSink):
         try:
             dfd, name = self._parent(key)
             try:
+                if _exists(dfd, name):
+                    # another writer's (or planted: not ours either way). Looked up first, so that
+                    # the writers that lose (every part but one) write and fsync no file of their
+                    # own: an fsync while other writers hold unsynced data waits for theirs too
+                    return False
                 # a name of this call's own: several writers may race to create the same file
                 tmp = self._write_temp(dfd, name, partial_key(f"{name}.{os.getpid()}-{next(_unique)}"), data, True)
                 try:
@@ -563,6 +568,15 @@ def _own_copy(dfd: int, name: str, fd: int, nbytes: int) -> int:
     finally:
         os.close(fd)
     return new
+
+
+def _exists(dfd: int, name: str) -> bool:
+    """Whether ``name`` is in folder ``dfd`` (as anything, a link included: not followed)."""
+    try:
+        os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _is_link(dfd: int, name: str) -> bool:
