@@ -4,7 +4,9 @@ and redirects (servers of the test's own). Runs without MindSpore (``make test-p
 conversions and loads through a bucket are in test_object_storage.py."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -149,103 +151,51 @@ def test_the_endpoints_credentials_are_not_printed(monkeypatch, quick_retries):
     assert "AKIAENDPOINTKEY" not in str(e.value) and "EndpointSecretZq81" not in str(e.value)
 
 
-def test_a_redirect_to_another_host_is_refused_before_a_session_token_is_sent(monkeypatch, quick_retries):
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    seen: list[tuple[str, dict[str, str]]] = []
-
-    class Elsewhere(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            seen.append(("elsewhere", dict(self.headers)))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        do_HEAD = do_GET
-
-    elsewhere = ThreadingHTTPServer(("127.0.0.2", 0), Elsewhere)
-
-    class Redirect(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            seen.append(("endpoint", dict(self.headers)))
-            self.send_response(307)
-            self.send_header("Location", f"http://127.0.0.2:{elsewhere.server_address[1]}{self.path}")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        do_HEAD = do_GET
-
-    endpoint = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    servers = [elsewhere, endpoint]
-    for s in servers:
-        threading.Thread(target=s.serve_forever, daemon=True).start()
-    try:
-        for k, v in S.env_for(f"http://127.0.0.1:{endpoint.server_address[1]}").items():
-            monkeypatch.setenv(k, v)
-        monkeypatch.setenv("AWS_SESSION_TOKEN", "SESSION-TOKEN-Zq81")
-        with pytest.raises(ObjectStoreConfigError, match=r"redirects requests for bucket some-bucket to another host "
-                                                         r"\(http://127.0.0.2:\d+, HTTP 307\); ckptstore refuses it"):
-            ckptstore.open("s3://some-bucket/model.zarr")
-        assert [w for w, _ in seen] == ["endpoint"]  # the probe, which carries no credentials
-        assert not any("SESSION-TOKEN-Zq81" in str(h) for _, h in seen)
-    finally:
-        for s in servers:
-            s.shutdown()
-            s.server_close()
-
-
-def test_an_endpoint_redirecting_only_signed_requests_is_refused_before_a_session_token_is_sent(monkeypatch,
-                                                                                                  quick_retries):
+@contextlib.contextmanager
+def _redirecting_endpoint(monkeypatch: pytest.MonkeyPatch,
+                          redirects: Callable[[Any], bool]) -> Iterator[list[tuple[str, str, dict[str, str]]]]:
+    """An endpoint on 127.0.0.1 that answers ``307`` to another host (127.0.0.2, which answers an
+    empty ``200``: what a damaged store would look like) for the requests ``redirects(handler)``
+    picks and ``404`` for the others, made the client's endpoint, with a session token in the
+    environment. Yields every request either host saw as ``(host, path, headers)``."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     seen: list[tuple[str, str, dict[str, str]]] = []
 
-    class Elsewhere(BaseHTTPRequestHandler):
+    class Quiet(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def log_message(self, *args: object) -> None:
             pass
 
-        def do_GET(self) -> None:
-            seen.append(("elsewhere", self.path, dict(self.headers)))
-            self.send_response(200)  # an empty "zarr.json": what a damaged store would look like
+        def answer(self, status: int, location: str | None = None) -> None:
+            self.send_response(status)
+            if location is not None:
+                self.send_header("Location", location)
             self.send_header("Content-Length", "0")
             self.end_headers()
+
+    class Elsewhere(Quiet):
+        def do_GET(self) -> None:
+            seen.append(("elsewhere", self.path, dict(self.headers)))
+            self.answer(200)
 
         do_HEAD = do_GET
 
     elsewhere = ThreadingHTTPServer(("127.0.0.2", 0), Elsewhere)
 
-    class SignedOnly(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: object) -> None:
-            pass
-
+    class Endpoint(Quiet):
         def do_GET(self) -> None:
             seen.append(("endpoint", self.path, dict(self.headers)))
-            signed = "Authorization" in self.headers or "X-Amz-Signature=" in self.path
-            self.send_response(307 if signed else 404)
-            if signed:
-                self.send_header("Location", f"http://127.0.0.2:{elsewhere.server_address[1]}{self.path}")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+            if redirects(self):
+                self.answer(307, f"http://127.0.0.2:{elsewhere.server_address[1]}{self.path}")
+            else:
+                self.answer(404)
 
         do_HEAD = do_GET
 
-    endpoint = ThreadingHTTPServer(("127.0.0.1", 0), SignedOnly)
+    endpoint = ThreadingHTTPServer(("127.0.0.1", 0), Endpoint)
     servers = [elsewhere, endpoint]
     for s in servers:
         threading.Thread(target=s.serve_forever, daemon=True).start()
@@ -253,15 +203,33 @@ def test_an_endpoint_redirecting_only_signed_requests_is_refused_before_a_sessio
         for k, v in S.env_for(f"http://127.0.0.1:{endpoint.server_address[1]}").items():
             monkeypatch.setenv(k, v)
         monkeypatch.setenv("AWS_SESSION_TOKEN", "SESSION-TOKEN-Zq81")
+        yield seen
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()
+
+
+def test_a_redirect_to_another_host_is_refused_before_a_session_token_is_sent(monkeypatch, quick_retries):
+    with _redirecting_endpoint(monkeypatch, lambda request: True) as seen:
+        with pytest.raises(ObjectStoreConfigError, match=r"redirects requests for bucket some-bucket to another host "
+                                                         r"\(http://127.0.0.2:\d+, HTTP 307\); ckptstore refuses it"):
+            ckptstore.open("s3://some-bucket/model.zarr")
+        assert [w for w, _, _ in seen] == ["endpoint"]  # the probe, which carries no credentials
+        assert not any("SESSION-TOKEN-Zq81" in str(h) for _, _, h in seen)
+
+
+def test_an_endpoint_redirecting_only_signed_requests_is_refused_before_a_session_token_is_sent(monkeypatch,
+                                                                                                  quick_retries):
+    def signed(request: Any) -> bool:
+        return "Authorization" in request.headers or "X-Amz-Signature=" in request.path
+
+    with _redirecting_endpoint(monkeypatch, signed) as seen:
         with pytest.raises(ObjectStoreConfigError, match=r"redirects signed requests for bucket some-bucket to "
                                                          r"another host \(http://127.0.0.2:\d+, HTTP 307\)"):
             ckptstore.open("s3://some-bucket/model.zarr")
         assert [w for w, _, _ in seen] == ["endpoint", "endpoint"]  # the two probes; nothing went elsewhere
         assert not any("SESSION-TOKEN-Zq81" in str(h) for w, _, h in seen if w == "elsewhere")
-    finally:
-        for s in servers:
-            s.shutdown()
-            s.server_close()
 
 
 @pytest.mark.slow
