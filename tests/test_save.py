@@ -252,6 +252,42 @@ def test_a_rank_cannot_be_guessed_in_a_job_of_several(tmp_path, saved_layout, mo
         ckptstore.save_rank({"layer0.b": np.ones(8, np.float32)}, tmp_path, step=1, strategy=layout.strategy_files)
 
 
+@pytest.mark.mindspore
+def test_each_save_of_the_same_parameters_reuses_their_plan_and_strategy(saved_layout, tmp_path):
+    import mindspore as ms
+    from ckptstore.write.save import prepare_save
+
+    layout = saved_layout("mp_rows")
+    local = ms.load_checkpoint(str(layout.rank_file(1)))  # mindspore.Parameter values
+    first = prepare_save(local, tmp_path, step=1, strategy=layout.strategy_files, rank=1)
+    again = prepare_save(local, tmp_path, step=2, strategy=layout.strategy_files, rank=1)
+    assert again.plan is first.plan and again.strategy is first.strategy
+
+
+def test_a_save_of_other_shapes_is_planned_again(tmp_path):
+    from ckptstore.write.save import prepare_save
+
+    first = prepare_save({"w": np.zeros((4, 2), np.float32)}, tmp_path, step=1)
+    other = prepare_save({"w": np.zeros((6, 2), np.float32)}, tmp_path, step=2)
+    assert other.plan is not first.plan and other.plan.params[0].shape == (6, 2)
+
+
+@pytest.mark.mindspore
+def test_a_strategy_file_rewritten_between_saves_is_read_again(saved_layout, tmp_path):
+    import mindspore as ms
+    from ckptstore.checkpoint.strategy import load_strategy
+    from ckptstore.write.save import prepare_save
+
+    rows, cols = saved_layout("mp_rows"), saved_layout("mp_cols")
+    strategy = tmp_path / "strategy.ckpt"
+    strategy.write_bytes(rows.strategy_files[0].read_bytes())
+    local = ms.load_checkpoint(str(rows.rank_file(0)))
+    first = prepare_save(local, tmp_path / "out", step=1, strategy=strategy, rank=0)
+    strategy.write_bytes(cols.strategy_files[0].read_bytes())  # the job's layout changed
+    again = prepare_save(local, tmp_path / "out", step=2, strategy=strategy, rank=0)
+    assert again.strategy.layouts == load_strategy(cols.strategy_files).layouts != first.strategy.layouts
+
+
 # ---- every layout, every rank its own process ------------------------------------------------
 
 
