@@ -324,6 +324,31 @@ def test_replicated_slices_are_shared_out_over_their_replica_group(saved_by_rank
     assert max(written) - min(written) <= biggest
 
 
+def _save_replicated_prime_rows(root: Path) -> tuple[np.ndarray, list[Any]]:
+    """A [47, 8192] float32 table (47 rows, a prime: one-row chunks at 1 MB) that all 4 ranks of
+    a pure data-parallel job hold whole, saved by each rank in turn, the last committing."""
+    from ckptstore.checkpoint.strategy import Layout, Strategy
+
+    table = np.arange(47 * 8192, dtype=np.float32).reshape(47, 8192)
+    strategy = Strategy({"embedding": {0: Layout((4,), ((), ()))}}, 4, 1)
+    return table, [ckptstore.save_rank({"embedding": table}, root, step=1, rank=r, strategy=strategy, chunk_mb=1,
+                                       attempt="one-job") for r in range(4)]
+
+
+def test_a_replicated_slice_is_written_in_pieces_by_every_replica(tmp_path):
+    table, summaries = _save_replicated_prime_rows(tmp_path)
+    assert [s.bytes_written for s in summaries] == [12 * 8192 * 4] * 3 + [11 * 8192 * 4]
+
+
+def test_a_replicated_slice_written_in_pieces_is_a_zarr_array_zarr_python_reads(tmp_path):
+    import zarr
+
+    table, _ = _save_replicated_prime_rows(tmp_path)
+    assert_same_array(zarr.open_group(str(tmp_path / "step_1"), mode="r")["embedding"][...], table, "embedding")
+    assert_store_holds(tmp_path, {"embedding": table})
+    assert ckptstore.verify(tmp_path / "step_1").ok
+
+
 @pytest.mark.mindspore
 @pytest.mark.slow
 @pytest.mark.parametrize("case_id,ranks", [("dp2_mp4->dp2_mp2", [0, 3]), ("opt_shard->dp2_mp2", [1, 2]),

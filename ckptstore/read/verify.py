@@ -30,10 +30,7 @@ from ckptstore.checkpoint.rank_bytes import RankFiles
 from ckptstore.store.store import Store, StoreLike, store_argument
 from ckptstore.limits import MAX_METADATA_BYTES
 from ckptstore.store.kinds import ROOT_METADATA
-from ckptstore.store.zarr import grid_key
-
-#: An empty entry of a shard index (the chunk is not in the shard: a reader gives the fill value).
-_EMPTY = 2**64 - 1
+from ckptstore.store.zarr import EMPTY_ENTRY as _EMPTY, grid_key
 
 
 @dataclass

@@ -26,7 +26,9 @@ import crc32c
 from ckptstore.dtypes import numpy_dtype
 from ckptstore.store.kinds import ROOT_METADATA
 
-_EMPTY = 2**64 - 1
+#: The index entry of an inner chunk a shard does not hold (a reader gives the fill value;
+#: a shard at the array's edge has one for each chunk past the edge).
+EMPTY_ENTRY = 2**64 - 1
 
 
 def array_path(name: str) -> str:
@@ -147,9 +149,13 @@ def _group_template() -> str:
     return store._store_dict[ROOT_METADATA].to_bytes().decode()  # noqa: SLF001
 
 
-def shard_index(offsets: Sequence[int], nbytes: Sequence[int]) -> bytes:
-    """The sharding codec's index: ``(offset, nbytes)`` uint64 pairs in chunk order, then CRC-32C."""
-    raw = b"".join(struct.pack("<QQ", o, n) for o, n in zip(offsets, nbytes))
+def shard_index(offsets: Sequence[int], nbytes: Sequence[int], entries: int | None = None) -> bytes:
+    """The sharding codec's index: ``(offset, nbytes)`` uint64 pairs in chunk order, then CRC-32C;
+    padded to ``entries`` pairs with empty ones (a shard at the array's edge holds only the
+    chunks inside the array, its index has one entry for every chunk of the shard shape)."""
+    pairs = list(zip(offsets, nbytes))
+    pairs += [(EMPTY_ENTRY, EMPTY_ENTRY)] * ((entries or len(pairs)) - len(pairs))
+    raw = b"".join(struct.pack("<QQ", o, n) for o, n in pairs)
     return raw + struct.pack("<I", crc32c.crc32c(raw))
 
 

@@ -272,7 +272,7 @@ class SaveJob:
             if p.chunks:
                 flat = _bytes_of(self.arrays[p.name])  # type: ignore[arg-type]
                 for offset in range(0, p.nbytes, step):
-                    yield p, offset, flat[offset:min(offset + step, p.nbytes)]
+                    yield p, offset, flat[p.local_start + offset:p.local_start + min(offset + step, p.nbytes)]
 
     def write(self, pieces: Iterable[Piece] | None = None, *, commit: bool = True) -> SaveSummary:
         """Write ``pieces`` (by default straight from the arrays), record them, and commit if this
@@ -384,8 +384,8 @@ def _file_bytes(p: SaveParam, data: Any, rest: Iterator[Piece], crcs: dict[int, 
         q, _, data = next(rest)
         if q.name != p.name:  # pieces come parameter by parameter, in the plan's order
             raise RuntimeError(f"pieces of {q.name!r} came before the last of {p.name!r}")
-    if p.sharded:
-        yield zb.shard_index([c.byte_start for c in chunks], [c.nbytes for c in chunks])
+    if p.sharded:  # a shard at the array's edge holds fewer chunks than its index has entries
+        yield zb.shard_index([c.byte_start for c in chunks], [c.nbytes for c in chunks], p.chunks_per_shard)
 
 
 def _bytes_of(array: np.ndarray | LazyArray) -> memoryview:

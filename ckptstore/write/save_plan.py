@@ -2,9 +2,11 @@
 
 Every rank of the job passes its *local* slices. With the strategy, each rank works out, for
 every parameter of its pipeline stage, the global shape (from its own local shape), every
-rank's box and the replica groups (ranks with equal boxes). Each distinct slice is then
-written by exactly one rank of its group: slices are dealt largest first to the member of
-their group with the fewest bytes so far (ties: the lower rank). Every rank of a stage holds
+rank's box and the replica groups (ranks with equal boxes). A replicated slice cut into
+several chunks along its first axis is split into pieces of whole chunks, at most one per
+member of its group (:func:`_cut`). Each distinct slice or piece is then written by exactly one
+rank of its group: they are dealt largest first to the member of their group with the fewest
+bytes so far that writes no other piece of the parameter (ties: the lower rank). Every rank of a stage holds
 the same parameters, so every rank computes the same assignment without talking to the
 others. A parameter several stages hold (a tied embedding) is written by the lowest of them;
 values the strategy does not describe (``global_step``, ``append_info`` scalars) are whole on
@@ -13,9 +15,9 @@ and every rank holds all of them (one process, or pure data parallelism).
 
 Chunks are the slices, cut along leading axes only to bound their size
 (:func:`ckptstore.store.chunking.chunk_shape_for`), so each chunk is a contiguous byte range
-of the local array that holds it. A rank writes each slice it is given as **one file**: the
+of the local array that holds it. A rank writes each slice (or piece) it is given as **one file**: the
 slice's single chunk, or, when the slice is cut into several chunks, a Zarr shard of exactly
-that slice (the chunks in C order, which is their byte order, then the shard index). A slice
+that slice or piece (the chunks in C order, which is their byte order, then the shard index). A slice
 whose leading axis has no divisor that fits (a vocabulary of 46747 rows, a prime) is cut into
 one-row chunks; as separate files that made 46747 files, each fsynced, for one tensor.
 
@@ -71,6 +73,9 @@ class SaveParam:
     chunks: tuple[SaveChunk, ...]
     writes_value: bool = False
     shard_shape: tuple[int, ...] | None = None
+    #: Where the bytes of :attr:`file` start in the local array (a piece of a replicated slice
+    #: starts inside it; a whole slice at 0).
+    local_start: int = 0
 
     @property
     def sharded(self) -> bool:
@@ -78,7 +83,7 @@ class SaveParam:
 
     @property
     def file(self) -> str:
-        """The one file this rank writes for the parameter (its slice)."""
+        """The one file this rank writes for the parameter (its slice, or its piece of one)."""
         return self.chunks[0].key
 
     @property
@@ -92,6 +97,14 @@ class SaveParam:
     @property
     def writes_metadata(self) -> bool:
         return bool(self.chunks) and self.chunks[0].index == 0
+
+    @property
+    def chunks_per_shard(self) -> int:
+        """Entries of a shard's index: every inner chunk of the shard shape (a shard at the
+        array's edge holds fewer; the others are empty entries)."""
+        if self.shard_shape is None:
+            return 1
+        return prod(s // c for s, c in zip(self.shard_shape, self.chunk_shape))
 
 
 @dataclass(frozen=True)
@@ -153,7 +166,9 @@ def plan_save(local: Mapping[str, np.ndarray | str], *, rank: int, world: int, s
         for i, b in enumerate(boxes):
             groups.setdefault(b, []).append(base + i)
         item = value.dtype.itemsize
-        slices += [_Slice(name, b, tuple(g), b.size * item) for b, g in groups.items()]
+        _, rows = _cut(mine_box[name].shape, shape, len(groups[mine_box[name]]), item, max_chunk_bytes)
+        slices += [_Slice(name, piece, tuple(g), piece.size * item)
+                   for b, g in groups.items() for piece in _pieces(b, rows)]
     writer = _assign(slices)
     by_name: dict[str, list[_Slice]] = {}
     for s in slices:
@@ -223,46 +238,90 @@ def _written_by_stage(name: str, stage: int, strategy: Strategy | None) -> bool:
     return stage == min(strategy.layouts[name])
 
 
+def _cut(box_shape: tuple[int, ...], shape: tuple[int, ...], replicas: int, item: int,
+         max_chunk_bytes: int) -> tuple[tuple[int, ...], int]:
+    """The chunk shape of a parameter whose ranks hold slices of ``box_shape``, and the rows of
+    each piece a replicated slice is split into (the slice's rows when it is not split).
+
+    A slice held by ``replicas`` ranks and cut into several chunks along its first axis is split
+    into at most ``replicas`` pieces of whole chunks, written by different members of its group,
+    so that one rank does not write it all (a 478 MiB embedding of 46747 rows, a prime, went
+    whole to one rank of a 256 MB budget). Pieces are one shard each, so the shard grid must be
+    regular: a slice that spans its axis ends at the array's edge and may have a shorter last
+    piece (Zarr's edge shard); one that does not is split evenly (the largest number of equal
+    pieces, at most ``replicas``, that its chunks give).
+    """
+    chunk_shape = chunk_shape_for(box_shape, item, max_chunk_bytes)
+    if not box_shape or replicas < 2:
+        return chunk_shape, box_shape[0] if box_shape else 0
+    rows, c = box_shape[0], chunk_shape[0]
+    m = rows // c  # chunks along the first axis (c divides rows)
+    if m < 2:
+        return chunk_shape, rows
+    if rows == shape[0]:
+        per = -(-m // replicas)
+    else:
+        per = m // max(d for d in range(1, replicas + 1) if m % d == 0)
+    return chunk_shape, per * c
+
+
+def _pieces(box: Box, rows: int) -> list[Box]:
+    """``box`` cut along its first axis into pieces of ``rows`` (the last may be shorter)."""
+    if not box.shape or rows >= box.shape[0] or rows < 1:
+        return [box]
+    first, end = box.start[0], box.stop[0]
+    return [Box((r,) + box.start[1:], (min(r + rows, end),) + box.stop[1:]) for r in range(first, end, rows)]
+
+
 def _assign(slices: Sequence[_Slice]) -> dict[tuple[str, tuple[int, ...]], int]:
-    """The writing rank of each slice (keyed by name and box start): largest first to the member
-    of its group with the fewest bytes so far; deterministic for a given set of slices."""
+    """The writing rank of each slice or piece (keyed by name and box start): largest first to
+    the member of its group with the fewest bytes so far that writes no other piece of that
+    parameter (each rank writes one file a parameter); deterministic for a given set of slices."""
     load: dict[int, int] = {}
     out: dict[tuple[str, tuple[int, ...]], int] = {}
+    taken: set[tuple[str, int]] = set()
     for s in sorted(slices, key=lambda s: (-s.nbytes, s.name, s.box.start)):
-        best = min(s.group, key=lambda r: (load.get(r, 0), r))
+        free = [r for r in s.group if (s.name, r) not in taken] or list(s.group)
+        best = min(free, key=lambda r: (load.get(r, 0), r))
         load[best] = load.get(best, 0) + max(s.nbytes, 1)
         out[(s.name, s.box.start)] = best
+        taken.add((s.name, best))
     return out
 
 
 def _param(name: str, value: np.ndarray, shape: tuple[int, ...], box: Box, slices: Sequence[_Slice],
            writer: Mapping[tuple[str, tuple[int, ...]], int], rank: int, max_chunk_bytes: int) -> SaveParam:
     item = value.dtype.itemsize
-    chunk_shape = chunk_shape_for(box.shape, item, max_chunk_bytes)
     replicas = len(slices[0].group) if slices else 1
-    # every rank holds a slice of the same shape, so all agree whether slices are sharded
-    whole = tuple(max(s, 1) for s in box.shape)
+    chunk_shape, rows = _cut(box.shape, shape, replicas, item, max_chunk_bytes)
+    # every rank holds a slice of the same shape, so all agree on the chunks and the shards
+    piece_shape = (rows,) + box.shape[1:] if box.shape else ()
+    whole = tuple(max(s, 1) for s in piece_shape)
     shard_shape = whole if chunk_shape != whole else None
+    mine = [s.box for s in slices if writer.get((name, s.box.start)) == rank and rank in s.group]
     chunks: list[SaveChunk] = []
-    if writer.get((name, box.start)) == rank and slices:
+    local_start = 0
+    if mine:
+        piece = mine[0]
         grid = tuple(s // c for s, c in zip(shape, chunk_shape))
         grid_strides = [prod(grid[a + 1:]) for a in range(len(grid))]
         local_strides = [prod(box.shape[a + 1:]) for a in range(len(box.shape))]
-        per_axis = [range(n // c) for n, c in zip(box.shape, chunk_shape)]
+        # where the piece starts in the local slice (pieces are cut along the first axis only)
+        lead = tuple(p - b for p, b in zip(piece.start, box.start))
+        local_start = sum(i * st for i, st in zip(lead, local_strides)) * item
+        per_axis = [range(n // c) for n, c in zip(piece.shape, chunk_shape)]
         cut = shard_shape or chunk_shape
-        key = _chunk_key(name, tuple(s // c for s, c in zip(box.start, cut)))  # the slice's one file
+        key = _chunk_key(name, tuple(s // c for s, c in zip(piece.start, cut)))  # the piece's one file
         nbytes = prod(chunk_shape) * item
         for local in itertools.product(*per_axis):
-            start = tuple(b + i * c for b, i, c in zip(box.start, local, chunk_shape))
+            start = tuple(p + i * c for p, i, c in zip(piece.start, local, chunk_shape))
             coords = tuple(s // c for s, c in zip(start, chunk_shape))
             index = sum(c * st for c, st in zip(coords, grid_strides))
             first = sum(i * c * st for i, c, st in zip(local, chunk_shape, local_strides))
             chunks.append(SaveChunk(index, key, Box(start, tuple(s + c for s, c in zip(start, chunk_shape))),
                                     first * item, nbytes))
     return SaveParam(name, array_path(name), value.dtype, shape, chunk_shape, replicas, tuple(chunks),
-                     shard_shape=shard_shape)
-
-
+                     shard_shape=shard_shape, local_start=local_start)
 
 
 def _chunk_key(name: str, coords: Sequence[int]) -> str:
