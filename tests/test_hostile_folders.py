@@ -162,6 +162,20 @@ def test_a_reader_of_a_replaced_store_gets_an_error_not_the_new_bytes(saved_layo
             assert_same_array(fresh.read(name), value)
 
 
+def test_a_store_moved_away_while_read_is_read_on_from_its_own_folder(saved_layout, tmp_path):
+    a, b = saved_layout("dp2_mp4"), saved_layout("mp_rows")
+    out = tmp_path / "s.zarr"
+    convert_layout(a, out)
+    store = ckptstore.open(out)
+    first, *others = store.names()
+    assert_same_array(store.read(first), expected_values(a)[first])
+    out.rename(tmp_path / "moved.zarr")  # another store now at the path: the reader keeps to its folder
+    convert_layout(b, out)
+    for name in others:
+        assert_same_array(store.read(name), expected_values(a)[name])
+    store.close()
+
+
 def test_reading_a_store_that_was_not_replaced_is_not_refused(saved_layout, tmp_path):
     layout, out = saved_layout("dp2_mp4"), tmp_path / "s.zarr"
     convert_layout(layout, out)

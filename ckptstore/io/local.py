@@ -13,6 +13,7 @@ import fcntl
 import os
 import stat as stat_mod
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -161,6 +162,8 @@ class LocalSource(ByteSource):
         self.root = Path(root)
         self._files: dict[str, LocalFile] = {}
         self._lock = threading.Lock()
+        self._rfd = -1
+        self._rfd_closer: weakref.finalize | None = None
 
     @property
     def url(self) -> str:
@@ -188,8 +191,20 @@ class LocalSource(ByteSource):
         return LocalFile(fd, key, self.key_url(key), st.st_size)
 
     def _root_fd(self) -> int:
-        """A new descriptor of the root folder (a sink's source reuses the one its sink holds)."""
-        return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        """A new descriptor (the caller closes it) of the root folder, which is opened once and
+        held until :meth:`close` (a sink's source uses the one its sink holds).
+
+        Every key is reached from it: a store's files all come from the folder its manifest was
+        read from even if the path is renamed or swapped for a link meanwhile, and a load does not
+        resolve the root's whole path again for each of its few hundred files (two opens of three
+        per file were the root's). Duplicated under the lock: a ``close()`` meanwhile cannot hand
+        out a reused number.
+        """
+        with self._lock:
+            if self._rfd < 0:
+                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                self._rfd, self._rfd_closer = fd, weakref.finalize(self, os.close, fd)
+            return os.dup(self._rfd)
 
     def _walk(self, key: str, flags: int) -> int:
         """Open ``key`` below the root, refusing symbolic links at every step; return the fd."""
@@ -268,8 +283,11 @@ class LocalSource(ByteSource):
     def close(self) -> None:
         with self._lock:
             files, self._files = list(self._files.values()), {}
+            closer, self._rfd_closer, self._rfd = self._rfd_closer, None, -1
         for f in files:
             f.close()
+        if closer is not None:
+            closer()
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:
