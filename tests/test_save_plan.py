@@ -15,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 from ckptstore.checkpoint.strategy import Layout, Strategy
 from ckptstore.store.zarr import array_path
 from ckptstore.write.save_plan import SavePlan, plan_save
+from conftest import examples
 
 MAPS = {"rows": ((0,), ()), "cols": ((), (0,)), "none": ((), ())}
 
@@ -37,7 +38,7 @@ layouts = st.tuples(st.integers(1, 47), st.integers(1, 6), st.integers(1, 4), st
     lambda t: (t[0] % t[3] == 0 if t[4] == "rows" else True) and (t[1] % t[3] == 0 if t[4] == "cols" else True))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(200))
 @given(layouts)
 def test_every_chunk_is_written_by_exactly_one_rank(case):
     ranks, _ = plans(*case)
@@ -46,7 +47,7 @@ def test_every_chunk_is_written_by_exactly_one_rank(case):
     assert written == list(range(prod(s // c for s, c in zip(p.shape, p.chunk_shape))))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(200))
 @given(layouts)
 def test_a_rank_writes_one_file_a_parameter_of_its_own_bytes_in_order(case):
     ranks, strategy = plans(*case)
@@ -64,7 +65,7 @@ def test_a_rank_writes_one_file_a_parameter_of_its_own_bytes_in_order(case):
             at += c.nbytes
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(200))
 @given(layouts)
 def test_each_file_holds_the_chunks_of_its_shard_of_the_grid(case):
     ranks, _ = plans(*case)
@@ -78,7 +79,7 @@ def test_each_file_holds_the_chunks_of_its_shard_of_the_grid(case):
                        for s, k, a, b, n in zip(shard, cut, c.box.start, c.box.stop, p.shape))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(200))
 @given(layouts)
 def test_a_replicated_slice_of_several_chunks_is_split_among_its_replicas(case):
     rows, cols, dp, mp, split, _ = case
