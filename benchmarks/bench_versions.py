@@ -35,7 +35,7 @@ plus the single-thread numpy ``preadv`` bound of the rank's bytes (no ckptstore)
 benchmarks' fairness rule asks. Contenders alternate (forward, then reversed order each round),
 so old and new of a route run next to each other and share the machine's drift; round 0 is a
 warm-up (it also compiles each tree's ``.pyc`` files) and is left out of the medians. Output:
-``results/versions.json`` (every run appended) and ``results/versions.md`` (this run).
+``results/versions.json`` (the latest run of each base, head and routes) and ``results/versions.md`` (this run).
 """
 from __future__ import annotations
 

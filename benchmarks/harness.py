@@ -4,7 +4,8 @@ A *contender* is a Python callable named by module and function, with JSON keywo
 Each measurement runs it in a new ``python -m benchmarks.worker`` process, so no contender
 inherits another's heap, page-table state or imports. Rounds alternate the order (A B C, C B A,
 A B C, ...) because this machine's speed drifts over minutes: a fixed order would charge the
-drift to whoever runs last. Results are appended to ``benchmarks/results/<name>.json``.
+drift to whoever runs last. Results go to ``benchmarks/results/<name>.json``, the latest run of
+each scenario (:func:`append_result`).
 """
 from __future__ import annotations
 
@@ -303,8 +304,8 @@ def run_benchmark(
     ``before_each`` runs before each measurement (e.g. to remove a previous output). With
     ``keep_going`` a failing contender is recorded under ``failed`` (with its error) and the
     others go on; contenders marked ``unavailable`` are recorded under ``unavailable``.
-    ``params`` (sizes, seeds, paths) are stored with the record. The record is appended to
-    ``results_dir/<name>.json`` unless ``results_dir`` is None.
+    ``params`` (sizes, seeds, paths) are stored with the record. The record is added to
+    ``results_dir/<name>.json`` (replacing the earlier one of its scenario) unless ``results_dir`` is None.
     """
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cold_method = None
@@ -447,15 +448,31 @@ def _tail(path: str) -> str:
 
 
 def append_result(name: str, record: Mapping[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
-    """Append ``record`` to ``results_dir/<name>.json`` (``{"runs": [...]}``), atomically."""
+    """Add ``record`` to ``results_dir/<name>.json`` (``{"runs": [...]}``), atomically, in place
+    of the earlier record of the same scenario (:func:`scenario_key`): the results in git are
+    the latest of each scenario, not every run ever made (the reports cite their commands)."""
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.json"
-    runs = load_results(path)
-    runs.append(dict(record))
+    runs = latest_per_scenario([*load_results(path), dict(record)])
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"runs": runs}, indent=1) + "\n", encoding="utf-8")
     tmp.replace(path)  # a crash mid-write leaves the previous history intact
     return path
+
+
+def scenario_key(record: Any) -> str | None:
+    """What makes two records runs of one scenario: the benchmark's name, its parameters (size,
+    layout, ``--quick``...), warm or cold page cache; ``None`` for a record of another shape."""
+    if not isinstance(record, dict):
+        return None
+    return json.dumps([record.get(k) for k in ("name", "params", "cache", "cold_method")], sort_keys=True,
+                      default=str)
+
+
+def latest_per_scenario(runs: Sequence[Any]) -> list[Any]:
+    """``runs`` (oldest first) with only the newest record of each scenario, in their order."""
+    newest = {scenario_key(r): i for i, r in enumerate(runs) if scenario_key(r) is not None}
+    return [r for i, r in enumerate(runs) if scenario_key(r) is None or newest[scenario_key(r)] == i]
 
 
 def load_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ the page cache dropped before every measured run, as the record ``load-cold``), 
 (which target ranks the MindSpore routes load correctly, on a small model), ``convert``,
 ``node`` (8 loaders at once), ``index`` (``ckptstore.index`` of a sparse 130B-shaped checkpoint
 on 128 ranks, from its headers: :mod:`benchmarks.bench_index`) and, with ``--scaling``, the load
-and convert scenarios again over model sizes and source world sizes. Each writes ``<out>/<name>.json`` (runs appended) and ``<out>/<name>.md``; the suite
+and convert scenarios again over model sizes and source world sizes. Each writes ``<out>/<name>.json`` (the latest run of each scenario) and ``<out>/<name>.md``; the suite
 writes ``<out>/REPORT.md`` with every table, the targets of benchmarks/README.md judged on this run, and
 the plots.
 """

@@ -34,3 +34,13 @@ def test_worker_setup_is_outside_the_measurement() -> None:
     plain = run_contender(Contender("no setup", "tests.test_benchmark_harness", "setup_sleep", {"delay": 0.2}), timeout=120)
     assert plain["wall_s"] >= 0.2 and "setup_s" not in plain
 
+
+
+def test_a_result_replaces_the_earlier_one_of_its_scenario_and_keeps_the_others(tmp_path):
+    from benchmarks.harness import append_result, load_results
+
+    one_gb, three_gb = {"name": "load", "params": {"size": "1GB"}}, {"name": "load", "params": {"size": "3GB"}}
+    append_result("load", {**one_gb, "run": 1}, tmp_path)
+    append_result("load", {**three_gb, "run": 2}, tmp_path)
+    append_result("load", {**one_gb, "run": 3}, tmp_path)
+    assert [r["run"] for r in load_results(tmp_path / "load.json")] == [2, 3]
