@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import stat
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -165,16 +166,19 @@ class _RecentPlans:
 
     def __init__(self) -> None:
         self._recent: list[tuple[Strategy | None, tuple[Any, ...], SavePlan]] = []
+        self._lock = threading.Lock()  # savers of several roots may plan from several threads
 
     def plan(self, arrays: Mapping[str, Any], *, rank: int, world: int, strategy: Strategy | None,
              max_chunk_bytes: int) -> SavePlan:
         key = (rank, world, max_chunk_bytes, tuple(_shape_key(n, v) for n, v in arrays.items()))
-        for i, (st, k, plan) in enumerate(self._recent):
-            if k == key and (st is strategy or st == strategy):
-                self._recent.insert(0, self._recent.pop(i))
-                return plan
+        with self._lock:
+            for i, (st, k, plan) in enumerate(self._recent):
+                if k == key and (st is strategy or st == strategy):
+                    self._recent.insert(0, self._recent.pop(i))
+                    return plan
         plan = plan_save(arrays, rank=rank, world=world, strategy=strategy, max_chunk_bytes=max_chunk_bytes)
-        self._recent = [(strategy, key, plan), *self._recent[:self.KEEP - 1]]
+        with self._lock:
+            self._recent = [(strategy, key, plan), *self._recent[:self.KEEP - 1]]
         return plan
 
 
