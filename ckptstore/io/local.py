@@ -15,7 +15,7 @@ import stat as stat_mod
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ckptstore.errors import FileAccessError, MissingFileError, ShortReadError, UnsafePathError
 from ckptstore.io.base import LOCAL_COST, ByteSource, FileStat, ReadableFile, Request, check_key
@@ -153,6 +153,32 @@ def _regular_file(fd: int, url: str) -> os.stat_result:
         raise
 
 
+class HeldDescriptor:
+    """A folder's descriptor, opened on first use and held until :meth:`drop` (or until its
+    holder is collected); users get duplicates, made under the lock so that a ``drop()``
+    meanwhile cannot hand out a reused number."""
+
+    def __init__(self) -> None:
+        self._fd = -1
+        self._closer: weakref.finalize | None = None
+        self._lock = threading.Lock()
+
+    def dup(self, open_fd: Callable[[], int]) -> int:
+        """A new descriptor (the caller closes it) of the held one, which ``open_fd`` opens the first time."""
+        with self._lock:
+            if self._fd < 0:
+                fd = open_fd()
+                self._fd, self._closer = fd, weakref.finalize(self, os.close, fd)
+            return os.dup(self._fd)
+
+    def drop(self) -> None:
+        """Close the held descriptor (the next :meth:`dup` opens it again)."""
+        with self._lock:
+            closer, self._closer, self._fd = self._closer, None, -1
+        if closer is not None:
+            closer()
+
+
 class LocalSource(ByteSource):
     """A local directory as a byte source; see the module docstring."""
 
@@ -162,8 +188,7 @@ class LocalSource(ByteSource):
         self.root = Path(root)
         self._files: dict[str, LocalFile] = {}
         self._lock = threading.Lock()
-        self._rfd = -1
-        self._rfd_closer: weakref.finalize | None = None
+        self._held_root = HeldDescriptor()
 
     @property
     def url(self) -> str:
@@ -197,14 +222,9 @@ class LocalSource(ByteSource):
         Every key is reached from it: a store's files all come from the folder its manifest was
         read from even if the path is renamed or swapped for a link meanwhile, and a load does not
         resolve the root's whole path again for each of its few hundred files (two opens of three
-        per file were the root's). Duplicated under the lock: a ``close()`` meanwhile cannot hand
-        out a reused number.
+        per file were the root's).
         """
-        with self._lock:
-            if self._rfd < 0:
-                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                self._rfd, self._rfd_closer = fd, weakref.finalize(self, os.close, fd)
-            return os.dup(self._rfd)
+        return self._held_root.dup(lambda: os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
 
     def _walk(self, key: str, flags: int) -> int:
         """Open ``key`` below the root, refusing symbolic links at every step; return the fd."""
@@ -283,11 +303,9 @@ class LocalSource(ByteSource):
     def close(self) -> None:
         with self._lock:
             files, self._files = list(self._files.values()), {}
-            closer, self._rfd_closer, self._rfd = self._rfd_closer, None, -1
         for f in files:
             f.close()
-        if closer is not None:
-            closer()
+        self._held_root.drop()
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ckptstore.errors import StoreExistsError, UnsafePathError
 from ckptstore.io.base import check_key
-from ckptstore.io.local import LocalFile, LocalSource
+from ckptstore.io.local import HeldDescriptor, LocalFile, LocalSource
 from ckptstore.io.schemes import PATH, Scheme
 from ckptstore.io.sink import ByteSink, SinkFile, partial_key, write_error
 
@@ -93,8 +93,7 @@ class LocalSink(ByteSink):
         #: ``(parent sink, folder name)`` when this sink is a folder of another (a step of a root):
         #: its own folder is then reached from the parent's descriptor, no link followed.
         self._within = within
-        self._rfd = -1
-        self._rfd_closer: weakref.finalize | None = None
+        self._held_root = HeldDescriptor()
 
     def folder(self, name: str) -> "LocalSink":
         return LocalSink(self.root / check_key(name, str(self.root)), within=(self, name))
@@ -105,13 +104,10 @@ class LocalSink(ByteSink):
         """A new descriptor (the caller closes it) of the root, which is opened (and made, if
         ``create``) once and held for the sink's life: a parent folder swapped for a link during a
         run then changes nothing (every other path is reached from it)."""
-        with self._lock:  # duplicated under the lock: a close() meanwhile cannot hand out a reused number
-            if self._rfd < 0:
-                self._open_root(create=create)
-            return os.dup(self._rfd)
+        return self._held_root.dup(lambda: self._open_root(create=create))
 
-    def _open_root(self, *, create: bool) -> None:
-        """Open (and make, if ``create``) the root and hold it; the caller holds :attr:`_lock`."""
+    def _open_root(self, *, create: bool) -> int:
+        """Open (and make, if ``create``) the root; return its descriptor."""
         if self._within is not None:
             parent, name = self._within
             fd = parent._folder(name.split("/"), create=create)
@@ -123,17 +119,10 @@ class LocalSink(ByteSink):
                     raise
                 os.makedirs(self.root, exist_ok=True)
                 fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._rfd = fd
-        self._rfd_closer = weakref.finalize(self, os.close, fd)
-
-    def _drop_root_fd(self) -> None:
-        with self._lock:
-            closer, self._rfd_closer, self._rfd = self._rfd_closer, None, -1
-        if closer is not None:
-            closer()
+        return fd
 
     def close(self) -> None:
-        self._drop_root_fd()
+        self._held_root.drop()
         super().close()
 
     def _folder(self, parts: Sequence[str], *, create: bool) -> int:
@@ -230,7 +219,7 @@ class LocalSink(ByteSink):
                 os.rmdir(self.root)
         except (OSError, UnsafePathError):
             return  # not empty (files ckptstore did not write), gone already, or a link (not ours)
-        self._drop_root_fd()
+        self._held_root.drop()
 
     # --- whole files ---------------------------------------------------------------------------
 
