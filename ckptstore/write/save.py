@@ -29,7 +29,7 @@ import stat
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import crc32c
 import numpy as np
@@ -139,7 +139,7 @@ def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strate
     arrays = {n: arrays[n] for n in keep}
     st = _strategy(strategy if strategy is not None else cell_strategy)
     me, world = _place(rank, st.world_size if st is not None else None)
-    plan = _PLANS.plan(arrays, rank=me, world=world, strategy=st, max_chunk_bytes=chunk_bytes)
+    plan = _plan(arrays, rank=me, world=world, strategy=st, max_chunk_bytes=chunk_bytes)
     shared = save_attempt(attempt, world)
     if shared is None:
         say_no_attempt(os.fspath(root), world)
@@ -153,33 +153,49 @@ def _chunk_bytes(chunk_mb: int | None) -> int:
     return mb << 20
 
 
-class _RecentPlans:
-    """The plans of the last few saves, reused while the parameters, the strategy, the rank and
-    the chunk size stay the same (a training loop saves the same parameters every step).
-
-    Planning again each step allocated ~100k Python objects per save, which set off a full
-    garbage collection of a heap holding MindSpore (180k objects) inside the training loop's
-    stall: 0.4-0.6 s a rank with 8 ranks on 2 cores (issue 24's save route).
-    """
+class _Recent:
+    """The last few entries, newest first, found by a predicate (savers of several roots may
+    look from several threads)."""
 
     KEEP = 4
 
     def __init__(self) -> None:
-        self._recent: list[tuple[Strategy | None, tuple[Any, ...], SavePlan]] = []
-        self._lock = threading.Lock()  # savers of several roots may plan from several threads
+        self._items: list[tuple[Any, ...]] = []
+        self._lock = threading.Lock()
 
-    def plan(self, arrays: Mapping[str, Any], *, rank: int, world: int, strategy: Strategy | None,
-             max_chunk_bytes: int) -> SavePlan:
-        key = (rank, world, max_chunk_bytes, tuple(_shape_key(n, v) for n, v in arrays.items()))
+    def find(self, matches: Callable[[tuple[Any, ...]], bool]) -> tuple[Any, ...] | None:
         with self._lock:
-            for i, (st, k, plan) in enumerate(self._recent):
-                if k == key and (st is strategy or st == strategy):
-                    self._recent.insert(0, self._recent.pop(i))
-                    return plan
-        plan = plan_save(arrays, rank=rank, world=world, strategy=strategy, max_chunk_bytes=max_chunk_bytes)
+            for i, item in enumerate(self._items):
+                if matches(item):
+                    self._items.insert(0, self._items.pop(i))
+                    return item
+        return None
+
+    def add(self, item: tuple[Any, ...]) -> None:
         with self._lock:
-            self._recent = [(strategy, key, plan), *self._recent[:self.KEEP - 1]]
-        return plan
+            self._items = [item, *self._items[:self.KEEP - 1]]
+
+
+#: The plans of the last saves, reused while the parameters, the strategy, the rank and the chunk
+#: size stay the same (a training loop saves the same parameters every step). Planning again each
+#: step allocated ~100k Python objects per save, which set off a full garbage collection of a heap
+#: holding MindSpore (180k objects) inside the training loop's stall: 0.4-0.6 s a rank with 8
+#: ranks on 2 cores (issue 24's save route).
+_PLANS = _Recent()
+#: The strategy files read by the last saves: (their paths and stat identities, the strategy).
+_STRATEGIES = _Recent()
+
+
+def _plan(arrays: Mapping[str, Any], *, rank: int, world: int, strategy: Strategy | None,
+          max_chunk_bytes: int) -> SavePlan:
+    """:func:`plan_save`'s plan, or the same plan of a recent save (:data:`_PLANS`)."""
+    key = (rank, world, max_chunk_bytes, tuple(_shape_key(n, v) for n, v in arrays.items()))
+    hit = _PLANS.find(lambda e: e[1] == key and (e[0] is strategy or e[0] == strategy))
+    if hit is not None:
+        return hit[2]
+    plan = plan_save(arrays, rank=rank, world=world, strategy=strategy, max_chunk_bytes=max_chunk_bytes)
+    _PLANS.add((strategy, key, plan))
+    return plan
 
 
 def _shape_key(name: str, value: Any) -> tuple[Any, ...]:
@@ -190,11 +206,6 @@ def _shape_key(name: str, value: Any) -> tuple[Any, ...]:
     return name, tuple(value.shape), value.dtype.str
 
 
-_PLANS = _RecentPlans()
-#: The strategy files read by the last saves: (their paths and stat identities, the strategy).
-_STRATEGIES: list[tuple[tuple[Any, ...], Strategy]] = []
-
-
 def _strategy(strategy: Any) -> Strategy | None:
     """The strategy object; files are read again only when one of them changed (by inode, size
     and modification time), as each step of a training loop passes the same ones."""
@@ -202,13 +213,12 @@ def _strategy(strategy: Any) -> Strategy | None:
         return strategy
     files = [strategy] if isinstance(strategy, (str, os.PathLike)) else list(strategy)
     key = _files_key(files)
-    if key is not None:
-        for k, st in _STRATEGIES:
-            if k == key:
-                return st
+    hit = None if key is None else _STRATEGIES.find(lambda e: e[0] == key)
+    if hit is not None:
+        return hit[1]
     st = load_strategy(files)
     if key is not None:
-        _STRATEGIES[:] = [(key, st), *_STRATEGIES[:_RecentPlans.KEEP - 1]]
+        _STRATEGIES.add((key, st))
     return st
 
 
