@@ -147,6 +147,7 @@ def plan_save(local: Mapping[str, np.ndarray | str], *, rank: int, world: int, s
     shapes: dict[str, tuple[int, ...]] = {}
     slices: list[_Slice] = []
     mine_box: dict[str, Box] = {}
+    cuts: dict[str, tuple[tuple[int, ...], int]] = {}  # each parameter's chunk shape and piece rows (_cut)
     for name in sorted(local):
         value = local[name]
         _check_text(name, value)
@@ -160,15 +161,16 @@ def plan_save(local: Mapping[str, np.ndarray | str], *, rank: int, world: int, s
         shape, boxes = _boxes(name, value, layout, devices, rank)
         shapes[name] = shape
         mine_box[name] = boxes[rank - base]
+        item = value.dtype.itemsize
         if not _written_by_stage(name, stage, strategy):
+            cuts[name] = _cut(mine_box[name].shape, shape, 1, item, max_chunk_bytes)
             continue
         groups: dict[Box, list[int]] = {}
         for i, b in enumerate(boxes):
             groups.setdefault(b, []).append(base + i)
-        item = value.dtype.itemsize
-        _, rows = _cut(mine_box[name].shape, shape, len(groups[mine_box[name]]), item, max_chunk_bytes)
+        cuts[name] = _cut(mine_box[name].shape, shape, len(groups[mine_box[name]]), item, max_chunk_bytes)
         slices += [_Slice(name, piece, tuple(g), piece.size * item)
-                   for b, g in groups.items() for piece in _pieces(b, rows)]
+                   for b, g in groups.items() for piece in _pieces(b, cuts[name][1])]
     writer = _assign(slices)
     by_name: dict[str, list[_Slice]] = {}
     for s in slices:
@@ -181,7 +183,7 @@ def plan_save(local: Mapping[str, np.ndarray | str], *, rank: int, world: int, s
                                     writes_value=writer.get((name, ())) == rank))
             continue
         params.append(_param(name, value, shapes[name], mine_box[name], by_name.get(name, []),
-                             writer, rank, max_chunk_bytes))
+                             writer, rank, cuts[name]))
     return SavePlan(rank, world, tuple(params))
 
 
@@ -281,8 +283,8 @@ def _assign(slices: Sequence[_Slice]) -> dict[tuple[str, tuple[int, ...]], int]:
     out: dict[tuple[str, tuple[int, ...]], int] = {}
     taken: set[tuple[str, int]] = set()
     for s in sorted(slices, key=lambda s: (-s.nbytes, s.name, s.box.start)):
-        free = [r for r in s.group if (s.name, r) not in taken] or list(s.group)
-        best = min(free, key=lambda r: (load.get(r, 0), r))
+        # a slice has at most as many pieces as members (_cut), so one is always free
+        best = min((r for r in s.group if (s.name, r) not in taken), key=lambda r: (load.get(r, 0), r))
         load[best] = load.get(best, 0) + max(s.nbytes, 1)
         out[(s.name, s.box.start)] = best
         taken.add((s.name, best))
@@ -290,15 +292,16 @@ def _assign(slices: Sequence[_Slice]) -> dict[tuple[str, tuple[int, ...]], int]:
 
 
 def _param(name: str, value: np.ndarray, shape: tuple[int, ...], box: Box, slices: Sequence[_Slice],
-           writer: Mapping[tuple[str, tuple[int, ...]], int], rank: int, max_chunk_bytes: int) -> SaveParam:
+           writer: Mapping[tuple[str, tuple[int, ...]], int], rank: int,
+           cut: tuple[tuple[int, ...], int]) -> SaveParam:
     item = value.dtype.itemsize
     replicas = len(slices[0].group) if slices else 1
-    chunk_shape, rows = _cut(box.shape, shape, replicas, item, max_chunk_bytes)
+    chunk_shape, rows = cut
     # every rank holds a slice of the same shape, so all agree on the chunks and the shards
     piece_shape = (rows,) + box.shape[1:] if box.shape else ()
     whole = tuple(max(s, 1) for s in piece_shape)
     shard_shape = whole if chunk_shape != whole else None
-    mine = [s.box for s in slices if writer.get((name, s.box.start)) == rank and rank in s.group]
+    mine = [s.box for s in slices if writer.get((name, s.box.start)) == rank]
     chunks: list[SaveChunk] = []
     local_start = 0
     if mine:
@@ -310,8 +313,8 @@ def _param(name: str, value: np.ndarray, shape: tuple[int, ...], box: Box, slice
         lead = tuple(p - b for p, b in zip(piece.start, box.start))
         local_start = sum(i * st for i, st in zip(lead, local_strides)) * item
         per_axis = [range(n // c) for n, c in zip(piece.shape, chunk_shape)]
-        cut = shard_shape or chunk_shape
-        key = _chunk_key(name, tuple(s // c for s, c in zip(piece.start, cut)))  # the piece's one file
+        file_shape = shard_shape or chunk_shape
+        key = _chunk_key(name, tuple(s // c for s, c in zip(piece.start, file_shape)))  # the piece's one file
         nbytes = prod(chunk_shape) * item
         for local in itertools.product(*per_axis):
             start = tuple(p + i * c for p, i, c in zip(piece.start, local, chunk_shape))
