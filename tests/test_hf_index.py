@@ -205,11 +205,16 @@ def test_a_second_index_of_the_same_folder_is_a_no_op(folder, tmp_path):
 
 # --- untrusted folders -------------------------------------------------------------------------
 
+def _put_in_index(hf, tensor: str, shard: str) -> None:
+    """Make the folder's ``model.safetensors.index.json`` say ``tensor`` is in ``shard``."""
+    doc = json.loads((hf / "model.safetensors.index.json").read_text())
+    doc["weight_map"][tensor] = shard
+    (hf / "model.safetensors.index.json").write_text(json.dumps(doc))
+
+
 def test_an_index_json_naming_a_shard_outside_the_folder_is_refused(folder, tmp_path):
     hf, _ = folder
-    doc = json.loads((hf / "model.safetensors.index.json").read_text())
-    doc["weight_map"]["lm_head.weight"] = "../elsewhere.safetensors"
-    (hf / "model.safetensors.index.json").write_text(json.dumps(doc))
+    _put_in_index(hf, "lm_head.weight", "../elsewhere.safetensors")
     with pytest.raises(UnsafePathError, match=r"'\.\.' component.*tensor 'lm_head.weight'"):
         index_hf(hf, tmp_path / "st", name_map="llama")
 
@@ -245,9 +250,7 @@ def test_a_cache_snapshot_of_symbolic_links_is_refused_saying_how_to_copy_it(fol
 
 def test_an_index_json_naming_a_tensor_its_shard_lacks_is_refused(folder, tmp_path):
     hf, _ = folder
-    doc = json.loads((hf / "model.safetensors.index.json").read_text())
-    doc["weight_map"]["lm_head.weight"] = "model-00001-of-00003.safetensors"
-    (hf / "model.safetensors.index.json").write_text(json.dumps(doc))
+    _put_in_index(hf, "lm_head.weight", "model-00001-of-00003.safetensors")
     with pytest.raises(CorruptCheckpointError, match=r"puts tensor 'lm_head.weight' in model-00001-of-00003"):
         index_hf(hf, tmp_path / "st", name_map="llama")
 
