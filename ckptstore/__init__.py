@@ -12,6 +12,7 @@ The public API is what a user calls::
     ckptstore.load_into_net(net, store, strategy)     # straight into a network
     ckptstore.export(store, out, strategy=...)        # per-rank .ckpt / .safetensors files
     ckptstore.verify(store)                           # checksums (and the source, with against=)
+    ckptstore.io_counts()                             # requests and bytes this process has read and sent
     ckptstore.save_rank(params, root, step=N, strategy=...)   # every rank of a training job saves its slices
     ckptstore.StoreCheckpoint(root, save_checkpoint_steps=N)  # the same from a MindSpore callback
     ckptstore.StoreSaver(root, keep=K).save(step, net)         # the same from a custom training loop
@@ -29,6 +30,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ckptstore.counters import IOCounts, io_counts
 from ckptstore.errors import CkptStoreError
 from ckptstore.read.export import export
 from ckptstore.read.loader import read_rank
@@ -66,5 +68,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'ckptstore' has no attribute {name!r}")
 
 
-__all__ = ["CkptStoreError", "Store", "StoreCheckpoint", "StoreSaver", "__version__", "commit", "convert", "export", "index",
+__all__ = ["CkptStoreError", "IOCounts", "Store", "StoreCheckpoint", "StoreSaver", "__version__", "commit", "convert", "export", "index", "io_counts",
            "load_into_net", "load_rank", "open", "plan_rank", "read_rank", "save_rank", "verify"]

@@ -326,6 +326,18 @@ def test_the_plan_of_load_rank_is_what_it_reads(load_env):
     assert IO_STATS.bytes_fetched == plan.fetched_bytes == plan.nbytes + plan.over_read_bytes
 
 
+def test_io_counts_between_two_snapshots_are_what_a_load_did(load_env):
+    t = load_env.target(CASE)
+    before = ckptstore.io_counts()
+    plan = ckptstore.plan_rank(t.store_path, t.strategy, 2)
+    planned = ckptstore.io_counts()
+    ckptstore.read_rank(t.store_path, t.strategy, 2)
+    did = ckptstore.io_counts() - planned
+    assert planned - before == ckptstore.IOCounts(), "planning read or sent something"
+    assert (did.requests, did.bytes_read, did.bytes_fetched) == (plan.requests, plan.nbytes, plan.fetched_bytes)
+    assert did.object_requests == 0, "a local load sent object-store requests"
+
+
 def test_the_plan_command_prints_the_plan(load_env):
     t = load_env.target(CASE)
     r = run_cli("plan", t.store_path, "--strategy", t.target_file, "--rank", "2", "--json")

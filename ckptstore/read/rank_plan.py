@@ -3,7 +3,7 @@
 The figures come from the same plan a load runs (:class:`~ckptstore.read.loader.RankView` plans
 every parameter's box and the planner chooses its requests by the source's
 :class:`~ckptstore.io.base.ReadCost`; the executor sends exactly those), so a load then reports
-the same numbers in :data:`~ckptstore.store.executor.IO_STATS`: bytes wanted and fetched, files
+the same numbers in :func:`ckptstore.io_counts`: bytes wanted and fetched, files
 (or objects) opened, requests, and scratch memory. Nothing here reads a payload byte.
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ def plan_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     Takes the arguments of :func:`ckptstore.read_rank` (``rank=None``: this process's rank;
     ``strategy=None``: the store's source layout) and returns a :class:`RankPlan`: bytes,
     files or objects, requests and peak memory. A load with the same arguments reads exactly
-    these bytes in these requests (``ckptstore.store.executor.IO_STATS`` counts them).
+    these bytes in these requests (:func:`ckptstore.io_counts` counts them).
     ``names=`` is the same option as ``include=``.
     """
     include = include_globs(include, names)
