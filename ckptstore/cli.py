@@ -323,9 +323,9 @@ def _source_options(fn: F) -> F:
                      help="The store to create: a folder, or s3://bucket/prefix (obs://bucket/prefix for OBS)."),
         click.option("--strategy", "-s", "strategies", multiple=True,
                      type=Location(exists=True), help=_STRATEGY_HELP),
-        click.option("--step", type=int, default=None,
+        click.option("--step", type=click.IntRange(0), default=None,
                      help="Use each rank's checkpoint of this step (-<epoch>_<step>.ckpt) instead of the newest."),
-        click.option("--epoch", type=int, default=None,
+        click.option("--epoch", type=click.IntRange(0), default=None,
                      help="Use each rank's checkpoint of this epoch (-<epoch>_<step>.ckpt); with --step, one "
                           "checkpoint of a folder that holds several (default: the newest every rank holds)."),
         click.option("--prefix", default=None, help="Use only checkpoint files whose name starts with this "
@@ -551,7 +551,7 @@ def _index_hf(name_map: str, checksum: bool, kw: dict[str, Any]) -> None:
                    "replica.")
 @click.option("--strategy", "-s", "strategies", multiple=True, type=Location(exists=True),
               help="With --against: the source strategy file(s).")
-@click.option("--step", type=int, default=None, help="With --against: which step's files.")
+@click.option("--step", type=click.IntRange(0), default=None, help="With --against: which step's files.")
 @click.option("--prefix", default=None, help="With --against: which files, by name prefix.")
 @click.option("--src-format", type=click.Choice(["ckpt", "safetensors"]), default=None,
               help="With --against: which format, when a rank folder holds both.")

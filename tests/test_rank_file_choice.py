@@ -22,7 +22,7 @@ pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
 import ckptstore  # noqa: E402
-from ckptstore.errors import LayoutMismatchError, MissingRankError  # noqa: E402
+from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError  # noqa: E402
 from ckptstore.testing.layouts import layout_specs  # noqa: E402
 from ckptstore.testing.oracle import load_oracle  # noqa: E402
 from ckptstore.testing.sample_checkpoint import make_global_tensors, save_distributed  # noqa: E402
@@ -91,6 +91,18 @@ def test_an_epoch_some_ranks_lack_is_refused_naming_the_rank_folder(killed, tmp_
     root, _, _ = killed
     with pytest.raises(MissingRankError, match=f"no .ckpt or .safetensors file with epoch 2 in {root}/rank_4"):
         ckptstore.convert(root, tmp_path / "s", strategy=_strategy(root), epoch=2)
+
+
+@pytest.mark.parametrize("option", ["epoch", "step"])
+def test_a_negative_epoch_or_step_is_refused_as_an_option_not_as_a_missing_file(killed, tmp_path, option):
+    root, _, _ = killed
+    with pytest.raises(InvalidOptionError, match=f"^{option} must be a non-negative integer, not -1$"):
+        ckptstore.convert(root, tmp_path / "s", strategy=_strategy(root), **{option: -1})
+    r = run_cli("convert", root, *[a for f in _strategy(root) for a in ("-s", f)], "--out", tmp_path / "s",
+                f"--{option}", "-1")
+    assert r.returncode == 2
+    assert r.stderr == (f"ckptstore: error: Invalid value for '--{option}': -1 is not in the range x>=0. "
+                        "(see 'ckptstore convert --help') [UsageError]\n")
 
 
 def test_epoch_and_step_pick_an_older_checkpoint_every_rank_holds(killed, tmp_path):
