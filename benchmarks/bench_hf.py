@@ -4,11 +4,13 @@
 
 Makes (once, cached in ``--work``) a Hugging Face folder of random bf16 weights of a LLaMA shape
 (hidden 2048, 16 heads, 4 KV heads, ffn 5632, vocab 32000, layers to reach ``--gb``), sharded at
-500 MB as ``save_pretrained`` would; then, each in a fresh process, alternating: ``index_hf`` with
-the ``mcore`` rules (fused linear_qkv per KV group, linear_fc1 interleaved row by row) and
+500 MB as ``save_pretrained`` would; then, each in a fresh process, alternating: the index of the
+folder under the ``mcore`` rules (what ``ckptstore index FOLDER --out STORE --name-map mcore`` does,
+called in the process: :func:`benchmarks.compat.index_hf`) (fused linear_qkv per KV group, linear_fc1 interleaved row by row) and
 ``read_rank`` of rank 1 of a tp 4 layout (column-parallel weights split by rows, row-parallel by
-columns; the embedding and output split by rows), reporting bytes read against the slice and peak
-RSS above the process's RSS just before the read. Prints one Markdown table.
+columns; the embedding and output split by rows), reporting bytes read against the slice (planned:
+``ckptstore.plan_rank``; sent: ``ckptstore.io_counts()`` around the read) and peak RSS above the
+process's RSS just before the read. Prints one Markdown table.
 """
 from __future__ import annotations
 
@@ -78,17 +80,14 @@ def strategy(store_path: Path, out: Path) -> Path:
 
 def child(args: argparse.Namespace) -> None:
     """One timed run in this process; prints a JSON line."""
-    from ckptstore.write.hf_index import index_hf
-
     import ckptstore
+    from benchmarks.compat import index_hf
 
     if args.child == "index":
         t0 = time.perf_counter()
         index_hf(args.folder, args.store, name_map="mcore", overwrite=True)
         print(json.dumps({"seconds": time.perf_counter() - t0}))
         return
-    from ckptstore.store.executor import IO_STATS
-
     st = ckptstore.open(args.store)
     plan = ckptstore.plan_rank(st, args.strategy, rank=1)
     # ru_maxrss survives fork and exec (Linux keeps the parent's high-water mark in the child), so
@@ -97,16 +96,17 @@ def child(args: argparse.Namespace) -> None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = _status_kb("VmRSS") * 1024
-    IO_STATS.reset()
+    before = ckptstore.io_counts()
     t0 = time.perf_counter()
     got = ckptstore.read_rank(st, args.strategy, rank=1)
     seconds = time.perf_counter() - t0
+    sent = ckptstore.io_counts() - before
     peak = _status_kb("VmHWM") * 1024
     slice_bytes = sum(a.nbytes for a in got.values())
-    print(json.dumps({"seconds": seconds, "bytes_read": plan.nbytes, "bytes_fetched": IO_STATS.bytes_fetched,
+    print(json.dumps({"seconds": seconds, "bytes_read": plan.nbytes, "bytes_fetched": sent.bytes_fetched,
                       "planned_fetched": plan.fetched_bytes, "slice_bytes": slice_bytes,
                       "peak_above_start": peak - base, "requests": plan.requests,
-                      "requests_sent": IO_STATS.requests}))
+                      "requests_sent": sent.requests}))
 
 
 def _status_kb(field: str) -> int:

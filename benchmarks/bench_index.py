@@ -11,29 +11,32 @@ file is a valid MindSpore ``.ckpt``: one ``Checkpoint.value`` record per paramet
 (as ``save_distributed`` saves them), each with the parameter's name, the full local dims, the
 tensor type (``Float32``, ``Int32``) and a ``tensor_content`` of the *local slice's* byte length;
 a slice over 512 MiB is cut into several consecutive records exactly as MindSpore's
-``_write_parameter_bytes_data`` does (``ckptstore.formats.ckpt_writer.DEFAULT_SLICE_BYTES``). The local
-shape of each rank is the box the strategy file gives it (``load_strategy(...).box(name, rank,
-global_shape)``). Only the record headers are written: each payload is skipped with a seek and the
+``_write_parameter_bytes_data`` does. The local shape of each rank is the box the strategy file
+gives it. Only the record headers are written: each payload is skipped with a seek and the
 file is finished with ``os.truncate`` to its full size, so the payload is a hole (zeros) and the
-~2.5 TB of rank files take a few MB each on disk. The writer is checked byte for byte, before the
-files are written, against ``mindspore.save_checkpoint`` and ``ckptstore.formats.ckpt_writer`` on a small
-model (zero-filled tensors). Cached under ``benchmarks/cache/`` keyed by every parameter.
+~2.5 TB of rank files take a few MB each on disk. The writer (``ckptstore.testing.benchmark_fixtures``:
+``rank_records``, ``write_sparse_file``) is checked byte for byte, before the files are written,
+against ``mindspore.save_checkpoint`` and ckptstore's own ``.ckpt`` writer on a small model
+(zero-filled tensors; ``check_wire_format``). Cached under ``benchmarks/cache/`` keyed by every parameter.
 
 Measured, each in a fresh process (``benchmarks.harness``): ``ckptstore.index`` of the whole set
 (no checksum) into a fresh folder (wall, CPU, peak RSS above start, bytes read, read calls); and
 for scale ``ckptstore.open`` of that index (manifest read, parsed, validated, every rank file
-stat-ed) and planning one target rank (``rank_view(store, target, 0).plan`` for rank 0 of
-dp8 × mp8 on 64 cards, ``sample.relayout``; the store opened in the untimed setup). One
-unmeasured index run first warms the page cache with the headers (and leaves the index the open
-and plan rows use). Sizes: the manifest (``ckptstore.json``: the whole index) against the rank
-files' apparent size. Targets: index < 30 s, metadata < 0.1% of the rank files.
+stat-ed) and planning one target rank (``ckptstore.plan_rank(store, target, 0)`` for rank 0 of
+dp8 × mp8 on 64 cards, ``sample.relayout``: the target strategy file read and every parameter's
+reads planned; the store opened in the untimed setup). The plan row's bytes are set against the
+rank files' (what ``mindspore.load_distributed_checkpoint`` reads in every process: it loads every
+rank file whole). One unmeasured index run first warms the page cache with the headers (and
+leaves the index the open and plan rows use). Sizes: the manifest (``ckptstore.json``: the whole
+index) against the rank files' apparent size. Targets: index < 30 s, metadata < 0.1% of the rank files.
 
 The index samples a few KiB of each slice to check the strategy describes the files
-(``ckptstore.checkpoint.layout_check``); here those bytes are zeros, which it treats as uninformative and
+(its layout check); here those bytes are zeros, which it treats as uninformative and
 skips, as it would a fresh optimizer moment. When the index takes longer than the target (or with
 ``--profile``) the run also records where the time goes: wall time per phase (one more index
 run, ckptstore's functions wrapped with timers) and, with ``--profile``, a cProfile (one more; the
-main thread and the worker threads' ``write_param`` calls, merged).
+main thread and the worker threads' ``write_param`` calls, merged): ``ckptstore.testing.index_profile``,
+the one place that names ckptstore's internal functions.
 """
 from __future__ import annotations
 
@@ -53,16 +56,17 @@ from benchmarks.harness import (
 )
 from benchmarks.report import Column, format_bytes, format_seconds, markdown_table
 from benchmarks.synth import CACHE_DIR, Mesh, cache_lock, parse_mesh
+from ckptstore.testing.index_profile import PROFILE_TOP
 
 NAME = "index"
 INDEX = "ckptstore.index (no checksum)"
 OPEN = "ckptstore.open (the index)"
-PLAN = "plan one target rank: rank_view(store, target, rank).plan"
+PLAN = "plan one target rank: ckptstore.plan_rank(store, target, rank)"
 MODULE = "benchmarks.contenders"
 #: Bump when the files' layout changes, so stale cached checkpoints are not reused.
 GENERATOR_VERSION = 1
 PREFIX, STEP_SUFFIX = "pangu", "-1_1"
-PROFILE_TOP = 25
+PROFILE = "ckptstore.testing.index_profile"  # the profiler: it wraps ckptstore's internals
 
 
 @dataclass(frozen=True)
@@ -93,108 +97,6 @@ def specs_for(model: Model, mesh: Mesh) -> list[Any]:
 
     return [normalize_spec(s) for s in pangu_specs(hidden=model.hidden, layers=model.layers, vocab=model.vocab,
                                                    seq=model.seq, dp=mesh.dp, mp=mesh.mp, opt_shard=True)]
-
-
-# ---------------------------------------------------------------------------------------------
-# the wire format: record headers, payload skipped
-
-
-def _varint(n: int) -> bytes:
-    from ckptstore.formats.protowire import encode_varint
-
-    return encode_varint(n)
-
-
-def record_header(name: str, dims: Sequence[int], tensor_type: str, content_bytes: int) -> bytes:
-    """The bytes of one ``Checkpoint.value`` record up to its ``tensor_content`` payload.
-
-    ``Checkpoint{value=1: Value{tag=1, tensor=2: TensorProto{dims=1 (one varint each, unpacked, as
-    MindSpore's proto2 schema writes them), tensor_type=2, tensor_content=3}}}``; the payload of
-    ``content_bytes`` follows.
-    """
-    tag, ttype = name.encode(), tensor_type.encode()
-    tensor_prefix = (b"".join(_varint(1 << 3) + _varint(int(d)) for d in dims)
-                     + _varint(2 << 3 | 2) + _varint(len(ttype)) + ttype + _varint(3 << 3 | 2) + _varint(content_bytes))
-    tensor_len = len(tensor_prefix) + content_bytes
-    value_prefix = _varint(1 << 3 | 2) + _varint(len(tag)) + tag + _varint(2 << 3 | 2) + _varint(tensor_len)
-    return _varint(1 << 3 | 2) + _varint(len(value_prefix) + tensor_len) + value_prefix + tensor_prefix
-
-
-def records_of(name: str, shape: Sequence[int], tensor_type: str, nbytes: int,
-               slice_bytes: int) -> list[tuple[bytes, int]]:
-    """``(header, payload bytes)`` of each record MindSpore writes for one local tensor: one per
-    ``slice_bytes`` of its bytes (``_write_parameter_bytes_data``), the full dims in each."""
-    sizes = [min(slice_bytes, nbytes - start) for start in range(0, max(nbytes, 1), slice_bytes)]
-    return [(record_header(name, shape, tensor_type, n), n) for n in sizes]
-
-
-def write_sparse_file(path: Path, records: Sequence[tuple[bytes, int]]) -> int:
-    """Write each record's header, seek past its payload; truncate to the full size. Returns the size."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        pos = 0
-        for header, payload in records:
-            os.pwrite(fd, header, pos)
-            pos += len(header) + payload
-        os.ftruncate(fd, pos)
-    finally:
-        os.close(fd)
-    return pos
-
-
-def rank_records(specs: Sequence[Any], strategy: Any, rank: int, slice_bytes: int,
-                 boxes: dict[tuple[Any, ...], tuple[int, ...]] | None = None) -> list[tuple[bytes, int]]:
-    """Every record of rank ``rank``'s file, in spec order: local shape = the strategy's box for the
-    rank (whole tensor for parameters the strategy does not list), tensor type from the dtype."""
-    from ckptstore.dtypes import mindspore_name
-
-    boxes = {} if boxes is None else boxes
-    out: list[tuple[bytes, int]] = []
-    for s in specs:
-        if s.in_strategy:
-            layout = strategy.layout(s.name, rank)
-            key = (layout, tuple(s.shape), rank)
-            shape = boxes.get(key)
-            if shape is None:  # many parameters share a layout and a shape: compute each box once
-                shape = boxes[key] = strategy.box(s.name, rank, s.shape).shape
-        else:
-            shape = tuple(s.shape)
-        nbytes = prod(shape) * s.np_dtype.itemsize
-        out += records_of(s.name, shape, mindspore_name(s.np_dtype), nbytes, slice_bytes)
-    return out
-
-
-def check_wire_format(tmp: Path) -> None:
-    """The header writer, byte for byte against ``mindspore.save_checkpoint`` and
-    ``ckptstore.formats.ckpt_writer.CheckpointWriter`` (zero-filled tensors; a small slice size for the
-    latter, so a tensor cut into several records is compared too). Raises ``BenchmarkError``."""
-    import numpy as np
-
-    from ckptstore.testing import sample_checkpoint as testing
-    from ckptstore.formats.ckpt_writer import CheckpointWriter
-    from ckptstore.checkpoint.strategy import load_strategy
-
-    tmp.mkdir(parents=True, exist_ok=True)
-    specs = specs_for(Model("wire check", 64, 1, 64, 8), Mesh(2, 2))
-    strategy = load_strategy(testing.write_strategy(tmp / "strategy.ckpt", specs))
-    rank = 3
-    zeros = {}
-    for s in specs:
-        shape = strategy.box(s.name, rank, s.shape).shape if s.in_strategy else tuple(s.shape)
-        zeros[s.name] = np.zeros(shape, s.np_dtype)
-    ms = testing._ms()  # MindSpore, imported quietly
-    ms.save_checkpoint([{"name": n, "data": ms.Tensor(a)} for n, a in zeros.items()], str(tmp / "ms.ckpt"))
-    from ckptstore.formats.ckpt_writer import DEFAULT_SLICE_BYTES
-
-    write_sparse_file(tmp / "sparse.ckpt", rank_records(specs, strategy, rank, DEFAULT_SLICE_BYTES))
-    small = 1000
-    with CheckpointWriter(tmp / "writer.ckpt", slice_bytes=small) as w:
-        for n, a in zeros.items():
-            w.add(n, a)
-    write_sparse_file(tmp / "sparse_small.ckpt", rank_records(specs, strategy, rank, small))
-    for a, b in (("ms.ckpt", "sparse.ckpt"), ("writer.ckpt", "sparse_small.ckpt")):
-        if (tmp / a).read_bytes() != (tmp / b).read_bytes():
-            raise BenchmarkError(f"the sparse writer's {b} differs from {a} (the wire format changed?)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,22 +172,25 @@ def _disk_needed(n_records: int) -> int:
 
 
 def _write_sparse(sp: Sparse, log: Callable[[str], None]) -> None:
-    from ckptstore.formats.ckpt_writer import DEFAULT_SLICE_BYTES
+    from ckptstore.testing.benchmark_fixtures import (MINDSPORE_SLICE_BYTES, check_wire_format, load_layouts,
+                                                      rank_records, write_sparse_file)
     from ckptstore.testing.sample import model_bytes
     from ckptstore.testing.sample_checkpoint import write_strategy
-    from ckptstore.checkpoint.strategy import load_strategy
 
     t0 = time.perf_counter()
     sp.root.mkdir(parents=True, exist_ok=True)
     tmp = sp.root / "ckpt.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(sp.ckpt_dir, ignore_errors=True)
-    check_wire_format(tmp / "wire_check")
+    try:
+        check_wire_format(tmp / "wire_check", specs_for(Model("wire check", 64, 1, 64, 8), Mesh(2, 2)))
+    except AssertionError as e:
+        raise BenchmarkError(str(e)) from e
     shutil.rmtree(tmp / "wire_check")
     specs = specs_for(sp.model, sp.mesh)
-    strategy = load_strategy(write_strategy(tmp / "strategy.ckpt", specs))
+    strategy = load_layouts(write_strategy(tmp / "strategy.ckpt", specs))
     boxes: dict[tuple[Any, ...], tuple[int, ...]] = {}
-    first = rank_records(specs, strategy, 0, DEFAULT_SLICE_BYTES, boxes)
+    first = rank_records(specs, strategy, 0, MINDSPORE_SLICE_BYTES, boxes)
     need, free = _disk_needed(len(first) * sp.mesh.world), shutil.disk_usage(sp.root).free
     log(f"  sparse checkpoint: {len(specs)} parameters, {len(first)} records per rank file, "
         f"{sp.mesh.world} files; disk free {format_bytes(free)}, needed at most {format_bytes(need)} "
@@ -295,7 +200,7 @@ def _write_sparse(sp: Sparse, log: Callable[[str], None]) -> None:
                              f"{format_bytes(free)} free, up to {format_bytes(need)} needed (+2 GiB kept free)")
     records = 0
     for r in range(sp.mesh.world):
-        recs = first if r == 0 else rank_records(specs, strategy, r, DEFAULT_SLICE_BYTES, boxes)
+        recs = first if r == 0 else rank_records(specs, strategy, r, MINDSPORE_SLICE_BYTES, boxes)
         path = tmp / f"rank_{r}" / f"{PREFIX}{STEP_SUFFIX}.ckpt"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_sparse_file(path, recs)
@@ -303,7 +208,7 @@ def _write_sparse(sp: Sparse, log: Callable[[str], None]) -> None:
     weights = sum(prod(s.shape) for s in specs if not s.name.startswith(("adam_", "global_step", "learning_rate")))
     info = {"model": asdict(sp.model), "mesh": {"dp": sp.mesh.dp, "mp": sp.mesh.mp}, "world": sp.mesh.world,
             "params": len(specs), "weights": weights, "model_bytes": model_bytes(specs), "records": records,
-            "slice_bytes": DEFAULT_SLICE_BYTES, "version": GENERATOR_VERSION,
+            "slice_bytes": MINDSPORE_SLICE_BYTES, "version": GENERATOR_VERSION,
             "generation_s": round(time.perf_counter() - t0, 3)}
     (tmp / "sparse.json").write_text(json.dumps(info), encoding="utf-8")
     os.sync()
@@ -396,7 +301,7 @@ def _profile(st: IndexSetup, index: Contender, kinds: Sequence[str]) -> dict[str
     for what in kinds:
         _clear(st.out)
         try:
-            m = run_contender(Contender(f"profile {what}", "benchmarks.bench_index", f"profile_{what}",
+            m = run_contender(Contender(f"profile {what}", PROFILE, f"profile_{what}",
                                         dict(index.args), preimport=WRITE_SIDE), timeout=7200)
             out[what] = m["returned"]
             out[f"{what}_wall_s"] = m["wall_s"]
@@ -405,123 +310,6 @@ def _profile(st: IndexSetup, index: Contender, kinds: Sequence[str]) -> dict[str
         finally:
             _clear(st.out)
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# profiling (run inside a worker; ckptstore's functions are wrapped there, never changed on disk)
-
-#: ``(module, attribute, phase)``: functions of ckptstore.index's main thread timed per phase. A
-#: missing one (ckptstore changed) is left out.
-PHASES = (
-    ("ckptstore.write.convert", "resolve_source", "resolve_source (everything below)"),
-    ("ckptstore.checkpoint.source", "load_strategy", "  read the strategy file"),
-    ("ckptstore.checkpoint.source", "scan_rank_file", "  scan the rank files' headers (ckpt_reader)"),
-    ("ckptstore.checkpoint.source", "_resolve", "  resolve each parameter's global shape and slices"),
-    ("ckptstore.checkpoint.source", "_check_redundancy", "  redundancy check"),
-    ("ckptstore.checkpoint.source", "check_against_strategy", "  layout check (sampled bytes, layout_check)"),
-    ("ckptstore.write.convert", "select_params", "select parameters"),
-    ("ckptstore.write.convert", "_plan", "chunk plans (store.chunking)"),
-    ("ckptstore.write.convert", "_fingerprint", "fingerprint (stat every rank file)"),
-    ("ckptstore.write.convert", "claim", "claim the output folder"),
-    ("ckptstore.write.kinds.index", "IndexWriter.write_param", "  per-parameter chunk tables (worker threads: summed)"),
-    ("ckptstore.write.kinds.index", "IndexWriter.extra", "  stat the rank files for the manifest"),
-    ("ckptstore.write.convert", "_commit_if_last", "commit (dumps + write + make durable)"),
-    ("ckptstore.store.manifest", "StoreManifest.dumps", "    manifest to JSON text (dumps)"),
-    ("ckptstore.write.convert", "_summary", "summary"),
-)
-
-
-def _wrap_phases(timers: dict[str, list[float]]) -> None:
-    import importlib
-    import threading
-
-    lock = threading.Lock()
-    for module, attr, phase in PHASES:
-        try:
-            owner: Any = importlib.import_module(module)
-            *path, name = attr.split(".")
-            for part in path:
-                owner = getattr(owner, part)
-            fn = getattr(owner, name)
-        except (ImportError, AttributeError) as e:  # a renamed module or function: say so, do not time less
-            raise BenchmarkError(f"bench_index PHASES names {module}.{attr}, which this ckptstore lacks: {e}") from e
-
-        def timed(*a: Any, __fn: Any = fn, __phase: str = phase, **kw: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return __fn(*a, **kw)
-            finally:
-                with lock:
-                    entry = timers.setdefault(__phase, [0.0, 0])
-                    entry[0] += time.perf_counter() - t0
-                    entry[1] += 1
-
-        setattr(owner, name, timed)
-
-
-def profile_phases(src_dir: str, strategy: str, out: str) -> dict[str, Any]:
-    """``ckptstore.index`` with its main phases timed (wall time summed per phase, calls counted)."""
-    import ckptstore
-
-    timers: dict[str, list[float]] = {}
-    _wrap_phases(timers)
-    t0 = time.perf_counter()
-    ckptstore.index(src_dir, out, strategy=[strategy])
-    total = time.perf_counter() - t0
-    order = [p for _, _, p in PHASES]
-    rows = [[p, timers[p][0], timers[p][1]] for p in order if p in timers]
-    return {"total_s": total, "phases": json.dumps(rows)}
-
-
-def profile_cprofile(src_dir: str, strategy: str, out: str) -> dict[str, Any]:
-    """``ckptstore.index`` under cProfile: the main thread, plus each call of
-    ``IndexWriter.write_param`` in the worker threads under a profiler of its own, merged."""
-    import cProfile
-    import io
-    import pstats
-
-    import ckptstore
-
-    threads: list[cProfile.Profile] = []
-    try:
-        from ckptstore.write.kinds.index import IndexWriter
-
-        original = IndexWriter.write_param
-
-        def write_param(self: Any, plan: Any) -> Any:
-            prof = cProfile.Profile()
-            threads.append(prof)
-            prof.enable()
-            try:
-                return original(self, plan)
-            finally:
-                prof.disable()
-
-        IndexWriter.write_param = write_param  # type: ignore[method-assign]
-    except (ImportError, AttributeError):
-        pass
-    prof = cProfile.Profile()
-    prof.enable()
-    ckptstore.index(src_dir, out, strategy=[strategy])
-    prof.disable()
-    texts = {"worker_calls": len(threads)}
-    for key in ("tottime", "cumulative"):
-        buf = io.StringIO()
-        stats = pstats.Stats(prof, stream=buf)
-        for t in threads:
-            stats.add(t)
-        stats.sort_stats(key).print_stats(PROFILE_TOP)
-        texts[key] = _trim_profile(buf.getvalue())
-    return texts
-
-
-def _trim_profile(text: str) -> str:
-    lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if "ncalls" in ln), 0)
-    head = [ln.strip() for ln in lines[:start] if "function calls" in ln]
-    repo = str(Path(__file__).resolve().parent.parent)
-    return "\n".join(head + [ln.replace(str(Path(sys.prefix)), "<venv>").replace(repo, "<repo>")
-                             for ln in lines[start:] if ln.strip()])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -549,7 +337,9 @@ def _returned_cell(record: Mapping[str, Any]) -> Any:
                     f"{r.get('chunks', 0):,} chunks")
         if "rank_bytes" in r:
             return (f"rank {record['params']['rank']} of {record['params']['dst_world']}: {r['params']:,} tensors, "
-                    f"{format_bytes(r['rank_bytes'])}, {r['chunk_reads']:,} chunk reads")
+                    f"{format_bytes(r['rank_bytes'])} in {r['requests']:,} reads from {r['files']:,} rank files "
+                    f"(load_distributed_checkpoint reads all {format_bytes(files)}: "
+                    f"{files / max(r['rank_bytes'], 1):,.0f}×)")
         return "–"
 
     return cell
@@ -590,7 +380,8 @@ def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:
              "(what `ckptstore index SRC -s STRATEGY --out STORE` runs): scan every header, resolve the slices, "
              "sample a few KiB of each slice (zeros here: skipped as uninformative), write the manifest. "
              f"`{OPEN}`: `ckptstore.open(index)` (read, parse, validate; every rank file stat-ed). `{PLAN}`: the "
-             "store opened and the target strategy read in the setup (not timed).", "",
+             "store opened in the setup (not timed); the span reads the target strategy file and plans every "
+             "parameter's reads.", "",
              "Targets (this run):", "",
              targets.markdown(targets.sparse_index_verdicts(record, INDEX), quick=bool(p.get("quick"))), ""]
     lines += profile_lines(record.get("profile"))

@@ -17,7 +17,7 @@ timed). What each row times (:data:`TIMED_SPANS` has the one-line version the re
   the slices straight from the rank files; its values must equal the converted store's;
 * ``ckptstore.load_into_net (into a prebuilt Cell)``: ``load_into_net(net, store, strategy=...,
   rank=...)`` into a Cell built in the setup with the rank's Parameters, zero-filled;
-* ``ckptstore.read.loader.rank_view().read_many (numpy)``: the same slices as numpy arrays;
+* ``ckptstore.read_rank (numpy)``: ``read_rank(store, strategy, rank)``, the same slices as numpy arrays;
 * ``lower bound: numpy preadv``: one ``os.preadv`` of a file holding exactly the rank's bytes
   into one preallocated array, one thread, 4 KiB pages (``numpy preadv, 2 threads``: the same
   split over two threads);
@@ -60,7 +60,7 @@ COLD_NAME = "load-cold"  # results of --cold runs: a record of their own
 CKPTSTORE = "ckptstore.load_rank (Parameters built)"
 INDEX = "ckptstore.load_rank from an index (Parameters built)"
 INTO_NET = "ckptstore.load_into_net (into a prebuilt Cell)"
-RANK_VIEW = "ckptstore.read.loader.rank_view().read_many (numpy)"
+READ_RANK = "ckptstore.read_rank (numpy)"
 BOUND = "lower bound: numpy preadv"
 BOUND_2T = "numpy preadv, 2 threads"
 MS_LDC = "mindspore.load_distributed_checkpoint"
@@ -70,8 +70,9 @@ MS_SAFETENSORS = "mindspore.load_distributed_checkpoint (safetensors)"
 LABELS = {CKPTSTORE: "ckptstore", BOUND: "bound"}
 MODULE = "benchmarks.contenders"
 MS = ("mindspore",)
-#: What ckptstore's contenders import before the measurement (its MindSpore adapter included).
-CKPTSTORE_PREIMPORT = ("mindspore", "ckptstore", "ckptstore.mindspore")
+#: What ckptstore's contenders import before the measurement (its MindSpore adapter included:
+#: ``ckptstore.load_rank`` imports it on first use).
+CKPTSTORE_PREIMPORT = ("mindspore", "ckptstore:load_rank")
 #: ``workers`` of the load_rank rows: the workers curve (the default's row is the main one).
 WORKERS_CURVE = (1, 2, 4)
 
@@ -85,8 +86,7 @@ TIMED_SPANS = {
            "store): its chunks are byte ranges in the rank files, read from there; no setup",
     INTO_NET: "`ckptstore.load_into_net(net, store, strategy=..., rank=...)` (default workers); setup: a Cell with "
               "the rank's Parameters (names, local shapes, dtypes), zero-filled (memory touched)",
-    RANK_VIEW: "`view = rank_view(ckptstore.open(store), strategy, rank); view.read_many(view.names())` (numpy "
-               "arrays, default workers); no setup",
+    READ_RANK: "`ckptstore.read_rank(store, strategy, rank)` (numpy arrays, default workers); no setup",
     BOUND: "one `os.preadv` of a file holding exactly the rank's bytes into one `np.empty` array (1 thread, 4 KiB "
            "pages: `NUMPY_MADVISE_HUGEPAGE=0`); no setup",
     BOUND_2T: "the same with the file split over 2 threads",
@@ -144,17 +144,18 @@ def target_files(s: Synth, dst: Mesh, rank: int) -> tuple[str, str, Path]:
 def make_setup(s: Synth, dst: Mesh, rank: int) -> LoadSetup:
     """Prepare (and cache) the target strategy, store, names file and flat file for ``rank``."""
     strategy, store, names = target_files(s, dst, rank)
-    flat = s.flat_file(dst, rank)
+    flat = s.flat_file(dst, rank, names)
     out_dir = s.root / f"out_{os.getpid()}"  # per run: two runs may share the cache
     out_dir.mkdir(exist_ok=True)
     return LoadSetup(s, dst, rank, strategy, store, str(names), str(flat), flat.stat().st_size, str(out_dir))
 
 
-def default_workers() -> int:
-    """ckptstore's default ``workers`` on this machine (``ckptstore.read.loader.DEFAULT_WORKERS``)."""
-    from ckptstore.read.loader import DEFAULT_WORKERS
+def default_workers(st: LoadSetup) -> int:
+    """ckptstore's default ``workers`` for this setup's store on this machine (``RankPlan.workers``
+    of ``ckptstore.plan_rank``: the store is local, so every local store's default)."""
+    import ckptstore
 
-    return int(DEFAULT_WORKERS)
+    return int(ckptstore.plan_rank(st.store, st.dst_strategy, st.rank).workers)
 
 
 def workers_name(workers: int) -> str:
@@ -172,7 +173,7 @@ def _ckptstore_args(st: LoadSetup, **more: Any) -> dict[str, Any]:
 
 @register("load")
 def _ckptstore_load_rank(st: LoadSetup) -> Contender:
-    return Contender(CKPTSTORE, MODULE, "ckptstore_load_rank", _ckptstore_args(st, workers=default_workers()),
+    return Contender(CKPTSTORE, MODULE, "ckptstore_load_rank", _ckptstore_args(st, workers=default_workers(st)),
                      preimport=CKPTSTORE_PREIMPORT, check="check_ckptstore")
 
 
@@ -185,7 +186,7 @@ def _ckptstore_load_rank_index(st: LoadSetup) -> Contender:
         return Contender(INDEX, MODULE, "ckptstore_load_rank", unavailable=(
             f"ckptstore.index of the rank files failed: {type(e).__name__}: {e}"))
     return Contender(INDEX, MODULE, "ckptstore_load_rank",
-                     {**_ckptstore_args(st, workers=default_workers()), "store": index},
+                     {**_ckptstore_args(st, workers=default_workers(st)), "store": index},
                      preimport=CKPTSTORE_PREIMPORT, check="check_ckptstore")
 
 
@@ -194,7 +195,7 @@ def _ckptstore_load_rank_workers(st: LoadSetup) -> list[Contender]:
     """The workers curve: ``load_rank`` with 1, 2 and 4 threads (the default's row is the main one)."""
     return [Contender(workers_name(w), MODULE, "ckptstore_load_rank", _ckptstore_args(st, workers=w),
                       preimport=CKPTSTORE_PREIMPORT, check="check_ckptstore")
-            for w in WORKERS_CURVE if w != default_workers()]
+            for w in WORKERS_CURVE if w != default_workers(st)]
 
 
 @register("load")
@@ -204,8 +205,8 @@ def _ckptstore_load_into_net(st: LoadSetup) -> Contender:
 
 
 @register("load")
-def _ckptstore_rank_view(st: LoadSetup) -> Contender:
-    return Contender(RANK_VIEW, MODULE, "ckptstore_rank_view", _ckptstore_args(st, workers=default_workers()),
+def _ckptstore_read_rank(st: LoadSetup) -> Contender:
+    return Contender(READ_RANK, MODULE, "ckptstore_read_rank", _ckptstore_args(st, workers=default_workers(st)),
                      preimport=("ckptstore",), check="check_ckptstore")
 
 
@@ -314,7 +315,7 @@ def run(st: LoadSetup, *, reps: int, baseline_reps: int | None, command: str, re
                              warm_paths=[] if cold else read_paths(st, contenders),
                              evict_paths=read_paths(st, contenders) if cold else (),
                              params={**st.params(), "quick": quick, "quick_skipped": skipped,
-                                     "default_workers": default_workers()},
+                                     "default_workers": default_workers(st)},
                              command=command, results_dir=results_dir, keep_going=True, timeout=1800)
     finally:
         shutil.rmtree(st.out_dir, ignore_errors=True)
@@ -346,17 +347,16 @@ def same_values(record: Mapping[str, Any], reference: str = CKPTSTORE) -> Any:
     return cell
 
 
-def mmap_cell(record: Mapping[str, Any]) -> Any:
-    """Column function: bytes a ckptstore route copied out of memory maps (not counted in rchar)."""
+def fetched_cell(record: Mapping[str, Any]) -> Any:
+    """Column function: what a ckptstore route says it fetched (``ckptstore.io_counts()`` after the
+    call: read calls and bytes, memory-mapped copies included, which ``rchar`` does not count)."""
     checks = record.get("checks", {})
 
     def cell(name: str) -> str:
         c = checks.get(name, {})
-        if c.get("mmap_bytes") is None:
+        if c.get("bytes_fetched") is None:
             return "–"
-        if c["mmap_bytes"] == 0:
-            return "none"
-        return f"{format_bytes(c['mmap_bytes'])} (on {format_bytes(c['mmap_pages_bytes'])} of pages)"
+        return f"{format_bytes(c['bytes_fetched'])} in {c['requests']:,} reads"
 
     return cell
 
@@ -365,7 +365,7 @@ def table(record: Mapping[str, Any]) -> str:
     """The scenario's Markdown table (ratios against ckptstore and the lower bound)."""
     bases = [b for b in (CKPTSTORE, BOUND) if b in record["summary"]]
     return markdown_table(record, columns=COLUMNS, baselines=bases, labels=LABELS,
-                          extra={"copied from mmap (not in rchar)": mmap_cell(record),
+                          extra={"fetched (ckptstore.io_counts)": fetched_cell(record),
                                  "same values as ckptstore": same_values(record)})
 
 
@@ -395,9 +395,9 @@ def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:
         "the target layout, a process group): every route is timed from \"a model with the target shapes "
         "exists\" to \"its tensors are filled\". Peak RSS is measured from after the imports and the "
         "setup (a prebuilt model's memory is not in it). `rchar` counts `read`/`pread` calls only: bytes "
-        "copied out of memory-mapped files are not in it (the `copied from mmap` column estimates those of "
-        "ckptstore's routes from their read plan; the safetensors route maps every file it reads, so its "
-        "`rchar` is only headers).",
+        "copied out of memory-mapped files are not in it (the `fetched` column is what ckptstore's routes "
+        "say they read, `ckptstore.io_counts()` after the call; the safetensors route maps every file it "
+        "reads, so its `rchar` is only headers).",
         "",
         *index_lines(record),
         *workers_curve(record),
@@ -629,8 +629,7 @@ def reach(s: Synth, dst: Mesh, ranks: Sequence[int] | None = None, *,
     results: dict[str, dict[str, Any]] = {}
     for r in chosen:
         st = make_setup(s, dst, r)
-        view = ckptstore.read.loader.rank_view(ckptstore.open(st.store), st.dst_strategy, r)
-        ref = check_params({n: view.read(n) for n in view.names()}, names_file=st.names_file)["digest"]
+        ref = check_params(ckptstore.read_rank(st.store, st.dst_strategy, r), names_file=st.names_file)["digest"]
         for factory in routes:
             c = factory(st)
             entry = results.setdefault(c.name, {"same": [], "different": [], "failed": {}})

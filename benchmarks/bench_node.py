@@ -191,7 +191,7 @@ def _round_sample(name: str, rnd: int, res: Mapping[str, Any]) -> dict[str, Any]
         "sum_peak_above_start": sum(w["peak_above_start"] for w in ws),
         "sum_peak_rss": sum(w["peak_rss"] for w in ws), "sum_rchar": sum(w["rchar"] for w in ws),
         "digests": [w.get("check", {}).get("digest") for w in ws],
-        "mmap_bytes": sum((w.get("check") or {}).get("mmap_bytes") or 0 for w in ws),
+        "bytes_fetched": sum((w.get("check") or {}).get("bytes_fetched") or 0 for w in ws),
         "workers": [{k: w[k] for k in ("wall_s", "peak_above_start", "peak_rss", "rchar", "hwm_reset", "cpu_s")}
                     for w in ws],
     }
@@ -218,7 +218,8 @@ def _checks(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         d = s["digests"]
         same = None if ref is None else sum(a is not None and a == b for a, b in zip(d, ref))
         out[s["contender"]] = {"ranks": len(d), "same_as_ckptstore": same,
-                               "distinct_values": len({x for x in d if x is not None}), "mmap_bytes": s["mmap_bytes"]}
+                               "distinct_values": len({x for x in d if x is not None}),
+                               "bytes_fetched": s.get("bytes_fetched", 0)}
     return out
 
 
@@ -239,12 +240,12 @@ def table(record: Mapping[str, Any]) -> str:
         n, k = c["ranks"], c["same_as_ckptstore"]
         return f"{k}/{n}" if k == n else f"**{k}/{n}** ({c['distinct_values']} distinct results)"
 
-    def mapped(name: str) -> str:
+    def fetched(name: str) -> str:
         c = checks.get(name) or {}
-        return format_bytes(c["mmap_bytes"]) if c.get("mmap_bytes") else "–"
+        return format_bytes(c["bytes_fetched"]) if c.get("bytes_fetched") else "–"
 
     return markdown_table(record, columns=COLUMNS, baselines=bases, labels=LABELS,
-                          extra={"Σ copied from mmap (not in rchar)": mapped, "ranks with ckptstore's values": same})
+                          extra={"Σ fetched (ckptstore.io_counts)": fetched, "ranks with ckptstore's values": same})
 
 
 def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:

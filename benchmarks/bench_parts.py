@@ -50,9 +50,9 @@ def part_name(n: int) -> str:
 
 
 def cli() -> list[str]:
-    """The installed ``ckptstore`` console script beside this interpreter (``-m ckptstore.cli`` without it)."""
+    """The installed ``ckptstore`` console script beside this interpreter (``python -m ckptstore`` without it)."""
     script = Path(sys.executable).with_name("ckptstore")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "ckptstore.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "ckptstore"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,9 +10,13 @@ through :class:`ckptstore.testing.latency_proxy.LatencyProxy`, which delays ever
 much (concurrent requests wait together, as on a network) and with ``--bandwidth-mbps`` caps the
 answers' bandwidth; every S3 row of that race goes through the same proxy. Each latency also runs
 *the transposed case* in this process (:func:`transposed_case`): a ``[4096, 1024]`` float32 weight
-stored as two row halves (one object each, as two ranks saved it) read by columns (rank 0 of a
-split by columns: every 4 KiB row's first 2 KiB), planned with the source's cost model
-(``auto``), as exact ranges and as whole spans: requests, bytes, modelled and measured time.
+saved by two ranks split by rows (``ckptstore.save_rank`` of each rank's half: one object each),
+uploaded to the bucket and read with ``ckptstore.read_rank(url, cols_strategy, rank=0)`` (rank 0
+of a split by columns: every 4 KiB row's first 2 KiB), planned with the source's cost model
+(``auto``), as exact ranges and as whole spans (forced through the documented cost variables:
+``CKPTSTORE_REQUEST_LATENCY_MS`` tiny makes every gap cost more than a request, huge makes one
+request per object cheapest): requests, bytes and the model from ``ckptstore.plan_rank``, GETs sent
+from ``ckptstore.io_counts()``, measured time.
 
 The synthetic PanGu-Alpha checkpoint of :mod:`benchmarks.synth` is converted once to a local
 Zarr store (cached, the one ``bench_load`` reads). SeaweedFS (``weed server -s3`` from the
@@ -28,16 +32,16 @@ worker's untimed ``setup``); the timed span ends when the rank's tensors are fil
 
 * ``ckptstore.load_rank`` (local store and ``s3://``): ``load_rank(store, strategy, rank)
   .materialize()``, every ``mindspore.Parameter`` built; opening the store is inside the span.
-* ``ckptstore read_many, s3://``: ``rank_view(ckptstore.open(url), strategy, rank).read_many(...)``
-  (numpy arrays, no MindSpore).
+* ``ckptstore.read_rank, s3://``: ``ckptstore.read_rank(url, strategy, rank)`` (numpy arrays, no MindSpore).
 * ``torch DCP dcp.load, S3StorageReader``: ``dcp.load(state, storage_reader=S3StorageReader(...),
   no_dist=True)`` into the target DTensors (:func:`benchmarks.peers.dcp.load_s3`;
   ``s3torchconnector``'s defaults, its DCP-optimised reader), with torch's default threads and with
   ``OMP_NUM_THREADS=1`` (the faster of the two is the peer's figure, as in the load scenario).
-* ``raw ranged GETs``: the GETs ckptstore sends for this rank (recorded once, in the parent, from
-  a ``read_many`` against the bucket: object, start, end), sent again with ``obstore`` by as many
-  threads as ckptstore uses (``ckptstore.io.s3_source.READ_CONCURRENCY``), each answer streamed into its
-  place in one preallocated, touched buffer. The bound: no planning, no Zarr, no Parameters.
+* ``raw ranged GETs``: the data GETs ckptstore sends for this rank (recorded once, in the parent,
+  through :class:`ckptstore.testing.s3_server.CountingProxy` during a ``read_rank`` from the bucket:
+  object, start, end), sent again with ``obstore`` by as many threads as ckptstore keeps GETs in
+  flight (``ckptstore.plan_rank(url, ...).in_flight``), each answer streamed into its place in one
+  preallocated, touched buffer. The bound: no planning, no Zarr, no Parameters.
 
 Before the timed rounds, one unrecorded warm-up run of every contender (so the server's files are
 in the page cache for all), then one *counting* run of every S3 contender through
@@ -70,7 +74,7 @@ from benchmarks.report import Column, format_bytes, format_seconds, markdown_tab
 NAME = "s3"
 LOCAL = "ckptstore.load_rank, local store"
 S3 = "ckptstore.load_rank, s3:// (Parameters built)"
-S3_NUMPY = "ckptstore read_many, s3:// (numpy)"
+S3_NUMPY = "ckptstore.read_rank, s3:// (numpy)"
 S3_LAZY = "ckptstore.load_rank, s3://, key by key (params[k])"
 DCP = "torch DCP dcp.load, S3StorageReader"
 DCP_1T = "torch DCP dcp.load, S3StorageReader, 1 torch thread"
@@ -82,12 +86,15 @@ PREFILLED = (DCP, DCP_1T, RAW)
 BUCKET = "ckptstore-bench"
 PREFIX = "store"
 DCP_PREFIX = "dcp"
-#: Imported by the ckptstore workers before the measurement (MindSpore, ckptstore and its S3 client).
-PREIMPORT = ("mindspore", "ckptstore", "ckptstore.mindspore", "ckptstore.io.s3_source", "obstore", "obstore.store")
+#: Imported by the ckptstore workers before the measurement: MindSpore, ckptstore (which imports its S3
+#: client) with its MindSpore adapter (``ckptstore.load_rank``, imported on first use), obstore.
+PREIMPORT = ("mindspore", "ckptstore:load_rank", "obstore", "obstore.store")
 DCP_PREIMPORT = ("torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor",
                  "torch.distributed.device_mesh", "torch.testing._internal.distributed.fake_pg", "ckptstore",
                  "s3torchconnector", "s3torchconnector.dcp", "benchmarks.peers.dcp")
-RAW_PREIMPORT = ("obstore", "obstore.store", "ckptstore.io.s3_source")
+RAW_PREIMPORT = ("obstore", "obstore.store")
+#: The pieces the raw row streams each answer in (what ckptstore's S3 reader uses, 256 KiB).
+RAW_STREAM_CHUNK = 256 << 10
 # The targets for a load from S3 (benchmarks/README.md, "Targets")
 TIME_TARGET = 0.6  # load_rank (Parameters built) / DCP via s3torchconnector
 BYTES_TARGET = 1.01  # bytes the server sent / the rank's bytes
@@ -101,16 +108,15 @@ TIMED_SPANS = {
     S3: "the same call on `s3://bucket/store` (opening the store: one GET of its manifest, inside the span). No setup",
     S3_LAZY: "`params = ckptstore.load_rank(url, strategy, rank); {k: params[k] for k in params}`: the lazy path, "
              "each Parameter built when taken (the reads of the next ones ahead). No setup",
-    S3_NUMPY: "`view = rank_view(ckptstore.open(url), strategy, rank); view.read_many(view.names())`: numpy arrays, "
-              "no MindSpore. No setup",
+    S3_NUMPY: "`ckptstore.read_rank(url, strategy, rank)`: numpy arrays, no MindSpore. No setup",
     DCP: "`dcp.load(state, storage_reader=S3StorageReader(region, url, s3client_config=S3ClientConfig("
          "force_path_style=True)), no_dist=True)` alone (reads `.metadata`, plans, GETs, copies into the shards); "
          "setup: the target strategy, `init_process_group('fake')`, the meshes and the target DTensors with "
          "`torch.zeros` local shards (memory touched)",
     DCP_1T: f"as `{DCP}`, with `OMP_NUM_THREADS=1`",
     RAW: "ckptstore's GETs for this rank (same objects and ranges) sent with `obstore.get(range)` by as many threads as "
-         "ckptstore's S3 reader uses, each answer streamed into its place in one buffer; setup: the client and that "
-         "buffer (allocated and touched)",
+         "ckptstore's S3 reader keeps GETs in flight, each answer streamed into its place in one buffer; setup: the "
+         "client and that buffer (allocated and touched)",
 }
 
 
@@ -133,20 +139,22 @@ def load_rank_lazy(store: str, strategy: str, rank: int, names_file: str) -> dic
     return {k: params[k] for k in params}
 
 
-def read_many(store: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
-    """The measured call: :func:`benchmarks.contenders.ckptstore_rank_view` (numpy, default workers)."""
-    from benchmarks.contenders import ckptstore_rank_view
+def read_rank(store: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
+    """The measured call: :func:`benchmarks.contenders.ckptstore_read_rank` (numpy, default workers)."""
+    from benchmarks.contenders import ckptstore_read_rank
 
-    return ckptstore_rank_view(store, strategy, rank, names_file)
+    return ckptstore_read_rank(store, strategy, rank, names_file)
 
 
 def check(result: Mapping[str, Any], **args: Any) -> dict[str, Any]:
-    """After the measurement: the values' digest and this process's S3 request counters."""
+    """After the measurement: the values' digest and this process's S3 request counters
+    (``ckptstore.io_counts()``: the measured call is the worker's only I/O)."""
+    import ckptstore
     from benchmarks.contenders import check_params
-    from ckptstore.io.s3_client import REQUEST_STATS as rs
 
     out = check_params(result, **args)
-    out.update(gets=rs.gets, heads=rs.heads, lists=rs.lists, bytes_in=rs.bytes_in)
+    counts = ckptstore.io_counts()
+    out.update(gets=counts.gets, heads=counts.heads, lists=counts.lists, bytes_in=counts.bytes_in)
     return out
 
 
@@ -173,15 +181,13 @@ def raw_gets(state: Mapping[str, Any]) -> np.ndarray:
     """The measured call: every GET, ``workers`` at a time, each streamed into its place in the buffer."""
     import obstore
 
-    from ckptstore.io.s3_source import STREAM_CHUNK
-
     store, buf = state["store"], state["buf"]
     view = memoryview(buf)
 
     def get(place: tuple[str, int, int, int]) -> None:
         key, start, end, pos = place
         result = obstore.get(store, key, options={"range": (start, end)})
-        for piece in result.stream(min_chunk_size=STREAM_CHUNK):
+        for piece in result.stream(min_chunk_size=RAW_STREAM_CHUNK):
             n = len(piece)
             view[pos:pos + n] = memoryview(piece)
             pos += n
@@ -206,7 +212,7 @@ def check_raw(buf: np.ndarray, **args: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class S3Setup:
-    """The local store, the target, and what the rank's read plan says must be fetched."""
+    """The local store, the target, and the bytes the rank's tensors hold."""
 
     synth: Any  # benchmarks.synth.Synth
     dst: Any  # benchmarks.synth.Mesh
@@ -214,44 +220,14 @@ class S3Setup:
     dst_strategy: str
     store: str
     names_file: str
-    wanted: int  # bytes of the rank's read plan
-    runs: int  # maximal runs of touching byte ranges per file: one ranged GET each at best
-    unit_gets: int  # the same runs cut into the reader's units (a long run is fetched by several threads)
+    wanted: int  # bytes of the rank's tensors (ckptstore.plan_rank(...).nbytes)
+    local_workers: int  # ckptstore's default workers for the local store (RankPlan.workers)
     manifest_bytes: int  # the root zarr.json, read whole when the store is opened
 
     def params(self) -> dict[str, Any]:
         return {**self.synth.describe(), "dst": {"dp": self.dst.dp, "mp": self.dst.mp}, "dst_world": self.dst.world,
-                "rank": self.rank, "rank_nbytes": self.wanted, "coalesced_ranges": self.runs,
-                "unit_gets": self.unit_gets, "unit_bytes": unit_bytes(),
-                "manifest_bytes": self.manifest_bytes, "store": self.store, "dst_strategy": self.dst_strategy,
-                "store_bytes": _tree_bytes(self.store)}
-
-
-def coalesced_runs(ranges: Iterable[tuple[str, str, int, int, Any]]) -> list[int]:
-    """Lengths of the maximal runs of touching (or overlapping) byte ranges per file in ``plan.ranges()``."""
-    by_file: dict[str, list[tuple[int, int]]] = {}
-    for _, key, off, n, _ in ranges:
-        by_file.setdefault(key, []).append((off, off + n))
-    runs: list[int] = []
-    for spans in by_file.values():
-        lo = hi = None
-        for a, b in sorted(spans):
-            if hi is None or a > hi:
-                if hi is not None:
-                    runs.append(hi - lo)
-                lo, hi = a, b
-            else:
-                hi = max(hi, b)
-        if hi is not None:
-            runs.append(hi - lo)
-    return runs
-
-
-def unit_bytes() -> int:
-    """The largest piece ckptstore's S3 reader fetches with one GET (``ckptstore.io.s3_source.GET_PIECE``)."""
-    from ckptstore.io import s3_source as s3
-
-    return int(s3.GET_PIECE)
+                "rank": self.rank, "rank_nbytes": self.wanted, "manifest_bytes": self.manifest_bytes,
+                "store": self.store, "dst_strategy": self.dst_strategy, "store_bytes": _tree_bytes(self.store)}
 
 
 def make_setup(s: Any, dst: Any, rank: int) -> S3Setup:
@@ -260,11 +236,10 @@ def make_setup(s: Any, dst: Any, rank: int) -> S3Setup:
     from benchmarks.bench_load import target_files
 
     strategy, store, names = target_files(s, dst, rank)
-    plan = ckptstore.load_rank(store, strategy, rank).plan
-    runs, unit = coalesced_runs(plan.ranges()), unit_bytes()
+    plan = ckptstore.plan_rank(store, strategy, rank)
     manifest = Path(store) / "zarr.json"
-    return S3Setup(s, dst, rank, strategy, store, str(names), int(plan.nbytes), len(runs),
-                   sum(-(-r // unit) for r in runs), manifest.stat().st_size if manifest.exists() else 0)
+    return S3Setup(s, dst, rank, strategy, store, str(names), int(plan.nbytes), int(plan.workers),
+                   manifest.stat().st_size if manifest.exists() else 0)
 
 
 @contextlib.contextmanager
@@ -304,30 +279,31 @@ class ServerCpu:
         self._last = (contender, now) if contender else None
 
 
-def record_gets(url: str, strategy: str, rank: int) -> list[tuple[str, int, int]]:
+def record_gets(url: str, strategy: str, rank: int, server_port: int) -> list[tuple[str, int, int]]:
     """The data GETs ckptstore sends to load ``rank`` from ``url`` (object path, start, end), in
-    object and offset order: one ``read_many`` here with ``S3File._get`` watched (the manifest,
-    read whole on open, is not among them)."""
+    object and offset order: one ``ckptstore.read_rank`` here through a
+    :class:`~ckptstore.testing.s3_server.CountingProxy`, its ranged GETs kept (the manifest, read
+    whole on open, is not among them)."""
+    from urllib.parse import unquote, urlsplit
+
     import ckptstore
-    from ckptstore.io import s3_source as s3
-    from ckptstore.read.loader import rank_view
+    from ckptstore.testing.s3_server import CountingProxy
 
-    seen: list[tuple[str, int, int]] = []
-    lock = threading.Lock()
-    original = s3.S3File._get
-
-    def watched(self: Any, start: int, end: int, group: Any) -> None:
-        with lock:
-            seen.append((self.source.path(self.key), int(start), int(end)))
-        original(self, start, end, group)
-
-    s3.S3File._get = watched  # type: ignore[method-assign]
+    proxy = CountingProxy(server_port)
     try:
-        view = rank_view(ckptstore.open(url), strategy, rank)
-        view.read_many(view.names())
+        with environ({"AWS_ENDPOINT_URL": proxy.url}):
+            ckptstore.read_rank(url, strategy, rank)
+        seen = proxy.requests("GET")
     finally:
-        s3.S3File._get = original  # type: ignore[method-assign]
-    return sorted(seen)
+        proxy.stop()
+    out = []
+    for g in seen:
+        if g.status >= 400 or not g.range:
+            continue
+        first, _, last = g.range.removeprefix("bytes=").partition("-")
+        key = unquote(urlsplit(g.path).path).lstrip("/").removeprefix(BUCKET + "/")
+        out.append((key, int(first), int(last) + 1))
+    return sorted(out)
 
 
 def local_crc(store: str, gets: Sequence[tuple[str, int, int]]) -> str:
@@ -359,7 +335,7 @@ def contenders(st: S3Setup, url: str, dcp_url: str | None, gets_file: str, dcp_w
     out = [Contender(LOCAL, MODULE, "load_rank", {"store": st.store, **args}, **ms),
            Contender(S3, MODULE, "load_rank", {"store": url, **args}, **ms),
            Contender(S3_LAZY, MODULE, "load_rank_lazy", {"store": url, **args}, **ms),
-           Contender(S3_NUMPY, MODULE, "read_many", {"store": url, **args}, preimport=RAW_PREIMPORT + ("ckptstore",),
+           Contender(S3_NUMPY, MODULE, "read_rank", {"store": url, **args}, preimport=RAW_PREIMPORT + ("ckptstore",),
                      env=dict(env), check="check")]
     for name, extra in ((DCP, {}), (DCP_1T, {"OMP_NUM_THREADS": "1"})):
         if dcp_why:
@@ -405,56 +381,82 @@ def count_traffic(cs: Sequence[Contender], server_port: int, log: Callable[[str]
     return out
 
 
-def transposed_case(env: Mapping[str, str], folder: Path, reps: int = 3) -> dict[str, Any]:
-    """The transposed case, in this process, through ``env``'s endpoint: a ``[4096, 1024]``
-    float32 weight stored as two ``[2048, 1024]`` row halves, one object each (what two ranks
-    saving it split by rows leave), uploaded once (``folder`` holds the files); its columns
-    ``[:, :512]`` (rank 0 of a split by columns) read with the plan the source's cost model
-    chooses (``auto``), with exact ranges and with whole spans. Per strategy: requests, bytes
-    fetched, modelled seconds, measured seconds (median of ``reps``), GETs the client sent."""
-    import numpy as np
+#: The transposed case's plans: the source's own cost model, and the two a cost variable forces
+#: (a request of 1e-6 ms: any gap costs more than a request, so every wanted range is its own; of
+#: 1e6 ms: one request per object, gaps and all, is cheapest).
+TRANSPOSED_PLANS = {"auto": {}, "exact": {"CKPTSTORE_REQUEST_LATENCY_MS": "1e-6"},
+                    "whole": {"CKPTSTORE_REQUEST_LATENCY_MS": "1e6"}}
 
-    from ckptstore.io.s3_client import REQUEST_STATS
-    from ckptstore.io.s3_source import S3Source
-    from ckptstore.store.executor import Executor
-    from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest
-    from ckptstore.store.read_plan import plan_param
+
+def transposed_store(folder: Path) -> tuple[Path, Path, Any]:
+    """The transposed case's store, written once into ``folder``: a ``[4096, 1024]`` float32 weight
+    ``w`` saved by two ranks split by rows (``ckptstore.save_rank`` of each rank's half, step 0),
+    and the strategy file of a split by columns. Returns (store root, columns strategy, values)."""
+    import ckptstore
+    from ckptstore.testing.sample_checkpoint import ParamSpec, write_strategy
+
+    values = np.arange(4096 * 1024, dtype=np.float32).reshape(4096, 1024)
+    root, cols = folder / "store", folder / "cols.ckpt"
+    if not cols.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        rows = write_strategy(folder / "rows.ckpt", [ParamSpec("w", values.shape, dev_matrix=(2,), tensor_map=(0, -1))])
+        for r in range(2):
+            ckptstore.save_rank({"w": values[r * 2048:(r + 1) * 2048]}, root, step=0, strategy=str(rows), rank=r)
+        write_strategy(cols, [ParamSpec("w", values.shape, dev_matrix=(2,), tensor_map=(-1, 0))])
+    return root, cols, values
+
+
+def transposed_case(env: Mapping[str, str], folder: Path, reps: int = 3) -> dict[str, Any]:
+    """The transposed case, in this process, through ``env``'s endpoint: the store of
+    :func:`transposed_store` uploaded once to ``s3://<bucket>/transposed``; its columns ``[:, :512]``
+    (rank 0 of the split by columns) read with ``ckptstore.read_rank`` under each of
+    :data:`TRANSPOSED_PLANS`. Per plan: requests, bytes fetched and wanted (``ckptstore.plan_rank``),
+    the modelled seconds under the source's own model (the ``auto`` plan's), measured seconds
+    (median of ``reps``; each store opened outside the span) and the GETs sent
+    (``ckptstore.io_counts()``). Raises ``BenchmarkError`` when a cost variable does not force the
+    plan it stands for or a read returns other values."""
+    import ckptstore
     from ckptstore.testing.s3_server import upload
 
     url = f"s3://{BUCKET}/transposed"
-    values = np.arange(4096 * 1024, dtype=np.float32).reshape(4096, 1024)
-    half = values.nbytes // 2
+    root, cols, values = transposed_store(folder)
+    want = values[:, :512]
     out: dict[str, Any] = {}
     with environ(env):
-        if not (folder / "rank_1.bin").exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "rank_0.bin").write_bytes(values[:2048].tobytes())
-            (folder / "rank_1.bin").write_bytes(values[2048:].tobytes())
-            upload(folder, url)
-        table = ChunkTable(("rank_0.bin", "rank_1.bin"), (0, 0), (half, half), None, (0, 1), (1, 1))
-        manifest = StoreManifest({"w": ParamManifest("w", "w", "float32", (4096, 1024), (2048, 1024), table)})
-        from ckptstore.boxes import Box
-
-        box = Box((0, 0), (4096, 512))
-        for strategy in ("auto", "exact", "whole"):
-            source = S3Source(url)
-            cost = source.read_cost()
-            plan = plan_param(manifest.params["w"], box, cost=cost, strategy=strategy)
-            times, gets = [], 0
-            for rep in range(reps + 1):  # the first run (connections made) is left out
-                source.close()  # no pins carried between runs
-                dest = np.empty(box.shape, dtype=np.float32)
-                before = REQUEST_STATS.gets
-                t = time.perf_counter()
-                Executor(source, workers=cost.in_flight, pool_min_bytes=0).run([(plan, dest)])
-                if rep:
-                    times.append(time.perf_counter() - t)
-                gets = REQUEST_STATS.gets - before
-                if not np.array_equal(dest, values[:, :512]):
-                    raise BenchmarkError(f"transposed case, {strategy}: wrong values")
-            out[strategy] = {"requests": plan.requests, "gets": gets, "nbytes": plan.nbytes, "fetched": plan.fetched,
-                             "modelled_s": cost.seconds(plan.requests, plan.fetched),
-                             "wall_s": statistics.median(times), "walls_s": times}
+        if not (folder / "uploaded").exists():
+            upload(root, url)
+            (folder / "uploaded").write_text("")
+        model = None
+        for name, knob in TRANSPOSED_PLANS.items():
+            with environ(knob):
+                plan = ckptstore.plan_rank(url, str(cols), 0)
+                model = model or plan  # auto first: the source's own cost model
+                times, gets = [], 0
+                for rep in range(reps + 1):  # the first run (connections made) is left out
+                    store = ckptstore.open(url)
+                    before = ckptstore.io_counts()
+                    t = time.perf_counter()
+                    got = ckptstore.read_rank(store, str(cols), 0)["w"]
+                    wall = time.perf_counter() - t
+                    gets = (ckptstore.io_counts() - before).gets
+                    store.close()
+                    if rep:
+                        times.append(wall)
+                    if not np.array_equal(got, want):
+                        raise BenchmarkError(f"transposed case, {name}: wrong values")
+            modelled = (plan.requests * model.request_ms / 1e3 / model.in_flight
+                        + plan.fetched_bytes / (model.bandwidth_mbps * 1e6))
+            out[name] = {"requests": plan.requests, "gets": gets, "nbytes": plan.nbytes, "fetched": plan.fetched_bytes,
+                         "modelled_s": modelled, "wall_s": statistics.median(times), "walls_s": times,
+                         "env": dict(knob)}
+    rows_of_each = want.shape[0]
+    if out["exact"]["requests"] != rows_of_each or out["exact"]["fetched"] != out["exact"]["nbytes"]:
+        raise BenchmarkError(f"transposed case: {TRANSPOSED_PLANS['exact']} should plan exact ranges ({rows_of_each} "
+                             f"requests, nothing over-read), planned {out['exact']['requests']} fetching "
+                             f"{out['exact']['fetched']} B")
+    if out["whole"]["requests"] != 2:
+        raise BenchmarkError(f"transposed case: {TRANSPOSED_PLANS['whole']} should plan one request per object (2), "
+                             f"planned {out['whole']['requests']}")
     best = min(out["exact"]["wall_s"], out["whole"]["wall_s"])
     out["auto_over_best"] = out["auto"]["wall_s"] / best
     return out
@@ -471,7 +473,6 @@ def run(st: S3Setup, *, reps: int, command: str, results_dir: Path | None, quick
 
     from benchmarks.harness import append_result, run_contender
     from benchmarks.peers import dcp as dcp_peer
-    from ckptstore.io.s3_source import READ_CONCURRENCY
     from ckptstore.testing.latency_proxy import LatencyProxy
     from ckptstore.testing.s3_server import SeaweedServer, env_for, weed_binary
 
@@ -484,8 +485,7 @@ def run(st: S3Setup, *, reps: int, command: str, results_dir: Path | None, quick
         env = env_for(server.url)
         server.create_bucket(BUCKET)
         url, dcp_url = f"s3://{BUCKET}/{PREFIX}", f"s3://{BUCKET}/{DCP_PREFIX}"
-        params: dict[str, Any] = {**st.params(), "quick": quick, "server": "SeaweedFS", "default_workers": {
-            "local": _default_workers(), "s3": int(READ_CONCURRENCY)}, "versions": _versions()}
+        params: dict[str, Any] = {**st.params(), "quick": quick, "server": "SeaweedFS", "versions": _versions()}
         t0 = time.perf_counter()
         with environ(env):
             # converted into the bucket as a job would (not the local store uploaded): its commit records
@@ -508,14 +508,17 @@ def run(st: S3Setup, *, reps: int, command: str, results_dir: Path | None, quick
                     params["dcp_objects"] = _objects(dcp_url)
                     log(f"  DCP saved into {dcp_url} by {st.synth.src.world} processes (S3StorageWriter) in "
                         f"{params['dcp_save_s']:.1f} s: {format_bytes(sum(params['dcp_objects'].values()))}")
-            gets = record_gets(url, st.dst_strategy, st.rank)
+            plan = ckptstore.plan_rank(url, st.dst_strategy, st.rank)  # what a load from the bucket will send
+            params["s3_plan"] = {"requests": plan.requests, "fetched_bytes": plan.fetched_bytes, "files": plan.files}
+            params["default_workers"] = {"local": st.local_workers, "s3": plan.workers, "s3_in_flight": plan.in_flight}
+            gets = record_gets(url, st.dst_strategy, st.rank, server.port)
         gets_file = os.path.join(tmp.name, "gets.json")
         with open(gets_file, "w", encoding="utf-8") as f:
             json.dump(gets, f)
         params["raw_gets"] = len(gets)
         params["raw_bytes"] = sum(b - a for _, a, b in gets)
         params["raw_crc32c"] = local_crc(st.store, gets)
-        cs = contenders(st, url, dcp_url, gets_file, dcp_why, env, int(READ_CONCURRENCY))
+        cs = contenders(st, url, dcp_url, gets_file, dcp_why, env, int(params["default_workers"]["s3_in_flight"]))
         warm = [str(p) for p in sorted(Path(st.store).rglob("*")) if p.is_file()]
         for c in cs:  # warm-up: the server's files and the local store into the page cache, unrecorded
             if not c.unavailable and not quick:  # (a smoke test's numbers are not quoted)
@@ -565,12 +568,6 @@ def _objects(url: str) -> dict[str, int]:
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
     return {m["path"][len(prefix) + 1:]: int(m["size"]) for batch in obstore.list(S3Store(bucket), prefix + "/")
             for m in batch}
-
-
-def _default_workers() -> int:
-    from ckptstore.read.loader import DEFAULT_WORKERS
-
-    return int(DEFAULT_WORKERS)
 
 
 def _versions() -> dict[str, str | None]:
@@ -708,8 +705,8 @@ def verdict_lines(record: Mapping[str, Any]) -> list[str]:
         if held > PEAK_TARGET and raw_extra is not None:
             lines.append(f"  - over the slice: {format_bytes((held - 1) * wanted)}; the raw GETs, which hold nothing "
                          f"but their buffer and the S3 client, peak {format_bytes(raw_extra)} above that buffer (the "
-                         f"client's runtime, connections and in-flight answers of {p['default_workers']['s3']} "
-                         "concurrent GETs)"
+                         f"client's runtime, connections and in-flight answers of "
+                         f"{p['default_workers'].get('s3_in_flight', p['default_workers']['s3'])} concurrent GETs)"
                          + (f"; from the local store `load_rank` peaks at {local_held:.4f}×" if local_held else ""))
     lines += ["", "Other ratios in this run (medians):"]
     raw = _median(record, RAW, "wall_s")
@@ -750,18 +747,34 @@ def transposed_lines(p: Mapping[str, Any]) -> list[str]:
     t = p.get("transposed")
     if not t:
         return []
-    lines = ["The transposed case (`[4096, 1024]` float32 saved as two row halves, read by columns `[:, :512]`: "
-             "8 MiB wanted), in the parent process, through the same endpoint:", "",
+    lines = ["The transposed case (`[4096, 1024]` float32 saved by two ranks as row halves with `ckptstore.save_rank`, "
+             "read by columns `[:, :512]` with `ckptstore.read_rank`: 8 MiB wanted), in the parent process, through the "
+             "same endpoint; requests, bytes and the model from `ckptstore.plan_rank` (modelled: the source's own cost "
+             "model for every plan), GETs sent from `ckptstore.io_counts()`:", "",
              "| plan | requests (GETs sent) | bytes fetched | modelled | measured (median) |", "|---|---|---|---|---|"]
+    titles = {"auto": "auto (the source's cost model)", "exact": "exact ranges", "whole": "whole spans"}
     for k in ("auto", "exact", "whole"):
         v = t[k]
-        lines.append(f"| {k} | {v['requests']:,} ({v['gets']:,}) | {format_bytes(v['fetched'])} | "
-                     f"{format_seconds(v['modelled_s'])} | {format_seconds(v['wall_s'])} |")
+        knob = ", ".join(f"`{n}={x}`" for n, x in v.get("env", {}).items())
+        lines.append(f"| {titles[k]}{f' ({knob})' if knob else ''} | {v['requests']:,} ({v['gets']:,}) | "
+                     f"{format_bytes(v['fetched'])} | {format_seconds(v['modelled_s'])} | {format_seconds(v['wall_s'])} |")
     auto = t["auto"]
     lines += ["", f"- transposed case: {auto['requests']} requests (target ≤ 64: {_met(auto['requests'] <= 64)}); "
               f"measured {t['auto_over_best']:.2f}× the faster of exact ranges and whole spans (target ≤ 1.2: "
               f"{_met(t['auto_over_best'] <= 1.2)})"]
     return lines
+
+
+def _plan_sentence(p: Mapping[str, Any]) -> str:
+    """The rank's plan from the bucket (``ckptstore.plan_rank``) and the data GETs recorded for it."""
+    sent = (f"ckptstore sends {p['raw_gets']} data GETs for it ({format_bytes(p['raw_bytes'])}), which the raw row "
+            "repeats.")
+    plan = p.get("s3_plan")
+    if not plan:  # a record written before the plan was recorded
+        return f"The rank's read plan: {format_bytes(p['rank_nbytes'])}; " + sent
+    return (f"The rank's read plan from the bucket (`ckptstore.plan_rank`): {format_bytes(p['rank_nbytes'])} wanted, "
+            f"{format_bytes(plan['fetched_bytes'])} fetched in {plan['requests']} requests from {plan['files']} "
+            f"objects; " + sent)
 
 
 def render(record: Mapping[str, Any]) -> str:
@@ -792,8 +805,7 @@ def render(record: Mapping[str, Any]) -> str:
            f"{p['src_world']} processes (one per source rank, the source layout's DTensors) with s3torchconnector "
            f"{v.get('s3torchconnector', '?')}'s `S3StorageWriter` in {p['dcp_save_s']:.1f} s (torch "
            f"{v.get('torch', '?')}). " if dcp_objects else "")
-        + f"The rank's read plan: {format_bytes(p['rank_nbytes'])} in {p['coalesced_ranges']} coalesced ranges; "
-        f"ckptstore sends {p['raw_gets']} data GETs for it ({format_bytes(p['raw_bytes'])}), which the raw row repeats.",
+        + _plan_sentence(p),
         "",
         table,
         "",
@@ -801,8 +813,10 @@ def render(record: Mapping[str, Any]) -> str:
         "",
         *[f"- `{n}`: {TIMED_SPANS[n]}." for n in p.get("timed_spans", TIMED_SPANS)],
         "",
-        f"ckptstore's default workers: {p['default_workers']['local']} threads for a local store, "
-        f"{p['default_workers']['s3']} for object storage; the raw row uses {p['default_workers']['s3']}. Each "
+        f"ckptstore's default workers (`ckptstore.plan_rank(...).workers`): {p['default_workers']['local']} threads "
+        f"for a local store, {p['default_workers']['s3']} for object storage, with "
+        f"{p['default_workers'].get('s3_in_flight', p['default_workers']['s3'])} GETs in flight (`.in_flight`); the "
+        f"raw row uses {p['default_workers'].get('s3_in_flight', p['default_workers']['s3'])} threads. Each "
         "contender ran once unrecorded first (warm-up), then once through a counting proxy (untimed; the "
         "`requests; bytes sent` column), then the timed rounds, alternating, straight to the server. Cells: median "
         "(min–max) over the timed runs; ratios compare medians. `peak held`: the peak above start plus, for rows "

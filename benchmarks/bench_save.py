@@ -4,10 +4,13 @@
 
 The synthetic PanGu-Alpha checkpoint of :mod:`benchmarks.synth` (weights and Adam moments,
 about ``--size`` bytes of global tensors) gives each rank its local slices: every rank is its
-own process that loads its rank file into ``mindspore.Parameter`` values (unmeasured setup: what
-a training job holds), waits at a barrier, and then saves them,
-all eight at once, as each contender does (each rank saves once before, unmeasured, into
-another folder: a job saves many times, and the measured save is a later one):
+own process that loads its rank file into ``mindspore.Parameter`` values (``mindspore.load_checkpoint``,
+its memory pre-check given MemAvailable as in ``benchmarks.contenders.patched_mindspore``; unmeasured
+setup: what a training job holds), waits at a barrier, and then saves them,
+all eight at once, as each contender does (each rank saves once before, unmeasured: a job saves
+many times, and the measured save is a later one; the ``ckptstore async`` rows save that first
+step as step 0 of the same folder with the same saver and are measured saving step 1, the other
+rows save it into another folder):
 
 * ``ModelCheckpoint sync``: ``mindspore.save_checkpoint`` of the rank's Parameters into its own
   file (what ``ModelCheckpoint`` calls);
@@ -17,9 +20,10 @@ another folder: a job saves many times, and the measured save is a later one):
   MindSpore's own ``get_parameter_redundancy`` + ``remove_param_redundancy`` (the selection
   ``remove_redundancy=True`` makes; that flag itself needs a compiled parallel network);
 * ``ckptstore save_rank``: ``ckptstore.save_rank`` (sync), committed by the last rank;
-* ``ckptstore async``: ``AsyncSaver(memory_budget=--budget-mb)``: the step returns once the
-  rank's slices are copied to host memory (in pieces of at most 64 MiB, within the budget);
-  done when the writer has committed;
+* ``ckptstore async``: ``ckptstore.StoreSaver(out, keep=None, memory_budget_mb=--budget-mb)``, one per
+  rank process, ``saver.save(1, params)``: the step returns once the rank's slices are copied to
+  host memory (in pieces of at most 64 MiB, within the budget); done when the writer has
+  committed (``saver.wait()``);
 * ``ckptstore async (SeaweedFS)``: the same into a bucket of a SeaweedFS server on loopback
   (``ckptstore.testing.s3_server``), bytes written counted from the bucket's listing;
 * ``PyTorch DCP save``: the same local slices as torch tensors in the rank's memory, wrapped as
@@ -40,7 +44,7 @@ rank; the median rank too), **done** = from the barrier to the end of the last r
 an ``os.sync()`` by the driver afterwards, so every contender pays for durable files, **bytes written** = the
 output folder's size, **extra memory** = the largest per-rank peak RSS above its level before
 the call (``clear_refs``), **host copies kept** = the staging buffers an async saver allocated in
-the unmeasured first save and reuses (so extra memory does not show them: ckptstore's peak use of
+the unmeasured first save and reuses (``StoreSaver.peak_staged``) (so extra memory does not show them: ckptstore's peak use of
 its piece buffers, DCP's cached copy of the whole rank). ``ModelCheckpoint sync + ckptstore index`` adds the time of
 ``ckptstore.index`` of the sync save's rank files (the way to a store without saving into one).
 Contenders alternate order between repetitions; medians are reported, with the machine's
@@ -69,6 +73,9 @@ CONTENDERS = ("ModelCheckpoint sync", "ModelCheckpoint async_save", "ModelCheckp
               "ckptstore save_rank", "ckptstore async", "ckptstore async (SeaweedFS)",
               "PyTorch DCP save", "PyTorch DCP async_save")
 SEAWEED = "ckptstore async (SeaweedFS)"
+#: Contenders whose warm-up save is step 0 of the measured folder (one StoreSaver per rank for both
+#: steps, as a training loop holds one): only the measured step's folder is counted.
+SAME_ROOT = ("ckptstore async", SEAWEED)
 DCP_ASYNC = "PyTorch DCP async_save"
 NAME = "save"
 
@@ -92,8 +99,10 @@ def rank_main(a: argparse.Namespace) -> None:
     if a.contender.startswith("ckptstore"):  # a job imports its libraries before it trains
         import zarr  # noqa: F401 (imported on a store's first save)
 
-        import ckptstore.mindspore  # noqa: F401
-        import ckptstore.write.async_save  # noqa: F401
+        import ckptstore
+
+        for name in ("load_rank", "save_rank"):  # public names imported on first use: the adapter, the writer
+            getattr(ckptstore, name)
     _save(a, params, state, warm_up=True)  # a job saves many times: measure a save after the first
     ready = Path(a.sync) / f"ready-{a.rank}"
     ready.write_text("")
@@ -136,19 +145,19 @@ def _dcp_setup(a: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _parameters(rank_file: str) -> dict[str, Any]:
-    """The rank's ``mindspore.Parameter``\\s, as a training job holds them. (``load_checkpoint``
-    refuses a file larger than MemFree, which a full page cache makes small here.)"""
-    from ckptstore.formats.ckpt_reader import read_entry, scan_checkpoint
-    from ckptstore.mindspore import to_parameter
+    """The rank's ``mindspore.Parameter``\\s, as a training job holds them: ``mindspore.load_checkpoint``
+    of its rank file (which refuses a file larger than MemFree, which a full page cache makes small
+    here: the benchmarks' patched check uses MemAvailable, ``contenders.MEMORY_CHECK_NOTE``)."""
+    from benchmarks.contenders import patched_mindspore
 
-    index = scan_checkpoint(rank_file)
-    return {n: to_parameter(n, read_entry(rank_file, e)) for n, e in index.entries.items()}
+    return dict(patched_mindspore().load_checkpoint(rank_file))
 
 
 def _save(a: argparse.Namespace, params: Any, state: dict[str, Any], warm_up: bool = False) -> dict[str, Any]:
     import mindspore as ms
 
-    where = a.out + "-warm-up" if warm_up else a.out  # the warm-up's files are not counted
+    # the warm-up's files are not counted: another folder, or (ckptstore async, one saver) step 0 of the same
+    where = a.out + "-warm-up" if warm_up and a.contender not in SAME_ROOT else a.out
     name, out = a.contender, where if where.startswith("s3://") else Path(where)
     rank_file = Path(where) / f"rank_{a.rank}" / "net-1_1.ckpt"
     step = 0 if warm_up else 1
@@ -190,17 +199,16 @@ def _save(a: argparse.Namespace, params: Any, state: dict[str, Any], warm_up: bo
     if name == "ckptstore save_rank":
         s = ckptstore.save_rank(params, out, step=step, strategy=a.strategy, rank=a.rank)
         return {"stall": time.time(), "committed": s.committed, "written": s.bytes_written}
-    from ckptstore.write.async_save import AsyncSaver
-    from ckptstore.write.save import prepare_save
+    from benchmarks.compat import store_saver
 
-    if "saver" not in state:  # one per job, as StoreCheckpoint holds one
-        state["saver"] = AsyncSaver(memory_budget=a.budget_mb << 20 if a.budget_mb else None)
+    if "saver" not in state:  # one per rank process, kept for the warm-up and the measured step
+        state["saver"] = store_saver(a.out, memory_budget_mb=a.budget_mb or None, strategy=a.strategy, rank=a.rank)
     saver = state["saver"]
-    saver.save(prepare_save(params, out, step=step, strategy=a.strategy, rank=a.rank))
+    saver.save(step, params)
     stall = time.time()
-    saver.wait()
-    return {"stall": stall, "committed": saver.last.committed, "written": saver.last.bytes_written,
-            "staged_peak": saver.peak_staged}
+    last = saver.wait()
+    return {"stall": stall, "committed": last.committed, "written": last.bytes_written,
+            "staged_peak": saver.peak_staged, "store": str(last.store)}
 
 
 # ---- the driver ---------------------------------------------------------------------------------
@@ -244,8 +252,12 @@ def run_once(s: Any, contender: str, out: Path, budget_mb: int | None, bucket: A
     os.sync()  # every contender's files durable (ckptstore fsyncs its own; MindSpore's are not)
     sync_s = time.time() - t_sync
     stalls = sorted(r["stall_end"] - t_go for r in ranks)
-    written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) if contender != SEAWEED else \
-        _bucket_bytes(target, bucket[1])
+    stores = {r["store"] for r in ranks if r.get("store")} if contender in SAME_ROOT else set()
+    if contender == SEAWEED:
+        written = sum(_bucket_bytes(where, bucket[1]) for where in stores)
+    else:
+        written = sum(p.stat().st_size for folder in ([Path(w) for w in stores] or [out])
+                      for p in folder.rglob("*") if p.is_file())
     return {"stall_max": stalls[-1], "stall_median": statistics.median(stalls), "done": max(r["done"] for r in ranks) - t_go + sync_s,
             "bytes_written": written, "extra_memory": max(r["peak_above"] for r in ranks),
             "committed": sum(bool(r.get("committed")) for r in ranks),
@@ -253,10 +265,13 @@ def run_once(s: Any, contender: str, out: Path, budget_mb: int | None, bucket: A
 
 
 def _bucket_bytes(url: str, env: dict[str, str]) -> int:
+    """Bytes of the objects under ``url`` (the bucket's listing, with obstore)."""
     os.environ.update(env)
-    from ckptstore.io.s3_source import S3Source
+    import obstore
+    from obstore.store import S3Store
 
-    return sum(st.size for _, st in S3Source(url).walk())
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    return sum(int(m["size"]) for batch in obstore.list(S3Store(bucket), prefix.rstrip("/") + "/") for m in batch)
 
 
 def index_time(s: Any, out: Path) -> float:

@@ -76,6 +76,11 @@ REPORT_CONTENDERS = {
     "index_checksum": ("convert", "ckptstore index --checksum"),
 }
 BOUND = "lower bound: numpy preadv"
+#: Preimported, untimed, through the public names in every revision (the worker's ``"module:name"``):
+#: the MindSpore adapter (``ckptstore.load_rank``) and the write side (``ckptstore.convert``), which
+#: a revision may import on first use or with ``ckptstore``; whichever module holds them.
+LOAD_PREIMPORT = ("mindspore", "ckptstore:load_rank")
+WRITE_PREIMPORT = ("ckptstore:convert",)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,20 +239,6 @@ class Tree:
         """The worker environment that imports this tree's ckptstore and this checkout's benchmarks."""
         return {"PYTHONPATH": f"{self.path}{os.pathsep}{harness_dir}", "PYTHONSAFEPATH": "1"}
 
-    @property
-    def write_module(self) -> str:
-        """The tree's converter module (preimported, untimed: a revision that imports its write side
-        on first use is not charged for that import where one that imports it with ckptstore is not)."""
-        return "ckptstore.write.convert" if (self.path / "ckptstore" / "write" / "convert.py").exists() \
-            else "ckptstore.convert"
-
-    @property
-    def mindspore_module(self) -> str:
-        """The tree's only MindSpore importer (preimported, untimed, as bench_load does)."""
-        here = self.path / "ckptstore"
-        return "ckptstore.mindspore" if (here / "mindspore.py").exists() or (here / "mindspore").is_dir() \
-            else "ckptstore.mindspore_adapter"
-
 
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
@@ -339,7 +330,7 @@ def contenders_for(trees: Sequence[Tree], harness_dir: Path, *, routes: Sequence
     for route in routes:
         for t in trees:
             env = t.env(harness_dir)
-            load_pre = ("mindspore", "ckptstore", t.mindspore_module)
+            load_pre = LOAD_PREIMPORT
             load_args = {"store": str(t.store), "strategy": dst_strategy, "rank": rank, "names_file": names_file}
             write_args = {"src_dir": ckpt_dir, "strategy": src_strategy,
                           "out": str(out_root / f"{route}-{t.label}")}
@@ -354,7 +345,7 @@ def contenders_for(trees: Sequence[Tree], harness_dir: Path, *, routes: Sequence
                                                      "out": write_args["out"]},
                               preimport=("ckptstore",), env=env, setup="setup_save", check="check_save")
             else:
-                c = Contender(name, MODULE, route, write_args, preimport=("ckptstore", t.write_module), env=env,
+                c = Contender(name, MODULE, route, write_args, preimport=WRITE_PREIMPORT, env=env,
                               check="check_written", track_children=True)
             out.append(c)
     return out
@@ -382,7 +373,7 @@ def run(*, base: str, head: str, size: int, src_world: str, dst_world: str, rank
     s = synth(size, parse_mesh(src_world, source=True), seed)
     dst = parse_mesh(dst_world, source=False)
     dst_strategy, _, names_file = target_files(s, dst, rank)
-    flat = s.flat_file(dst, rank)
+    flat = s.flat_file(dst, rank, names_file)
     work = s.root / f"versions_run_{os.getpid()}"  # per run: two runs may share the cache
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()

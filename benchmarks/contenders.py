@@ -25,19 +25,11 @@ import numpy as np
 
 
 def write_names_file(path: Path, store: str | os.PathLike[str], strategy: str | os.PathLike[str], rank: int) -> Path:
-    """``[name, shape, dtype, in_strategy]`` of every tensor rank ``rank`` of ``strategy`` holds."""
-    import ckptstore
+    """``[name, shape, dtype, in_strategy]`` of every tensor rank ``rank`` of ``strategy`` holds
+    (:func:`ckptstore.testing.benchmark_fixtures.rank_tensors`)."""
+    from ckptstore.testing.benchmark_fixtures import rank_tensors
 
-    st = ckptstore.open(store)
-    view = ckptstore.read.loader.rank_view(st, strategy, rank)
-    target = ckptstore.checkpoint.strategy.load_strategy(strategy)
-    rows = []
-    for name in view.names():
-        info = st.info(name)
-        if info.is_str:
-            continue
-        plan = view.plan_for(name)
-        rows.append([name, list(plan.shape), np.dtype(plan.dtype).name, name in target.layouts])
+    rows = rank_tensors(store, strategy, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
     tmp.write_text(json.dumps(rows), encoding="utf-8")
@@ -59,7 +51,7 @@ def ckptstore_load_rank(store: str, strategy: str, rank: int, names_file: str,
     """``ckptstore.load_rank(...).materialize()``: every Parameter of the rank built.
 
     ``materialize`` reads with ``workers`` threads and builds each Parameter as soon as its reads
-    are done; ``workers=None`` is ckptstore's default (``ckptstore.read.loader.DEFAULT_WORKERS``).
+    are done; ``workers=None`` is ckptstore's default (``ckptstore.plan_rank(...).workers`` says it).
     """
     import ckptstore
 
@@ -67,14 +59,13 @@ def ckptstore_load_rank(store: str, strategy: str, rank: int, names_file: str,
     return ckptstore.load_rank(store, strategy, rank, **kw).materialize()
 
 
-def ckptstore_rank_view(store: str, strategy: str, rank: int, names_file: str,
+def ckptstore_read_rank(store: str, strategy: str, rank: int, names_file: str,
                         workers: int | None = None) -> dict[str, Any]:
-    """``rank_view(ckptstore.open(store), strategy, rank).read_many(names)``: numpy arrays, no MindSpore."""
+    """``ckptstore.read_rank(store, strategy, rank)``: numpy arrays, no MindSpore."""
     import ckptstore
 
     kw = {} if workers is None else {"workers": workers}
-    view = ckptstore.read.loader.rank_view(ckptstore.open(store), strategy, rank, **kw)
-    return view.read_many(view.names())
+    return ckptstore.read_rank(store, strategy, rank, **kw)
 
 
 def setup_target_net(store: str, strategy: str, rank: int, names_file: str) -> dict[str, Any]:
@@ -348,48 +339,21 @@ def check_params(out: Mapping[str, Any], **args: Any) -> dict[str, Any]:
 
 
 def check_ckptstore(out: Mapping[str, Any], **args: Any) -> dict[str, Any]:
-    """Digest, plus the bytes ckptstore copied out of memory maps (which ``rchar`` does not count).
-
-    ckptstore's reader copies a chunk's overlap through a read-only ``mmap`` when it is many
-    short runs (a column slice) and uses ``preadv`` otherwise; this replays that choice on the
-    read plan (``mmap_bytes``: bytes copied from mappings; ``mmap_pages_bytes``: the pages those
-    runs lie on, i.e. what the page cache had to map).
-    """
+    """Digest, plus what ckptstore says its loads in this process read (:func:`io_fields`)."""
     out_check = check_params(out, **args)
-    out_check.update(_mmap_fields(args))
+    out_check.update(io_fields())
     return out_check
 
 
-def _mmap_fields(args: Mapping[str, Any]) -> dict[str, Any]:
-    try:
-        return _mmap_share(args["store"], args["strategy"], args["rank"])
-    except Exception as e:  # the reader's internals moved: say so rather than fail the run
-        return {"mmap_bytes": None, "mmap_note": f"{type(e).__name__}: {e}"}
-
-
-def _mmap_share(store: str, strategy: str, rank: int) -> dict[str, int]:
+def io_fields() -> dict[str, Any]:
+    """``ckptstore.io_counts()`` of this worker (whose only load is the measured call): ``requests``
+    (read calls) and ``bytes_fetched``, which ``rchar`` misses where bytes come from memory maps."""
     import ckptstore
-    from ckptstore.store import executor as reader
 
-    if not hasattr(reader, "_FEW_RUNS"):
-        # this reader copies nothing out of memory maps: every byte goes through preadv (in rchar)
-        return {"mmap_bytes": 0, "mmap_pages_bytes": 0}
-    page = 4096
-    view = ckptstore.read.loader.rank_view(ckptstore.open(store), strategy, rank)
-    mapped = pages = 0
-    for name in view.names():
-        plan = view.plan_for(name)
-        if plan.codec is not None:
-            continue
-        item = plan.dtype.itemsize
-        for c in plan.chunks:
-            src, _, run = plan.runs(c)
-            if len(src) <= reader._FEW_RUNS or run >= reader._LONG_RUN:  # noqa: SLF001 - replaying its choice
-                continue
-            mapped += c.overlap.size * item
-            first, last = src // page, (src + run - 1) // page
-            pages += int((last - first + 1).sum() - (first[1:] == last[:-1]).sum()) * page
-    return {"mmap_bytes": mapped, "mmap_pages_bytes": pages}
+    if not hasattr(ckptstore, "io_counts"):  # a revision before eb090ba: not recorded
+        return {}
+    counts = ckptstore.io_counts()
+    return {"requests": counts.requests, "bytes_fetched": counts.bytes_fetched}
 
 
 def _param_numpy(p: Any) -> np.ndarray:
@@ -412,13 +376,13 @@ def check_net(out: Any, **args: Any) -> dict[str, Any]:
 
 def check_into_net(out: Mapping[str, Any], **args: Any) -> dict[str, Any]:
     """:func:`check_net` of the filled Cell, what ``load_into_net`` did not load (both lists should
-    be empty: the Cell declares exactly the rank's names) and the bytes copied from memory maps."""
+    be empty: the Cell declares exactly the rank's names) and :func:`io_fields`."""
     result = check_net(out["net"], **args)
     result["param_not_load"] = len(out["param_not_load"])
     result["ckpt_not_load"] = len(out["ckpt_not_load"])
     if out["param_not_load"] or out["ckpt_not_load"]:
         result["not_loaded_names"] = ", ".join([*out["param_not_load"], *out["ckpt_not_load"]][:5])
-    result.update(_mmap_fields(args))
+    result.update(io_fields())
     return result
 
 
@@ -497,19 +461,19 @@ def ckptstore_open(store: str) -> Any:
 
 
 def setup_open_store(store: str, strategy: str, rank: int) -> dict[str, Any]:
-    """Unmeasured: the store opened and the target strategy read, for :func:`ckptstore_plan_rank`."""
+    """Unmeasured: the store opened, for :func:`ckptstore_plan_rank`."""
     import ckptstore
 
-    return {"store": ckptstore.open(store), "strategy": ckptstore.checkpoint.strategy.load_strategy(strategy), "rank": rank}
+    return {"store": ckptstore.open(store), "strategy": strategy, "rank": rank}
 
 
 def ckptstore_plan_rank(state: Mapping[str, Any]) -> dict[str, Any]:
-    """``rank_view(store, strategy, rank).plan``: what ``load_rank`` works out before it reads a byte."""
+    """``ckptstore.plan_rank(store, strategy, rank)``: what ``load_rank`` works out before it reads a
+    byte (the target strategy file read, every parameter's reads planned)."""
     import ckptstore
 
-    plan = ckptstore.read.loader.rank_view(state["store"], state["strategy"], state["rank"]).plan
-    return {"rank_bytes": int(plan.nbytes), "params": len(plan.params),
-            "chunk_reads": sum(len(p.chunks) for p in plan.params.values())}
+    plan = ckptstore.plan_rank(state["store"], state["strategy"], state["rank"])
+    return {"rank_bytes": int(plan.nbytes), "params": plan.params, "requests": plan.requests, "files": plan.files}
 
 
 def cp_r(src_dir: str, out: str) -> dict[str, Any]:

@@ -46,8 +46,10 @@ class BenchmarkError(RuntimeError):
 
 #: What a ckptstore contender that converts or indexes imports before it is measured: the write
 #: side, which ``import ckptstore`` leaves to first use (as MindSpore's contenders preimport
-#: ``mindspore``), so that every contender times the work, not its library's imports.
-WRITE_SIDE = ("ckptstore", "ckptstore.write.convert")
+#: ``mindspore``), so that every contender times the work, not its library's imports. Named by
+#: the public function (``"module:name"``, see :func:`benchmarks.worker.preimport`), not by the
+#: module that holds it.
+WRITE_SIDE = ("ckptstore:convert",)
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,8 @@ class Contender:
     """One thing to measure: ``module.func(**args)``, run in a fresh worker process.
 
     ``preimport`` lists modules the worker imports before measuring, so a contender that imports
-    MindSpore lazily is not charged for the import. ``reps`` caps this contender's repetitions
+    MindSpore lazily is not charged for the import (``"module:name"`` also takes that attribute,
+    e.g. ``"ckptstore:load_rank"``, which imports ckptstore's MindSpore adapter). ``reps`` caps this contender's repetitions
     (for a slow baseline); ``None`` means the benchmark's ``reps``. ``env`` is added to the
     worker's environment (e.g. ``RANK_ID``). ``check`` names a function of ``module`` called
     after the measurement as ``check(result, **args)`` (e.g. a digest of the loaded values).
@@ -272,7 +275,7 @@ def _git_revision() -> str | None:
 
 
 def command_line(module: str, argv: Sequence[str] | None = None) -> str:
-    """The command that reproduces this run, e.g. ``python -m benchmarks.bench_scan --size 1GB``."""
+    """The command that reproduces this run, e.g. ``python -m benchmarks.bench_load --size 1GB``."""
     args = sys.argv[1:] if argv is None else argv
     return shlex.join(["python", "-m", module, *args])
 

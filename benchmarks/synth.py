@@ -241,10 +241,13 @@ class Synth:
         """Bytes of the tensors rank ``rank`` of ``mesh`` holds (the denominator of every ratio)."""
         import ckptstore
 
-        return int(ckptstore.read.loader.rank_view(ckptstore.open(self.store()), self.target_strategy(mesh), rank).plan.nbytes)
+        return int(ckptstore.plan_rank(self.store(), self.target_strategy(mesh), rank).nbytes)
 
-    def flat_file(self, mesh: Mesh, rank: int) -> Path:
-        """One file holding exactly rank ``rank``'s slices of ``mesh``, back to back (lower bound)."""
+    def flat_file(self, mesh: Mesh, rank: int, names_file: Path) -> Path:
+        """One file holding exactly rank ``rank``'s slices of ``mesh``, back to back in the order of
+        ``names_file`` (the rank's tensors: ``benchmarks.contenders.write_names_file``), the lower bound."""
+        import glob
+
         import ckptstore
 
         path = self.root / "flat" / f"{mesh.tag}_rank{rank}.bin"
@@ -252,13 +255,14 @@ class Synth:
         with cache_lock(self.root):
             if not path.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
-                view = ckptstore.read.loader.rank_view(ckptstore.open(store), strategy, rank)
+                names = [row[0] for row in json.loads(Path(names_file).read_text(encoding="utf-8"))]
                 tmp = path.with_name(path.name + ".partial")
                 with open(tmp, "wb") as f:
-                    for name in view.names():
-                        value = view.read(name)
-                        if not isinstance(value, str):
-                            f.write(memoryview(value.reshape(-1).view("uint8")))
+                    for batch in _batches(names, 64):  # a few tensors at a time: memory stays small
+                        got = ckptstore.read_rank(store, strategy, rank, names=[glob.escape(n) for n in batch])
+                        for name in batch:
+                            f.write(memoryview(got[name].reshape(-1).view("uint8")))
+                        del got
                 os.replace(tmp, path)
         return path
 
@@ -290,6 +294,10 @@ class Synth:
                 ms.parallel.unified_safetensors(str(src), str(self.strategy), str(tmp))
                 os.replace(tmp, path)
         return path
+
+
+def _batches(items: Sequence[Any], n: int) -> list[list[Any]]:
+    return [list(items[i:i + n]) for i in range(0, len(items), n)]
 
 
 def synth(size: int, src: Mesh, seed: int = 0, *, cache_dir: Path = CACHE_DIR) -> Synth:

@@ -92,11 +92,10 @@ def load_verdicts(rec: Mapping[str, Any] | None, ours: str, bound: str, *, into_
     out.append(Verdict(f"Load (c): `load_rank` peak RSS above start ≤ {PEAK_VS_RANK}× the rank's bytes",
                        f"worst {format_bytes(peak)} = {peak / n:.3f}× the rank's {format_bytes(n)}",
                        peak <= PEAK_VS_RANK * n))
-    mapped = (rec.get("checks", {}).get(ours) or {}).get("mmap_bytes") or 0
-    read = me["rchar"]["max"] + mapped
+    read = max(me["rchar"]["max"], (rec.get("checks", {}).get(ours) or {}).get("bytes_fetched") or 0)
     out.append(Verdict(f"Load (c): `load_rank` bytes read ≤ {READ_VS_RANK}× the rank's bytes",
-                       f"worst {format_bytes(read)} = {read / n:.3f}× (rchar {format_bytes(me['rchar']['max'])}"
-                       + (f" + {format_bytes(mapped)} copied from memory-mapped chunks)" if mapped else ")"),
+                       f"worst {format_bytes(read)} = {read / n:.3f}× (the larger of rchar "
+                       f"{format_bytes(me['rchar']['max'])} and what ckptstore.io_counts() says it fetched)",
                        read <= READ_VS_RANK * n))
     return out + [cold_verdict(cold, ours)]
 

@@ -2,6 +2,8 @@
 
 SPEC_JSON is ``{"module", "func", "args", "preimport"}`` and optionally ``"setup"``,
 ``"check"`` and ``"barrier"``. The worker imports ``preimport`` and the contender's module first
+(an entry ``"module:name"`` imports the module and takes its attribute ``name``: a public name
+imported on first use, such as ``"ckptstore:convert"``, imports what it needs)
 (unmeasured: interpreter start and imports are not what we compare), then measures one call
 and writes the measurements as JSON to RESULT_PATH. Only the standard library and
 :mod:`benchmarks.procfs` are imported before the contender's own imports, so the baseline is
@@ -89,7 +91,7 @@ def describe(value: Any) -> Any:
 def run(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Import what the spec names, wait at the barrier if any, measure the call, then check it."""
     for name in spec.get("preimport", ()):
-        importlib.import_module(name)
+        preimport(name)
     module = importlib.import_module(spec["module"])
     fn = getattr(module, spec["func"])
     args = spec.get("args", {})
@@ -105,6 +107,15 @@ def run(spec: Mapping[str, Any]) -> dict[str, Any]:
         result["check"] = getattr(module, spec["check"])(out, **args)
     del out
     return result
+
+
+def preimport(name: str) -> None:
+    """Import ``name``; ``"module:attr"`` imports ``module`` and takes ``attr`` of it (which imports
+    whatever that name is imported on first use with)."""
+    module, _, attr = name.partition(":")
+    imported = importlib.import_module(module)
+    if attr:
+        getattr(imported, attr)
 
 
 def run_setup(setup: Callable[..., Any], args: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:

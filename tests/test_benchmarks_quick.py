@@ -65,7 +65,7 @@ def _check_load_scenario(out: Path, report: str) -> None:
     summary, checks = record["summary"], record["checks"]
     default = record["params"]["default_workers"]
     curve = [bench_load.workers_name(w) for w in bench_load.WORKERS_CURVE if w != default]
-    for name in (bench_load.CKPTSTORE, bench_load.INDEX, bench_load.INTO_NET, bench_load.RANK_VIEW, bench_load.BOUND,
+    for name in (bench_load.CKPTSTORE, bench_load.INDEX, bench_load.INTO_NET, bench_load.READ_RANK, bench_load.BOUND,
                  *curve):
         assert name in summary, f"{name} did not run: {record['failed'].get(name)}"
         assert checks[name]["digest"] == checks[bench_load.CKPTSTORE]["digest"], name

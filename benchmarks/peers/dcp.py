@@ -2,7 +2,7 @@
 
 **Save** (once, cached next to the synthetic checkpoint): one process per source rank, a real
 ``gloo`` process group on this machine (``init_method=file://``), each process wrapping the
-local tensors of *its own MindSpore rank file* (read with ``ckptstore.formats.ckpt_reader``, i.e. the
+local tensors of *its own MindSpore rank file* (read with ``ckptstore.testing.benchmark_fixtures.read_rank_file``, i.e. the
 slices MindSpore's own code cut) as DTensors on a CPU ``DeviceMesh`` equivalent to the
 MindSpore layout (:mod:`benchmarks.peers.layouts`: ``Shard``/``Replicate`` per tensor-map
 entry, optimizer sharding as a second ``Shard(0)`` after the model-parallel one), then one
@@ -177,28 +177,19 @@ def rank_state(rank: int, rank_file: str, strategy: str, *, in_memory: bool = Fa
     process group initialised (the meshes are built collectively, in the same order on every
     rank). ``in_memory`` reads every tensor into its own memory, as a training job holds its
     weights; otherwise single-piece tensors are private copy-on-write maps of the file."""
-    import ckptstore
-    from ckptstore.formats.ckpt_reader import read_entry
+    from ckptstore.testing.benchmark_fixtures import load_layouts, read_rank_file
 
-    src = ckptstore.checkpoint.strategy.load_strategy(strategy)
+    src = load_layouts(strategy)
     layouts = {n: mesh_layout(st[0]) for n, st in src.layouts.items()}
     meshes = _Meshes()
     for key in sorted({m.key for m in layouts.values()}):  # same order on every rank: collective
         meshes.get(next(m for m in layouts.values() if m.key == key))
-    index = ckptstore.formats.ckpt_reader.scan_checkpoint(rank_file)
     state: dict[str, Any] = {}
-    for name in index.names():
-        entry = index[name]
-        if entry.is_str:
-            continue
-        if not in_memory and len(entry.pieces) == 1 and entry.nbytes:  # no read up front
-            array = np.memmap(rank_file, dtype=entry.dtype, mode="c", offset=entry.pieces[0][0], shape=entry.shape)
-        else:
-            array = read_entry(rank_file, entry)
+    for name, array in read_rank_file(rank_file, in_memory=in_memory).items():  # no read up front unless in_memory
         local = _from_numpy(np.asarray(array))
         if name in layouts:
             layout = src.layouts[name][0]
-            shape = layout.global_shape(entry.shape)
+            shape = layout.global_shape(array.shape)
             check_boxes(name, layout, layouts[name], shape)
             state[name] = _dtensor(local, meshes.get(layouts[name]), layouts[name], shape, rank, name)
         else:
@@ -238,9 +229,9 @@ def setup_rank(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    import ckptstore
+    from ckptstore.testing.benchmark_fixtures import load_layouts
 
-    target = ckptstore.checkpoint.strategy.load_strategy(strategy)
+    target = load_layouts(strategy)
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=target.world_size)
     meshes = _Meshes()

@@ -1,7 +1,8 @@
 """MindSpore layouts as the peers' sharding specs: DTensor placements and jax PartitionSpecs.
 
 A MindSpore layout (``dev_matrix``, ``tensor_map``, optimizer shard) says which global box each
-rank holds; ckptstore's :meth:`ckptstore.checkpoint.strategy.Layout.box` computes it, and the tests check
+rank holds; ckptstore's strategy reader computes it (``Layout.box`` of the layouts
+:func:`ckptstore.testing.benchmark_fixtures.load_layouts` returns), and the tests check
 that against MindSpore's own slicing. A peer describes the same thing as a device mesh plus one
 *placement* per mesh dimension. :func:`mesh_layout` translates: the mesh is the device matrix
 with its dimensions reordered so that the ones the tensor map uses come first (in tensor-axis
@@ -17,12 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from ckptstore.boxes import Box
-from ckptstore.checkpoint.strategy import Layout
+from ckptstore.testing.benchmark_fixtures import Box
+
+#: A MindSpore layout of one pipeline stage, as ``load_layouts(...).layouts[name][0]`` gives it.
+Layout = Any
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 **Save** (once, cached next to the synthetic checkpoint): one process with ``world`` virtual
 CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_count=<world>``). Each parameter
 becomes a global ``jax.Array`` whose shard on device ``r`` is the local tensor of MindSpore
-rank file ``r`` (read with ``ckptstore.formats.ckpt_reader``), with a ``NamedSharding`` equivalent to
+rank file ``r`` (read with ``ckptstore.testing.benchmark_fixtures.read_rank_file``), with a ``NamedSharding`` equivalent to
 the MindSpore layout (:mod:`benchmarks.peers.layouts`; checked against ``Layout.box`` for every
 device). ``ocp.StandardCheckpointer().save`` writes it with Orbax's defaults (OCDBT + Zarr via
 TensorStore; replicated shards written once).
@@ -112,26 +112,22 @@ def _save(strategy: str, out: str, rank_files: Sequence[str]) -> None:
     import jax
     import orbax.checkpoint as ocp
 
-    import ckptstore
-    from ckptstore.formats.ckpt_reader import read_entry
+    from ckptstore.testing.benchmark_fixtures import load_layouts, read_rank_file
 
     world = len(rank_files)
     devices = sorted(jax.devices(), key=lambda d: d.id)
     if len(devices) != world:
         raise RuntimeError(f"{len(devices)} jax devices, need {world} (set XLA_FLAGS)")
-    src = ckptstore.checkpoint.strategy.load_strategy(strategy)
-    indexes = [ckptstore.formats.ckpt_reader.scan_checkpoint(p) for p in rank_files]
+    src = load_layouts(strategy)
+    files = [read_rank_file(p, in_memory=False) for p in rank_files]  # maps of the files: read when put
     state: dict[str, Any] = {}
-    for name in indexes[0].names():
-        entry = indexes[0][name]
-        if entry.is_str:
-            continue
+    for name, local in files[0].items():
         if name in src.layouts:
             layout = src.layouts[name][0]
-            mesh, shape = mesh_layout(layout), layout.global_shape(entry.shape)
+            mesh, shape = mesh_layout(layout), layout.global_shape(local.shape)
             check_boxes(name, layout, mesh, shape)
         else:
-            mesh, shape = _replicated(world), tuple(entry.shape)
+            mesh, shape = _replicated(world), tuple(local.shape)
         sharding = _sharding(mesh, devices, len(shape))
         shards = []
         for dev, index in sharding.addressable_devices_indices_map(shape).items():
@@ -139,7 +135,7 @@ def _save(strategy: str, out: str, rank_files: Sequence[str]) -> None:
             want = mesh.box(r, shape)
             if _index_box(index, shape) != (want.start, want.stop):
                 raise AssertionError(f"{name}: jax puts {index} on device {r}, MindSpore rank {r} holds {want}")
-            shards.append(jax.device_put(read_entry(rank_files[r], indexes[r][name]), dev))
+            shards.append(jax.device_put(np.array(files[r][name]), dev))
         state[name] = jax.make_array_from_single_device_arrays(shape, sharding, shards)
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(os.path.abspath(out), state)
@@ -158,9 +154,9 @@ def _names(names_file: str) -> list[tuple[str, tuple[int, ...], str, bool]]:
 def _abstract_tree(strategy: str, names_file: str, devices: Sequence[Any]) -> dict[str, Any]:
     import jax
 
-    import ckptstore
+    from ckptstore.testing.benchmark_fixtures import load_layouts
 
-    target = ckptstore.checkpoint.strategy.load_strategy(strategy)
+    target = load_layouts(strategy)
     tree = {}
     for name, lshape, dtype, in_strategy in _names(names_file):
         if in_strategy:

@@ -33,9 +33,10 @@ def dtype_synth(size: int, src: Mesh, seed: int = 0, *, dtype: str = "bfloat16",
     """The cached checkpoint of about ``size`` bytes of ``dtype`` tensors on ``src``, written on first use."""
     if dtype == "float32":
         return synth_mod.synth(size, src, seed, cache_dir=cache_dir)
-    from ckptstore.dtypes import numpy_dtype
+    import ml_dtypes
+    import numpy as np
 
-    dims = synth_mod.choose_dims(size, itemsize=numpy_dtype(dtype).itemsize)
+    dims = synth_mod.choose_dims(size, itemsize=np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype).itemsize)
     root = Path(cache_dir) / f"pangu-v{synth_mod.GENERATOR_VERSION}-{size}B-{src.tag}-seed{seed}-{dtype}"
     s = DtypeSynth(root, size, src, seed, dims, dtype)
     if not (root / "ckpt" / "DONE").exists():
