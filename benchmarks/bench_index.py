@@ -336,10 +336,11 @@ def _returned_cell(record: Mapping[str, Any]) -> Any:
             return (f"index {format_bytes(r['output_bytes'])} = {r['output_bytes'] / files:.5%} of the rank files; "
                     f"{r.get('chunks', 0):,} chunks")
         if "rank_bytes" in r:
+            reads = (f"in {r['requests']:,} reads from {r['files']:,} rank files" if "requests" in r
+                     else f"{r.get('chunk_reads', 0):,} chunk reads")  # a record from before plan_rank
             return (f"rank {record['params']['rank']} of {record['params']['dst_world']}: {r['params']:,} tensors, "
-                    f"{format_bytes(r['rank_bytes'])} in {r['requests']:,} reads from {r['files']:,} rank files "
-                    f"(load_distributed_checkpoint reads all {format_bytes(files)}: "
-                    f"{files / max(r['rank_bytes'], 1):,.0f}×)")
+                    f"{format_bytes(r['rank_bytes'])} {reads} (load_distributed_checkpoint reads all "
+                    f"{format_bytes(files)}: {files / max(r['rank_bytes'], 1):,.0f}×)")
         return "–"
 
     return cell

@@ -241,7 +241,7 @@ def report(records: Mapping[str, Any], cfg: SuiteConfig, command: str) -> str:
 
 
 #: Benchmarks run on their own (each section gives its command), included in REPORT.md when present.
-SEPARATE = ("s3", "parts", "scan", "save")
+SEPARATE = ("s3", "parts", "save")
 
 
 def _separate_runs(out: Path) -> list[str]:
@@ -251,7 +251,7 @@ def _separate_runs(out: Path) -> list[str]:
         path = out / f"{name}.md"
         if path.exists():
             text = path.read_text(encoding="utf-8")
-            if text.startswith("# "):  # a standalone report (bench_scan) opens with a level-1 heading
+            if text.startswith("# "):  # a standalone report opens with a level-1 heading
                 text = _demote(text)
             head, _, rest = _demote(text).partition("\n")
             lines += [f"{head} (run separately)\n{rest}", ""]
