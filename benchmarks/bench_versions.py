@@ -23,8 +23,10 @@ Routes, per revision, on the cached PanGu-shaped checkpoint of :mod:`benchmarks.
 * ``index``: ``ckptstore.index(src, out, strategy=[...], workers=4)`` (no checksum), then ``os.sync()``;
 * ``index_checksum``: the same with ``checksum=True`` (every payload byte read and CRC-32C'd);
 * ``save``: one training step saved by the 8 ranks of the source job at once, each its own
-  process running ``benchmarks.bench_save``'s ``ckptstore async`` rank (``AsyncSaver`` with a
-  256 MB budget, as ``StoreCheckpoint`` saves) with the revision's ckptstore: the processes start,
+  process running ``benchmarks.bench_save``'s ``ckptstore async`` rank (``StoreSaver`` with a
+  256 MB budget, as ``StoreCheckpoint`` saves; for a revision before 7a5c952, which has no
+  ``StoreSaver``, the same background save of ``AsyncSaver`` + ``prepare_save`` from
+  :mod:`benchmarks.compat`) with the revision's ckptstore: the processes start,
   load their Parameters and save once (a warm-up step) in the untimed setup, then wait at a
   barrier; the measured call releases them and ends when every rank process has exited. The
   check records, on the ranks' own clocks from the release, the **stall** (the slowest rank's
@@ -65,7 +67,7 @@ ROUTE_TITLES = {
     "convert": "`convert(src, out, strategy=[...])` (Zarr) + `os.sync()`",
     "index": "`index(src, out, strategy=[...])` + `os.sync()`",
     "index_checksum": "`index(src, out, strategy=[...], checksum=True)` + `os.sync()`",
-    "save": "8 ranks `AsyncSaver.save(prepare_save(...))` at once (wall: until the 8 processes exit; stall, committed below)",
+    "save": "8 ranks `StoreSaver.save(1, params)` at once (wall: until the 8 processes exit; stall, committed below)",
 }
 #: The contender of REPORT.md's load / convert tables that each route repeats.
 REPORT_CONTENDERS = {
