@@ -5,8 +5,8 @@
 Makes (once, cached in ``--work``) a Hugging Face folder of random bf16 weights of a LLaMA shape
 (hidden 2048, 16 heads, 4 KV heads, ffn 5632, vocab 32000, layers to reach ``--gb``), sharded at
 500 MB as ``save_pretrained`` would; then, each in a fresh process, alternating: the index of the
-folder under the ``mcore`` rules (what ``ckptstore index FOLDER --out STORE --name-map mcore`` does,
-called in the process: :func:`benchmarks.compat.index_hf`) (fused linear_qkv per KV group, linear_fc1 interleaved row by row) and
+folder under the ``mcore`` rules (``ckptstore.index(FOLDER, STORE, name_map="mcore")``, what
+``ckptstore index FOLDER --out STORE --name-map mcore`` does) (fused linear_qkv per KV group, linear_fc1 interleaved row by row) and
 ``read_rank`` of rank 1 of a tp 4 layout (column-parallel weights split by rows, row-parallel by
 columns; the embedding and output split by rows), reporting bytes read against the slice (planned:
 ``ckptstore.plan_rank``; sent: ``ckptstore.io_counts()`` around the read) and peak RSS above the
@@ -81,11 +81,10 @@ def strategy(store_path: Path, out: Path) -> Path:
 def child(args: argparse.Namespace) -> None:
     """One timed run in this process; prints a JSON line."""
     import ckptstore
-    from benchmarks.compat import index_hf
 
     if args.child == "index":
         t0 = time.perf_counter()
-        index_hf(args.folder, args.store, name_map="mcore", overwrite=True)
+        ckptstore.index(args.folder, args.store, name_map="mcore", overwrite=True)
         print(json.dumps({"seconds": time.perf_counter() - t0}))
         return
     st = ckptstore.open(args.store)

@@ -1,17 +1,13 @@
-"""The benchmarks' only calls below ckptstore's public API, each used only where the public route is missing.
+"""The benchmarks' only call below ckptstore's public API, used only where the public route is missing.
 
 The benchmarks drive ckptstore through its public API (``tests/test_benchmarks_public_api.py``
-checks it and allow-lists this module alone). Two routes need more:
+checks it and allow-lists this module alone). One route needs more:
 
 * :func:`store_saver`: ``bench_versions`` runs this checkout's ``bench_save`` against *old*
   revisions of ckptstore; those before 7a5c952 (e.g. cc53700) have no ``ckptstore.StoreSaver``, so
   for them the same background save is made of what ``StoreSaver`` is built from,
   ``write.async_save.AsyncSaver`` + ``write.save.prepare_save``. Revisions with ``StoreSaver``
   never take that path.
-* :func:`index_hf`: indexing a Hugging Face folder under a name map is public only as the CLI
-  (``ckptstore index SRC --out STORE --name-map RULES``); ``ckptstore.index`` takes no
-  ``name_map``. ``bench_hf`` times the indexing itself, not a process start, so it calls the
-  function the CLI calls, ``ckptstore.write.hf_index.index_hf``.
 """
 from __future__ import annotations
 
@@ -55,9 +51,3 @@ class _OldSaver:
     def peak_staged(self) -> int:
         return int(self._async.peak_staged)
 
-
-def index_hf(folder: Any, store: Any, *, name_map: str, overwrite: bool = True) -> Any:
-    """What ``ckptstore index FOLDER --out STORE --name-map NAME_MAP --overwrite`` does, in this process."""
-    from ckptstore.write.hf_index import index_hf as index  # the CLI's own call: ckptstore.index has no name_map
-
-    return index(folder, store, name_map=name_map, overwrite=overwrite)

@@ -5,9 +5,8 @@ Every ``benchmarks/**/*.py`` is read with :mod:`ast` (nothing imported). Allowed
 package itself and its public names (``ckptstore.__all__``), ``ckptstore.errors``, and the test
 machinery ``ckptstore.testing.*`` (which may use internals: the test suite keeps it working).
 ``benchmarks/compat.py`` is allow-listed explicitly: it holds the benchmarks' only calls below the
-public API, each used where the public route is missing (an old revision without ``StoreSaver``
-raced by ``bench_versions``; the Hugging Face index, public only as the CLI's ``--name-map``), and
-says so.
+public API, used where the public route is missing (an old revision without ``StoreSaver`` raced
+by ``bench_versions``), and says so.
 """
 from __future__ import annotations
 

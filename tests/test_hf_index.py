@@ -290,6 +290,22 @@ def test_cli_index_with_a_name_map_and_its_errors(folder, tmp_path):
     assert mixed.returncode == 2 and "--step do(es) not apply to a Hugging Face folder" in mixed.stderr
 
 
+def test_the_public_index_with_a_name_map_makes_the_store_the_command_makes(folder, tmp_path):
+    hf, _ = folder
+    summary = ckptstore.index(hf, tmp_path / "api", name_map="mcore")
+    index_hf(hf, tmp_path / "direct", name_map="mcore")
+    assert summary.params == 15
+    assert (tmp_path / "api" / "ckptstore.json").read_bytes() == (tmp_path / "direct" / "ckptstore.json").read_bytes()
+
+
+def test_the_public_index_with_a_name_map_refuses_rank_file_options(folder, tmp_path):
+    hf, _ = folder
+    with pytest.raises(InvalidOptionError, match=r"^step, checksum do\(es\) not apply to a Hugging Face folder "
+                                                 r"\(name_map\)$"):
+        ckptstore.index(hf, tmp_path / "st", name_map="llama", step=3, checksum=True)
+    assert not (tmp_path / "st").exists()
+
+
 def test_parse_name_map_is_what_index_hf_takes(folder, tmp_path):
     hf, tensors = folder
     rules = parse_name_map({"format": "ckptstore-name-map", "version": 1, "unmatched": "drop",

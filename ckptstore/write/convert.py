@@ -25,7 +25,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ckptstore.store.chunking import ParamPlan, check_even_slices, plan_chunks, select_params
@@ -46,48 +46,13 @@ from ckptstore.write.commit import commit, commit_if_last, mark_done, my_share, 
 from ckptstore.write.chunk_writer import ChunkCopier
 from ckptstore.limits import MAX_TENSOR_BYTES
 from ckptstore.version import __version__
+from ckptstore.write.summary import ConvertSummary
 
 if TYPE_CHECKING:
     from ckptstore.store.store import Store
 
 DEFAULT_CHUNK_MB = 256
 DEFAULT_COMPRESSED_CHUNK_MB = 16
-
-
-@dataclass(frozen=True)
-class ConvertSummary:
-    """What a conversion did (``ckptstore convert --json`` prints this)."""
-
-    store: str
-    params: int
-    chunks: int
-    chunks_written: int
-    chunks_resumed: int
-    params_resumed: int
-    source_bytes: int
-    unique_bytes: int
-    stored_bytes: int
-    seconds: float
-    already_complete: bool = False
-    #: This process's part ("I/N"); counts above are of its share.
-    part: str = "0/1"
-    #: Whether the store is complete after this run (the last part commits).
-    committed: bool = True
-    #: Parameters the strategy lays out but no rank file holds (a filtered save): not stored.
-    unsaved: tuple[str, ...] = ()
-    #: Why this process did nothing (msrun's scheduler process takes no part), else ``None``.
-    skipped: str | None = None
-    #: Which checkpoint was taken when the rank folders held several, and why (else ``None``).
-    chosen: str | None = None
-    #: Parameters of the whole store (every part's), once it is complete; ``params`` is this part's share.
-    store_params: int | None = None
-
-    @property
-    def dedup_saved_bytes(self) -> int:
-        return self.source_bytes - self.unique_bytes
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "dedup_saved_bytes": self.dedup_saved_bytes}
 
 
 def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
@@ -149,7 +114,7 @@ def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
           checksum: bool = False, workers: int = 4, verify_crc: bool = False, overwrite: bool = False,
           quiet: bool = True, check_layout: bool = True, src_format: str | None = None,
           on_wait: Callable[[str], None] | None = None, part: str | Part | None = None,
-          epoch: int | None = None) -> ConvertSummary:
+          epoch: int | None = None, name_map: str | os.PathLike[str] | None = None) -> ConvertSummary:
     """Make a store at ``out`` that copies no payload: an index into the original rank files.
 
     Takes the same source options as :func:`convert`. Each distinct slice of each parameter
@@ -159,8 +124,21 @@ def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     refused when the store is opened or read). ``checksum=True`` reads every slice once to
     record its CRC-32C, so :func:`ckptstore.verify` can check the bytes later; without it the
     index holds no checksums. Returns a :class:`ConvertSummary` (``stored_bytes`` counts the
-    rank-file bytes the index refers to).
+    rank-file bytes the index refers to). With ``name_map`` (``"llama"``, ``"qwen2"``, ``"mcore"``,
+    ``"llama-concat"`` or a rule file), ``src`` is a Hugging Face model folder instead, its tensors
+    named by those rules (:func:`ckptstore.write.hf_index.index_hf`, as ``ckptstore index
+    --name-map``); only ``include``, ``exclude``, ``overwrite``, ``on_wait`` and ``quiet`` apply then.
     """
+    if name_map is not None:
+        given = [o for o, v in (("strategy", strategy), ("step", step), ("epoch", epoch), ("prefix", prefix),
+                                ("src_format", src_format), ("part", part), ("checksum", checksum),
+                                ("drop_optimizer", drop_optimizer), ("verify_crc", verify_crc)) if v]
+        if given:
+            raise InvalidOptionError(f"{', '.join(given)} do(es) not apply to a Hugging Face folder (name_map)")
+        from ckptstore.write.hf_index import index_hf
+
+        return index_hf(src, out, name_map=name_map, include=include, exclude=exclude, overwrite=overwrite,
+                        on_wait=on_wait, quiet=quiet)
     _options("index", None, None, workers, converting=False)
     chosen = parse_part(part)
     if chosen is None:

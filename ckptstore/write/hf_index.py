@@ -33,7 +33,7 @@ from ckptstore.store import zarr as zb
 from ckptstore.store.chunking import select_params
 from ckptstore.store.manifest import ChunkTable, ParamManifest, dtype_label
 from ckptstore.version import __version__
-from ckptstore.write.convert import ConvertSummary
+from ckptstore.write.summary import ConvertSummary
 from ckptstore.write.kinds.index import IndexWriter
 from ckptstore.write.output_folder import claim
 
@@ -96,7 +96,7 @@ def index_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, name_m
     rank's slice of a fused parameter reads only its rows of the source tensors. As with every
     index, a shard changed after indexing is refused at open. A complete store of the same
     folder and rules is left as is; anything else at ``out`` needs ``overwrite``. Returns a
-    :class:`~ckptstore.write.convert.ConvertSummary` (``stored_bytes``: the shard bytes referred to).
+    :class:`~ckptstore.write.summary.ConvertSummary` (``stored_bytes``: the shard bytes referred to).
     """
     started = time.monotonic()
     rules = name_map if isinstance(name_map, NameMap) else load_name_map(name_map)
