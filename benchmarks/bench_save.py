@@ -26,6 +26,12 @@ rows save it into another folder):
   committed (``saver.wait()``);
 * ``ckptstore async (SeaweedFS)``: the same into a bucket of a SeaweedFS server on loopback
   (``ckptstore.testing.s3_server``), bytes written counted from the bucket's listing;
+* ``raw PUTs (SeaweedFS)``: the bound of the row above, no ckptstore in the timed span: in the
+  untimed setup the rank saves its slices once with ``ckptstore.save_rank`` into a folder of its
+  own and reads back the files it wrote (the objects a save of this rank makes, same sizes), then
+  the timed span PUTs each of them into the bucket with ``obstore.put`` from 8 threads (multipart
+  in 16 MiB parts above 16 MiB, as ckptstore's sink sends): what the server costs for the same
+  objects, without staging, planning or the commit;
 * ``PyTorch DCP save``: the same local slices as torch tensors in the rank's memory, wrapped as
   DTensors of the source layout (:func:`benchmarks.peers.dcp.rank_state`), on a ``gloo`` process
   group of the 8 ranks (set up before the barrier, unmeasured); one collective
@@ -70,9 +76,13 @@ from benchmarks.report import format_bytes, format_seconds
 from benchmarks.synth import Mesh, synth
 
 CONTENDERS = ("ModelCheckpoint sync", "ModelCheckpoint async_save", "ModelCheckpoint remove_redundancy",
-              "ckptstore save_rank", "ckptstore async", "ckptstore async (SeaweedFS)",
+              "ckptstore save_rank", "ckptstore async", "ckptstore async (SeaweedFS)", "raw PUTs (SeaweedFS)",
               "PyTorch DCP save", "PyTorch DCP async_save")
 SEAWEED = "ckptstore async (SeaweedFS)"
+#: The object-storage bound: the objects ckptstore's save of the rank writes, PUT with obstore alone.
+RAW_PUTS = "raw PUTs (SeaweedFS)"
+#: Contenders that write into the SeaweedFS bucket.
+IN_BUCKET = (SEAWEED, RAW_PUTS)
 #: Contenders whose warm-up save is step 0 of the measured folder (one StoreSaver per rank for both
 #: steps, as a training loop holds one): only the measured step's folder is counted.
 SAME_ROOT = ("ckptstore async", SEAWEED)
@@ -96,6 +106,8 @@ def rank_main(a: argparse.Namespace) -> None:
 
     state: dict[str, Any] = {}
     params = _dcp_setup(a, state) if a.contender.startswith("PyTorch DCP") else _parameters(a.rank_file)
+    if a.contender == RAW_PUTS:
+        params = _objects_of_a_save(a, params)
     if a.contender.startswith("ckptstore"):  # a job imports its libraries before it trains
         import zarr  # noqa: F401 (imported on a store's first save)
 
@@ -153,8 +165,38 @@ def _parameters(rank_file: str) -> dict[str, Any]:
     return dict(patched_mindspore().load_checkpoint(rank_file))
 
 
+def _objects_of_a_save(a: argparse.Namespace, params: Any) -> dict[str, bytes]:
+    """Unmeasured: the files ``ckptstore.save_rank`` writes for this rank alone (its own folder,
+    so nothing of another rank is among them), as ``{relative path: bytes}``."""
+    import ckptstore
+
+    with tempfile.TemporaryDirectory(prefix=f"bench_save_raw{a.rank}_") as root:
+        ckptstore.save_rank(params, root, step=0, strategy=a.strategy, rank=a.rank)
+        return {str(f.relative_to(root)): f.read_bytes() for f in sorted(Path(root).rglob("*")) if f.is_file()}
+
+
+def _raw_puts(url: str, objects: dict[str, bytes]) -> None:
+    """PUT every object under ``url`` from 8 threads, as ckptstore's sink sends one (16 MiB parts)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import obstore
+    from obstore.store import S3Store
+
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    store, part = S3Store(bucket), 16 << 20
+    put = lambda key: obstore.put(store, f"{prefix}/{key}", objects[key], use_multipart=len(objects[key]) > part,  # noqa: E731
+                                  chunk_size=part, max_concurrency=8)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(put, objects))
+
+
 def _save(a: argparse.Namespace, params: Any, state: dict[str, Any], warm_up: bool = False) -> dict[str, Any]:
     import mindspore as ms
+
+    if a.contender == RAW_PUTS:  # params: the objects of this rank's save
+        where = f"{a.out}/{'warm-up' if warm_up else 'measured'}/rank_{a.rank}"
+        _raw_puts(where, params)
+        return {"stall": time.time(), "committed": a.rank == 0, "store": f"{a.out}/measured"}
 
     # the warm-up's files are not counted: another folder, or (ckptstore async, one saver) step 0 of the same
     where = a.out + "-warm-up" if warm_up and a.contender not in SAME_ROOT else a.out
@@ -224,7 +266,7 @@ def run_once(s: Any, contender: str, out: Path, budget_mb: int | None, bucket: A
     world = s.src.world
     env = {**os.environ, "GLOG_v": "3", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     target = str(out)
-    if contender == SEAWEED:
+    if contender in IN_BUCKET:
         target, extra = bucket
         env.update(extra)
     with tempfile.TemporaryDirectory(prefix="bench_save_") as sync_dir:
@@ -252,8 +294,8 @@ def run_once(s: Any, contender: str, out: Path, budget_mb: int | None, bucket: A
     os.sync()  # every contender's files durable (ckptstore fsyncs its own; MindSpore's are not)
     sync_s = time.time() - t_sync
     stalls = sorted(r["stall_end"] - t_go for r in ranks)
-    stores = {r["store"] for r in ranks if r.get("store")} if contender in SAME_ROOT else set()
-    if contender == SEAWEED:
+    stores = {r["store"] for r in ranks if r.get("store")} if contender in (*SAME_ROOT, RAW_PUTS) else set()
+    if contender in IN_BUCKET:
         written = sum(_bucket_bytes(where, bucket[1]) for where in stores)
     else:
         written = sum(p.stat().st_size for folder in ([Path(w) for w in stores] or [out])
@@ -302,14 +344,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_avg: list[float] = []  # the machine is shared: its 1-minute load average before each run
     foreign = ForeignLoad()
     server = None
-    if SEAWEED in names:
+    if set(IN_BUCKET) & set(names):
         from ckptstore.testing.s3_server import SeaweedServer, env_for
 
         server = SeaweedServer()
         server.create_bucket("bench")
     for rep in range(a.reps):
         for name in (names if rep % 2 == 0 else names[::-1]):
-            bucket = (f"s3://bench/run{rep}", env_for(server.url)) if name == SEAWEED else None
+            bucket = (f"s3://bench/run{rep}-{name.split()[0]}", env_for(server.url)) if name in IN_BUCKET else None
             load_avg.append(round(os.getloadavg()[0], 2))
             result = run_once(s, name, work / "out", a.budget_mb, bucket)
             runs[name].append(result)
@@ -399,6 +441,15 @@ def targets(record: dict[str, Any]) -> list[str]:
         done = _median(runs["ckptstore async"], "done")
         out.append(f"- committed no later than ModelCheckpoint sync + ckptstore index ({format_seconds(bound)}): "
                    f"{format_seconds(done)} — {'met' if done <= bound else 'MISSED'}")
+    if runs.get(SEAWEED) and runs.get("ckptstore async"):
+        bucket, local = _median(runs[SEAWEED], "done"), _median(runs["ckptstore async"], "done")
+        line = (f"- committed into the bucket ≤ 1.5× the local save ({format_seconds(local)}): {format_seconds(bucket)} = "
+                f"{bucket / local:.2f}× — {'met' if bucket <= 1.5 * local else 'MISSED'}")
+        if runs.get(RAW_PUTS):
+            raw = _median(runs[RAW_PUTS], "done")
+            line += (f"; the same objects PUT alone ({RAW_PUTS}) took {format_seconds(raw)} = {raw / local:.2f}× the "
+                     f"local save, so ckptstore's bucket save is {bucket / raw:.2f}× the server's bound")
+        out.append(line)
     for name in ("PyTorch DCP save", DCP_ASYNC):
         if runs.get(name):
             ratio = _median(runs[name], "bytes_written") / distinct

@@ -43,3 +43,22 @@ def test_report_shows_dcp_host_copies_and_the_machine_load() -> None:
     assert row.endswith("| 1.100 | 10 B | 500 B |")
     assert "1-minute load average before each run median 4.0 (min 3.0, max 5.0;" in text
     assert "kept 0.70 of the 2 cores busy" in text
+
+
+def _bucket_record(bucket_done: float, raw_done: float | None) -> dict[str, Any]:
+    record = _record(1.0, None)
+    record["runs"]["ckptstore async"] = [_run(1.0, done=4.0, staged=100)] * 3
+    record["runs"]["ckptstore async (SeaweedFS)"] = [_run(1.0, done=bucket_done)] * 3
+    if raw_done is not None:
+        record["runs"]["raw PUTs (SeaweedFS)"] = [_run(raw_done, done=raw_done)] * 3
+    return record
+
+
+def test_a_bucket_save_within_one_and_a_half_local_saves_is_met() -> None:
+    assert "- committed into the bucket ≤ 1.5× the local save (4 s): 6 s = 1.50× — met" in targets(_bucket_record(6.0, None))
+
+
+def test_a_slower_bucket_save_is_missed_and_set_against_the_raw_put_bound() -> None:
+    assert ("- committed into the bucket ≤ 1.5× the local save (4 s): 10 s = 2.50× — MISSED; the same objects PUT "
+            "alone (raw PUTs (SeaweedFS)) took 8 s = 2.00× the local save, so ckptstore's bucket save is 1.25× the "
+            "server's bound") in targets(_bucket_record(10.0, 8.0))
