@@ -529,11 +529,11 @@ def index(checksum: bool, name_map: str | None, **kw: Any) -> None:
 
 def _index_hf(name_map: str, checksum: bool, kw: dict[str, Any]) -> None:
     """``index --name-map``: a Hugging Face folder, names mapped, fused views."""
+    from ckptstore.write.convert import rank_file_options_given
     from ckptstore.write.hf_index import index_hf
 
-    given = [o for o, v in (("--strategy", kw["strategies"]), ("--step", kw["step"]), ("--prefix", kw["prefix"]),
-                            ("--src-format", kw["src_format"]), ("--part", kw["part"]), ("--checksum", checksum),
-                            ("--drop-optimizer", kw["drop_optimizer"]), ("--verify-crc", kw["verify_crc"])) if v]
+    given = ["--" + o.replace("_", "-") for o in rank_file_options_given({**kw, "strategy": kw["strategies"],
+                                                                          "checksum": checksum})]
     if given:
         raise click.UsageError(f"{', '.join(given)} do(es) not apply to a Hugging Face folder (--name-map)")
     summary = index_hf(kw["src"], kw["out"], name_map=name_map, include=kw["include"], exclude=kw["exclude"],

@@ -56,7 +56,5 @@ def io_counts() -> IOCounts:
     from ckptstore.io.s3_client import REQUEST_STATS as objects
     from ckptstore.store.executor import IO_STATS as loads
 
-    return IOCounts(requests=loads.requests, bytes_read=loads.bytes_read, bytes_fetched=loads.bytes_fetched,
-                    reads=loads.reads, gets=objects.gets, heads=objects.heads, lists=objects.lists,
-                    puts=objects.puts, deletes=objects.deletes, bytes_in=objects.bytes_in,
-                    bytes_out=objects.bytes_out)
+    # each field is a counter of the loads' IOStats or of the object-store client's RequestStats
+    return IOCounts(**{f.name: getattr(loads if hasattr(loads, f.name) else objects, f.name) for f in fields(IOCounts)})

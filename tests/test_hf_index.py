@@ -306,6 +306,16 @@ def test_the_public_index_with_a_name_map_refuses_rank_file_options(folder, tmp_
     assert not (tmp_path / "st").exists()
 
 
+def test_cli_index_with_a_name_map_refuses_epoch_like_every_rank_file_option(folder, tmp_path):
+    hf, _ = folder
+    r = subprocess.run([sys.executable, "-m", "ckptstore", "index", str(hf), "--out", str(tmp_path / "st"),
+                        "--name-map", "llama", "--epoch", "2", "--prefix", "net"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert r.returncode == 2
+    assert "--epoch, --prefix do(es) not apply to a Hugging Face folder (--name-map)" in r.stderr
+    assert not (tmp_path / "st").exists()
+
+
 def test_parse_name_map_is_what_index_hf_takes(folder, tmp_path):
     hf, tensors = folder
     rules = parse_name_map({"format": "ckptstore-name-map", "version": 1, "unmatched": "drop",

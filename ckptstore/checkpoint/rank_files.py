@@ -78,7 +78,7 @@ def _filtered(folder: str, names: Sequence[str], *, step: int | None, epoch: int
               fmt: str | None) -> list[str]:
     _check_format(fmt)
     for what, v in (("step", step), ("epoch", epoch)):
-        # MindSpore numbers both from 0 (epoch from 1): a negative one can name no file
+        # MindSpore names files -<epoch>_<step> with neither below 0: a negative one names no file
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise InvalidOptionError(f"{what} must be a non-negative integer, not {v!r}")
     exts = (f".{fmt}",) if fmt else (".ckpt", ".safetensors")

@@ -108,6 +108,17 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
                         "src_format": src_format, "strategy": strategy, "decryption": decryption})
 
 
+#: The options of :func:`index` that choose or check rank files: a Hugging Face folder has none.
+RANK_FILE_OPTIONS = ("strategy", "step", "epoch", "prefix", "src_format", "part", "checksum", "drop_optimizer",
+                     "verify_crc")
+
+
+def rank_file_options_given(values: Mapping[str, Any]) -> list[str]:
+    """Which of :data:`RANK_FILE_OPTIONS` ``values`` (option name -> value) sets, in that order;
+    ``index(name_map=...)`` and ``ckptstore index --name-map`` refuse them."""
+    return [o for o in RANK_FILE_OPTIONS if values.get(o)]
+
+
 def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
           strategy: StrategyPaths = (), step: int | None = None, prefix: str | None = None,
           include: Sequence[str] = (), exclude: Sequence[str] = (), drop_optimizer: bool = False,
@@ -130,9 +141,7 @@ def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     --name-map``); only ``include``, ``exclude``, ``overwrite``, ``on_wait`` and ``quiet`` apply then.
     """
     if name_map is not None:
-        given = [o for o, v in (("strategy", strategy), ("step", step), ("epoch", epoch), ("prefix", prefix),
-                                ("src_format", src_format), ("part", part), ("checksum", checksum),
-                                ("drop_optimizer", drop_optimizer), ("verify_crc", verify_crc)) if v]
+        given = rank_file_options_given(locals())  # the arguments, as nothing else is bound yet
         if given:
             raise InvalidOptionError(f"{', '.join(given)} do(es) not apply to a Hugging Face folder (name_map)")
         from ckptstore.write.hf_index import index_hf
