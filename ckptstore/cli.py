@@ -676,7 +676,8 @@ def _parse_ranks(value: str | None) -> Iterable[int] | None:
               help="File format of the per-rank files; hf: one Hugging Face folder (sharded safetensors and "
                    "model.safetensors.index.json, names by --name-map, fused tensors split back).")
 @click.option("--name-map", default=None, metavar="llama|qwen2|mcore|RULES.json",
-              help="With --format hf: the rule set the store's names came from, read backwards.")
+              help="With --format hf: the rule set the store's names came from, read backwards (default: the "
+                   "shipped one the index recorded).")
 @click.option("--max-shard-size", default="5GB", show_default=True,
               help="With --format hf: largest shard file (5GB, 500MiB, bytes).")
 @click.option("--include", multiple=True, metavar="GLOB", help="Export only parameters matching (repeatable).")
@@ -688,10 +689,13 @@ def _parse_ranks(value: str | None) -> Iterable[int] | None:
               help="Accept a --strategy that lays out fewer than half of the store's parameters (refused by default "
                    "as another model's): the others are written whole into every rank's file.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace what an earlier export wrote into OUT (only those files; refused without it when OUT "
+                   "holds files).")
 @_friendly_errors
 def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None, fmt: str,
            include: tuple[str, ...], dtype: str | None, crc: bool, allow_whole: bool, name_map: str | None,
-           max_shard_size: str, quiet: bool) -> None:
+           max_shard_size: str, quiet: bool, overwrite: bool) -> None:
     """Write per-rank checkpoints of STORE for a target layout into OUT.
 
     Produces OUT/rank_<j>/checkpoint_<j>.ckpt for each target rank, readable by
@@ -704,7 +708,7 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
     if fmt == "hf" or name_map is not None:
         _export_hf(store, out, fmt, name_map, max_shard_size, include,
                    [o for o, v in (("--strategy", strategies), ("--ranks", ranks), ("--dtype", dtype), ("--crc", crc),
-                                   ("--allow-whole", allow_whole)) if v])
+                                   ("--allow-whole", allow_whole)) if v], overwrite)
         return
     try:
         target_dtype = numpy_dtype(dtype) if dtype else None
@@ -713,7 +717,7 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
     with open_store(store) as st:
         summary = export_store(st, out, strategy=list(strategies) or None, ranks=_parse_ranks(ranks),
                                include=list(include) or None, dtype=target_dtype, format=fmt, crc=crc,
-                               allow_whole=allow_whole, quiet=quiet)
+                               allow_whole=allow_whole, quiet=quiet, overwrite=overwrite)
         exported = st.location.url + ("" if summary.step is None else f", step {summary.step}")
     click.echo(f"wrote {len(summary.files)} file(s) under {out} from {exported}, reading "
                f"{_fmt_bytes(summary.bytes_read)} from the store")
@@ -764,16 +768,17 @@ def steps(root: str, as_json: bool, clean: bool) -> None:
 
 
 def _export_hf(store: str, out: str, fmt: str, name_map: str | None, max_shard_size: str, include: tuple[str, ...],
-               others: list[str]) -> None:
-    """``export --format hf``: a Hugging Face folder."""
+               others: list[str], overwrite: bool = False) -> None:
+    """``export --format hf``: a Hugging Face folder (by default under the name map the index recorded)."""
     from ckptstore.read.hf_export import export_hf
 
-    if fmt != "hf" or name_map is None:
-        raise click.UsageError("--format hf and --name-map go together")
+    if fmt != "hf":
+        raise click.UsageError("--name-map applies to --format hf only")
     if others:
         raise click.UsageError(f"{', '.join(others)} do(es) not apply to --format hf")
     with open_store(store) as st:
-        summary = export_hf(st, out, name_map=name_map, max_shard_size=max_shard_size, include=list(include) or None)
+        summary = export_hf(st, out, name_map=name_map, max_shard_size=max_shard_size, include=list(include) or None,
+                            overwrite=overwrite)
     click.echo(f"wrote {summary.tensors} tensors in {len(summary.files)} file(s) under {out}, reading "
                f"{_fmt_bytes(summary.bytes_read)} from the store")
 
