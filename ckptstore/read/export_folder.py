@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ckptstore.errors import StoreCorruptError, StoreExistsError
 from ckptstore.io.base import check_key
@@ -35,7 +35,7 @@ def claim_export_folder(sink: ByteSink, new: Sequence[str], *, overwrite: bool,
     unless ``overwrite``; with it, remove the files a previous export recorded (``entry_points``
     first) after recording both sets, and refuse files no export wrote that would be replaced or
     read as weights. Raises :class:`~ckptstore.errors.StoreExistsError` naming the folder and files."""
-    present = [k for k in sink.keys() if k != EXPORT_RECORD]
+    present = [k for k in sink.keys(prefix="") if k != EXPORT_RECORD]
     if not present and sink.read(EXPORT_RECORD) is None:
         _record(sink, "writing", new)
         return
