@@ -29,6 +29,7 @@ first that applies:
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -136,8 +137,7 @@ def is_msrun(argv: list[str]) -> bool:
     """Whether a command line is msrun's: the ``msrun`` script (run directly or by an interpreter)
     or ``python -m mindspore.parallel.cluster.run``."""
     names = [a.rsplit("/", 1)[-1] for a in argv[:2]]
-    return "msrun" in names or any(a == "-m" and b == "mindspore.parallel.cluster.run"
-                                   for a, b in zip(argv, argv[1:]))
+    return "msrun" in names or ("-m", "mindspore.parallel.cluster.run") in set(itertools.pairwise(argv))
 
 
 def command_line(pid: int) -> list[str]:
