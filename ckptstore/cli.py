@@ -729,26 +729,47 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
 @click.option("--clean", is_flag=True,
               help="Remove the unfinished steps older than the newest committed one (only the files ckptstore "
                    "wrote), then list.")
+@click.option("--keep", type=click.IntRange(min=1), default=None, metavar="K",
+              help="Remove the steps older than the newest K committed ones, by the rules of StoreSaver's keep-K "
+                   "(only the files ckptstore wrote; a folder it did not save stays whole), then list.")
+@click.option("--dry-run", is_flag=True, help="With --clean or --keep: say what would be removed, remove nothing.")
 @_friendly_errors
-def steps(root: str, as_json: bool, clean: bool) -> None:
+def steps(root: str, as_json: bool, clean: bool, keep: int | None, dry_run: bool) -> None:
     """List the steps saved into ROOT (save_rank, StoreCheckpoint): each step committed or unfinished,
     the ranks an unfinished one waits for, its size and when it was last written."""
-    import time
     import warnings
 
-    from ckptstore.write.retention import UNFINISHED, list_steps, remove_unfinished
+    from ckptstore.write.retention import foreign_names, list_steps, prune_steps, remove_unfinished
 
+    if dry_run and not (clean or keep):
+        raise click.UsageError("--dry-run goes with --clean or --keep K")
+    removed = []
     with warnings.catch_warnings():  # what was left is printed below, once
         warnings.simplefilter("ignore")
-        removed = remove_unfinished(root) if clean else None
-    found = list_steps(root)
+        if clean:
+            removed.append(remove_unfinished(root, dry_run=dry_run))
+        if keep is not None:
+            removed.append(prune_steps(root, keep, dry_run=dry_run))
+    found, foreign = list_steps(root), foreign_names(root)
     if as_json:
-        click.echo(json.dumps({"root": root, "steps": [f.to_json() for f in found],
-                               **({"removed": removed.steps, "left": {str(k): v for k, v in removed.left.items()}}
-                                  if removed is not None else {})}, indent=2))
+        click.echo(json.dumps({"root": root, "steps": [f.to_json() for f in found], "not_ckptstores": foreign,
+                               **({"dry_run": dry_run, "removed": sorted({s for r in removed for s in r.steps}),
+                                   "left": {str(k): v for r in removed for k, v in r.left.items()}}
+                                  if removed else {})}, indent=2))
         return
-    if removed is not None:
-        click.echo(f"ckptstore: {removed.describe()}")
+    for r in removed:
+        click.echo(f"ckptstore: {r.describe()}")
+    _print_steps(root, found)
+    if foreign:
+        click.echo(f"not ckptstore's, left alone: {', '.join(foreign)}")
+
+
+def _print_steps(root: str, found: list[Any]) -> None:
+    """The table of ``ckptstore steps``."""
+    import time
+
+    from ckptstore.write.retention import UNFINISHED
+
     if not found:
         click.echo(f"no step folders in {root}")
         return
