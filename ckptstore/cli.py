@@ -51,6 +51,9 @@ class Location(click.Path):
             if self.local_only:
                 self.fail(f"{redact(value)} is a URL; this writes local files, so give a folder", param, ctx)
             return value
+        if self.exists and os.path.islink(value) and not os.path.exists(value):  # else "does not exist"
+            self.fail(f"{redact(os.fspath(value))} is a symbolic link that cannot be followed: a loop of links, or a "
+                      "link to nothing; remove or fix it", param, ctx)
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter as e:
