@@ -204,9 +204,14 @@ def _print_store(info: dict[str, Any]) -> None:
     copied = declared is None or declared.stores_data
     verb = "converted from" if copied else "of"
     saved = bool(src.get("saved_by"))  # a training step saved by its ranks (save_rank, StoreCheckpoint)
+    hf = src.get("format") == "huggingface"  # describe._hf_source: an index over a Hugging Face folder
     origin = f"of step {src['step']} saved by {src['world_size']} rank(s)" if saved else \
         f"{verb} {src['world_size']} rank file(s)"
-    click.echo(f"{info['path']}: ckptstore store ({kind}) {origin}")
+    if hf:
+        click.echo(f"{info['path']}: ckptstore store, an index over a Hugging Face folder ({src['files']} files, "
+                   f"name map {src['name_map']})")
+    else:
+        click.echo(f"{info['path']}: ckptstore store ({kind}) {origin}")
     width = max([len(n) for n in params] + [9])
     click.echo(f"  {'parameter':<{width}}  {'dtype':<8}  {'shape':<16}  {'chunk':<16}  {'chunks':>6}  {'bytes':>12}")
     for name, p in params.items():
@@ -216,9 +221,10 @@ def _print_store(info: dict[str, Any]) -> None:
         click.echo(f"  {name:<{width}}  {p['dtype']:<8}  {str(p['shape']):<16}  {str(p['chunk_shape']):<16}  "
                    f"{p['chunks']:>6}  {p['nbytes']:>12,}")
     if not copied:
+        held = f"of the Hugging Face files in {src['folder']}" if hf else \
+            f"of the rank files, which held {_fmt_bytes(totals['source_bytes'])} (each replica referenced once)"
         click.echo(f"  tensors: {_fmt_bytes(totals['nbytes'])}, none of it stored here: the index refers to "
-                   f"{_fmt_bytes(totals['referenced_bytes'])} of the rank files, which held "
-                   f"{_fmt_bytes(totals['source_bytes'])} (each replica referenced once)")
+                   f"{_fmt_bytes(totals['referenced_bytes'])} {held}")
         return
     click.echo(f"  tensors: {_fmt_bytes(totals['nbytes'])}, stored: {_fmt_bytes(totals['stored_bytes'])}; "
                f"the {'ranks' if saved else 'rank files'} held {_fmt_bytes(totals['source_bytes'])} (replicas "
