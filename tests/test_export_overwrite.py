@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import ckptstore
-from ckptstore.errors import StoreExistsError
+from ckptstore.errors import InvalidOptionError, StoreExistsError
 from ckptstore.read import hf_export
 from ckptstore.read.export_folder import EXPORT_RECORD
 from ckptstore.read.hf_export import export_hf
@@ -117,3 +117,11 @@ def test_export_hf_uses_the_name_map_the_index_recorded(store, tmp_path):
     for name in ("model.safetensors", "config.json"):
         assert (tmp_path / "default" / name).read_bytes() == (tmp_path / "llama" / name).read_bytes()
     assert np.frombuffer((tmp_path / "default" / "model.safetensors").read_bytes()[:8], "<u8")[0] > 0
+
+
+def test_export_hf_of_a_store_that_records_no_name_map_asks_for_one(tmp_path):
+    ckptstore.save_rank({"w": np.ones(4, np.float32)}, tmp_path / "run", step=1)
+    with pytest.raises(InvalidOptionError, match=r"records no name map \(it was not indexed from a Hugging Face "
+                                                 r"folder\): pass --name-map llama\|qwen2\|mcore\|RULES.json"):
+        export_hf(tmp_path / "run", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
