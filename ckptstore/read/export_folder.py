@@ -36,7 +36,7 @@ def claim_export_folder(sink: ByteSink, new: Sequence[str], *, overwrite: bool,
     first) after recording both sets, and refuse files no export wrote that would be replaced or
     read as weights. Raises :class:`~ckptstore.errors.StoreExistsError` naming the folder and files."""
     present = [k for k in sink.keys(prefix="") if k != EXPORT_RECORD]
-    if not present and sink.read(EXPORT_RECORD) is None:
+    if not present:  # nothing to replace (a record alone names no file that is still there)
         _record(sink, "writing", new)
         return
     if not overwrite:
