@@ -51,6 +51,9 @@ class Location(click.Path):
             if self.local_only:
                 self.fail(f"{redact(value)} is a URL; this writes local files, so give a folder", param, ctx)
             return value
+        if self.exists and os.path.islink(value) and not os.path.exists(value):  # else "does not exist"
+            self.fail(f"{redact(os.fspath(value))} is a symbolic link that cannot be followed: a loop of links, or a "
+                      "link to nothing; remove or fix it", param, ctx)
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter as e:
@@ -201,9 +204,14 @@ def _print_store(info: dict[str, Any]) -> None:
     copied = declared is None or declared.stores_data
     verb = "converted from" if copied else "of"
     saved = bool(src.get("saved_by"))  # a training step saved by its ranks (save_rank, StoreCheckpoint)
+    hf = src.get("format") == "huggingface"  # describe._hf_source: an index over a Hugging Face folder
     origin = f"of step {src['step']} saved by {src['world_size']} rank(s)" if saved else \
         f"{verb} {src['world_size']} rank file(s)"
-    click.echo(f"{info['path']}: ckptstore store ({kind}) {origin}")
+    if hf:
+        click.echo(f"{info['path']}: ckptstore store, an index over a Hugging Face folder ({src['files']} files, "
+                   f"name map {src['name_map']})")
+    else:
+        click.echo(f"{info['path']}: ckptstore store ({kind}) {origin}")
     width = max([len(n) for n in params] + [9])
     click.echo(f"  {'parameter':<{width}}  {'dtype':<8}  {'shape':<16}  {'chunk':<16}  {'chunks':>6}  {'bytes':>12}")
     for name, p in params.items():
@@ -213,9 +221,10 @@ def _print_store(info: dict[str, Any]) -> None:
         click.echo(f"  {name:<{width}}  {p['dtype']:<8}  {str(p['shape']):<16}  {str(p['chunk_shape']):<16}  "
                    f"{p['chunks']:>6}  {p['nbytes']:>12,}")
     if not copied:
+        held = f"of the Hugging Face files in {src['folder']}" if hf else \
+            f"of the rank files, which held {_fmt_bytes(totals['source_bytes'])} (each replica referenced once)"
         click.echo(f"  tensors: {_fmt_bytes(totals['nbytes'])}, none of it stored here: the index refers to "
-                   f"{_fmt_bytes(totals['referenced_bytes'])} of the rank files, which held "
-                   f"{_fmt_bytes(totals['source_bytes'])} (each replica referenced once)")
+                   f"{_fmt_bytes(totals['referenced_bytes'])} {held}")
         return
     click.echo(f"  tensors: {_fmt_bytes(totals['nbytes'])}, stored: {_fmt_bytes(totals['stored_bytes'])}; "
                f"the {'ranks' if saved else 'rank files'} held {_fmt_bytes(totals['source_bytes'])} (replicas "
@@ -676,7 +685,8 @@ def _parse_ranks(value: str | None) -> Iterable[int] | None:
               help="File format of the per-rank files; hf: one Hugging Face folder (sharded safetensors and "
                    "model.safetensors.index.json, names by --name-map, fused tensors split back).")
 @click.option("--name-map", default=None, metavar="llama|qwen2|mcore|RULES.json",
-              help="With --format hf: the rule set the store's names came from, read backwards.")
+              help="With --format hf: the rule set the store's names came from, read backwards (default: the "
+                   "shipped one the index recorded).")
 @click.option("--max-shard-size", default="5GB", show_default=True,
               help="With --format hf: largest shard file (5GB, 500MiB, bytes).")
 @click.option("--include", multiple=True, metavar="GLOB", help="Export only parameters matching (repeatable).")
@@ -688,10 +698,13 @@ def _parse_ranks(value: str | None) -> Iterable[int] | None:
               help="Accept a --strategy that lays out fewer than half of the store's parameters (refused by default "
                    "as another model's): the others are written whole into every rank's file.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace what an earlier export wrote into OUT (only those files; refused without it when OUT "
+                   "holds files).")
 @_friendly_errors
 def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None, fmt: str,
            include: tuple[str, ...], dtype: str | None, crc: bool, allow_whole: bool, name_map: str | None,
-           max_shard_size: str, quiet: bool) -> None:
+           max_shard_size: str, quiet: bool, overwrite: bool) -> None:
     """Write per-rank checkpoints of STORE for a target layout into OUT.
 
     Produces OUT/rank_<j>/checkpoint_<j>.ckpt for each target rank, readable by
@@ -704,7 +717,7 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
     if fmt == "hf" or name_map is not None:
         _export_hf(store, out, fmt, name_map, max_shard_size, include,
                    [o for o, v in (("--strategy", strategies), ("--ranks", ranks), ("--dtype", dtype), ("--crc", crc),
-                                   ("--allow-whole", allow_whole)) if v])
+                                   ("--allow-whole", allow_whole)) if v], overwrite)
         return
     try:
         target_dtype = numpy_dtype(dtype) if dtype else None
@@ -713,7 +726,7 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
     with open_store(store) as st:
         summary = export_store(st, out, strategy=list(strategies) or None, ranks=_parse_ranks(ranks),
                                include=list(include) or None, dtype=target_dtype, format=fmt, crc=crc,
-                               allow_whole=allow_whole, quiet=quiet)
+                               allow_whole=allow_whole, quiet=quiet, overwrite=overwrite)
         exported = st.location.url + ("" if summary.step is None else f", step {summary.step}")
     click.echo(f"wrote {len(summary.files)} file(s) under {out} from {exported}, reading "
                f"{_fmt_bytes(summary.bytes_read)} from the store")
@@ -725,26 +738,47 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
 @click.option("--clean", is_flag=True,
               help="Remove the unfinished steps older than the newest committed one (only the files ckptstore "
                    "wrote), then list.")
+@click.option("--keep", type=click.IntRange(min=1), default=None, metavar="K",
+              help="Remove the steps older than the newest K committed ones, by the rules of StoreSaver's keep-K "
+                   "(only the files ckptstore wrote; a folder it did not save stays whole), then list.")
+@click.option("--dry-run", is_flag=True, help="With --clean or --keep: say what would be removed, remove nothing.")
 @_friendly_errors
-def steps(root: str, as_json: bool, clean: bool) -> None:
+def steps(root: str, as_json: bool, clean: bool, keep: int | None, dry_run: bool) -> None:
     """List the steps saved into ROOT (save_rank, StoreCheckpoint): each step committed or unfinished,
     the ranks an unfinished one waits for, its size and when it was last written."""
-    import time
     import warnings
 
-    from ckptstore.write.retention import UNFINISHED, list_steps, remove_unfinished
+    from ckptstore.write.retention import foreign_names, list_steps, prune_steps, remove_unfinished
 
+    if dry_run and not (clean or keep):
+        raise click.UsageError("--dry-run goes with --clean or --keep K")
+    removed = []
     with warnings.catch_warnings():  # what was left is printed below, once
         warnings.simplefilter("ignore")
-        removed = remove_unfinished(root) if clean else None
-    found = list_steps(root)
+        if clean:
+            removed.append(remove_unfinished(root, dry_run=dry_run))
+        if keep is not None:
+            removed.append(prune_steps(root, keep, dry_run=dry_run))
+    found, foreign = list_steps(root), foreign_names(root)
     if as_json:
-        click.echo(json.dumps({"root": root, "steps": [f.to_json() for f in found],
-                               **({"removed": removed.steps, "left": {str(k): v for k, v in removed.left.items()}}
-                                  if removed is not None else {})}, indent=2))
+        click.echo(json.dumps({"root": root, "steps": [f.to_json() for f in found], "not_ckptstores": foreign,
+                               **({"dry_run": dry_run, "removed": sorted({s for r in removed for s in r.steps}),
+                                   "left": {str(k): v for r in removed for k, v in r.left.items()}}
+                                  if removed else {})}, indent=2))
         return
-    if removed is not None:
-        click.echo(f"ckptstore: {removed.describe()}")
+    for r in removed:
+        click.echo(f"ckptstore: {r.describe()}")
+    _print_steps(root, found)
+    if foreign:
+        click.echo(f"not ckptstore's, left alone: {', '.join(foreign)}")
+
+
+def _print_steps(root: str, found: list[Any]) -> None:
+    """The table of ``ckptstore steps``."""
+    import time
+
+    from ckptstore.write.retention import UNFINISHED
+
     if not found:
         click.echo(f"no step folders in {root}")
         return
@@ -764,16 +798,17 @@ def steps(root: str, as_json: bool, clean: bool) -> None:
 
 
 def _export_hf(store: str, out: str, fmt: str, name_map: str | None, max_shard_size: str, include: tuple[str, ...],
-               others: list[str]) -> None:
-    """``export --format hf``: a Hugging Face folder."""
+               others: list[str], overwrite: bool = False) -> None:
+    """``export --format hf``: a Hugging Face folder (by default under the name map the index recorded)."""
     from ckptstore.read.hf_export import export_hf
 
-    if fmt != "hf" or name_map is None:
-        raise click.UsageError("--format hf and --name-map go together")
+    if fmt != "hf":
+        raise click.UsageError("--name-map applies to --format hf only")
     if others:
         raise click.UsageError(f"{', '.join(others)} do(es) not apply to --format hf")
     with open_store(store) as st:
-        summary = export_hf(st, out, name_map=name_map, max_shard_size=max_shard_size, include=list(include) or None)
+        summary = export_hf(st, out, name_map=name_map, max_shard_size=max_shard_size, include=list(include) or None,
+                            overwrite=overwrite)
     click.echo(f"wrote {summary.tensors} tensors in {len(summary.files)} file(s) under {out}, reading "
                f"{_fmt_bytes(summary.bytes_read)} from the store")
 

@@ -192,3 +192,9 @@ class StaleStepError(StoreExistsError):
     """A training save whose step is not newer than the newest committed step of its folder (a
     resumed job counting steps from 1 again): retention would delete it, ``open(ROOT)`` would
     never return it. Resume from the newest step, or pass ``replace=True``."""
+
+
+class EndpointRedirectError(ObjectStoreConfigError):
+    """The object store's endpoint redirects requests for a bucket (to another host, or with no
+    place to go): a wrong or hostile ``AWS_ENDPOINT_URL``, never a damaged store. Set it to the
+    endpoint that serves the bucket."""

@@ -78,7 +78,7 @@ def test_cli_export_writes_exactly_the_chosen_ranks(load_env, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "wrote 3 file(s)" in r.stdout
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
-        "rank_0", "rank_0/checkpoint_0.ckpt", "rank_2", "rank_2/checkpoint_2.ckpt",
+        ".ckptstore-export.json", "rank_0", "rank_0/checkpoint_0.ckpt", "rank_2", "rank_2/checkpoint_2.ckpt",
         "rank_3", "rank_3/checkpoint_3.ckpt"]
     for j in (0, 2, 3):
         assert_same_dict(T.load_oracle(out / f"rank_{j}" / f"checkpoint_{j}.ckpt"), t.oracle(j), f"rank {j}")
@@ -92,7 +92,7 @@ def test_cli_export_with_per_stage_strategy_files(load_env, tmp_path):
     for j in (1, 6):
         assert_same_dict(T.load_oracle(tmp_path / "out" / f"rank_{j}" / f"checkpoint_{j}.ckpt"), t.oracle(j),
                          f"rank {j}")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["rank_1", "rank_6"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".ckptstore-export.json", "rank_1", "rank_6"]
 
 
 def test_cli_export_rank_outside_the_target_is_an_error(load_env, tmp_path):

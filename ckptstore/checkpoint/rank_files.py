@@ -16,7 +16,7 @@ from typing import Iterable, Mapping, Sequence
 
 from ckptstore.formats.ckpt_cipher import DecryptedFile, Decryption
 from ckptstore.formats.ckpt_reader import CkptIndex, open_file, scan_checkpoint
-from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError
+from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError, UnsafePathError
 from ckptstore.limits import MAX_WORLD
 from ckptstore.formats.ms_safetensors import is_safetensors, scan_safetensors
 from ckptstore.io.base import ReadableFile
@@ -322,7 +322,17 @@ def scan_rank_file(path: str | os.PathLike[str] | ReadableFile, *, verify_crc: b
 def holds_rank_folders(path: str | os.PathLike[str]) -> bool:
     """Whether local folder ``path`` is a checkpoint folder (holds ``rank_<i>/`` folders)."""
     p = Path(path)
-    return not is_url(path) and p.is_dir() and any(e.is_dir() and _RANK_DIR.match(e.name) for e in os.scandir(p))
+    # the name first: only a rank_<i> entry is followed, so a loop of other links (step folders) is never
+    # stat'ed here; a rank folder that loops is a typed error naming it
+    return not is_url(path) and p.is_dir() and any(_RANK_DIR.match(e.name) and _is_folder(e) for e in os.scandir(p))
+
+
+def _is_folder(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError as e:
+        raise UnsafePathError(f"{entry.path} is a symbolic link that cannot be followed ({e.strerror or e}): a "
+                              "loop of links, or too deep; remove or fix it") from None
 
 
 def describe_rank_folders(src: str | os.PathLike[str], *, step: int | None = None, prefix: str | None = None,

@@ -5,8 +5,8 @@ The endpoint, region and credentials come only from the client's usual configura
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``,
 ``AWS_ALLOW_HTTP``, ...); ckptstore never stores, prints or logs them. The configuration is
 checked first (:func:`check_environment`: an empty or malformed ``AWS_ENDPOINT_URL`` would make
-the client panic, plain http needs ``AWS_ALLOW_HTTP=true``), and, where requests may carry a
-session token, the endpoint is probed for redirects (:mod:`ckptstore.io.s3_redirects`).
+the client panic, plain http needs ``AWS_ALLOW_HTTP=true``), and the endpoint is probed for
+redirects, which the client would follow (:mod:`ckptstore.io.s3_redirects`).
 Retries with exponential backoff on 5xx answers, dropped connections and time-outs are the
 client's (:data:`RETRY`); what still fails after them is a
 :class:`~ckptstore.errors.StoreUnavailableError` (an outage, not damage).
@@ -137,8 +137,8 @@ def client(bucket: str, url: str) -> Any:
             except BaseException as e:  # configuration errors: a bad region, a value the client panics on
                 raise ObjectStoreConfigError(f"cannot set up the object store client for {url} ({type(e).__name__}); "
                                              "check the AWS_* environment variables") from None
-            if s3_redirects.may_send_token():
-                s3_redirects.check_redirects(bucket, built)  # before its first request
+            # before its first request, token or not: a followed redirect would read another host's answers
+            s3_redirects.check_redirects(bucket, built)
             found = _CLIENTS[key] = built
         return found
 

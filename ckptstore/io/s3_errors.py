@@ -13,8 +13,8 @@ import errno
 import os
 import re
 
-from ckptstore.errors import (AccessDeniedError, FileAccessError, MissingFileError, ObjectStoreConfigError,
-                              StoreUnavailableError)
+from ckptstore.errors import (AccessDeniedError, EndpointRedirectError, FileAccessError, MissingFileError,
+                              ObjectStoreConfigError, StoreUnavailableError)
 from ckptstore.io.urls import redact
 
 _S3_CODE = re.compile(r"<Code>([A-Za-z0-9]{1,64})</Code>")
@@ -94,7 +94,7 @@ def client_error(e: BaseException, url: str, action: str) -> Exception:
     bare = "BareRedirect" in text  # a 3xx with no Location: S3's answer for a bucket of another region
     if bare or (status or "").startswith("3") or code in ("PermanentRedirect", "TemporaryRedirect", "Redirect"):
         detail = " (a redirect with no Location)" if bare and not detail else detail
-        return ObjectStoreConfigError(
+        return EndpointRedirectError(
             f"the object store at {endpoint()} redirects the request to {action} {url}{detail}: the bucket is served "
             "by another endpoint or region; set AWS_ENDPOINT_URL (and AWS_REGION) to the one that serves it")
     what = _outage(text, status)

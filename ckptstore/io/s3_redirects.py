@@ -1,18 +1,21 @@
 """The redirect probe: whether the endpoint sends requests for a bucket to another host.
 
 obstore (0.12) follows redirects and cannot be told not to; to another host it drops the
-``Authorization`` header but still sends ``x-amz-security-token``. So before the client of a
-bucket is used, where its requests may carry a session token, the endpoint is asked here (not
-following redirects), unsigned and signed, and an answer that points elsewhere is refused.
+``Authorization`` header but still sends ``x-amz-security-token``, and what that host answers is
+read as the bucket's (a damaged store, to every reader). So before the client of a bucket sends
+its first request, the endpoint is asked here, never following a redirect and never with the
+session token, the way the client will ask: ``HEAD`` and ``GET`` of an object, a ``LIST``, and
+the same signed. An answer that points elsewhere is an
+:class:`~ckptstore.errors.EndpointRedirectError`, which says it is a redirect.
 """
 from __future__ import annotations
 
 import os
 import urllib.parse
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
-from ckptstore.errors import ObjectStoreConfigError
+from ckptstore.errors import EndpointRedirectError
 from ckptstore.io.s3_errors import endpoint
 from ckptstore.io.urls import redact
 
@@ -29,32 +32,43 @@ def may_send_token() -> bool:
 def check_redirects(bucket: str, store: Any) -> None:
     """Refuse an endpoint that redirects requests for ``bucket`` to another host.
 
-    obstore (0.12) follows redirects and cannot be told not to; to another host it drops the
-    ``Authorization`` header but still sends ``x-amz-security-token``. So before the first
-    request of ``store`` (the bucket's client) that could carry a session token, two probes are
-    sent to the endpoint here, neither following a redirect: an unauthenticated ``HEAD /bucket``,
-    and a signed ``HEAD`` of a key that need not exist (a presigned URL of ``store``'s
-    credentials, which goes to the endpoint only), since an endpoint may redirect only signed
-    requests. An answer of either that points to another host is refused. An endpoint that
-    redirects only some signed requests (by key or by time) is not caught: use endpoints you
-    trust, over https.
+    Probes are sent to the endpoint before ``store`` (the bucket's client) sends anything, none
+    following a redirect: unsigned ``HEAD`` and ``GET`` of a key that need not exist and a
+    ``LIST`` of the bucket, then the ``HEAD`` and ``GET`` signed with ``store``'s credentials
+    (presigned URLs, since an endpoint may redirect only signed requests) with the session token
+    taken out of them, so that no probe carries it. An answer of any that points to another host
+    is refused. An endpoint that redirects only some requests (writes, some keys, later ones) is
+    not caught: use endpoints you trust, over https.
     """
     import obstore
 
     configured = next((os.environ[v] for v in ENDPOINT_ENV if os.environ.get(v)), None)
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     base = urllib.parse.urlsplit(configured or f"https://s3.{region}.amazonaws.com")
-    _refuse_elsewhere(base, _probe(base, f"{base.path.rstrip('/')}/{bucket}"), bucket, "requests")
-    try:
-        signed = urllib.parse.urlsplit(obstore.sign(store, "HEAD", PROBE_KEY, timedelta(minutes=5)))
-    except Exception:  # noqa: BLE001 -- no credentials to sign with yet: the requests themselves will say so
-        return
-    if (signed.hostname, _port(signed)) != (base.hostname, _port(base)):
-        return  # the client addresses another host itself (virtual-hosted buckets): probed above
-    _refuse_elsewhere(base, _probe(signed, f"{signed.path}?{signed.query}"), bucket, "signed requests")
+    root = f"{base.path.rstrip('/')}/{bucket}"
+    for method, target in (("HEAD", f"{root}/{PROBE_KEY}"), ("GET", f"{root}/{PROBE_KEY}"),
+                           ("GET", f"{root}?list-type=2&max-keys=1&prefix={PROBE_KEY}")):
+        _refuse_elsewhere(base, _probe(base, method, target), bucket, "requests")
+    signed_methods: tuple[Literal["HEAD", "GET"], ...] = ("HEAD", "GET")
+    for method in signed_methods:
+        try:
+            signed = urllib.parse.urlsplit(obstore.sign(store, method, PROBE_KEY, timedelta(minutes=5)))
+        except Exception:  # noqa: BLE001 -- no credentials to sign with yet: the requests themselves will say so
+            return
+        if (signed.hostname, _port(signed)) != (base.hostname, _port(base)):
+            return  # the client addresses another host itself (virtual-hosted buckets): probed above
+        target = f"{signed.path}?{without_token(signed.query)}"
+        _refuse_elsewhere(base, _probe(signed, method, target), bucket, "signed requests")
 
 
-#: The key the signed probe asks for (a HEAD: nothing is read or written).
+def without_token(query: str) -> str:
+    """A presigned URL's query without its ``X-Amz-Security-Token`` (the session token): the
+    probe shows how the endpoint answers a signed request without handing it the token."""
+    kept = [p for p in query.split("&") if p.split("=", 1)[0].lower() != "x-amz-security-token"]
+    return "&".join(kept)
+
+
+#: The key the probes ask for (a HEAD and a GET: nothing is written).
 PROBE_KEY = ".ckptstore-redirect-probe"
 
 
@@ -62,8 +76,8 @@ def _port(url: urllib.parse.SplitResult) -> int:
     return url.port or (443 if url.scheme.lower() == "https" else 80)
 
 
-def _probe(base: urllib.parse.SplitResult, target: str) -> tuple[int, str | None] | None:
-    """``(status, Location)`` of one ``HEAD target`` sent to ``base``'s host, not followed;
+def _probe(base: urllib.parse.SplitResult, method: str, target: str) -> tuple[int, str | None] | None:
+    """``(status, Location)`` of one ``method target`` sent to ``base``'s host, not followed;
     ``None`` when it is unreachable now (the requests themselves will say so)."""
     import http.client
 
@@ -71,8 +85,9 @@ def _probe(base: urllib.parse.SplitResult, target: str) -> tuple[int, str | None
     conn_type = http.client.HTTPSConnection if https else http.client.HTTPConnection
     conn = conn_type(base.hostname or "", _port(base), timeout=5)
     try:
-        conn.request("HEAD", target)
+        conn.request(method, target)
         resp = conn.getresponse()
+        resp.read(1 << 16)  # a small body at most; the answer's status and Location are what counts
         return resp.status, resp.getheader("Location")
     except (OSError, http.client.HTTPException, ValueError):
         return None
@@ -89,7 +104,9 @@ def _refuse_elsewhere(base: urllib.parse.SplitResult, answer: tuple[int, str | N
         return
     target = urllib.parse.urlsplit(urllib.parse.urljoin(base.geturl() + "/", location))
     if (target.hostname, _port(target)) != (base.hostname, _port(base)):
-        raise ObjectStoreConfigError(
+        token = may_send_token()
+        raise EndpointRedirectError(
             f"the object store at {endpoint()} redirects {what} for bucket {bucket} to another host "
             f"({redact(f'{target.scheme}://{target.netloc}')}, HTTP {status}); ckptstore refuses it, as the client "
-            "would send that host your session token: set AWS_ENDPOINT_URL to the host that serves the bucket")
+            + ("would send that host your session token" if token else "would read that host's answers as the "
+               "bucket's") + ": set AWS_ENDPOINT_URL to the host that serves the bucket")

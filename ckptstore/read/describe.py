@@ -143,5 +143,24 @@ def describe_store(store: "Store") -> dict[str, object]:
         totals["referenced_bytes"] = stored
     return {"kind": "store", "path": str(store.root), "store_kind": store.kind,
             "source": {**{k: src.get(k) for k in ("world_size", "step", "created_by", "saved_by")},
-                       "unsaved": list(src.get("unsaved") or [])},
+                       "unsaved": list(src.get("unsaved") or []), **_hf_source(store)},
             "params": params, "totals": totals}
+
+
+def _hf_source(store: Store) -> dict[str, object]:
+    """For an index over a Hugging Face folder: ``format`` (``"huggingface"``), the ``folder``, the
+    ``files`` its tensors are read from and the ``name_map`` it was indexed with (a shipped one by
+    its name); nothing for any other store."""
+    src = store.source
+    if src.get("format") != HF_FORMAT:
+        return {}
+    recorded = src.get("name_map")
+    name_map = recorded[:-len(SHIPPED)] if isinstance(recorded, str) and recorded.endswith(SHIPPED) else recorded
+    files = {f for p in store.manifest.params.values() for f in p.chunks.files}
+    return {"format": HF_FORMAT, "folder": src.get("folder"), "files": len(files), "name_map": name_map}
+
+
+#: ``source["format"]`` of an index over a Hugging Face folder (``write/hf_index.py``'s ``SOURCE_FORMAT``).
+HF_FORMAT = "huggingface"
+#: How a shipped rule set is recorded (``"llama (shipped)"``).
+SHIPPED = " (shipped)"

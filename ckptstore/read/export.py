@@ -22,6 +22,7 @@ from ckptstore.io.local_sink import LocalSink
 from ckptstore.io.locations import is_url
 from ckptstore.io.urls import redact
 from ckptstore.progress import Progress
+from ckptstore.read.export_folder import claim_export_folder, commit_export_folder
 from ckptstore.read.loader import (
     RankView,
     StrategyLike,
@@ -49,7 +50,7 @@ def export(store: StoreLike, out: str | os.PathLike[str], *, strategy: StrategyL
            ranks: Iterable[int] | None = None, include: str | Sequence[str] | None = None,
            dtype: np.dtype | None = None, format: str | None = None, crc: bool = False,  # noqa: A002
            prefix: str = "checkpoint_", allow_whole: bool = False, quiet: bool = True,
-           names: str | Sequence[str] | None = None) -> ExportSummary:
+           names: str | Sequence[str] | None = None, overwrite: bool = False) -> ExportSummary:
     """Write ``out/rank_<j>/<prefix><j>.<format>`` for each rank ``j`` of ``strategy`` (all ranks when
     ``ranks`` is ``None``; the store's source layout when ``strategy`` is ``None``).
 
@@ -60,16 +61,19 @@ def export(store: StoreLike, out: str | os.PathLike[str], *, strategy: StrategyL
     the same option). ``dtype`` converts while reading. A given ``strategy`` that lays out fewer
     than half of the store's parameters is refused as another model's unless ``allow_whole``
     (see :func:`~ckptstore.read.loader.check_target_describes`). ``quiet=False`` shows progress
-    (a bar on a terminal, log lines otherwise), as ``ckptstore export`` does.
+    (a bar on a terminal, log lines otherwise), as ``ckptstore export`` does. A folder holding
+    files is refused unless ``overwrite``, which replaces only what an earlier export wrote
+    (:mod:`ckptstore.read.export_folder`).
     """
     include = include_globs(include, names)
     with store_argument(store) as st:
-        return _export(st, out, strategy, ranks, include, dtype, format or "ckpt", crc, prefix, allow_whole, quiet)
+        return _export(st, out, strategy, ranks, include, dtype, format or "ckpt", crc, prefix, allow_whole, quiet,
+                       overwrite)
 
 
 def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, ranks: Iterable[int] | None,
             names: Sequence[str] | None, dtype: np.dtype | None, fmt: str, crc: bool, prefix: str,
-            allow_whole: bool, quiet: bool) -> ExportSummary:
+            allow_whole: bool, quiet: bool, overwrite: bool = False) -> ExportSummary:
     if fmt not in ("ckpt", "safetensors"):
         raise InvalidOptionError(f"unknown export format {fmt!r}; choose ckpt or safetensors")
     if crc and fmt != "ckpt":  # else ignored: the user would believe the files carry a checksum
@@ -86,11 +90,14 @@ def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, r
     _refuse_store_files(store, sink)
     views = [rank_view(store, target, j, names=names, dtype=dtype, allow_whole=allow_whole or strategy is None)
              for j in chosen]
+    keys = [f"rank_{j}/{prefix}{j}.{fmt}" for j in chosen]
+    # each rank loads its own file: every old one goes before a new one appears, so no job mixes two exports
+    claim_export_folder(sink, keys, overwrite=overwrite)
     progress = Progress(sum(v.nbytes for v in views), sum(len(v) for v in views), desc="export", quiet=quiet)
     written, nbytes = [], 0
     with progress:
-        for j, view in zip(chosen, views):
-            path = SinkKey(sink, f"rank_{j}/{prefix}{j}.{fmt}")
+        for key, view in zip(keys, views):
+            path = SinkKey(sink, key)
             if fmt == "ckpt":
                 with CheckpointWriter(path, crc=crc) as writer:
                     for name in view.names():
@@ -99,6 +106,7 @@ def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, r
                 _write_safetensors(view, path, progress)
             nbytes += view.plan.nbytes
             written.append(sink.key_url(path.key))
+    commit_export_folder(sink, keys)
     return ExportSummary(tuple(written), nbytes, store.step)
 
 

@@ -26,9 +26,10 @@ import numpy as np
 
 from ckptstore.errors import InvalidOptionError, StoreExistsError
 from ckptstore.formats.hf_folder import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
-from ckptstore.formats.hf_rules import NameMap, Target, load_name_map
+from ckptstore.formats.hf_rules import NameMap, Target, load_name_map, shipped_name_maps
 from ckptstore.formats.safetensors_header import build_header
 from ckptstore.io.sink import open_sink
+from ckptstore.read.export_folder import claim_export_folder, commit_export_folder
 from ckptstore.store.chunking import select_params
 from ckptstore.store.store import Store, StoreLike, store_argument
 
@@ -38,6 +39,8 @@ DEFAULT_MAX_SHARD = 5 * 10 ** 9
 WINDOW_BYTES = 16 << 20
 #: Segments shorter than this are read a window of groups at a time (one read, not one per row).
 _SMALL_SEGMENT = 64 << 10
+#: How :func:`~ckptstore.formats.hf_rules.load_name_map` names a shipped rule set (``"llama (shipped)"``).
+SHIPPED_SUFFIX = " (shipped)"
 _UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
           "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
 
@@ -79,22 +82,27 @@ class _Tensor:
         return prod(self.shape) * self.dtype.itemsize
 
 
-def export_hf(store: StoreLike, out: str | os.PathLike[str], *, name_map: str | os.PathLike[str] | NameMap,
+def export_hf(store: StoreLike, out: str | os.PathLike[str], *, name_map: str | os.PathLike[str] | NameMap | None = None,
               max_shard_size: str | int = DEFAULT_MAX_SHARD, include: Sequence[str] | None = None,
               exclude: Sequence[str] = (), config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
-              window_bytes: int = WINDOW_BYTES) -> HFExportSummary:
+              window_bytes: int = WINDOW_BYTES, overwrite: bool = False) -> HFExportSummary:
     """Write the store's parameters as a Hugging Face folder at ``out`` (a folder or ``s3://`` prefix).
 
     ``name_map`` is the rule set the store's names came from (``"llama"``, ``"mcore"``, a rule
-    file...); ``include``/``exclude`` are globs over store names (string values are never
+    file...); by default the shipped one the store recorded when it indexed a Hugging Face folder
+    (:func:`recorded_name_map`). An ``out`` holding files is refused unless ``overwrite``, which
+    replaces only what an earlier export wrote, never leaving old shards beside new ones
+    (:mod:`ckptstore.read.export_folder`). ``include``/``exclude`` are globs over store names (string values are never
     exported). ``config`` (a mapping or a ``config.json`` path) gives the head counts a fused
     parameter is split by, and is written as ``config.json``; by default the one recorded when
     the store indexed a Hugging Face folder. Raises
     :class:`~ckptstore.errors.NameMapError` when a parameter cannot be split as its rule says.
     """
-    rules = name_map if isinstance(name_map, NameMap) else load_name_map(name_map)
     limit = parse_size(max_shard_size)
     with store_argument(store) as st:
+        if name_map is None:
+            name_map = recorded_name_map(st)
+        rules = name_map if isinstance(name_map, NameMap) else load_name_map(name_map)
         cfg = _config(st, config)
         names = [n for n in st.names() if not st.info(n).is_str]
         if include or exclude:
@@ -114,10 +122,13 @@ def export_hf(store: StoreLike, out: str | os.PathLike[str], *, name_map: str | 
             if sink.contains(where):
                 raise StoreExistsError(f"export folder {sink.url} holds {where}, which the store reads; choose an "
                                        "output folder outside the store and its source files")
+        keys = [SINGLE_FILE] if len(shards) == 1 else \
+            [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+        keys += [INDEX_FILE] * (len(shards) > 1) + [CONFIG_FILE] * bool(cfg)
         sink.make_root()
+        claim_export_folder(sink, keys, overwrite=overwrite, entry_points=(INDEX_FILE, SINGLE_FILE))
         files, weight_map, read = [], {}, [0]
-        for i, shard in enumerate(shards):
-            key = SINGLE_FILE if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        for key, shard in zip(keys, shards):
             head, _ = build_header([(t.hf_name, t.dtype, t.shape) for t in shard], {"format": "pt"})
             sink.put_stream(key, _shard_pieces(st, head, shard, window_bytes, read))
             files.append(sink.key_url(key))
@@ -130,7 +141,25 @@ def export_hf(store: StoreLike, out: str | os.PathLike[str], *, name_map: str | 
             sink.put(CONFIG_FILE, json.dumps(dict(cfg), indent=2).encode())
             files.append(sink.key_url(CONFIG_FILE))
         sink.sync()
+        commit_export_folder(sink, keys)
         return HFExportSummary(tuple(files), len(tensors), read[0])
+
+
+def recorded_name_map(st: Store) -> str:
+    """The shipped rule set (``"llama"``) a Hugging Face index recorded, for ``export --format hf``
+    without ``--name-map``. A rule file's path recorded in a store is not opened on its own (a store
+    is data, not trust): it is named, to be passed again. Raises
+    :class:`~ckptstore.errors.InvalidOptionError` when there is none to use."""
+    recorded = st.source.get("name_map")
+    if isinstance(recorded, str) and recorded.endswith(SHIPPED_SUFFIX):
+        name = recorded[:-len(SHIPPED_SUFFIX)]
+        if name in shipped_name_maps():
+            return name
+    if isinstance(recorded, str) and recorded:
+        raise InvalidOptionError(f"the store {st.location.url} was indexed with the rule file {recorded!r}, which "
+                                 "export does not open on its own: pass it as --name-map (name_map=)")
+    raise InvalidOptionError(f"the store {st.location.url} records no name map (it was not indexed from a Hugging "
+                             "Face folder): pass --name-map llama|qwen2|mcore|RULES.json (name_map=)")
 
 
 def _config(st: Store, config: Mapping[str, Any] | str | os.PathLike[str] | None) -> Mapping[str, Any]:
@@ -209,4 +238,4 @@ def _tensor_blocks(st: Store, t: _Tensor, window: int, read: list[int]) -> Itera
         yield block.reshape((h - g, group_rows) + shape[1:])[:, offset:offset + k].reshape((-1,) + shape[1:])
 
 
-__all__ = ["HFExportSummary", "export_hf", "parse_size"]
+__all__ = ["HFExportSummary", "export_hf", "parse_size", "recorded_name_map"]

@@ -20,7 +20,12 @@ from ckptstore.io.sink import ByteSink, open_sink
 from ckptstore.store import work
 from ckptstore.store.kinds import read_manifest
 
-STEP_FOLDER = re.compile(r"^step_(\d+)$")
+#: A step folder's name as ckptstore writes it (:func:`step_name`): ``step_`` and the step in ASCII
+#: digits with no leading zero. ``\d`` took Unicode digits and leading zeros (``step_٣``, ``step_03``),
+#: which ``int()`` reads as 3, so another folder's name led to ``step_3``; and ``$`` took a final newline.
+STEP_FOLDER = re.compile(r"^step_(0|[1-9][0-9]*)\Z")
+#: Any name that starts like a step folder: those :data:`STEP_FOLDER` refuses are not ckptstore's.
+STEP_LIKE = re.compile(r"^step_", re.DOTALL)
 
 
 def step_name(step: int) -> str:
@@ -48,6 +53,12 @@ def steps(location: ByteSource) -> list[int]:
         return []
     found = [int(m.group(1)) for m in map(STEP_FOLDER.match, folders) if m]
     return sorted(found, reverse=True)
+
+
+def foreign_step_names(names: list[str]) -> list[str]:
+    """The names among ``names`` that start like a step folder (``step_``) but are not one
+    ckptstore writes (``step_03``, ``step_٣``, ``step_final``): left alone, and listed as not ckptstore's."""
+    return sorted(n for n in names if STEP_LIKE.match(n) and not STEP_FOLDER.match(n))
 
 
 def step_source(location: ByteSource, step: int) -> ByteSource:

@@ -14,8 +14,10 @@ first that applies:
    give every process of one launch the same value and another launch another. msrun's
    variables (``MS_SCHED_HOST``, ``MS_SCHED_PORT``, ``MS_WORKER_NUM``) are the same for every
    launch of the same command, but a job on one host (its scheduler on loopback, msrun's
-   default) has one msrun process, the parent of every worker: the parent's pid and start time
-   (from ``/proc``) name the launch, and a relaunch (a restarted job) is another msrun process.
+   default) has one msrun process, the parent of every worker: its pid and start time (from
+   ``/proc``) name the launch, and a relaunch (a restarted job) is another msrun process. It is
+   taken only while it runs: a worker whose msrun exited (reparented to init or a subreaper,
+   which orphans of other launches share) falls to 5.
    A job of msrun on several hosts has one msrun per host, so there the id comes from
    MindSpore's communication (``init()``) or ``attempt=``;
 4. a job of one process draws a random id;
@@ -27,6 +29,7 @@ first that applies:
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -90,24 +93,76 @@ def launcher_attempt(environ: Mapping[str, str]) -> str | None:
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def msrun_attempt(environ: Mapping[str, str], ppid: int | None = None) -> str | None:
+#: How many ancestors of a worker are asked for its msrun (``msrun ... bash train.sh`` puts a shell between).
+MSRUN_DEPTH = 4
+
+
+def msrun_attempt(environ: Mapping[str, str], pid: int | None = None) -> str | None:
     """The launch of an msrun worker on a one-host job: ``msrun:<host>:<msrun's pid>:<its start>``,
-    or ``None`` (not an msrun worker, a job on several hosts, or no ``/proc`` to ask).
+    or ``None`` (not an msrun worker, a job on several hosts, no ``/proc`` to ask, or a worker
+    whose msrun is gone). ``pid`` is the worker (this process by default).
 
     msrun starts every worker itself (``subprocess.Popen``), so the workers of one launch share
-    their parent, and each launch is a new msrun process: its pid and start time (in clock ticks
-    since boot, which tell apart a pid the kernel reused) differ between launches.
+    that msrun process, and each launch is a new one: its pid and start time (in clock ticks
+    since boot, which tell apart a pid the kernel reused) differ between launches. A worker whose
+    msrun has exited is reparented to init or a subreaper, which the orphans of every launch
+    share: so the msrun is looked for among the worker's nearest ancestors (:func:`launching_msrun`)
+    by its command, and taken only if it started before the worker; else there is no attempt.
     """
     if environ.get("MS_ROLE") != "MS_WORKER" or environ.get("MS_SCHED_HOST", "127.0.0.1") not in LOOPBACK:
         return None
-    parent = os.getppid() if ppid is None else ppid
-    started = process_start_ticks(parent)
-    return None if started is None else f"msrun:{os.uname().nodename}:{parent}:{started}"
+    found = launching_msrun(os.getpid() if pid is None else pid)
+    return None if found is None else f"msrun:{os.uname().nodename}:{found[0]}:{found[1]}"
+
+
+def launching_msrun(pid: int) -> tuple[int, int] | None:
+    """``(pid, start ticks)`` of the msrun process that launched process ``pid``: its parent, or
+    a nearer ancestor (:data:`MSRUN_DEPTH`), running msrun's command and started no later than the
+    process below it; ``None`` when the chain reaches init, a process that is gone, or none is msrun."""
+    child, child_start = pid, process_start_ticks(pid)
+    for _ in range(MSRUN_DEPTH):
+        parent = parent_pid(child)
+        if parent is None or parent <= 1 or child_start is None:
+            return None
+        started = process_start_ticks(parent)
+        if started is None or started > child_start:  # gone, or a pid reused after the parent exited
+            return None
+        if is_msrun(command_line(parent)):
+            return parent, started
+        child, child_start = parent, started
+    return None
+
+
+def is_msrun(argv: list[str]) -> bool:
+    """Whether a command line is msrun's: the ``msrun`` script (run directly or by an interpreter)
+    or ``python -m mindspore.parallel.cluster.run``."""
+    names = [a.rsplit("/", 1)[-1] for a in argv[:2]]
+    return "msrun" in names or ("-m", "mindspore.parallel.cluster.run") in set(itertools.pairwise(argv))
+
+
+def command_line(pid: int) -> list[str]:
+    """Process ``pid``'s arguments (``/proc/<pid>/cmdline``), ``[]`` where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read(1 << 16)
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def parent_pid(pid: int) -> int | None:
+    """Process ``pid``'s parent (``/proc/<pid>/stat`` field 4), or ``None``."""
+    return _stat_field(pid, 1)
 
 
 def process_start_ticks(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22), or
     ``None`` where there is no such process or no ``/proc``."""
+    return _stat_field(pid, 19)
+
+
+def _stat_field(pid: int, index: int) -> int | None:
+    """Field ``index + 3`` of ``/proc/<pid>/stat`` as a number (``None`` where unreadable)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read(4096)
@@ -116,7 +171,7 @@ def process_start_ticks(pid: int) -> int | None:
     # the command name (field 2) may hold spaces and parentheses: the fields after it follow the last ')'
     fields = stat[stat.rfind(b")") + 2:].split()
     try:
-        return int(fields[19])
+        return int(fields[index])
     except (IndexError, ValueError):
         return None
 

@@ -29,7 +29,7 @@ from ckptstore.io.locations import open_location
 from ckptstore.io.sink import ByteSink, open_sink, partial_key
 from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR, find_manifest, read_manifest, store_kind
 from ckptstore.store.manifest import StoreManifest
-from ckptstore.store.steps import STEP_FOLDER, step_sink, unfinished_ranks
+from ckptstore.store.steps import STEP_FOLDER, STEP_LIKE, foreign_step_names, step_sink, unfinished_ranks
 from ckptstore.write.save import step_location
 from ckptstore.write.save_records import RECORDS_DIR
 
@@ -85,6 +85,18 @@ def list_steps(root: str | os.PathLike[str]) -> list[StepFolder]:
     return sorted(found, key=lambda f: f.step, reverse=True)
 
 
+def foreign_names(root: str | os.PathLike[str]) -> list[str]:
+    """The names in ``root`` that start like a step folder but are not one ckptstore writes
+    (``step_03``, ``step_٣``: folders or links; files, whatever their name), sorted: retention and
+    listing leave them alone (:func:`~ckptstore.store.steps.foreign_step_names`)."""
+    sink = open_sink(os.fspath(root))
+    try:
+        folders, files = sink.listing()
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted({*foreign_step_names([*folders, *sink.links()]), *(f for f in files if STEP_LIKE.match(f))})
+
+
 def _step_folder(sink: ByteSink, step: int) -> StepFolder:
     files = sink.files()
     size = sum(n for _, n, _ in files)
@@ -124,18 +136,22 @@ class Removed:
     left: dict[int, list[str]] = field(default_factory=dict)
     foreign: list[int] = field(default_factory=list)
     busy: list[int] = field(default_factory=list)
+    #: Nothing was deleted: this is what would have been (``ckptstore steps --dry-run``).
+    dry_run: bool = False
 
     def describe(self) -> str:
-        """One line: what was deleted and what was left."""
-        parts = [f"deleted step(s) {', '.join(map(str, self.steps))}" if self.steps else "deleted no step"]
+        """One line: what was deleted and what was left (or would be, in a dry run)."""
+        deleted, left, skipped = ("would delete", "would leave", "would skip") if self.dry_run else \
+            ("deleted", "left", "skipped")
+        parts = [f"{deleted} step(s) {', '.join(map(str, self.steps))}" if self.steps else f"{deleted} no step"]
         for step, files in self.left.items():
             shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
-            parts.append(f"left {len(files)} file(s) ckptstore did not write in step_{step} ({shown})")
+            parts.append(f"{left} {len(files)} file(s) ckptstore did not write in step_{step} ({shown})")
         if self.foreign:
-            parts.append(f"left step folder(s) {', '.join(f'step_{s}' for s in self.foreign)} whole: ckptstore "
+            parts.append(f"{left} step folder(s) {', '.join(f'step_{s}' for s in self.foreign)} whole: ckptstore "
                          "did not save them")
         if self.busy:
-            parts.append(f"skipped step(s) {', '.join(map(str, self.busy))}: being saved now")
+            parts.append(f"{skipped} step(s) {', '.join(map(str, self.busy))}: being saved now")
         return "; ".join(parts)
 
 
@@ -155,41 +171,46 @@ def saved_steps(root: str | os.PathLike[str]) -> list[tuple[int, bool]]:
     return sorted(out)
 
 
-def prune_steps(root: str | os.PathLike[str], keep: int, *, protect: Collection[int] = ()) -> Removed:
+def prune_steps(root: str | os.PathLike[str], keep: int, *, protect: Collection[int] = (),
+                dry_run: bool = False) -> Removed:
     """Delete the steps older than the newest ``keep`` committed ones, except those in ``protect``.
 
     Only steps older than the oldest kept committed step go (committed or not), so a step being
     saved now, and every step newer than the last commit, stays; a step in ``protect`` (the
     callback passes the step it just saved) is never deleted. In each, only what ckptstore wrote
     is deleted (see the module docstring); what was left is in the returned :class:`Removed`
-    and, when anything was, a warning.
+    and, when anything was, a warning. ``dry_run`` deletes nothing and returns what would go
+    (``ckptstore steps ROOT --keep K --dry-run``).
     """
     steps = saved_steps(root)
     committed = [s for s, done in steps if done]
     if keep < 1 or len(committed) <= keep:
-        return Removed()
+        return Removed(dry_run=dry_run)
     oldest_kept = committed[-keep]
-    return remove_steps(root, [s for s, _ in steps if s < oldest_kept and s not in protect])
+    return remove_steps(root, [s for s, _ in steps if s < oldest_kept and s not in protect], dry_run=dry_run)
 
 
-def remove_unfinished(root: str | os.PathLike[str], *, protect: Collection[int] = ()) -> Removed:
+def remove_unfinished(root: str | os.PathLike[str], *, protect: Collection[int] = (),
+                      dry_run: bool = False) -> Removed:
     """Delete the unfinished saves older than the newest committed step of ``root`` (a job killed
     mid-save leaves one), except those in ``protect``: only ckptstore's files of them, as
     :func:`prune_steps` does. A step some rank is saving now (its work folder is locked) stays."""
     steps = saved_steps(root)
     committed = [s for s, done in steps if done]
     if not committed:
-        return Removed()
-    return remove_steps(root, [s for s, done in steps if not done and s < committed[-1] and s not in protect])
+        return Removed(dry_run=dry_run)
+    return remove_steps(root, [s for s, done in steps if not done and s < committed[-1] and s not in protect],
+                        dry_run=dry_run)
 
 
-def remove_steps(root: str | os.PathLike[str], doomed: Collection[int]) -> Removed:
+def remove_steps(root: str | os.PathLike[str], doomed: Collection[int], *, dry_run: bool = False) -> Removed:
     """Delete the steps ``doomed`` of ``root``: only ckptstore's files of each, as :func:`prune_steps` does
-    (a step ckptstore did not save, or one being saved now, stays and is listed in the result)."""
-    done = Removed()
+    (a step ckptstore did not save, or one being saved now, stays and is listed in the result);
+    ``dry_run`` deletes nothing and says what would go."""
+    done = Removed(dry_run=dry_run)
     for step in doomed:
         _remove_step(step_sink(step_location(root, step)), step, done)
-    if done.left or done.foreign:
+    if (done.left or done.foreign) and not dry_run:
         warnings.warn(f"ckptstore: {os.fspath(root)}: {done.describe()}", stacklevel=3)
     return done
 
@@ -204,6 +225,14 @@ def _remove_step(sink: ByteSink, step: int, done: Removed) -> None:
     held = _hold_work_locks(sink, keys)
     if held is None:
         done.busy.append(step)
+        return
+    if done.dry_run:
+        for lock in held:
+            lock.release()
+        left = sorted(set(keys) - set(ours))
+        if left:
+            done.left[step] = left
+        done.steps.append(step)
         return
     try:
         manifests = [k for k in ours if "/" not in k]  # the manifest (and root metadata) go first
