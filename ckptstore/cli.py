@@ -11,7 +11,7 @@ import itertools
 import json
 import os
 import sys
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import click
 
@@ -54,8 +54,8 @@ class Location(click.Path):
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter as e:
-            e.message = redact(e.message)
-            raise
+            # a new error, not chained: the original's message holds the credentials redact() removes
+            raise click.BadParameter(redact(e.message), ctx=e.ctx, param=e.param, param_hint=e.param_hint) from None
 
 
 #: Exit status after Ctrl-C (SIGINT): 128 + 2, as a shell reports a process that SIGINT ended.
@@ -104,9 +104,11 @@ class _Commands(click.Group):
     for a usage error and 130 for Ctrl-C.
     """
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def main(  # type: ignore[override]  # always standalone_mode=False: click's overloads on it do not apply
+        self, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: Any
+    ) -> Any:
         try:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(args, prog_name, standalone_mode=False, **extra)
         except click.exceptions.NoArgsIsHelpError as e:  # a bare 'ckptstore': the help, as asked
             click.echo(e.ctx.get_help())
             sys.exit(0)
@@ -147,11 +149,11 @@ def main() -> None:
     """
 
 
-def _fmt_bytes(n: int) -> str:
+def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return str(n)
 
 
@@ -425,7 +427,7 @@ class _KindChoice(click.Choice):
     def __init__(self) -> None:
         super().__init__(())
 
-    @property  # type: ignore[override]
+    @property
     def choices(self) -> tuple[str, ...]:
         return tuple(k.name for k in _convert_kinds())
 

@@ -202,6 +202,10 @@ class ReadableFile(ABC):
             self.read_into(offset, memoryview(buf))
         return bytes(buf)
 
+    def close(self) -> None:
+        """Release what the file holds (a descriptor, a connection); the default holds nothing.
+        Whoever opened the file and owns it closes it."""
+
 
 class ByteSource(ABC):
     """A folder of files addressed by keys; see the module docstring."""
@@ -280,9 +284,14 @@ class SourceWrapper(ByteSource):
         self.inner = inner
         self.pins_open_files, self.pins_read_files = inner.pins_open_files, inner.pins_read_files
 
-    @property  # type: ignore[override]
+    @property
     def cost(self) -> ReadCost:
         return self.inner.cost
+
+    @cost.setter
+    def cost(self, value: ReadCost) -> None:
+        # ByteSource.cost is a plain attribute a program may set: setting it here prices the inner source.
+        self.inner.cost = value
 
     def read_cost(self) -> ReadCost:
         return self.inner.read_cost()
