@@ -111,7 +111,8 @@ def test_a_saved_step_is_a_zarr_store_zarr_python_reads(tmp_path):
 
 def _two_column_ranks() -> Any:
     """A job of 2 ranks, each holding half the columns of ``w``."""
-    from ckptstore.checkpoint.strategy import Layout, Strategy
+    from ckptstore.checkpoint.layout import Layout
+    from ckptstore.checkpoint.strategy import Strategy
 
     return Strategy({"w": {0: Layout((2,), ((), (0,)))}}, stage_devices=2)
 
@@ -327,7 +328,8 @@ def test_replicated_slices_are_shared_out_over_their_replica_group(saved_by_rank
 def _save_replicated_prime_rows(root: Path) -> tuple[np.ndarray, list[Any]]:
     """A [47, 8192] float32 table (47 rows, a prime: one-row chunks at 1 MB) that all 4 ranks of
     a pure data-parallel job hold whole, saved by each rank in turn, the last committing."""
-    from ckptstore.checkpoint.strategy import Layout, Strategy
+    from ckptstore.checkpoint.layout import Layout
+    from ckptstore.checkpoint.strategy import Strategy
 
     table = np.arange(47 * 8192, dtype=np.float32).reshape(47, 8192)
     strategy = Strategy({"embedding": {0: Layout((4,), ((), ()))}}, 4, 1)

@@ -12,7 +12,8 @@ from math import prod
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from ckptstore.checkpoint.strategy import Layout, Strategy
+from ckptstore.checkpoint.layout import Layout
+from ckptstore.checkpoint.strategy import Strategy
 from ckptstore.store.zarr import array_path
 from ckptstore.write.save_plan import SavePlan, plan_save
 from conftest import examples

@@ -35,7 +35,8 @@ from ckptstore.boxes import Box  # noqa: E402
 from ckptstore.formats.ckpt_reader import read_entry  # noqa: E402
 from ckptstore.errors import StrategyError  # noqa: E402
 from ckptstore.checkpoint.source import find_rank_files, open_source  # noqa: E402
-from ckptstore.checkpoint.strategy import Layout, Strategy, load_strategy  # noqa: E402
+from ckptstore.checkpoint.layout import Layout  # noqa: E402
+from ckptstore.checkpoint.strategy import Strategy, load_strategy  # noqa: E402
 
 
 def _mindspore_slice(dev, tmap, step, size, g: np.ndarray, rank: int) -> np.ndarray:

@@ -18,7 +18,8 @@ pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
 import ckptstore  # noqa: E402
-from ckptstore.checkpoint.strategy import Layout, load_strategy  # noqa: E402
+from ckptstore.checkpoint.layout import Layout  # noqa: E402
+from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
 from ckptstore.errors import StrategyError  # noqa: E402
 from ckptstore.testing.layout_tuples import (  # noqa: E402
     flatten_layout,

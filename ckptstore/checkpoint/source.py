@@ -28,7 +28,8 @@ from ckptstore.checkpoint.rank_files import (  # noqa: F401 (find_rank_files, pi
     RankFileChoice, choose_rank_files, find_rank_files, pick_rank_file, scan_rank_file)
 from ckptstore.checkpoint.rank_bytes import RankFiles
 from ckptstore.errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
-from ckptstore.checkpoint.strategy import Layout, Strategy, StrategyPaths, load_strategy, stage_slices
+from ckptstore.checkpoint.layout import Layout, stage_slices
+from ckptstore.checkpoint.strategy import Strategy, StrategyPaths, load_strategy
 from ckptstore.io.locations import is_url
 from ckptstore.io.s3_source import READ_CONCURRENCY as S3_READ_CONCURRENCY
 
@@ -177,7 +178,7 @@ def _check_declared_shapes(params: Mapping[str, SourceParam], strategy: Strategy
     byte: ranks 0-3 of a dp 2 x mp 4 job with optimizer sharding, under an mp 4 strategy, hold
     distinct slices of the shapes that strategy gives a tensor of half the rows. Only a declared
     global shape tells them apart; the protobuf form MindSpore's compiler writes declares none
-    (a MindFormers ``param_split_shape`` does: checked in :func:`~ckptstore.checkpoint.strategy.stage_slices`).
+    (a MindFormers ``param_split_shape`` does: checked in :func:`~ckptstore.checkpoint.layout.stage_slices`).
     """
     for p in params.values():
         if not p.in_strategy:

@@ -23,7 +23,8 @@ from ckptstore.dtypes import dtype_name
 from ckptstore.checkpoint.rank_files import scan_rank_file
 from ckptstore.checkpoint.source import DistributedSource
 from ckptstore.io import is_url, open_location, open_user_file
-from ckptstore.checkpoint.strategy import Strategy, layout_to_json
+from ckptstore.checkpoint.layout import layout_to_json
+from ckptstore.checkpoint.strategy import Strategy
 
 if TYPE_CHECKING:
     from ckptstore.store.store import Store

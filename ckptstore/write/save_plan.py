@@ -36,7 +36,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ckptstore.boxes import Box
-from ckptstore.checkpoint.strategy import Layout, Strategy
+from ckptstore.checkpoint.layout import Layout
+from ckptstore.checkpoint.strategy import Strategy
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError, StrategyError
 from ckptstore.store.chunking import chunk_shape_for
 from ckptstore.store.zarr import SEPARATOR, array_path, grid_key
