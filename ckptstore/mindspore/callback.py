@@ -30,7 +30,7 @@ def store_checkpoint_class() -> type:
     only when it is first asked for)."""
     from mindspore.train import Callback
 
-    class StoreCheckpoint(Callback):  # type: ignore[misc, valid-type]
+    class StoreCheckpoint(Callback):
         """Save the trained cell into ``root/step_<N>`` every ``save_checkpoint_steps`` training steps.
 
         For ``Model.train(callbacks=[...])`` (and MindFormers' callback lists, in place of its

@@ -162,8 +162,8 @@ class ParamManifest:
     def chunk_box(self, index: int) -> Box:
         """The global box of chunk ``index`` (C order over the grid)."""
         if len(self.shape) == 1:  # a vector (a converter's row of chunks) needs no grid
-            start = index * self.chunk_shape[0]
-            return Box((start,), (min(start + self.chunk_shape[0], self.shape[0]),))
+            first = index * self.chunk_shape[0]
+            return Box((first,), (min(first + self.chunk_shape[0], self.shape[0]),))
         if not index:  # the first (often the only) chunk needs no grid
             stop = tuple(map(min, self.chunk_shape, self.shape))
             return Box((0,) * len(stop), stop)

@@ -433,3 +433,7 @@ def _coalesce(parts: list[Columns]) -> Columns:
         return files, offsets, lengths, dests
     heads = np.concatenate([[0], np.flatnonzero(~joins) + 1])
     return files[heads], offsets[heads], np.add.reduceat(lengths, heads), dests[heads]
+
+
+#: A plan the executor runs: the general one, or a converter's byte ranges (the same reading interface).
+ParamPlan = ParamReadPlan | ByteRangesPlan

@@ -187,12 +187,16 @@ def _index_to_box(index: Index, shape: Sequence[int], name: str) -> tuple[Box, l
             i = int(item) + n if item < 0 else int(item)
             if not 0 <= i < n:
                 raise InvalidIndexError(f"index {item} is out of bounds for axis {axis} of {name!r} with size {n}")
-            start.append(i), stop.append(i + 1), squeeze.append(True)
+            start.append(i)
+            stop.append(i + 1)
+            squeeze.append(True)
         elif isinstance(item, slice):
             lo, hi, step = item.indices(n)
             if step != 1:
                 raise InvalidIndexError(f"only step-1 slices are supported (axis {axis} of {name!r})")
-            start.append(lo), stop.append(max(lo, hi)), squeeze.append(False)
+            start.append(lo)
+            stop.append(max(lo, hi))
+            squeeze.append(False)
         else:
             raise InvalidIndexError(f"unsupported index {item!r} for {name!r}: use ints and slices")
     return Box(tuple(start), tuple(stop)), squeeze
