@@ -65,3 +65,9 @@ def test_verify_exits_1_naming_a_shard_index_a_zarr_reader_fails_on(step) -> Non
     assert r.returncode == 1
     assert "ckptstore: parameter 'w': chunk 2: the index of shard w/c.0.0 points past its data" in r.stderr
     assert r.stdout.startswith("FAILED: 1 parameters, 3 chunks")
+
+
+def test_a_missing_array_metadata_file_is_named_missing(step) -> None:
+    (step / "w" / "zarr.json").unlink()
+    assert ckptstore.verify(step).problems == [
+        f"parameter 'w': {step / 'w' / 'zarr.json'} is missing; a Zarr reader cannot open the array"]

@@ -128,7 +128,8 @@ class DecryptedFile(ReadableFile):
 
     def _frames(self) -> list[tuple[int, int]]:
         skip = 16 if self.mode == "AES-GCM" else 0
-        frames, pos, size = [], 0, self.inner.size
+        frames: list[tuple[int, int]] = []
+        pos, size = 0, self.inner.size
         while pos < size:
             if size - pos == _CRC_TRAILER_BYTES and self.inner.pread(pos, len(_CRC_MAGIC)) == _CRC_MAGIC:
                 # crc_check=True appends its trailer unencrypted after the blocks: kept after the plaintext

@@ -634,7 +634,7 @@ def read_entry(path: str | os.PathLike[str] | ReadableFile, entry: CkptEntry, *,
             out = np.empty(shape, dtype=entry.dtype)
         elif out.shape != shape or out.dtype != entry.dtype or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous {entry.dtype} array of shape {list(shape)}")
-        read_into(f, entry.pieces, start, memoryview(out.reshape(-1).view(np.uint8)), param=entry.name)
+        read_into(f, entry.pieces, start, out.reshape(-1).view(np.uint8).data, param=entry.name)
         return out
     finally:
         if own:

@@ -43,6 +43,7 @@ class S3Sink(ByteSink):
 
     seekable = False
     record_workers = 16  # each small record is one GET: many in flight
+    source: S3Source
 
     def __init__(self, url: str) -> None:
         self.source = S3Source(url)

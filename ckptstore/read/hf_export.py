@@ -167,7 +167,7 @@ def _shard_pieces(st: Store, head: bytes, shard: Sequence[_Tensor], window: int,
     yield head
     for t in shard:
         for block in _tensor_blocks(st, t, window, read):
-            yield memoryview(np.ascontiguousarray(block).reshape(-1).view(np.uint8))
+            yield np.ascontiguousarray(block).reshape(-1).view(np.uint8).data
 
 
 def _tensor_blocks(st: Store, t: _Tensor, window: int, read: list[int]) -> Iterator[np.ndarray]:

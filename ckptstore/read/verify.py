@@ -116,7 +116,10 @@ def _zarr_layout_problems(store: Store, info: ParamManifest) -> list[str]:
     key = f"{info.path}/{ROOT_METADATA}"
     try:
         raw = store.data.read_bytes(key, limit=MAX_METADATA_BYTES)
-        meta = json.loads(raw) if raw is not None else None
+        if raw is None:
+            return [f"parameter {info.name!r}: {store.data.key_url(key)} is missing; a Zarr reader cannot open the "
+                    "array"]
+        meta = json.loads(raw)
         grid_shape = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
         separator = meta.get("chunk_key_encoding", {}).get("configuration", {}).get("separator", "/")
         codecs = meta.get("codecs", [])
@@ -125,8 +128,6 @@ def _zarr_layout_problems(store: Store, info: ParamManifest) -> list[str]:
     except (CkptStoreError, ValueError, KeyError, TypeError, AttributeError):
         return [f"parameter {info.name!r}: {store.data.key_url(key)} is not the Zarr metadata of an array; a Zarr "
                 "reader cannot open it"]
-    if meta is None:
-        return [f"parameter {info.name!r}: {store.data.key_url(key)} is missing; a Zarr reader cannot open the array"]
     sharding = next((c.get("configuration", {}) for c in codecs if c.get("name") == "sharding_indexed"), None)
     inner = tuple(sharding["chunk_shape"]) if sharding is not None else grid_shape
     if inner != tuple(info.chunk_shape) or tuple(meta.get("shape", ())) != tuple(info.shape):

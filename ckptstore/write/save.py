@@ -404,6 +404,6 @@ def _file_bytes(p: SaveParam, data: Any, rest: Iterator[Piece], crcs: dict[int, 
 
 def _bytes_of(array: np.ndarray | LazyArray) -> memoryview:
     host = array.load() if isinstance(array, LazyArray) else np.asarray(array, order="C")
-    return memoryview(host.reshape(-1).view(np.uint8))
+    return host.reshape(-1).view(np.uint8).data
 
 

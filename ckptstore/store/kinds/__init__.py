@@ -85,7 +85,7 @@ class StoreKind:
         """The writer class (imported now when ``writer`` names it)."""
         if isinstance(self.writer, str):
             module, _, attr = self.writer.partition(":")
-            return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+            return getattr(importlib.import_module(module), attr)
         return self.writer
 
 
