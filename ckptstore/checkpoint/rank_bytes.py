@@ -27,7 +27,7 @@ from ckptstore.io.base import ByteSource, ReadableFile
 from ckptstore.io.locations import open_location
 from ckptstore.store.executor import Executor, IOStats
 from ckptstore.store.index import common_folder
-from ckptstore.store.read_plan import ByteRangesPlan, ParamPlan, plan_ranges
+from ckptstore.store.read_plan import ByteRangesPlan, AnyParamReadPlan, plan_ranges
 
 
 class RankFiles:
@@ -144,7 +144,7 @@ class RankFiles:
         """A string parameter's text."""
         return read_str(self.open(path), entry)
 
-    def _plan_reading(self, plan: ParamPlan) -> "_PlanReading":
+    def _plan_reading(self, plan: AnyParamReadPlan) -> "_PlanReading":
         return _PlanReading(self, plan)
 
     def close(self) -> None:
@@ -166,7 +166,7 @@ class _PlanReading:
 
     __slots__ = ("files", "plan")
 
-    def __init__(self, files: RankFiles, plan: ParamPlan) -> None:
+    def __init__(self, files: RankFiles, plan: AnyParamReadPlan) -> None:
         self.files, self.plan = files, plan
 
     def __enter__(self) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 from ckptstore.store.codecs import decode
 from ckptstore.errors import (AccessDeniedError, FileAccessError, MissingFileError, ShortReadError, StoreCorruptError,
                               StoreUnavailableError)
-from ckptstore.store.read_plan import ByteRangesPlan, ParamPlan, ReadGroup
+from ckptstore.store.read_plan import ByteRangesPlan, AnyParamReadPlan, ReadGroup
 from ckptstore.io.base import ByteSource
 
 #: Modelled time per unit of work handed to a thread: long enough that a unit's requests
@@ -93,7 +93,7 @@ class IOStats:
 IO_STATS = IOStats()
 
 
-def execute(plan: ParamPlan, source: ByteSource, *, out: np.ndarray | None = None,
+def execute(plan: AnyParamReadPlan, source: ByteSource, *, out: np.ndarray | None = None,
             workers: int = 1) -> np.ndarray:
     """Fill and return an array of ``plan.shape`` (``out`` if given; its dtype may differ when the
     plan was made with that ``out_dtype``)."""
@@ -105,7 +105,7 @@ def execute(plan: ParamPlan, source: ByteSource, *, out: np.ndarray | None = Non
 
 
 @contextmanager
-def _reading(plan: ParamPlan) -> Iterator[None]:
+def _reading(plan: AnyParamReadPlan) -> Iterator[None]:
     """Errors met opening or reading ``plan``'s files, as what they say about the store."""
     try:
         yield
@@ -116,7 +116,7 @@ def _reading(plan: ParamPlan) -> Iterator[None]:
                                 "incomplete; run 'ckptstore verify' on it") from None
 
 
-def check_extents(plan: ParamPlan, source: ByteSource) -> None:
+def check_extents(plan: AnyParamReadPlan, source: ByteSource) -> None:
     """Raise :class:`StoreCorruptError` if a range of ``plan`` reaches past the end of its file.
 
     Call it before allocating the plan's destination: a manifest is data, and one that declares
@@ -185,7 +185,7 @@ class Executor:
 
     def __init__(self, source: ByteSource, *, workers: int = 1, max_inflight: int = MAX_INFLIGHT,
                  unit_bytes: int | None = None, pool_min_bytes: int = POOL_MIN_BYTES,
-                 reading: Callable[[ParamPlan], ContextManager[None]] | None = None,
+                 reading: Callable[[AnyParamReadPlan], ContextManager[None]] | None = None,
                  stats: IOStats | None = None) -> None:
         self.source = source
         self.cost = source.read_cost()
@@ -211,7 +211,7 @@ class Executor:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    def submit(self, plan: ParamPlan, out: np.ndarray, *, parallel: bool = True) -> "Job":
+    def submit(self, plan: AnyParamReadPlan, out: np.ndarray, *, parallel: bool = True) -> "Job":
         """Start filling ``out`` with ``plan``'s bytes; ``Job.wait()`` returns when it is full.
 
         With one worker, or ``parallel=False``, the reads happen here, before this returns.
@@ -230,7 +230,7 @@ class Executor:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ckptstore-read")
         return Job([self._pool.submit(fn, *args) for fn, args in units])
 
-    def _work(self, plan: ParamPlan, out: np.ndarray) -> list[tuple[Callable[..., None], tuple[Any, ...]]]:
+    def _work(self, plan: AnyParamReadPlan, out: np.ndarray) -> list[tuple[Callable[..., None], tuple[Any, ...]]]:
         """The units of work that fill ``out``, in order: ``(method, arguments)`` each."""
         units: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         for g in plan.groups:
@@ -241,7 +241,7 @@ class Executor:
                 units.append((self._scratch, (plan, g, out)))
         return units
 
-    def run(self, jobs: Sequence[tuple[ParamPlan, np.ndarray]]) -> None:
+    def run(self, jobs: Sequence[tuple[AnyParamReadPlan, np.ndarray]]) -> None:
         """Fill each destination array with its plan's bytes (all plans share the pool)."""
         parallel = self.workers > 1 and sum(p.nbytes for p, _ in jobs) >= self.pool_min_bytes
         try:
@@ -250,7 +250,7 @@ class Executor:
         finally:
             self.close()
 
-    def requests(self, plan: ParamPlan) -> int:
+    def requests(self, plan: AnyParamReadPlan) -> int:
         """The requests :meth:`submit` sends for ``plan``: the plan's own (pure: nothing is read)."""
         return plan.requests
 
@@ -272,7 +272,7 @@ class Executor:
         bounds = [0, *(np.flatnonzero(np.diff(ids)) + 1).tolist(), n]
         return [_Requests(g, cuts, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
-    def _read(self, plan: ParamPlan, r: _Requests, flat: np.ndarray) -> None:
+    def _read(self, plan: AnyParamReadPlan, r: _Requests, flat: np.ndarray) -> None:
         """Send requests ``r`` of a group, each one :meth:`ReadableFile.read_span`, into ``flat`` (uint8)."""
         g, cuts = r.group, r.cuts
         lo, hi = int(cuts[r.first]), int(cuts[r.stop])
@@ -321,7 +321,7 @@ class Executor:
                 raise
         self.stats.add(plan.nbytes, len(files), len(files), [f.url for f in opened.values()])
 
-    def _scratch(self, plan: ParamPlan, g: ReadGroup, out: np.ndarray) -> None:
+    def _scratch(self, plan: AnyParamReadPlan, g: ReadGroup, out: np.ndarray) -> None:
         n = g.scratch_nbytes
         self._budget.acquire(n)
         self.stats.hold(n)
@@ -390,7 +390,7 @@ def _buffers(flat: np.ndarray, dests: np.ndarray, lengths: np.ndarray) -> list[A
     return out
 
 
-def _check_out(plan: ParamPlan, out: np.ndarray) -> None:
+def _check_out(plan: AnyParamReadPlan, out: np.ndarray) -> None:
     if out.shape != plan.shape or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"out must be a writeable C-contiguous array of shape {list(plan.shape)}, got "
                          f"{list(out.shape)}")

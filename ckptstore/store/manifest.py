@@ -102,7 +102,7 @@ class ParamManifest:
     shape: tuple[int, ...]
     chunk_shape: tuple[int, ...]
     chunks: ChunkTable
-    codec: dict[str, Any] | None = None
+    codec: Mapping[str, Any] | None = None
     value: str | None = None
     layout: str = "chunks"
     data_offset: int = 0
@@ -257,8 +257,11 @@ def _kind(d: Mapping[str, Any], where: str) -> str:
     return kind
 
 
-def dtype_label(dtype: np.dtype | str) -> str:
-    """The dtype name written in manifests (``"str"`` for string values)."""
+def dtype_label(dtype: np.dtype | str | None) -> str:
+    """The dtype name written in manifests (``"str"`` for string values, whose dtype a save plan
+    gives as ``None``)."""
+    if dtype is None:
+        return "str"
     return dtype if isinstance(dtype, str) else dtype_name(dtype)
 
 

@@ -436,4 +436,4 @@ def _coalesce(parts: list[Columns]) -> Columns:
 
 
 #: A plan the executor runs: the general one, or a converter's byte ranges (the same reading interface).
-ParamPlan = ParamReadPlan | ByteRangesPlan
+AnyParamReadPlan = ParamReadPlan | ByteRangesPlan

@@ -253,7 +253,7 @@ def stream_zarr_param(plan: ParamPlan, sink: ByteSink, path: str, copier: ChunkC
                 crc = [0]
                 yield from copier.blocks(chunk, crc)
                 crc_value, nbytes = crc[0], chunk.nbytes
-            elif copier.codec is None:
+            elif copier.codec is None and raw is not None:
                 crc_value, nbytes = copier.streamed(chunk, raw), chunk.nbytes
                 yield raw
             else:
@@ -305,7 +305,7 @@ def dense_rows(plan: ParamPlan, copier: ChunkCopier) -> Any:
                 copier.files.read(c.path, c.entry, c.byte_start + (r0 - c0) * chunk_row, memoryview(part))
                 crcs[c.index] = crc32c.crc32c(part, crcs[c.index])
                 where = tuple(slice(a, b) for a, b in zip(c.box.start[1:], c.box.stop[1:])) if p.shape else ()
-                block[(slice(None), *where)] = np.frombuffer(part, dtype=np.uint8).reshape((r1 - r0, *inner, item))
+                block[(slice(None),) + where] = np.frombuffer(part, dtype=np.uint8).reshape((r1 - r0, *inner, item))
             copier.progress.add(block.nbytes)
             yield block.reshape(-1)
     for c in chunks:

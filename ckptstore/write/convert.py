@@ -352,8 +352,8 @@ def _identity(path: str) -> tuple[Any, ...]:
         source = open_location(path.rsplit("/", 1)[0])
         st = source.stat(path.rsplit("/", 1)[1])
         return (path, st.size, st.mtime_ns, st.version) if st else (path,)
-    st = os.stat(path)
-    return (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+    local = os.stat(path)
+    return (os.path.abspath(path), local.st_size, local.st_mtime_ns, local.st_ino, local.st_ctime_ns)
 
 
 def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any]:

@@ -106,7 +106,8 @@ def _param_manifest(name: str, m: Mapping[str, Any], where: str) -> ParamManifes
         raise IncompleteStoreError(f"{where}: chunk {lost} of parameter {name!r} was written by no rank; every rank "
                                    "must save its slices of the same parameters")
     rows = [chunks[i] for i in range(n)]
-    table = ChunkTable(*(tuple(r[k] for r in rows) for k in range(6)))
+    files, offsets, nbytes, crcs, ranks, replicas = (tuple(r[k] for r in rows) for k in range(6))
+    table = ChunkTable(files, offsets, nbytes, crcs, ranks, replicas)
     manifest = ParamManifest(name, m["path"], m["dtype"], shape, chunk_shape, table)
     manifest.validate()
     return manifest
