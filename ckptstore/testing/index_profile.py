@@ -111,7 +111,7 @@ def profile_cprofile(src_dir: str, strategy: str, out: str) -> dict[str, Any]:
     prof.enable()
     ckptstore.index(src_dir, out, strategy=[strategy])
     prof.disable()
-    texts = {"worker_calls": len(threads)}
+    texts: dict[str, int | str] = {"worker_calls": len(threads)}
     for key in ("tottime", "cumulative"):
         buf = io.StringIO()
         stats = pstats.Stats(prof, stream=buf)

@@ -83,7 +83,7 @@ def layout_specs(kind: str) -> tuple[list[ParamSpec], int, int]:
       float64, int8/16/32/64, uint8/16/32/64 and bool parameters.
     """
     if kind == "mp_rows":
-        d = (8,)
+        d: tuple[int, ...] = (8,)
         specs = [
             ParamSpec("layer0.w", (64, 32), dev_matrix=d, tensor_map=(0, -1)),
             ParamSpec("layer0.b", (64,), dev_matrix=d, tensor_map=(0,)),
@@ -370,8 +370,12 @@ class SampleLayouts:
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
         target_file = None
+        dst: Path | list[Path] | None
+        strategy: Any
         if case.mode == "file":
-            specs = case.target(layout.specs)
+            specs = case.target(layout.specs) if case.target is not None else None
+            if specs is None:
+                raise ValueError(f"case {case_id!r} gives its target as a file but names no target specs")
             if case.json:
                 target_file = write_strategy_json(root / "target_strategy.json", specs)
             else:
