@@ -19,6 +19,10 @@ from hypothesis import settings  # noqa: E402
 
 from ckptstore.testing.layouts import SavedLayout, copy_layout, session_layouts  # noqa: E402,F401
 
+# The fixtures of the shared fixture modules (load_env; converted, big_layout), available to every
+# test module without an import that a test's parameter of the same name would redefine (F811).
+pytest_plugins = ("load_fixtures", "convert_fixtures")
+
 # Two shared cores time examples unevenly: properties are about results, not speed.
 # "ckptstore" (make test) runs each property with the examples its test asks for; "fast" (make
 # test-fast passes --hypothesis-profile=fast) a tenth of them (see examples()), so the edit-run loop

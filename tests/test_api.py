@@ -25,7 +25,7 @@ import mindspore_fixtures as T  # noqa: E402
 from ckptstore.errors import IncompleteStoreError, InvalidOptionError, StoreNotFoundError  # noqa: E402
 from ckptstore.store.executor import IO_STATS  # noqa: E402
 from convert_fixtures import REPO  # noqa: E402
-from load_fixtures import assert_same_dict, load_env, run_cli  # noqa: E402,F401
+from load_fixtures import assert_same_dict, run_cli  # noqa: E402,F401
 
 CASE = "dp2_mp4->dp2_mp2"  # 8 source ranks -> 4 target ranks
 LAUNCHER_VARIABLES = ("RANK_ID", "RANK_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MS_ROLE")

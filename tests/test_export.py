@@ -24,7 +24,7 @@ import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
 from ckptstore.formats.ckpt_writer import CheckpointWriter  # noqa: E402
 from ckptstore.errors import StrategyError, UnsupportedLocationError  # noqa: E402
-from load_fixtures import BF16, assert_same_array, assert_same_dict, load_env, run_cli, to_numpy  # noqa: E402,F401
+from load_fixtures import BF16, assert_same_array, assert_same_dict, run_cli, to_numpy  # noqa: E402,F401
 
 EXPORT_CASES = ["dp2_mp4->dp2_mp2", "pipeline2->1stage", "opt_shard->same-none", "mixed_dtypes->dp2_mp2_optshard",
                 "mixed_dtypes->1rank", "pipeline2->same-files"]

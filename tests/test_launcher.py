@@ -13,7 +13,6 @@ import ckptstore
 from ckptstore.errors import InvalidOptionError
 from ckptstore.launcher import Job, job
 from ckptstore.write.parts import Part, parse_part
-from load_fixtures import load_env  # noqa: F401 (fixture)
 
 LAUNCHER_VARIABLES = ("RANK_ID", "RANK_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MS_ROLE")
 DISAGREE = {"RANK_ID": "0", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}

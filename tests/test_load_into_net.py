@@ -23,7 +23,7 @@ from mindspore.nn.utils import no_init_parameters  # noqa: E402
 
 import ckptstore  # noqa: E402
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError  # noqa: E402
-from load_fixtures import BF16, assert_same_dict, load_env, to_numpy  # noqa: E402,F401
+from load_fixtures import BF16, assert_same_dict, to_numpy  # noqa: E402,F401
 
 
 class TreeNet(nn.Cell):

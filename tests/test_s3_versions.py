@@ -21,7 +21,6 @@ from ckptstore.io.s3_sink import S3Sink  # noqa: E402
 from ckptstore.store.kinds import MANIFEST, ROOT_METADATA  # noqa: E402
 from ckptstore.testing import s3_server as S  # noqa: E402
 from convert_fixtures import assert_same_array, convert_layout, expected_values  # noqa: E402
-from load_fixtures import load_env  # noqa: E402,F401
 
 
 def _put(bucket, key: str, data: bytes) -> None:

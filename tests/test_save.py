@@ -24,7 +24,6 @@ from ckptstore.dtypes import BFLOAT16
 from ckptstore.errors import IncompleteStoreError, InvalidOptionError, StoreExistsError
 from conftest import SavedLayout
 from convert_fixtures import assert_same_array, data_files, expected_values
-from load_fixtures import load_env  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("save_worker.py")

@@ -28,7 +28,7 @@ import mindspore_fixtures as T  # noqa: E402
 from ckptstore.errors import LayoutMismatchError, ReplicaMismatchError  # noqa: E402
 from ckptstore.checkpoint.rank_files import scan_rank_file  # noqa: E402
 from convert_fixtures import assert_same_array, run_cli  # noqa: E402
-from load_fixtures import assert_same_dict, load_env, to_numpy  # noqa: E402,F401
+from load_fixtures import assert_same_dict, to_numpy  # noqa: E402,F401
 
 KINDS = ["dp2_mp4", "opt_shard", "pipeline2"]
 
