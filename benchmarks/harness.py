@@ -168,7 +168,7 @@ class ChildSampler(threading.Thread):
 
     def peak_of_sum(self, before: Sequence[int], start_ns: int, end_ns: int) -> int:
         """Largest ``sum(rss_i - before_i)`` over the roots between ``start_ns`` and ``end_ns``."""
-        return max((sum(max(0, r - b) for r, b in zip(rss, before)) + g
+        return max((sum(max(0, r - b) for r, b in zip(rss, before, strict=False)) + g
                     for t, rss, g in self.timeline if start_ns <= t <= end_ns), default=0)
 
 
@@ -436,7 +436,7 @@ def run_concurrent(contenders: Sequence[Contender], *, timeout: float | None = N
                     p.wait()
     start = min(s["start_ns"] for s in samples)
     end = max(s["end_ns"] for s in samples)
-    for c, s in zip(contenders, samples):
+    for c, s in zip(contenders, samples, strict=False):
         s["contender"] = c.name
     return {"samples": samples, "makespan_s": (end - start) / 1e9,
             "peak_sum_above_start": sampler.peak_of_sum([s["rss_before"] for s in samples], start, end)}

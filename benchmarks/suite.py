@@ -327,7 +327,7 @@ def _scaling_section(rec: Mapping[str, Any]) -> list[str]:
             lines.append("")
         lines += ["Rank's bytes / all rank files per point: "
                   + "; ".join(f"{h}: {format_bytes(p['rank_nbytes'])} / {format_bytes(p['rank_file_bytes'])}"
-                              for h, p in zip(head, pts)), ""]
+                              for h, p in zip(head, pts, strict=False)), ""]
     for f in rec.get("plots", []):
         lines += [f"![{f}]({f})", ""]
     if rec.get("plots_missing"):

@@ -188,7 +188,7 @@ def _print_strategy(info: dict[str, Any]) -> None:
                 f"  parts {split['parts_per_axis']} x opt {split['opt_shard_parts']}")
             if p.get("box") is not None:
                 box = p["box"]
-                line += "  box " + " x ".join(f"[{a}:{b})" for a, b in zip(box["start"], box["stop"]))
+                line += "  box " + " x ".join(f"[{a}:{b})" for a, b in zip(box["start"], box["stop"], strict=True))
                 line += f" of {p['global_shape']}"
         if name in info.get("unsaved", ()):
             line += "  not saved (in no rank file)"

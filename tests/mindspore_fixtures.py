@@ -58,7 +58,7 @@ def write_mindformers_strategy(path, specs: Sequence[ParamSpec]) -> Path:
         lay = item.parallel_layouts
         lay.dev_matrix.add().dim.extend(([repeat] if repeat != 1 else []) + shard)
         lay.tensor_map.add().dim.extend(range(len(s.shape) - 1, -1, -1))
-        lay.param_split_shape.add().dim.extend(n // k for n, k in zip(s.shape, shard))
+        lay.param_split_shape.add().dim.extend(n // k for n, k in zip(s.shape, shard, strict=True))
         lay.field = 0
         lay.opt_weight_shard_step = 0
         lay.opt_weight_shard_size = 0

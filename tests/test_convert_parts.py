@@ -51,7 +51,7 @@ def test_a_bad_part_is_refused(spec, env, message):
 def test_every_unit_goes_to_one_part_and_no_part_carries_more_than_its_share_plus_one_unit(sizes, count):
     owner = assign(sizes, count)
     assert len(owner) == len(sizes) and all(0 <= o < count for o in owner)
-    loads = [sum(s for s, o in zip(sizes, owner) if o == p) for p in range(count)]
+    loads = [sum(s for s, o in zip(sizes, owner, strict=True) if o == p) for p in range(count)]
     assert max(loads) <= sum(sizes) / count + max(sizes, default=0)
     assert assign(sizes, count) == owner  # deterministic: every part computes the same split
 

@@ -135,7 +135,7 @@ def test_qkv_groups_equal_mindformers_qkv_concat_hf2mg(heads, head_dim, width, b
     rules = load_name_map("mcore")
     names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
              "model.layers.0.self_attn.v_proj.weight"]
-    (t,) = rules.apply(dict(zip(names, (q.shape, k.shape, v.shape))),
+    (t,) = rules.apply(dict(zip(names, (q.shape, k.shape, v.shape), strict=True)),
                        {"num_attention_heads": n, "num_key_value_heads": kv})
     want = qkv_concat_hf2mg(np.concatenate([q, k, v]), n, kv, n * head_dim)
     np.testing.assert_array_equal(assemble([q, k, v], t.groups), want)
@@ -248,7 +248,7 @@ def test_qkv_groups_that_do_not_fit_the_head_counts_are_refused():
     names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
              "model.layers.0.self_attn.v_proj.weight"]
     with pytest.raises(NameMapError, match=r"fusions\[0\]: q, k, v of lengths \[8, 2, 2\] do not fit 4 heads, 2 KV"):
-        rm.apply(dict(zip(names, [(8, 4), (2, 4), (2, 4)])), {"num_attention_heads": 4, "num_key_value_heads": 2})
+        rm.apply(dict(zip(names, [(8, 4), (2, 4), (2, 4)], strict=True)), {"num_attention_heads": 4, "num_key_value_heads": 2})
 
 
 def test_two_tensors_mapped_to_one_name_are_refused():

@@ -79,4 +79,4 @@ def test_find_rank_files_applies_the_choice_to_every_rank(tmp_path):
     older = find_rank_files(tmp_path, step=10)
     source = open_source(older, None, check_layout=False)  # each rank's marker differs
     entries = source.params["marker"].slices[0]
-    assert [float(read_entry(older[r], e)[0]) for r, e in zip(entries.ranks, entries.entries)] == [10.0, 11.0]
+    assert [float(read_entry(older[r], e)[0]) for r, e in zip(entries.ranks, entries.entries, strict=True)] == [10.0, 11.0]

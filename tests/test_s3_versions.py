@@ -168,11 +168,11 @@ def test_a_server_that_sends_no_etag_pins_objects_by_size_and_last_modified(watc
         [(key3, _, _)] = info.container(3)[1]
         assert key3 == key  # two chunks of one object
         first, later = info.chunk_box(0), info.chunk_box(3)
-        store.read("layer0.w", tuple(slice(a, b) for a, b in zip(first.start, first.stop)))
+        store.read("layer0.w", tuple(slice(a, b) for a, b in zip(first.start, first.stop, strict=True)))
         time.sleep(1.1)  # Last-Modified counts whole seconds: a rewrite within the same one is not seen
         convert_layout(saved_layout("mp_rows"), url, overwrite=True)
         with pytest.raises(StoreChangedError, match=f"{url}/{key} was replaced while it was read"):
-            store.read("layer0.w", tuple(slice(a, b) for a, b in zip(later.start, later.stop)))
+            store.read("layer0.w", tuple(slice(a, b) for a, b in zip(later.start, later.stop, strict=True)))
 
 
 def test_a_server_that_sends_neither_etag_nor_last_modified_is_refused(watched_bucket, saved_layout, monkeypatch):

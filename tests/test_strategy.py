@@ -216,7 +216,7 @@ def test_slices_tile_each_parameter_and_replicas_hold_identical_bytes(saved_layo
         assert len({sl.box for sl in param.slices}) == len(param.slices), name
         for sl in param.slices:
             first = read_entry(source.rank_files[sl.ranks[0]], sl.entries[0])
-            for rank, entry in zip(sl.ranks[1:], sl.entries[1:]):
+            for rank, entry in zip(sl.ranks[1:], sl.entries[1:], strict=True):
                 assert _same(read_entry(source.rank_files[rank], entry), first), (name, rank)
 
 

@@ -104,7 +104,7 @@ def _replicated(world: int) -> MeshLayout:
 
 
 def _index_box(index: tuple[slice, ...], shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    spans = [s.indices(n)[:2] for s, n in zip(index, shape)]
+    spans = [s.indices(n)[:2] for s, n in zip(index, shape, strict=False)]
     return tuple(lo for lo, _ in spans), tuple(hi for _, hi in spans)
 
 

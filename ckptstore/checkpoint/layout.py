@@ -178,7 +178,7 @@ class Layout:
                                 f"tensor has shape {list(shape)}")
         indices, opt_index = self._part_indices(rank)
         start, stop = [], []
-        for a, (index, parts) in enumerate(zip(indices, self.splits())):
+        for a, (index, parts) in enumerate(zip(indices, self.splits(), strict=True)):
             try:
                 lo, hi = even_part(0, shape[a], parts, index)
             except ValueError:
@@ -215,7 +215,7 @@ class Layout:
         if len(local_shape) != len(self.tensor_map):
             raise StrategyError(f"tensor map {self.pretty_map()} has {len(self.tensor_map)} axes but the "
                                 f"local tensor has shape {list(local_shape)}")
-        shape = [n * k for n, k in zip(local_shape, self.splits())]
+        shape = [n * k for n, k in zip(local_shape, self.splits(), strict=True)]
         if self.opt_sharded and shape:
             shape[0] *= self.opt_shard_parts()
         return tuple(shape)

@@ -169,7 +169,7 @@ def _check_copy(p: SourceParam, copy: SourceSlice, sampler: Sampler) -> int:
 def _offset(inner: "Box", outer: "Box") -> int:
     """Element offset of ``inner.start`` in the C-order block ``outer``."""
     offset = 0
-    for a, (lo, olo, ohi) in enumerate(zip(inner.start, outer.start, outer.stop)):
+    for a, (lo, olo, ohi) in enumerate(zip(inner.start, outer.start, outer.stop, strict=True)):
         offset = offset * (ohi - olo) + (lo - olo)
     return offset
 
@@ -210,4 +210,4 @@ def _compare_distinct(p: SourceParam, chosen: Sequence[int],
 
 
 def _box(box: Box) -> str:
-    return " x ".join(f"[{a}:{b})" for a, b in zip(box.start, box.stop))
+    return " x ".join(f"[{a}:{b})" for a, b in zip(box.start, box.stop, strict=True))

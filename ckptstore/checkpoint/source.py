@@ -160,7 +160,7 @@ def _check_counters(params: Mapping[str, SourceParam], sampler: Sampler) -> None
             continue
         sl = p.slices[0]
         values: dict[str, list[int]] = {}
-        for rank, entry, path in zip(sl.ranks, sl.entries, sl.paths):
+        for rank, entry, path in zip(sl.ranks, sl.entries, sl.paths, strict=True):
             raw = np.frombuffer(sampler.read(path, entry, 0, entry.nbytes), dtype=entry.dtype)
             values.setdefault(", ".join(str(v) for v in raw.tolist()), []).append(rank)
         if len(values) > 1:
@@ -347,7 +347,7 @@ def _global_shape(name: str, holders: Mapping[int, CkptEntry], indexes: Mapping[
 
 
 def _box(box: Box) -> str:
-    return " x ".join(f"[{a}:{b})" for a, b in zip(box.start, box.stop))
+    return " x ".join(f"[{a}:{b})" for a, b in zip(box.start, box.stop, strict=True))
 
 
 def _ranges(ranks: Sequence[int]) -> str:

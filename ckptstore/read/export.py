@@ -89,7 +89,7 @@ def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, r
     progress = Progress(sum(v.nbytes for v in views), sum(len(v) for v in views), desc="export", quiet=quiet)
     written, nbytes = [], 0
     with progress:
-        for j, view in zip(chosen, views):
+        for j, view in zip(chosen, views, strict=True):
             path = SinkKey(sink, f"rank_{j}/{prefix}{j}.{fmt}")
             if fmt == "ckpt":
                 with CheckpointWriter(path, crc=crc) as writer:

@@ -270,7 +270,7 @@ class Executor:
             return [_Requests(g, cuts, 0, n)]
         ids = (np.cumsum(cost) - cost) // unit  # modelled time (or bytes) before each request
         bounds = [0, *(np.flatnonzero(np.diff(ids)) + 1).tolist(), n]
-        return [_Requests(g, cuts, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        return [_Requests(g, cuts, a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def _read(self, plan: AnyParamReadPlan, r: _Requests, flat: np.ndarray) -> None:
         """Send requests ``r`` of a group, each one :meth:`ReadableFile.read_span`, into ``flat`` (uint8)."""
@@ -282,7 +282,7 @@ class Executor:
         opened: dict[int, Any] = {}
         fetched = 0
         try:
-            for a, b in zip(bounds[:-1], bounds[1:]):
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
                 f_id = files[a]
                 f = opened.get(f_id)
                 if f is None:
@@ -292,7 +292,7 @@ class Executor:
                     f.read_span([(offsets[a], flat[d:d + m].data)])
                 else:
                     bufs = _buffers(flat, g.dests[lo + a:lo + b], g.lengths[lo + a:lo + b])
-                    f.read_span(list(zip(offsets[a:b], bufs)))
+                    f.read_span(list(zip(offsets[a:b], bufs, strict=True)))
                 fetched += offsets[b - 1] + lengths[b - 1] - offsets[a]
         except Exception:
             # said in the plan's words; entered only on failure (a context per read costs more
@@ -311,7 +311,7 @@ class Executor:
         files, offsets, lengths, dests = plan.range_files, plan.offsets, plan.lengths, plan.dests
         opened: dict[int, Any] = {}
         try:
-            for f_id, offset, m, d in zip(files, offsets, lengths, dests):
+            for f_id, offset, m, d in zip(files, offsets, lengths, dests, strict=True):
                 f = opened.get(f_id)
                 if f is None:
                     f = opened[f_id] = self.source.open(plan.keys[f_id])
@@ -374,19 +374,19 @@ def _buffers(flat: np.ndarray, dests: np.ndarray, lengths: np.ndarray) -> list[A
     """
     n = len(dests)
     if n < 3:
-        return [flat[d:d + m] for d, m in zip(dests.tolist(), lengths.tolist())]
+        return [flat[d:d + m] for d, m in zip(dests.tolist(), lengths.tolist(), strict=True)]
     steps = np.diff(dests)
     cuts = np.flatnonzero((steps[1:] != steps[:-1]) | (lengths[2:] != lengths[1:-1])) + 2
     cuts = np.union1d(cuts, np.flatnonzero(lengths[1:] != lengths[:-1]) + 1)
     out: list[Any] = []
     bounds = [0, *cuts.tolist(), n]
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         length, start = int(lengths[a]), int(dests[a])
         stride = int(dests[a + 1] - dests[a]) if b - a > 1 else 0
         if b - a > 2 and stride >= length:
             out += list(np.lib.stride_tricks.as_strided(flat[start:], shape=(b - a, length), strides=(stride, 1)))
         else:
-            out += [flat[d:d + m] for d, m in zip(dests[a:b].tolist(), lengths[a:b].tolist())]
+            out += [flat[d:d + m] for d, m in zip(dests[a:b].tolist(), lengths[a:b].tolist(), strict=True)]
     return out
 
 

@@ -143,7 +143,7 @@ class ParamReadPlan:
         into a scratch buffer first (compressed, checksummed or converted chunks).
         """
         for g in self.groups:
-            for f, o, n, d in zip(g.files.tolist(), g.offsets.tolist(), g.lengths.tolist(), g.dests.tolist()):
+            for f, o, n, d in zip(g.files.tolist(), g.offsets.tolist(), g.lengths.tolist(), g.dests.tolist(), strict=True):
                 yield self.keys[f], o, n, (d if g.into_destination else None)
 
 
@@ -259,7 +259,7 @@ def plan_ranges(name: str, keys: Sequence[str], files: Sequence[int], offsets: S
     c_lengths: list[int] = []
     c_dests: list[int] = []
     dest = 0
-    for f, offset, length in zip(files, offsets, lengths):
+    for f, offset, length in zip(files, offsets, lengths, strict=True):
         if c_files and c_files[-1] == f and c_offsets[-1] + c_lengths[-1] == offset:
             c_lengths[-1] += length  # continues the previous range in the file and the destination
         else:
@@ -327,7 +327,7 @@ class ByteRangesPlan:
 
     def ranges(self) -> Iterator[tuple[str, int, int, int | None]]:
         """Every ``(file, offset, length, dest_offset)`` byte range, in execution order."""
-        for f, o, n, d in zip(self.range_files, self.offsets, self.lengths, self.dests):
+        for f, o, n, d in zip(self.range_files, self.offsets, self.lengths, self.dests, strict=True):
             yield self.keys[f], o, n, d
 
 
@@ -350,7 +350,7 @@ class _Columns:
 
     def _flush(self) -> None:
         if self._rows:
-            files, offsets, lengths, dests = (np.array(c, dtype=np.int64) for c in zip(*self._rows))
+            files, offsets, lengths, dests = (np.array(c, dtype=np.int64) for c in zip(*self._rows, strict=True))
             self._parts.append((files, offsets, lengths, dests))
             self._rows = []
 
@@ -407,12 +407,12 @@ def _runs(overlap: Box, container: Box, pieces: Sequence[Piece], frame: Box, ite
     ids = np.array([_key_id(keys, f) for f, _, _ in pieces], dtype=np.int64)
     bases = np.array([o for _, o, _ in pieces], dtype=np.int64)
     cols: list[list[int]] = [[], [], [], []]
-    for s, d in zip(src.tolist(), dst.tolist()):
+    for s, d in zip(src.tolist(), dst.tolist(), strict=True):
         left = n
         k = int(np.searchsorted(starts, s, side="right")) - 1
         while left:
             take = min(left, int(starts[k + 1]) - s)
-            for col, v in zip(cols, (int(ids[k]), int(bases[k]) + s - int(starts[k]), take, d)):
+            for col, v in zip(cols, (int(ids[k]), int(bases[k]) + s - int(starts[k]), take, d), strict=True):
                 col.append(v)
             s, d, left, k = s + take, d + take, left - take, k + 1
     files, offsets, lengths, dests = (np.array(c, dtype=np.int64) for c in cols)

@@ -139,7 +139,7 @@ class Store:
         box, squeeze = _index_to_box(index, info.shape, name)
         plan = self.plan(name, box, dtype=None if out is None else out.dtype, verify=verify)
         result = execute(plan, self.data, out=out, workers=workers)
-        return result.reshape([n for n, s in zip(result.shape, squeeze) if not s]) if any(squeeze) else result
+        return result.reshape([n for n, s in zip(result.shape, squeeze, strict=True) if not s]) if any(squeeze) else result
 
     def close(self) -> None:
         self.location.close()
@@ -161,7 +161,7 @@ def _as_box(box: Box | Index, shape: Sequence[int], name: str) -> Box | None:
     pairs = [isinstance(i, (tuple, list)) and len(i) == 2 for i in items]
     if items and all(pairs):
         try:
-            start, stop = zip(*((operator.index(a), operator.index(b)) for a, b in items))
+            start, stop = zip(*((operator.index(a), operator.index(b)) for a, b in items), strict=True)
         except TypeError:
             raise InvalidIndexError(f"box {box!r} for {name!r}: (start, stop) pairs must be integers") from None
         if len(items) != len(shape):

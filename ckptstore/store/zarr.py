@@ -103,7 +103,7 @@ def array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
     zarr = _zarr(bfloat16=dt.name == "bfloat16")
     store = zarr.storage.MemoryStore()
     if sharded is None:
-        sharded = prod(-(-s // c) for s, c in zip(shape, chunk_shape)) > 1
+        sharded = prod(-(-s // c) for s, c in zip(shape, chunk_shape, strict=True)) > 1
     shards = tuple(shard_shape) if shard_shape is not None else tuple(shape) if sharded else None
     zarr.create_array(store=store, shape=tuple(shape), dtype=dt, chunks=tuple(chunk_shape), shards=shards,
                       compressors=_zarr_codec(codec, dt.itemsize), fill_value=0, zarr_format=3,
@@ -153,7 +153,7 @@ def shard_index(offsets: Sequence[int], nbytes: Sequence[int], entries: int | No
     """The sharding codec's index: ``(offset, nbytes)`` uint64 pairs in chunk order, then CRC-32C;
     padded to ``entries`` pairs with empty ones (a shard at the array's edge holds only the
     chunks inside the array, its index has one entry for every chunk of the shard shape)."""
-    pairs = list(zip(offsets, nbytes))
+    pairs = list(zip(offsets, nbytes, strict=True))
     pairs += [(EMPTY_ENTRY, EMPTY_ENTRY)] * ((entries or len(pairs)) - len(pairs))
     raw = b"".join(struct.pack("<QQ", o, n) for o, n in pairs)
     return raw + struct.pack("<I", crc32c.crc32c(raw))

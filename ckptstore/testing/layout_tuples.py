@@ -37,7 +37,7 @@ def flatten_layout(dev_matrix: Sequence[int], tensor_map: NestedMap,
     flat_map: list[int] = []
     flat_shape: list[int] = []
     n = len(dev_matrix)
-    for entry, size in zip(tensor_map, shape):
+    for entry, size in zip(tensor_map, shape, strict=True):
         axes = _axes(entry)
         outer = [int(dev_matrix[n - 1 - m]) for m in axes[:-1]]
         flat_map += axes

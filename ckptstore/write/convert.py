@@ -190,7 +190,7 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                 order = sorted(mine, key=lambda p: -p.nbytes)  # big first: workers finish together
                 with ThreadPoolExecutor(workers) as pool:
                     try:
-                        done = dict(zip((p.param.name for p in order), pool.map(writer.write_param, order)))
+                        done = dict(zip((p.param.name for p in order), pool.map(writer.write_param, order), strict=True))
                     except BaseException:  # Ctrl-C or a failed parameter: stop now, not after the queue
                         pool.shutdown(wait=True, cancel_futures=True)
                         raise

@@ -105,7 +105,7 @@ class SaveParam:
         array's edge holds fewer; the others are empty entries)."""
         if self.shard_shape is None:
             return 1
-        return prod(s // c for s, c in zip(self.shard_shape, self.chunk_shape))
+        return prod(s // c for s, c in zip(self.shard_shape, self.chunk_shape, strict=True))
 
 
 @dataclass(frozen=True)
@@ -307,22 +307,22 @@ def _param(name: str, value: np.ndarray, shape: tuple[int, ...], box: Box, slice
     local_start = 0
     if mine:
         piece = mine[0]
-        grid = tuple(s // c for s, c in zip(shape, chunk_shape))
+        grid = tuple(s // c for s, c in zip(shape, chunk_shape, strict=True))
         grid_strides = [prod(grid[a + 1:]) for a in range(len(grid))]
         local_strides = [prod(box.shape[a + 1:]) for a in range(len(box.shape))]
         # where the piece starts in the local slice (pieces are cut along the first axis only)
-        lead = tuple(p - b for p, b in zip(piece.start, box.start))
-        local_start = sum(i * st for i, st in zip(lead, local_strides)) * item
-        per_axis = [range(n // c) for n, c in zip(piece.shape, chunk_shape)]
+        lead = tuple(p - b for p, b in zip(piece.start, box.start, strict=True))
+        local_start = sum(i * st for i, st in zip(lead, local_strides, strict=True)) * item
+        per_axis = [range(n // c) for n, c in zip(piece.shape, chunk_shape, strict=True)]
         file_shape = shard_shape or chunk_shape
-        key = _chunk_key(name, tuple(s // c for s, c in zip(piece.start, file_shape)))  # the piece's one file
+        key = _chunk_key(name, tuple(s // c for s, c in zip(piece.start, file_shape, strict=True)))  # the piece's one file
         nbytes = prod(chunk_shape) * item
         for local in itertools.product(*per_axis):
-            start = tuple(p + i * c for p, i, c in zip(piece.start, local, chunk_shape))
-            coords = tuple(s // c for s, c in zip(start, chunk_shape))
-            index = sum(c * st for c, st in zip(coords, grid_strides))
-            first = sum(i * c * st for i, c, st in zip(local, chunk_shape, local_strides))
-            chunks.append(SaveChunk(index, key, Box(start, tuple(s + c for s, c in zip(start, chunk_shape))),
+            start = tuple(p + i * c for p, i, c in zip(piece.start, local, chunk_shape, strict=True))
+            coords = tuple(s // c for s, c in zip(start, chunk_shape, strict=True))
+            index = sum(c * st for c, st in zip(coords, grid_strides, strict=True))
+            first = sum(i * c * st for i, c, st in zip(local, chunk_shape, local_strides, strict=True))
+            chunks.append(SaveChunk(index, key, Box(start, tuple(s + c for s, c in zip(start, chunk_shape, strict=True))),
                                     first * item, nbytes))
     return SaveParam(name, array_path(name), value.dtype, shape, chunk_shape, replicas, tuple(chunks),
                      shard_shape=shard_shape, local_start=local_start)

@@ -99,7 +99,7 @@ def _param_manifest(name: str, m: Mapping[str, Any], where: str) -> ParamManifes
         raise IncompleteStoreError(f"{where}: no rank wrote parameter {name!r}; every rank of the stage that holds "
                                    "it (stage 0 for values outside the strategy) must pass it to save_rank")
     chunk_shape = tuple(m["chunk_shape"])
-    n = prod(-(-s // c) for s, c in zip(shape, chunk_shape))
+    n = prod(-(-s // c) for s, c in zip(shape, chunk_shape, strict=True))
     chunks = m["chunks"]
     if sorted(chunks) != list(range(n)):
         lost = next(i for i in range(n) if i not in chunks)
