@@ -543,7 +543,7 @@ def run(st: S3Setup, *, reps: int, command: str, results_dir: Path | None, quick
                 cpu = ServerCpu(server.proc.pid)
                 record = run_benchmark(NAME, lcs, reps=reps, warm_paths=warm, params=lparams, command=command,
                                        results_dir=None, keep_going=True, timeout=1800,
-                                       before_each=lambda c: cpu.mark(c.name), log=log)
+                                       before_each=lambda c, cpu=cpu: cpu.mark(c.name), log=log)
                 cpu.mark(None)
             finally:
                 if proxy is not None:

@@ -109,7 +109,7 @@ def rank_main(a: argparse.Namespace) -> None:
     if a.contender == RAW_PUTS:
         params = _objects_of_a_save(a, params)
     if a.contender.startswith("ckptstore"):  # a job imports its libraries before it trains
-        import zarr  # noqa: F401 (imported on a store's first save)
+        import zarr  # noqa: F401  (imported on a store's first save)
 
         import ckptstore
 
@@ -184,8 +184,11 @@ def _raw_puts(url: str, objects: dict[str, bytes]) -> None:
 
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
     store, part = S3Store(bucket), 16 << 20
-    put = lambda key: obstore.put(store, f"{prefix}/{key}", objects[key], use_multipart=len(objects[key]) > part,  # noqa: E731
-                                  chunk_size=part, max_concurrency=8)
+
+    def put(key: str) -> Any:
+        return obstore.put(store, f"{prefix}/{key}", objects[key], use_multipart=len(objects[key]) > part,
+                           chunk_size=part, max_concurrency=8)
+
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(put, objects))
 

@@ -373,10 +373,11 @@ def _source_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
         if not quiet:
             click.echo(f"ckptstore: {out} is being written by another process ({holder}); waiting for it", err=True)
 
-    return {"strategy": kw["strategies"], "step": kw["step"], "epoch": kw["epoch"], "prefix": kw["prefix"], "src_format": kw["src_format"],
-            "include": kw["include"], "exclude": kw["exclude"], "drop_optimizer": kw["drop_optimizer"],
-            "workers": kw["workers"], "verify_crc": kw["verify_crc"], "check_layout": not kw["no_layout_check"],
-            "overwrite": kw["overwrite"], "quiet": quiet, "on_wait": waiting, "part": kw["part"]}
+    return {"strategy": kw["strategies"], "step": kw["step"], "epoch": kw["epoch"], "prefix": kw["prefix"],
+            "src_format": kw["src_format"], "include": kw["include"], "exclude": kw["exclude"],
+            "drop_optimizer": kw["drop_optimizer"], "workers": kw["workers"], "verify_crc": kw["verify_crc"],
+            "check_layout": not kw["no_layout_check"], "overwrite": kw["overwrite"], "quiet": quiet,
+            "on_wait": waiting, "part": kw["part"]}
 
 
 def _dec_kwargs(key_file: str | None, mode: str | None) -> dict[str, Any]:
@@ -685,7 +686,8 @@ def _parse_ranks(value: str | None) -> Iterable[int] | None:
 @click.option("--dtype", default=None,
               help="Convert floating-point parameters while reading, e.g. float16 or bfloat16 (integer and bool "
                    "parameters keep their type; default: as stored).")
-@click.option("--crc", is_flag=True, help="Append MindSpore's crc_num trailer (ckpt only), as save_checkpoint(crc_check=True).")
+@click.option("--crc", is_flag=True,
+              help="Append MindSpore's crc_num trailer (ckpt only), as save_checkpoint(crc_check=True).")
 @click.option("--allow-whole", is_flag=True,
               help="Accept a --strategy that lays out fewer than half of the store's parameters (refused by default "
                    "as another model's): the others are written whole into every rank's file.")

@@ -86,7 +86,8 @@ def process_rank(environ: Mapping[str, str] | None = None) -> int | None:
     env = os.environ if environ is None else environ
     if is_scheduler(env):
         raise InvalidOptionError("this process is msrun's scheduler (MS_ROLE=MS_SCHED), which is no rank of the job: "
-                                 "load only in the worker processes (MS_ROLE=MS_WORKER), or pass the rank (rank=, --rank)")
+                                 "load only in the worker processes (MS_ROLE=MS_WORKER), or pass the rank (rank=, "
+                                 "--rank)")
     return job(environ).rank
 
 

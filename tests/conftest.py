@@ -21,7 +21,7 @@ from ckptstore.testing.layouts import SavedLayout, copy_layout, session_layouts 
 
 # The fixtures of the shared fixture modules (load_env; converted, big_layout), available to every
 # test module without an import that a test's parameter of the same name would redefine (F811).
-pytest_plugins = ("load_fixtures", "convert_fixtures")
+pytest_plugins = ("convert_fixtures", "load_fixtures")  # in import order: load_fixtures imports the other
 
 # Two shared cores time examples unevenly: properties are about results, not speed.
 # "ckptstore" (make test) runs each property with the examples its test asks for; "fast" (make

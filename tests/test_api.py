@@ -269,7 +269,8 @@ def test_read_rank_plan_rank_and_export_take_include_like_the_command_and_names_
 def test_the_public_names_are_all_there():
     assert sorted(ckptstore.__all__) == sorted([
         "CkptStoreError", "IOCounts", "Store", "StoreCheckpoint", "StoreSaver", "__version__", "commit", "convert",
-        "export", "index", "io_counts", "load_into_net", "load_rank", "open", "plan_rank", "read_rank", "save_rank", "verify"])
+        "export", "index", "io_counts", "load_into_net", "load_rank", "open", "plan_rank", "read_rank", "save_rank",
+        "verify"])
     for name in ckptstore.__all__:
         assert getattr(ckptstore, name) is not None, name
 

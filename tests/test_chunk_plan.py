@@ -81,7 +81,8 @@ def test_chunks_tile_the_tensor_and_each_is_one_byte_range_of_its_slice(case):
     assert len(plan.chunks) == prod(grid)
     for c in plan.chunks:
         coords = np.unravel_index(c.index, grid)
-        assert c.box.start == tuple(int(i) * k for i, k in zip(coords, plan.chunk_shape, strict=True))  # C order over the grid
+        # C order over the grid
+        assert c.box.start == tuple(int(i) * k for i, k in zip(coords, plan.chunk_shape, strict=True))
         assert c.slice.box.contains(c.box)
         slice_bytes = values[c.slice.box.slices()].tobytes()
         assert slice_bytes[c.byte_start:c.byte_start + c.nbytes] == values[c.box.slices()].tobytes()

@@ -38,7 +38,8 @@ def test_a_part_is_read_from_the_option_or_the_launcher(spec, env, want):
     ("-1/2", {}, "must be I/N"),
     ("half", {}, "must be I/N"),
     ("auto", {}, "needs RANK_ID and RANK_SIZE"),
-    ("auto", {"RANK_ID": "x", "RANK_SIZE": "2"}, r"RANK_ID='x' in the environment is not a rank \(a whole number from 0\)"),
+    ("auto", {"RANK_ID": "x", "RANK_SIZE": "2"},
+     r"RANK_ID='x' in the environment is not a rank \(a whole number from 0\)"),
     ("auto", {"RANK_ID": "0", "RANK_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"},
      r"disagree about this process's rank: RANK_ID=0 \(msrun\) but OMPI_COMM_WORLD_RANK=1 \(mpirun\)"),
 ])

@@ -288,7 +288,8 @@ def test_export_of_a_single_file_store_is_byte_identical_to_the_file(tmp_path):
 def test_string_values_go_to_safetensors_metadata(tmp_path):
     _, store_path = _single_file_store(tmp_path)
     with ckptstore.open(store_path) as store:
-        summary = ckptstore.export(store, tmp_path / "out", format="safetensors", include=["w.f32", "i64", "note", "lr"])
+        summary = ckptstore.export(store, tmp_path / "out", format="safetensors",
+                                   include=["w.f32", "i64", "note", "lr"])
     with safetensors.safe_open(summary.files[0], framework="numpy") as f:
         assert f.metadata() == {"note": "héllo wörld"}
         assert sorted(f.keys()) == ["i64", "lr", "w.f32"]

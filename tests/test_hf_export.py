@@ -33,7 +33,7 @@ def read_folder(path) -> dict[str, np.ndarray]:
 @pytest.fixture
 def indexed(tmp_path):
     tensors = llama_tensors(CONFIG, seed=7)
-    hf = write_hf_folder(tmp_path / "hf", tensors, shards=2, config=CONFIG)
+    write_hf_folder(tmp_path / "hf", tensors, shards=2, config=CONFIG)
     return tensors, tmp_path
 
 
@@ -77,7 +77,8 @@ def test_a_fused_tensor_is_split_back_in_windows_smaller_than_a_tensor(indexed):
     index_hf(tmp / "hf", tmp / "st", name_map="mcore")
     export_hf(tmp / "st", tmp / "out", name_map="mcore", window_bytes=1024)  # 8 rows of 128 bytes
     back = read_folder(tmp / "out")
-    np.testing.assert_array_equal(back["model.layers.1.mlp.up_proj.weight"], tensors["model.layers.1.mlp.up_proj.weight"])
+    up = "model.layers.1.mlp.up_proj.weight"
+    np.testing.assert_array_equal(back[up], tensors[up])
 
 
 def test_no_read_of_an_export_is_larger_than_its_window(indexed, monkeypatch):

@@ -194,7 +194,8 @@ def test_bfloat16_and_float16_are_indexed_as_stored(tmp_path):
         store = ckptstore.open(index_hf(hf, tmp_path / f"st-{np.dtype(dtype).name}", name_map="mcore").store)
         got = store.read("decoder.layers.1.self_attention.linear_qkv.weight")
         assert got.dtype == np.dtype(dtype)
-        np.testing.assert_array_equal(got, mcore_expected(tensors, 1)["decoder.layers.1.self_attention.linear_qkv.weight"])
+        qkv = "decoder.layers.1.self_attention.linear_qkv.weight"
+        np.testing.assert_array_equal(got, mcore_expected(tensors, 1)[qkv])
 
 
 def test_a_second_index_of_the_same_folder_is_a_no_op(folder, tmp_path):

@@ -122,7 +122,7 @@ def test_threads_sharing_one_rank_parameters_build_each_parameter_once(load_env)
             order = names[i % len(names):] + names[:i % len(names)]
             got = params.materialize() if i % 3 == 0 else {n: params[n] for n in order}
             seen.append(got)
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:  # reported below
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]

@@ -177,7 +177,8 @@ class _Scalars(nn.Cell):
                                                for n, s in shapes.items())
 
 
-@pytest.mark.parametrize("stored,net", [((1,), ()), ((), (1,)), ((4, 1), (4,))], ids=["[1]->[]", "[]->[1]", "[4,1]->[4]"])
+@pytest.mark.parametrize("stored,net", [((1,), ()), ((), (1,)), ((4, 1), (4,))],
+                         ids=["[1]->[]", "[]->[1]", "[4,1]->[4]"])
 @pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "set_data"])
 def test_a_value_that_differs_only_by_trailing_ones_loads_into_the_parameters_own_shape(tmp_path, stored, net,
                                                                                         in_place):

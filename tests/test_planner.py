@@ -88,7 +88,8 @@ def case(draw):
     return shape, chunk, np.dtype(dtype), Box(start, stop), layout, draw(st.integers(0, 2**16))
 
 
-_SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_SETTINGS = settings(max_examples=examples(150), deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _values(shape, dtype, seed) -> np.ndarray:
@@ -209,7 +210,8 @@ def test_plan_ranges_is_what_plan_param_makes_of_the_index_like_manifest(c):
 @given(byte_chunks())
 def test_a_byte_ranges_plan_read_in_place_makes_the_calls_of_its_group(tmp_path, c):
     nbytes, chunks = c
-    files = {name: np.random.default_rng(len(name)).integers(0, 256, 200, dtype=np.uint8) for name in ("a.bin", "b.bin")}
+    files = {name: np.random.default_rng(len(name)).integers(0, 256, 200, dtype=np.uint8)
+             for name in ("a.bin", "b.bin")}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data.tobytes())
     keys = ["a.bin", "b.bin"]

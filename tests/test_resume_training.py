@@ -34,7 +34,7 @@ class Net(nn.Cell):
         self.relu = nn.ReLU()
         self.fc2 = nn.Dense(16, 4)
 
-    def construct(self, x):  # noqa: ANN001, ANN201
+    def construct(self, x):
         return self.fc2(self.relu(self.fc1(x)))
 
 

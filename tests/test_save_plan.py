@@ -89,7 +89,8 @@ def test_a_replicated_slice_of_several_chunks_is_split_among_its_replicas(case):
     down = (rows // mp if split == "rows" else rows) // p.chunk_shape[0]  # chunks down one slice
     per_rank = [len({c.box.start[0] for c in plan.params[0].chunks}) for plan in ranks]  # rows of chunks
     if p.replicas >= 2 and down >= 2:
-        if split == "rows" and mp > 1:  # an inner slice: equal pieces, as many as its chunks give (one a replica at most)
+        # an inner slice: equal pieces, as many as its chunks give (one a replica at most)
+        if split == "rows" and mp > 1:
             pieces = max(d for d in range(1, p.replicas + 1) if down % d == 0)
             assert max(per_rank) == down // pieces
         else:  # the slice spans the rows: the last piece may be shorter (the array's edge)

@@ -43,7 +43,7 @@ def test_a_shard_index_that_points_past_its_file_is_a_problem(step) -> None:
 
     _rewrite_index(step / "w" / "c.0.0", past)
     report = ckptstore.verify(step)
-    assert report.problems == [f"parameter 'w': chunk 2: the index of shard w/c.0.0 points past its data (bytes "
+    assert report.problems == ["parameter 'w': chunk 2: the index of shard w/c.0.0 points past its data (bytes "
                                "10485760..11304960 of 2457600); a Zarr reader fails there"]
 
 

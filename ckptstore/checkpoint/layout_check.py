@@ -169,7 +169,7 @@ def _check_copy(p: SourceParam, copy: SourceSlice, sampler: Sampler) -> int:
 def _offset(inner: "Box", outer: "Box") -> int:
     """Element offset of ``inner.start`` in the C-order block ``outer``."""
     offset = 0
-    for a, (lo, olo, ohi) in enumerate(zip(inner.start, outer.start, outer.stop, strict=True)):
+    for lo, olo, ohi in zip(inner.start, outer.start, outer.stop, strict=True):
         offset = offset * (ohi - olo) + (lo - olo)
     return offset
 

@@ -280,7 +280,7 @@ def choose_rank_files(src: str | os.PathLike[str], *, step: int | None = None, p
             newer = "; ".join(f"{_ranks_text(rs)} also hold {_key_text(k)}" for k, rs in sorted(ahead.items()))
             notes.append(f"took {_key_text(key)}, the newest checkpoint every rank holds ({newer}, which the other "
                          "ranks lack: a save cut short?); choose another with --epoch and --step")
-    out: dict[int, Path | str] = {r: (Path(folders[r].folder) / n if folders[r].url is None else f"{folders[r].url}/{n}")
+    out: dict[int, Path | str] = {r: Path(folders[r].folder) / n if folders[r].url is None else f"{folders[r].url}/{n}"
                                   for r, n in files.items()}
     return RankFileChoice(out, "; ".join(notes) or None)
 

@@ -24,7 +24,7 @@ from ckptstore.formats.ckpt_cipher import Decryption
 from ckptstore.formats.ckpt_reader import CkptEntry, CkptIndex
 from ckptstore.checkpoint.layout_check import Sampler, check_against_strategy
 from ckptstore.checkpoint.params import SourceParam, SourceSlice
-from ckptstore.checkpoint.rank_files import (  # noqa: F401 (find_rank_files, pick_rank_file re-exported)
+from ckptstore.checkpoint.rank_files import (  # noqa: F401  (find_rank_files, pick_rank_file re-exported)
     RankFileChoice, choose_rank_files, find_rank_files, pick_rank_file, scan_rank_file)
 from ckptstore.checkpoint.rank_bytes import RankFiles
 from ckptstore.errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
@@ -108,8 +108,9 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
         told = f"the strategy describes {strategy.world_size} ranks but {len(files)} rank files were found"
         missing = [r for r in range(strategy.world_size) if r not in files]
         extra = [r for r in files if r >= strategy.world_size]
+        more = ", ..." if len(extra) > 1 else ""
         culprit = (f"no checkpoint file for rank(s) {_ranges(missing)} (rank_{missing[0]}/ is missing)" if missing
-                   else f"rank(s) {_ranges(extra)} are not in it ({files[extra[0]]}{', ...' if len(extra) > 1 else ''})")
+                   else f"rank(s) {_ranges(extra)} are not in it ({files[extra[0]]}{more})")
         raise MissingRankError(f"{told}: {culprit}; strategy file(s): {', '.join(strategy.sources)}")
     indexes = _scan_all(files, verify_crc, decryption)
     held = dict.fromkeys(n for idx in indexes.values() for n in idx.entries)

@@ -67,7 +67,7 @@ class Strategy:
         """This strategy with the layouts of each parameter in ``shapes`` as they apply to its global
         shape (:meth:`Layout.fit`: a JSON file's flattened Layout tuples in their nested form), so that
         what a store records of it is the same whichever form of strategy file it came from."""
-        layouts = {n: {s: l.fit(shapes[n]) for s, l in st.items()} if n in shapes else st
+        layouts = {n: {s: lay.fit(shapes[n]) for s, lay in st.items()} if n in shapes else st
                    for n, st in self.layouts.items()}
         if layouts == self.layouts:
             return self
@@ -98,7 +98,7 @@ class Strategy:
             "world_size": self.world_size,
             "stage_devices": self.stage_devices,
             "num_stages": self.num_stages,
-            "params": {n: {str(s): layout_to_json(l) for s, l in st.items()} for n, st in self.layouts.items()},
+            "params": {n: {str(s): layout_to_json(lay) for s, lay in st.items()} for n, st in self.layouts.items()},
         }
 
 
@@ -312,7 +312,7 @@ def _assemble(staged: dict[str, dict[int, Layout]], sources: tuple[str, ...]) ->
     if stages != list(range(len(stages))):
         raise StrategyError(f"the strategy{where} has pipeline stages {stages}; every stage from 0 to "
                             f"{stages[-1]} is needed (pass each stage's strategy file)")
-    counts = {l.device_count for st in staged.values() for l in st.values()}
+    counts = {lay.device_count for st in staged.values() for lay in st.values()}
     if len(counts) != 1:
         raise StrategyError(f"parameters are laid out over different device counts {sorted(counts)}{where}; "
                             "every pipeline stage must span the same number of ranks")
@@ -326,7 +326,7 @@ def _assemble(staged: dict[str, dict[int, Layout]], sources: tuple[str, ...]) ->
 def strategy_from_layouts(layouts: Mapping[str, Layout], *, num_stages: int = 1,
                           stages: Mapping[str, Iterable[int]] | None = None) -> Strategy:
     """Build a :class:`Strategy` from in-memory layouts (e.g. a compiled network's)."""
-    staged = {n: {s: l for s in (stages or {}).get(n, [0])} for n, l in layouts.items()}
+    staged = {n: {s: lay for s in (stages or {}).get(n, [0])} for n, lay in layouts.items()}
     st = _assemble(staged, ())
     return Strategy(st.layouts, st.stage_devices, max(num_stages, st.num_stages), ())
 

@@ -212,7 +212,8 @@ def parse_json(path: str, data: bytes) -> StrategyFileContents:
 # ---- files ----------------------------------------------------------------------------------
 
 def parse_strategy(path: str, data: bytes) -> StrategyFileContents:
-    """Parse the bytes of strategy file ``path``: JSON when its name ends in ``.json`` (as MindSpore decides), else protobuf."""
+    """Parse the bytes of strategy file ``path``: JSON when its name ends in ``.json`` (as MindSpore
+    decides), else protobuf."""
     return parse_json(path, data) if path.endswith(".json") else parse_proto(path, data)
 
 

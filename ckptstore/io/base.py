@@ -202,7 +202,7 @@ class ReadableFile(ABC):
             self.read_into(offset, memoryview(buf))
         return bytes(buf)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (an optional hook: the default has nothing to do)
         """Release what the file holds (a descriptor, a connection); the default holds nothing.
         Whoever opened the file and owns it closes it."""
 
@@ -271,7 +271,7 @@ class ByteSource(ABC):
     def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
         """``(folders, files)``: the names directly under ``prefix`` (``""`` is the source itself)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (an optional hook: the default has nothing to do)
         """Release open files (the source stays usable; files are reopened on demand)."""
 
 

@@ -109,7 +109,7 @@ def check_environment() -> None:
         shown = redact(value)
         try:
             parts = urllib.parse.urlsplit(value)
-            parts.port  # noqa: B018 -- raises ValueError for a port out of range
+            parts.port  # noqa: B018  (reading it raises ValueError for a port out of range)
         except ValueError:
             parts = None
         if (parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname

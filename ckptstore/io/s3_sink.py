@@ -257,7 +257,7 @@ class _Handoff:
         """Run ``put(iterator)`` (the helper thread's body)."""
         try:
             put(self.consume())
-        except BaseException as e:  # noqa: BLE001 -- a Rust panic is a BaseException; reported by the caller
+        except BaseException as e:  # a Rust panic is a BaseException; reported by the caller
             self.upload_error = e
         finally:
             self._wanted.put(False)

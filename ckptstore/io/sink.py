@@ -182,10 +182,10 @@ class ByteSink(ABC):
         storage has none."""
         return []
 
-    def make_root(self) -> None:
+    def make_root(self) -> None:  # noqa: B027  (an optional hook: the default has nothing to do)
         """Create the sink's folder if it does not exist (nothing to do on object storage)."""
 
-    def remove_root(self) -> None:
+    def remove_root(self) -> None:  # noqa: B027  (an optional hook: the default has nothing to do)
         """Remove the sink's folder if it is empty (nothing to do on object storage)."""
 
     # --- everything else -----------------------------------------------------------------------
@@ -222,10 +222,10 @@ class ByteSink(ABC):
         open file keeps its bytes, so a reader pins it by opening it)."""
         return {}
 
-    def sync(self) -> None:
+    def sync(self) -> None:  # noqa: B027  (an optional hook: the default has nothing to do)
         """Make every publish and new folder since the last call durable (sync their folders)."""
 
-    def make_durable(self, keys: Sequence[str]) -> None:
+    def make_durable(self, keys: Sequence[str]) -> None:  # noqa: B027  (an optional hook: the default has nothing to do)
         """Make files durable, with the folders that name them: files an earlier run published, or
         files put with ``durable=False`` whose fsyncs are done here together (at once on a local
         folder)."""

@@ -64,10 +64,11 @@ class RankParameters(dict):
     A ``dict`` (so ``mindspore.load_param_into_net`` takes it as it is) whose values are read
     and built when first asked for: ``params[name]``, ``get``, iterating ``items()`` or
     ``values()`` (which build everything: the pool reads every slice first, then the Parameters
-    are built; not overlapped, which measured slower on 2 cores), or :meth:`materialize`. Each Parameter is built once, even when threads ask for it
-    together. ``plan`` shows every read before any happens; ``view`` is the numpy-level
-    :class:`~ckptstore.read.loader.RankView`. String values (``append_dict`` text) are returned as
-    ``str``, like ``mindspore.load_checkpoint``. The mapping is read-only.
+    are built; not overlapped, which measured slower on 2 cores), or :meth:`materialize`. Each
+    Parameter is built once, even when threads ask for it together. ``plan`` shows every read
+    before any happens; ``view`` is the numpy-level :class:`~ckptstore.read.loader.RankView`.
+    String values (``append_dict`` text) are returned as ``str``, like
+    ``mindspore.load_checkpoint``. The mapping is read-only.
     """
 
     def __init__(self, view: RankView, *, copy: bool = True) -> None:

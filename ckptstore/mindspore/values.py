@@ -38,7 +38,8 @@ def host_values(params: Any) -> tuple[HostValues, Strategy | None]:
     out: dict[str, Any] = {}
     for name, value in params.items():
         if isinstance(value, ms.Tensor):  # fetched when written: nothing is copied to plan the save
-            out[str(name)] = LazyArray(value.shape, lookup(str(value.dtype)).numpy, functools.partial(host_array, value))
+            out[str(name)] = LazyArray(value.shape, lookup(str(value.dtype)).numpy,
+                                       functools.partial(host_array, value))
         else:
             out[str(name)] = plain_value(str(name), value)
     return out, strategy

@@ -88,7 +88,7 @@ def describe_strategy(strategy: Strategy, *, rank: int | None = None,
     """Each parameter's layout; with ``rank``, its split there; with ``source``, its global box."""
     params: dict[str, dict[str, object]] = {}
     for name, stages in strategy.layouts.items():
-        item: dict[str, object] = {"stages": {str(s): layout_to_json(l) for s, l in stages.items()}}
+        item: dict[str, object] = {"stages": {str(s): layout_to_json(lay) for s, lay in stages.items()}}
         if rank is not None:
             layout = strategy.layout(name, rank)
             item["split"] = None if layout is None else {

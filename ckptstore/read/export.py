@@ -47,7 +47,7 @@ class ExportSummary:
 
 def export(store: StoreLike, out: str | os.PathLike[str], *, strategy: StrategyLike = None,
            ranks: Iterable[int] | None = None, include: str | Sequence[str] | None = None,
-           dtype: np.dtype | None = None, format: str | None = None, crc: bool = False,  # noqa: A002
+           dtype: np.dtype | None = None, format: str | None = None, crc: bool = False,
            prefix: str = "checkpoint_", allow_whole: bool = False, quiet: bool = True,
            names: str | Sequence[str] | None = None) -> ExportSummary:
     """Write ``out/rank_<j>/<prefix><j>.<format>`` for each rank ``j`` of ``strategy`` (all ranks when

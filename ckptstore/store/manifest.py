@@ -167,7 +167,8 @@ class ParamManifest:
         if not index:  # the first (often the only) chunk needs no grid
             stop = tuple(map(min, self.chunk_shape, self.shape))
             return Box((0,) * len(stop), stop)
-        start = tuple((index // st) % g * k for st, g, k in zip(self._grid_strides, self.grid, self.chunk_shape, strict=True))
+        start = tuple((index // st) % g * k
+                      for st, g, k in zip(self._grid_strides, self.grid, self.chunk_shape, strict=True))
         stop = tuple(min(s + k, n) for s, k, n in zip(start, self.chunk_shape, self.shape, strict=True))
         return Box(start, stop)
 

@@ -143,7 +143,8 @@ class ParamReadPlan:
         into a scratch buffer first (compressed, checksummed or converted chunks).
         """
         for g in self.groups:
-            for f, o, n, d in zip(g.files.tolist(), g.offsets.tolist(), g.lengths.tolist(), g.dests.tolist(), strict=True):
+            columns = (g.files.tolist(), g.offsets.tolist(), g.lengths.tolist(), g.dests.tolist())
+            for f, o, n, d in zip(*columns, strict=True):
                 yield self.keys[f], o, n, (d if g.into_destination else None)
 
 

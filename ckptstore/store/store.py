@@ -139,7 +139,9 @@ class Store:
         box, squeeze = _index_to_box(index, info.shape, name)
         plan = self.plan(name, box, dtype=None if out is None else out.dtype, verify=verify)
         result = execute(plan, self.data, out=out, workers=workers)
-        return result.reshape([n for n, s in zip(result.shape, squeeze, strict=True) if not s]) if any(squeeze) else result
+        if not any(squeeze):
+            return result
+        return result.reshape([n for n, s in zip(result.shape, squeeze, strict=True) if not s])
 
     def close(self) -> None:
         self.location.close()
@@ -227,7 +229,7 @@ def _no_committed_step(location: ByteSource, pending: list[int]) -> str:
             f"step (unfinished: {', '.join(str(n) for n, _ in ours[:5])})")
 
 
-def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name is ckptstore.open
+def open(path: str | os.PathLike[str]) -> Store:  # the public name is ckptstore.open
     """Open a store written by ``ckptstore convert`` (or ``ckptstore index``), reading only its metadata.
 
     A folder of saved training steps (``step_<N>`` folders, see :mod:`ckptstore.store.steps`)

@@ -108,7 +108,7 @@ def array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
     zarr.create_array(store=store, shape=tuple(shape), dtype=dt, chunks=tuple(chunk_shape), shards=shards,
                       compressors=_zarr_codec(codec, dt.itemsize), fill_value=0, zarr_format=3,
                       chunk_key_encoding={"name": "default", "separator": separator})
-    return store._store_dict[ROOT_METADATA].to_bytes()  # noqa: SLF001 (MemoryStore has no sync getter)
+    return store._store_dict[ROOT_METADATA].to_bytes()  # MemoryStore has no sync getter
 
 
 def raw_array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
@@ -146,7 +146,7 @@ def _group_template() -> str:
     zarr = _zarr()
     store = zarr.storage.MemoryStore()
     zarr.create_group(store=store, attributes={}, zarr_format=3)
-    return store._store_dict[ROOT_METADATA].to_bytes().decode()  # noqa: SLF001
+    return store._store_dict[ROOT_METADATA].to_bytes().decode()
 
 
 def shard_index(offsets: Sequence[int], nbytes: Sequence[int], entries: int | None = None) -> bytes:

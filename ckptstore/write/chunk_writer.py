@@ -76,7 +76,8 @@ class ChunkCopier:
     def _reader(self, path: str, entry: CkptEntry, start: int) -> Callable[[int, memoryview], None]:
         return lambda offset, view: self.files.read(path, entry, start + offset, view)
 
-    def batches(self, chunks: Sequence[ChunkSource], *, fresh: bool = False) -> Iterator[tuple[ChunkSource, memoryview | None]]:
+    def batches(self, chunks: Sequence[ChunkSource], *,
+                fresh: bool = False) -> Iterator[tuple[ChunkSource, memoryview | None]]:
         """Each of ``chunks`` in order, with its bytes when it is at most a block
         (:data:`~ckptstore.store.checksum.BLOCK`), else ``None`` (read it a block at a time with
         :meth:`copy`, :meth:`blocks` or :meth:`checksum`).
@@ -304,7 +305,8 @@ def dense_rows(plan: ParamPlan, copier: ChunkCopier) -> Any:
                 part = bytearray((r1 - r0) * chunk_row)
                 copier.files.read(c.path, c.entry, c.byte_start + (r0 - c0) * chunk_row, memoryview(part))
                 crcs[c.index] = crc32c.crc32c(part, crcs[c.index])
-                where = tuple(slice(a, b) for a, b in zip(c.box.start[1:], c.box.stop[1:], strict=True)) if p.shape else ()
+                where = (tuple(slice(a, b) for a, b in zip(c.box.start[1:], c.box.stop[1:], strict=True))
+                         if p.shape else ())
                 block[(slice(None),) + where] = np.frombuffer(part, dtype=np.uint8).reshape((r1 - r0, *inner, item))
             copier.progress.add(block.nbytes)
             yield block.reshape(-1)

@@ -87,7 +87,7 @@ def step_location(root: str | os.PathLike[str], step: int) -> str:
 
 
 def save_rank(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
-              rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),  # noqa: A002
+              rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),
               exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None) -> SaveSummary:
     """Save this rank's local slices as step ``step`` of the store folder ``root``; every rank calls it.
 
@@ -125,7 +125,7 @@ def skipped_in_scheduler(root: str | os.PathLike[str], step: int) -> SaveSummary
 
 
 def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
-                 rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),  # noqa: A002
+                 rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),
                  exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None) -> "SaveJob":
     """Work out what :func:`save_rank` writes (nothing is copied or written yet)."""
     if format != "zarr":
