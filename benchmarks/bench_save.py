@@ -50,7 +50,8 @@ rank; the median rank too), **done** = from the barrier to the end of the last r
 an ``os.sync()`` by the driver afterwards, so every contender pays for durable files, **bytes written** = the
 output folder's size, **extra memory** = the largest per-rank peak RSS above its level before
 the call (``clear_refs``), **host copies kept** = the staging buffers an async saver allocated in
-the unmeasured first save and reuses (``StoreSaver.peak_staged``) (so extra memory does not show them: ckptstore's peak use of
+the unmeasured first save and reuses (``StoreSaver.peak_staged``) (so extra memory does not show
+them: ckptstore's peak use of
 its piece buffers, DCP's cached copy of the whole rank). ``ModelCheckpoint sync + ckptstore index`` adds the time of
 ``ckptstore.index`` of the sync save's rank files (the way to a store without saving into one).
 Contenders alternate order between repetitions; medians are reported, with the machine's
@@ -303,7 +304,8 @@ def run_once(s: Any, contender: str, out: Path, budget_mb: int | None, bucket: A
     else:
         written = sum(p.stat().st_size for folder in ([Path(w) for w in stores] or [out])
                       for p in folder.rglob("*") if p.is_file())
-    return {"stall_max": stalls[-1], "stall_median": statistics.median(stalls), "done": max(r["done"] for r in ranks) - t_go + sync_s,
+    return {"stall_max": stalls[-1], "stall_median": statistics.median(stalls),
+            "done": max(r["done"] for r in ranks) - t_go + sync_s,
             "bytes_written": written, "extra_memory": max(r["peak_above"] for r in ranks),
             "committed": sum(bool(r.get("committed")) for r in ranks),
             "staged_peak": max((r.get("staged_peak", 0) for r in ranks), default=0)}
@@ -365,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     if server is not None:
         server.stop()
-    record = {"name": NAME, "command": command_line("benchmarks.bench_save", argv), "size": a.size, "model_bytes": s.model_bytes,
+    record = {"name": NAME, "command": command_line("benchmarks.bench_save", argv), "size": a.size,
+              "model_bytes": s.model_bytes,
               "world": s.src.world, "mesh": str(s.src), "budget_mb": a.budget_mb, "runs": runs, "index_s": index_runs,
               "load_avg": load_avg, "foreign_cpu_cores": round(foreign.cores(), 2),
               "time": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -446,7 +449,8 @@ def targets(record: dict[str, Any]) -> list[str]:
                    f"{format_seconds(done)} — {'met' if done <= bound else 'MISSED'}")
     if runs.get(SEAWEED) and runs.get("ckptstore async"):
         bucket, local = _median(runs[SEAWEED], "done"), _median(runs["ckptstore async"], "done")
-        line = (f"- committed into the bucket ≤ 1.5× the local save ({format_seconds(local)}): {format_seconds(bucket)} = "
+        line = (f"- committed into the bucket ≤ 1.5× the local save ({format_seconds(local)}): "
+                f"{format_seconds(bucket)} = "
                 f"{bucket / local:.2f}× — {'met' if bucket <= 1.5 * local else 'MISSED'}")
         if runs.get(RAW_PUTS):
             raw = _median(runs[RAW_PUTS], "done")

@@ -33,7 +33,7 @@ class Box:
         object.__setattr__(self, "shape", tuple(shape))
 
     @classmethod
-    def full(cls, shape: Sequence[int]) -> "Box":
+    def full(cls, shape: Sequence[int]) -> Box:
         """The box covering a whole tensor of ``shape``."""
         return cls((0,) * len(shape), tuple(int(s) for s in shape))
 
@@ -45,7 +45,7 @@ class Box:
     def size(self) -> int:
         return prod(self.shape)
 
-    def intersect(self, other: "Box") -> "Box | None":
+    def intersect(self, other: Box) -> Box | None:
         """The overlap of two boxes in the same frame, or ``None`` when they do not overlap."""
         start = tuple(map(max, self.start, other.start))
         stop = tuple(map(min, self.stop, other.stop))
@@ -54,11 +54,11 @@ class Box:
                 return None
         return Box(start, stop)
 
-    def contains(self, other: "Box") -> bool:
+    def contains(self, other: Box) -> bool:
         """True when ``other`` lies inside this box."""
         return all(a <= b and d <= c for a, b, c, d in zip(self.start, other.start, self.stop, other.stop, strict=True))
 
-    def relative_to(self, origin: "Box") -> "Box":
+    def relative_to(self, origin: Box) -> Box:
         """This box expressed in the frame whose origin is ``origin.start``."""
         start = tuple(a - o for a, o in zip(self.start, origin.start, strict=True))
         stop = tuple(a - o for a, o in zip(self.stop, origin.start, strict=True))

@@ -22,7 +22,8 @@ import pkgutil
 import sys
 import threading
 import warnings
-from typing import Callable, Generic, Iterable, Protocol, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 

@@ -10,9 +10,9 @@ import os
 
 os.environ.setdefault("GLOG_v", "3")
 
+from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Callable  # noqa: E402
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402

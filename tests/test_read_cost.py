@@ -13,16 +13,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import examples
-from test_planner import _values, case, write_store
 from ckptstore.boxes import Box
 from ckptstore.errors import InvalidOptionError
+from ckptstore.io import LocalSource
 from ckptstore.io.base import LOCAL_COST, ReadableFile, ReadCost, SourceWrapper
-from ckptstore.store.executor import IOStats, Executor
+from ckptstore.store.executor import Executor, IOStats
 from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest
 from ckptstore.store.read_plan import plan_param
 from ckptstore.store.store import Store
-from ckptstore.io import LocalSource
+from conftest import examples
+from test_planner import _values, case, write_store
 
 #: An object store's price on this scale: a request costs what 20 ms of a 200 MB/s link moves.
 OBJECT_COST = ReadCost(request_seconds=0.02, bytes_per_second=200e6, in_flight=32, max_request_bytes=64 << 20)

@@ -13,9 +13,9 @@ Reading strategy files into layouts is :mod:`ckptstore.checkpoint.strategy`'s jo
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Sequence
 
 from ckptstore.boxes import Box, even_part
 from ckptstore.errors import StrategyError
@@ -221,7 +221,7 @@ class Layout:
         return tuple(shape)
 
 
-    def fit(self, shape: Sequence[int], *, local: bool = False) -> "Layout":
+    def fit(self, shape: Sequence[int], *, local: bool = False) -> Layout:
         """This layout as it applies to a tensor of ``shape`` (a rank's slice shape with ``local``).
 
         The compiler's JSON strategy writes a tensor axis split over several device axes (a
@@ -239,7 +239,7 @@ class Layout:
             return self
         return _fit(self, shape, local)
 
-    def _folded(self, groups: Sequence[tuple[int, int]], strict: bool = False) -> "Layout | None":
+    def _folded(self, groups: Sequence[tuple[int, int]], strict: bool = False) -> Layout | None:
         """The nested layout of flattened tensor-map entries grouped as ``groups`` ([lo, hi) runs),
         or ``None`` when the flattened form cannot have come from it: every entry but a group's
         last stands for one device axis whose size it has (the reshape InitFromExtendVector does).

@@ -166,7 +166,7 @@ def _check_copy(p: SourceParam, copy: SourceSlice, sampler: Sampler) -> int:
     return 1
 
 
-def _offset(inner: "Box", outer: "Box") -> int:
+def _offset(inner: Box, outer: Box) -> int:
     """Element offset of ``inner.start`` in the C-order block ``outer``."""
     offset = 0
     for lo, olo, ohi in zip(inner.start, outer.start, outer.stop, strict=True):

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
+from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError
 from ckptstore.formats.ckpt_cipher import DecryptedFile, Decryption
 from ckptstore.formats.ckpt_reader import CkptIndex, open_file, scan_checkpoint
-from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError
-from ckptstore.limits import MAX_WORLD
 from ckptstore.formats.ms_safetensors import is_safetensors, scan_safetensors
 from ckptstore.io.base import ReadableFile
 from ckptstore.io.locations import is_url, open_location
+from ckptstore.limits import MAX_WORLD
 
 FORMATS = ("ckpt", "safetensors")
 _RANK_DIR = re.compile(r"^rank_(\d+)$")

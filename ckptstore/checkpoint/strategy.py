@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 from ckptstore.boxes import Box
 from ckptstore.checkpoint.layout import Layout, layout_to_json, stage_slices
 from ckptstore.errors import StoreCorruptError, StrategyError
-from ckptstore.formats.strategy_file import (AxisMap, LayoutRecord, parse_strategy, read_strategy_bytes, strict_int,
-                                             tensor_map_axes)
+from ckptstore.formats.strategy_file import (
+    AxisMap,
+    LayoutRecord,
+    parse_strategy,
+    read_strategy_bytes,
+    strict_int,
+    tensor_map_axes,
+)
 from ckptstore.io.locations import is_url, open_location
 from ckptstore.limits import MAX_WORLD
 
@@ -63,7 +69,7 @@ class Strategy:
         layout = self.layout(name, rank)
         return None if layout is None else layout.box(rank % self.stage_devices, global_shape)
 
-    def fitted(self, shapes: Mapping[str, Sequence[int]]) -> "Strategy":
+    def fitted(self, shapes: Mapping[str, Sequence[int]]) -> Strategy:
         """This strategy with the layouts of each parameter in ``shapes`` as they apply to its global
         shape (:meth:`Layout.fit`: a JSON file's flattened Layout tuples in their nested form), so that
         what a store records of it is the same whichever form of strategy file it came from."""

@@ -12,9 +12,9 @@ import zlib
 
 import numpy as np
 
-from ckptstore.io.atomic_file import AtomicFile, SinkKey
 from ckptstore.dtypes import STR_TYPE, mindspore_name
 from ckptstore.formats.protowire import encode_varint
+from ckptstore.io.atomic_file import AtomicFile, SinkKey
 
 #: MindSpore's default ``SLICE_SIZE`` (512 MiB) in bytes.
 DEFAULT_SLICE_BYTES = 512 * 1024 * 1024

@@ -35,10 +35,11 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from math import gcd
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from ckptstore.errors import NameMapError
 
@@ -68,7 +69,7 @@ class Template:
     parts: tuple[str | int, ...]
 
     @classmethod
-    def parse(cls, text: str) -> "Template":
+    def parse(cls, text: str) -> Template:
         parts: list[str | int] = []
         pos = 0
         for m in _REF.finditer(text):

@@ -9,12 +9,13 @@ dtype; they go into the ``__metadata__`` map. Files are written under a temporar
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ckptstore.io.atomic_file import AtomicFile, SinkKey
 from ckptstore.formats.safetensors_header import build_header
+from ckptstore.io.atomic_file import AtomicFile, SinkKey
+
 
 class SafetensorsWriter(AtomicFile):
     """Declare all tensors up front, then :meth:`add` them in the declared order."""

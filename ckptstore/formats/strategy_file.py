@@ -17,8 +17,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ckptstore.errors import MissingFileError, StrategyError
 from ckptstore.formats import protowire

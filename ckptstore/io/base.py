@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ckptstore.errors import InvalidOptionError, UnsafePathError
 from ckptstore.limits import MAX_NAME_BYTES
@@ -83,7 +84,7 @@ class ReadCost:
         worth = int(self.request_seconds / self.in_flight * self.bytes_per_second)
         return worth if self.max_gap_bytes is None else min(worth, self.max_gap_bytes)
 
-    def spans(self, requests: Sequence["Request"]) -> list[list["Request"]]:
+    def spans(self, requests: Sequence[Request]) -> list[list[Request]]:
         """Ad-hoc ``requests`` (not planned by the read planner), sorted by offset and grouped into
         the spans one request each should read: neighbours share a request while the gap is at
         most :attr:`gap_bytes` and the span at most :attr:`max_request_bytes`."""
@@ -100,7 +101,7 @@ class ReadCost:
             end = max(end, stop) if len(out[-1]) > 1 else stop
         return out
 
-    def from_environment(self, environ: Mapping[str, str] | None = None) -> "ReadCost":
+    def from_environment(self, environ: Mapping[str, str] | None = None) -> ReadCost:
         """This cost with the ``CKPTSTORE_*`` overrides of ``environ`` (``os.environ`` when
         ``None``) applied; a malformed or non-positive value is an
         :class:`~ckptstore.errors.InvalidOptionError` naming the variable."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import errno
 import threading
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from ckptstore.errors import FileAccessError, MissingFileError, ShortReadError
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request, check_key
@@ -24,7 +25,7 @@ class Crash(BaseException):
 
 
 class _MemoryFile(SinkFile):
-    def __init__(self, sink: "MemorySink", key: str, name: str, data: bytearray) -> None:
+    def __init__(self, sink: MemorySink, key: str, name: str, data: bytearray) -> None:
         self.sink, self.key, self.name, self.data = sink, key, name, data
         self.size = len(data)
 
@@ -59,7 +60,7 @@ class _MemoryFile(SinkFile):
 class MemorySource(ByteSource):
     """The files of a :class:`MemorySink`, read back."""
 
-    def __init__(self, sink: "MemorySink") -> None:
+    def __init__(self, sink: MemorySink) -> None:
         self.sink = sink
 
     @property
@@ -94,7 +95,7 @@ class MemorySource(ByteSource):
 
 
 class _HeldNames:
-    def __init__(self, sink: "MemorySink", name: str) -> None:
+    def __init__(self, sink: MemorySink, name: str) -> None:
         self.sink, self.name = sink, name
 
     def release(self) -> None:

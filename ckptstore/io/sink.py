@@ -82,7 +82,7 @@ class SinkFile(ReadableFile):
     def close(self) -> None:
         """Stop writing (the temporary file stays; publish or delete it)."""
 
-    def __enter__(self) -> "SinkFile":
+    def __enter__(self) -> SinkFile:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -164,7 +164,7 @@ class ByteSink(ABC):
         here = self.url.rstrip("/") + "/"
         return is_url(location) and (str(location).rstrip("/") + "/").startswith(here)
 
-    def folder(self, name: str) -> "ByteSink":
+    def folder(self, name: str) -> ByteSink:
         """The sink of folder ``name`` inside this one (a step of a store root). A local folder's is
         reached from this sink's folder without following a link, so a folder planted there as a
         link to elsewhere is refused (:class:`~ckptstore.errors.UnsafePathError`) before anything

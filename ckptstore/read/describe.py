@@ -17,14 +17,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckptstore.store.kinds import WORK_DIR, manifest_files, read_manifest, store_kind
-from ckptstore.formats.ckpt_reader import CkptIndex
-from ckptstore.dtypes import dtype_name
+from ckptstore.checkpoint.layout import layout_to_json
 from ckptstore.checkpoint.rank_files import scan_rank_file
 from ckptstore.checkpoint.source import DistributedSource
-from ckptstore.io import is_url, open_location, open_user_file
-from ckptstore.checkpoint.layout import layout_to_json
 from ckptstore.checkpoint.strategy import Strategy
+from ckptstore.dtypes import dtype_name
+from ckptstore.formats.ckpt_reader import CkptIndex
+from ckptstore.io import is_url, open_location, open_user_file
+from ckptstore.store.kinds import WORK_DIR, manifest_files, read_manifest, store_kind
 
 if TYPE_CHECKING:
     from ckptstore.store.store import Store
@@ -105,7 +105,7 @@ def describe_strategy(strategy: Strategy, *, rank: int | None = None,
             **({"unsaved": list(source.unsaved)} if source is not None else {}), "params": params}
 
 
-def describe_store(store: "Store") -> dict[str, Any]:
+def describe_store(store: Store) -> dict[str, Any]:
     """Parameters of a converted store: shape, dtype, bytes, chunk grid, and dedup savings.
 
     ``{"kind": "store", "path", "store_kind": "zarr"|"safetensors"|"index", "source": {...}, "params": {name:

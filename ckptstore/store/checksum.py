@@ -8,7 +8,7 @@ checking a resumed journal all read some bytes a block at a time and fold them i
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import crc32c
 

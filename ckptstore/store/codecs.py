@@ -8,7 +8,8 @@ allocate more than the chunk's box.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

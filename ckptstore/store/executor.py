@@ -18,19 +18,26 @@ pool instead of each paying for threads.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from typing import Any
 
 import crc32c
 import numpy as np
 
-from ckptstore.store.codecs import decode
-from ckptstore.errors import (AccessDeniedError, FileAccessError, MissingFileError, ShortReadError, StoreCorruptError,
-                              StoreUnavailableError)
-from ckptstore.store.read_plan import ByteRangesPlan, AnyParamReadPlan, ReadGroup
+from ckptstore.errors import (
+    AccessDeniedError,
+    FileAccessError,
+    MissingFileError,
+    ShortReadError,
+    StoreCorruptError,
+    StoreUnavailableError,
+)
 from ckptstore.io.base import ByteSource
+from ckptstore.store.codecs import decode
+from ckptstore.store.read_plan import AnyParamReadPlan, ByteRangesPlan, ReadGroup
 
 #: Modelled time per unit of work handed to a thread: long enough that a unit's requests
 #: dominate its scheduling cost (about 8 MiB of local reads), short enough that the threads
@@ -185,7 +192,7 @@ class Executor:
 
     def __init__(self, source: ByteSource, *, workers: int = 1, max_inflight: int = MAX_INFLIGHT,
                  unit_bytes: int | None = None, pool_min_bytes: int = POOL_MIN_BYTES,
-                 reading: Callable[[AnyParamReadPlan], ContextManager[None]] | None = None,
+                 reading: Callable[[AnyParamReadPlan], AbstractContextManager[None]] | None = None,
                  stats: IOStats | None = None) -> None:
         self.source = source
         self.cost = source.read_cost()
@@ -200,7 +207,7 @@ class Executor:
         self._budget = _Budget(max_inflight)
         self._pool: ThreadPoolExecutor | None = None
 
-    def __enter__(self) -> "Executor":
+    def __enter__(self) -> Executor:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -211,7 +218,7 @@ class Executor:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    def submit(self, plan: AnyParamReadPlan, out: np.ndarray, *, parallel: bool = True) -> "Job":
+    def submit(self, plan: AnyParamReadPlan, out: np.ndarray, *, parallel: bool = True) -> Job:
         """Start filling ``out`` with ``plan``'s bytes; ``Job.wait()`` returns when it is full.
 
         With one worker, or ``parallel=False``, the reads happen here, before this returns.

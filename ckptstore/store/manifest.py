@@ -195,7 +195,7 @@ class ParamManifest:
         return d
 
     @classmethod
-    def from_json(cls, name: str, d: Any) -> "ParamManifest":
+    def from_json(cls, name: str, d: Any) -> ParamManifest:
         """Parse and validate one parameter's entry; raises :class:`StoreCorruptError` naming it."""
         return _ParamParser(name).parse(d)
 
@@ -221,7 +221,7 @@ class StoreManifest:
                 "params": {n: p.to_json() for n, p in self.params.items()}}
 
     @classmethod
-    def from_json(cls, d: Any, *, where: str) -> "StoreManifest":
+    def from_json(cls, d: Any, *, where: str) -> StoreManifest:
         """Parse and validate a whole manifest; raises :class:`StoreCorruptError` naming ``where``."""
         if not isinstance(d, Mapping) or d.get("format") != FORMAT_NAME:
             raise StoreCorruptError(f"{where} is not a ckptstore store (no 'ckptstore' manifest)")

@@ -23,8 +23,9 @@ exactly these requests, so :attr:`ParamReadPlan.nbytes` (bytes wanted),
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -242,7 +243,7 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
 
 
 def plan_ranges(name: str, keys: Sequence[str], files: Sequence[int], offsets: Sequence[int],
-                lengths: Sequence[int]) -> "ByteRangesPlan":
+                lengths: Sequence[int]) -> ByteRangesPlan:
     """The plan that reads byte ranges back to back into a flat ``uint8`` destination.
 
     ``files`` (indices into ``keys``), ``offsets`` and ``lengths`` give one range per row, in

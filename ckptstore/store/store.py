@@ -148,7 +148,7 @@ class Store:
         if self.data is not self.location:
             self.data.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ckptstore.store.kinds import manifest_files
 

@@ -51,7 +51,7 @@ class LatencyProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "LatencyProxy":
+    def __enter__(self) -> LatencyProxy:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -67,7 +67,7 @@ class StoreKind:
     label: str
     manifest_file: str = MANIFEST
     manifest_in: Callable[[dict[str, Any]], Any] = _whole
-    open_data: Callable[[ByteSource, "StoreManifest"], ByteSource] | None = None
+    open_data: Callable[[ByteSource, StoreManifest], ByteSource] | None = None
     convert: bool = True
     #: Whether ``compress=`` applies (chunks are stored encoded).
     compressible: bool = False
