@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -123,15 +124,15 @@ def _measure_load(store: str, target: str, root: str) -> None:
           f"{'yes' if same and set(reference) == set(built) else 'NO'} ({len(reference)} parameters compared)")
 
 
-def _numpy(p: object) -> object:
+def _numpy(p: Any) -> object:
     if isinstance(p, str):
         return p
     import ml_dtypes
     import mindspore as ms
 
-    if p.dtype == ms.bfloat16:  # type: ignore[attr-defined]
-        return p.astype(ms.float32).asnumpy().astype(ml_dtypes.bfloat16)  # type: ignore[attr-defined]
-    return p.asnumpy()  # type: ignore[attr-defined]
+    if p.dtype == ms.bfloat16:
+        return p.astype(ms.float32).asnumpy().astype(ml_dtypes.bfloat16)
+    return p.asnumpy()
 
 
 if __name__ == "__main__":

@@ -118,9 +118,9 @@ def _communication() -> Job | None:
     """
     management = sys.modules.get("mindspore.communication.management")
     comm = getattr(management, "GlobalComm", None)
-    if comm is None or not getattr(comm, "INITED", False):
+    if management is None or comm is None or not getattr(comm, "INITED", False):
         return None
     try:
-        return Job(int(management.get_rank()), int(management.get_group_size()), COMMUNICATION)  # type: ignore[union-attr]
+        return Job(int(management.get_rank()), int(management.get_group_size()), COMMUNICATION)
     except Exception:  # a failed or torn-down initialisation: let the environment say
         return None

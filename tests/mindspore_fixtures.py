@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ckptstore.testing.oracle import load_oracle, transform_oracle  # noqa: F401
-from ckptstore.testing.sample_checkpoint import (  # noqa: F401
+from ckptstore.testing.oracle import load_oracle, transform_oracle  # noqa: F401  (re-exported for the test modules)
+from ckptstore.testing.sample_checkpoint import (  # noqa: F401  (re-exported for the test modules)
     NumpyHolder,
     ParamSpec,
     make_global_tensors,
@@ -26,7 +26,7 @@ from ckptstore.testing.sample_checkpoint import (  # noqa: F401
     write_strategy,
     write_strategy_json,
 )
-from ckptstore.testing.layouts import LAYOUT_KINDS, SCALARS, layout_specs  # noqa: F401
+from ckptstore.testing.layouts import LAYOUT_KINDS, SCALARS, layout_specs  # noqa: F401  (re-exported for the test modules)
 
 
 # --------------------------------------------------------------------------------------------

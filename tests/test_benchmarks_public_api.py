@@ -38,7 +38,7 @@ def _files() -> Iterator[tuple[Path, ast.AST]]:
 
 
 def _where(path: Path, node: ast.AST) -> str:
-    return f"{path.relative_to(REPO)}:{node.lineno}"  # type: ignore[attr-defined]
+    return f"{path.relative_to(REPO)}:{node.lineno}"
 
 
 def _module_allowed(module: str) -> bool:

@@ -124,8 +124,11 @@ def test_cli_export_format_hf(indexed):
     _, tmp = indexed
     index_hf(tmp / "hf", tmp / "st", name_map="mcore")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "ckptstore.cli", "export", *a],  # noqa: E731
-                                    capture_output=True, text=True, env=env)
+
+    def run(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ckptstore.cli", "export", *a], capture_output=True, text=True,
+                              env=env)
+
     ok = run(str(tmp / "st"), str(tmp / "out"), "--format", "hf", "--name-map", "mcore", "--max-shard-size", "20KB")
     assert ok.returncode == 0, ok.stderr
     assert "wrote 21 tensors in 7 file(s)" in ok.stdout  # 5 shards of fp32, the index, config.json

@@ -280,8 +280,11 @@ def test_a_fusion_that_does_not_fit_the_config_names_the_rule(folder, tmp_path):
 def test_cli_index_with_a_name_map_and_its_errors(folder, tmp_path):
     hf, _ = folder
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "ckptstore.cli", "index", *a],  # noqa: E731
-                                    capture_output=True, text=True, env=env)
+
+    def run(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ckptstore.cli", "index", *a], capture_output=True, text=True,
+                              env=env)
+
     ok = run(str(hf), "--out", str(tmp_path / "st"), "--name-map", "mcore", "-q")
     assert ok.returncode == 0, ok.stderr
     assert "an index of 15 parameters of a Hugging Face folder" in ok.stdout

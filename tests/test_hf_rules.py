@@ -96,7 +96,10 @@ def assemble(sources: list[np.ndarray], groups: int, axis: int = 0) -> np.ndarra
 def test_fused_segments_match_numpy_group_concatenation(parts, groups, width, axis):
     rng = np.random.default_rng(0)
     sizes = [k * groups for k in parts]
-    shape = lambda n: (n, width) if axis == 0 else (width, n)  # noqa: E731
+
+    def shape(n: int) -> tuple[int, int]:
+        return (n, width) if axis == 0 else (width, n)
+
     sources = [rng.standard_normal(shape(n)) for n in sizes]
     # numpy: cut each source into `groups` equal parts along the axis, join part g of every source, then the groups
     split = [np.split(x, groups, axis=axis) for x in sources]

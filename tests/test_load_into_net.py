@@ -35,14 +35,14 @@ class TreeNet(nn.Cell):
         for name, spec in shapes.items():
             head, _, rest = name.partition(".")
             if rest:
-                tree.setdefault(head, {})[rest] = spec  # type: ignore[index]
+                tree.setdefault(head, {})[rest] = spec
             else:
                 tree[head] = spec
         for key, value in tree.items():
             if isinstance(value, dict):
                 setattr(self, key, TreeNet(value, prefix + key + "."))
             else:
-                shape, dtype = value  # type: ignore[misc]
+                shape, dtype = value
                 if dtype == BF16:  # Parameter(bfloat16 data) calls asnumpy, which fails under numpy 2
                     with no_init_parameters():
                         param = Parameter(initializer("zeros", list(shape), mindspore.bfloat16), name=prefix + key)

@@ -163,7 +163,7 @@ def test_a_background_save_hands_a_sharded_slice_over_in_pieces_within_its_budge
             sizes.append(len(piece[2]))
             yield piece
 
-    job.pieces = recording  # type: ignore[method-assign]
+    job.pieces = recording
     saver.save(job)
     w += 1  # training goes on
     saver.wait()

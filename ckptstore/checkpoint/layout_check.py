@@ -111,9 +111,9 @@ def check_against_strategy(params: Mapping[str, SourceParam], sampler: Sampler, 
         if len(p.slices) > 1:
             kind, pair = _compare_distinct(p, chosen, sampler)
             if kind == "collision":
-                raise LayoutMismatchError(_same_bytes_message(p, pair, None))  # type: ignore[arg-type]
+                raise LayoutMismatchError(_same_bytes_message(p, pair, None))  # type: ignore[arg-type]  # pair: set
             if kind == "identical":
-                identical.append((p.name, pair))  # type: ignore[arg-type]
+                identical.append((p.name, pair))  # type: ignore[arg-type]  # an "identical" pair is never None
             elif kind == "distinct":
                 distinct.append(p.name)
     if identical and not distinct:

@@ -342,8 +342,11 @@ def strategy_from_summary(summary: object) -> Strategy:
 
     Raises :class:`~ckptstore.errors.StoreCorruptError` when the summary is malformed.
     """
+    if not isinstance(summary, Mapping):
+        raise StoreCorruptError(f"the store's record of its source strategy is malformed: {type(summary).__name__}, "
+                                "not a JSON object")
     try:
-        params = summary["params"]  # type: ignore[index]
+        params = summary["params"]
         staged = {
             str(name): {int(s): Layout(tuple(strict_int(x, "dev_matrix") for x in d["dev_matrix"]),
                                        tensor_map_axes(d["tensor_map"]),
@@ -353,7 +356,7 @@ def strategy_from_summary(summary: object) -> Strategy:
             for name, stages in params.items()
         }
         st = _assemble(staged, ())
-        devices, stages_n = int(summary["stage_devices"]), int(summary["num_stages"])  # type: ignore[index]
+        devices, stages_n = int(summary["stage_devices"]), int(summary["num_stages"])
     except (KeyError, TypeError, ValueError, AttributeError, StrategyError) as e:
         raise StoreCorruptError(f"the store's record of its source strategy is malformed: {e}") from None
     if (staged and (devices, stages_n) != (st.stage_devices, st.num_stages)) or not 0 < devices * stages_n <= MAX_WORLD:

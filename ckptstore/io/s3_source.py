@@ -91,7 +91,7 @@ class S3File(ReadableFile):
         return self._etag
 
     @property
-    def size(self) -> int:  # type: ignore[override]
+    def size(self) -> int:  # type: ignore[override]  # ReadableFile.size is an attribute; learnt on first use here
         if self._size is None:
             st = self.source.stat(self.key)
             if st is None:

@@ -139,8 +139,7 @@ class RankParameters(dict):
     def _read_only(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("RankParameters is read-only; materialize() returns an ordinary dict of its Parameters")
 
-    # read-only: every mutator of dict raises, whatever its signature
-    __setitem__ = __delitem__ = pop = popitem = setdefault = update = clear = _read_only  # type: ignore[assignment]
+    __setitem__ = __delitem__ = pop = popitem = setdefault = update = clear = _read_only  # type: ignore[assignment]  # all raise
 
     # -- building -----------------------------------------------------------------------------
 

@@ -459,7 +459,7 @@ class _PinThenCheck(ReadableFile):
         return self.inner.url
 
     @property
-    def size(self) -> int:  # type: ignore[override]
+    def size(self) -> int:  # type: ignore[override]  # ReadableFile.size is an attribute; the inner file's here
         return self.inner.size
 
     def read_requests(self, requests: Sequence[Request]) -> None:

@@ -104,7 +104,7 @@ def profile_cprofile(src_dir: str, strategy: str, out: str) -> dict[str, Any]:
             finally:
                 prof.disable()
 
-        IndexWriter.write_param = write_param  # type: ignore[method-assign]
+        IndexWriter.write_param = write_param  # type: ignore[method-assign]  # profiled for this run, put back after
     except (ImportError, AttributeError):
         pass
     prof = cProfile.Profile()

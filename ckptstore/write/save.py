@@ -284,7 +284,7 @@ class SaveJob:
         step = max(self.piece_bytes, 1)
         for p in self.plan.params:
             if p.chunks:
-                flat = _bytes_of(self.arrays[p.name])  # type: ignore[arg-type]
+                flat = _bytes_of(self.arrays[p.name])  # type: ignore[arg-type]  # chunks: a tensor, not a str
                 for offset in range(0, p.nbytes, step):
                     yield p, offset, flat[p.local_start + offset:p.local_start + min(offset + step, p.nbytes)]
 
