@@ -1,7 +1,8 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
 # Both create .venv on first use and are fast (no reinstall) once it is up to date.
 # Test tiers: `make test` everything (CI); `make test-fast` the edit-run loop (no `slow`, no `fuzz`
-# markers); `make test-pure` the tests that need no MindSpore, in a venv without it.
+# markers); `make test-pure` the tests that need no MindSpore, in a venv without it. `make lint`
+# (ruff + mypy, configured in pyproject.toml) runs first in `make test` and `make test-fast`.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -13,7 +14,7 @@ PURE   := .venv-pure
 # (or by `make test`, which then runs tests/test_mindformers_client.py and tests/test_mindformers_recipe.py inside it as a subprocess).
 MF     := .venv-mf
 
-.PHONY: demo test test-fast test-pure test-mf venv-mf install clean
+.PHONY: demo lint test test-fast test-pure test-mf venv-mf install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,10 +27,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	GLOG_v=3 $(PY) -m ckptstore.demo $(DEMO)
 
-test: $(STAMP) $(MF)/.installed
+lint: $(STAMP)
+	$(VENV)/bin/ruff check ckptstore tests benchmarks
+	$(VENV)/bin/mypy ckptstore
+
+test: $(STAMP) $(MF)/.installed lint
 	GLOG_v=3 $(PY) -m pytest -q -p no:cacheprovider tests
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) lint
 	GLOG_v=3 $(PY) -m pytest -q -p no:cacheprovider -m "not slow and not fuzz" --hypothesis-profile=fast tests
 
 # The pure tier (box math, layouts, chunk plan, planner and executor, manifest, the wire and .ckpt

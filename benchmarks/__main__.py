@@ -44,7 +44,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     r.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, one repetition (about 1.5 minutes)")
     r.add_argument("--cold-load", action="store_true",
                    help="also run the load scenario with the page cache dropped before every measured run "
-                        "(all of it as root, else every file read, with posix_fadvise): load-cold.json, a section of REPORT.md")
+                        "(all of it as root, else every file read, with posix_fadvise): load-cold.json, a "
+                        "section of REPORT.md")
     r.add_argument("--scaling", action="store_true",
                    help="also sweep model sizes and source world sizes (tables; PNG plots need the bench extra: "
                         "pip install -e '.[bench]')")

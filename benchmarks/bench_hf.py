@@ -6,7 +6,8 @@ Makes (once, cached in ``--work``) a Hugging Face folder of random bf16 weights 
 (hidden 2048, 16 heads, 4 KV heads, ffn 5632, vocab 32000, layers to reach ``--gb``), sharded at
 500 MB as ``save_pretrained`` would; then, each in a fresh process, alternating: the index of the
 folder under the ``mcore`` rules (``ckptstore.index(FOLDER, STORE, name_map="mcore")``, what
-``ckptstore index FOLDER --out STORE --name-map mcore`` does) (fused linear_qkv per KV group, linear_fc1 interleaved row by row) and
+``ckptstore index FOLDER --out STORE --name-map mcore`` does) (fused linear_qkv per KV group,
+linear_fc1 interleaved row by row) and
 ``read_rank`` of rank 1 of a tp 4 layout (column-parallel weights split by rows, row-parallel by
 columns; the embedding and output split by rows), reporting bytes read against the slice (planned:
 ``ckptstore.plan_rank``; sent: ``ckptstore.io_counts()`` around the read) and peak RSS above the
@@ -127,7 +128,8 @@ def main() -> None:
     ap.add_argument("--store", type=Path)
     ap.add_argument("--strategy", type=Path)
     ap.add_argument("--s3", action="store_true",
-                    help="Also from a real S3 server on loopback (SeaweedFS): the folder uploaded, indexed and read there")
+                    help="Also from a real S3 server on loopback (SeaweedFS): the folder uploaded, indexed and "
+                         "read there")
     args = ap.parse_args()
     if args.child:
         child(args)

@@ -5,7 +5,9 @@
 Each contender in a fresh process, alternating, after ``bench_hf`` made the folder: MindFormers 1.9.0's
 ``models/llama/convert_weight.py::convert_pt_to_ms`` (``LlamaForCausalLM.from_pretrained``, rename,
 ``mindspore.save_checkpoint`` of one whole bf16 ``.ckpt``), against ckptstore's index of the folder with the ``llama``
-rules (``ckptstore.index(folder, store, name_map="llama")``, as ``ckptstore index --name-map llama``) followed by ``read_rank`` of the whole model (every tensor under MindFormers' names, in memory) and of
+rules (``ckptstore.index(folder, store, name_map="llama")``, as ``ckptstore index --name-map
+llama``) followed by ``read_rank`` of the whole model (every tensor under MindFormers' names, in
+memory) and of
 rank 1 of a tp 4 layout. The timed span is the whole route from the folder on disk to the weights a rank
 needs, imports excluded; peak RSS is ``ru_maxrss`` above the RSS after the imports.
 """

@@ -216,7 +216,7 @@ def _checks(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if s["contender"] in out:
             continue
         d = s["digests"]
-        same = None if ref is None else sum(a is not None and a == b for a, b in zip(d, ref))
+        same = None if ref is None else sum(a is not None and a == b for a, b in zip(d, ref, strict=False))
         out[s["contender"]] = {"ranks": len(d), "same_as_ckptstore": same,
                                "distinct_values": len({x for x in d if x is not None}),
                                "bytes_fetched": s.get("bytes_fetched", 0)}

@@ -114,7 +114,8 @@ TIMED_SPANS = {
          "setup: the target strategy, `init_process_group('fake')`, the meshes and the target DTensors with "
          "`torch.zeros` local shards (memory touched)",
     DCP_1T: f"as `{DCP}`, with `OMP_NUM_THREADS=1`",
-    RAW: "ckptstore's GETs for this rank (same objects and ranges) sent with `obstore.get(range)` by as many threads as "
+    RAW: "ckptstore's GETs for this rank (same objects and ranges) sent with `obstore.get(range)` by as many "
+         "threads as "
          "ckptstore's S3 reader keeps GETs in flight, each answer streamed into its place in one buffer; setup: the "
          "client and that buffer (allocated and touched)",
 }
@@ -543,7 +544,7 @@ def run(st: S3Setup, *, reps: int, command: str, results_dir: Path | None, quick
                 cpu = ServerCpu(server.proc.pid)
                 record = run_benchmark(NAME, lcs, reps=reps, warm_paths=warm, params=lparams, command=command,
                                        results_dir=None, keep_going=True, timeout=1800,
-                                       before_each=lambda c: cpu.mark(c.name), log=log)
+                                       before_each=lambda c, cpu=cpu: cpu.mark(c.name), log=log)
                 cpu.mark(None)
             finally:
                 if proxy is not None:
@@ -720,13 +721,15 @@ def verdict_lines(record: Mapping[str, Any]) -> list[str]:
     for name in (DCP, DCP_1T):
         td = traffic.get(name, {})
         if "bytes" in td:
-            lines.append(f"- `{name}` had {format_bytes(td['bytes'])} sent = **{td['bytes'] / wanted:.3f}×** the rank's "
+            lines.append(f"- `{name}` had {format_bytes(td['bytes'])} sent = **{td['bytes'] / wanted:.3f}×** "
+                         f"the rank's "
                          f"bytes in {td['requests']} requests (DCP reads every stored chunk that overlaps a target "
                          "shard whole, then copies the overlap)")
             break
     cpu = p.get("server_cpu_s", {})
     if cpu:
-        parts = [f"`{LABELS.get(n, n)}` {format_seconds(statistics.median(v))}" for n, v in cpu.items() if v and n != LOCAL]
+        parts = [f"`{LABELS.get(n, n)}` {format_seconds(statistics.median(v))}"
+                 for n, v in cpu.items() if v and n != LOCAL]
         lines.append("- SeaweedFS's CPU time per run (median; on the same 2 cores as the client): " + ", ".join(parts))
     return lines
 
@@ -748,7 +751,8 @@ def transposed_lines(p: Mapping[str, Any]) -> list[str]:
     if not t:
         return []
     lines = ["The transposed case (`[4096, 1024]` float32 saved by two ranks as row halves with `ckptstore.save_rank`, "
-             "read by columns `[:, :512]` with `ckptstore.read_rank`: 8 MiB wanted), in the parent process, through the "
+             "read by columns `[:, :512]` with `ckptstore.read_rank`: 8 MiB wanted), in the parent process, "
+             "through the "
              "same endpoint; requests, bytes and the model from `ckptstore.plan_rank` (modelled: the source's own cost "
              "model for every plan), GETs sent from `ckptstore.io_counts()`:", "",
              "| plan | requests (GETs sent) | bytes fetched | modelled | measured (median) |", "|---|---|---|---|---|"]
@@ -757,7 +761,8 @@ def transposed_lines(p: Mapping[str, Any]) -> list[str]:
         v = t[k]
         knob = ", ".join(f"`{n}={x}`" for n, x in v.get("env", {}).items())
         lines.append(f"| {titles[k]}{f' ({knob})' if knob else ''} | {v['requests']:,} ({v['gets']:,}) | "
-                     f"{format_bytes(v['fetched'])} | {format_seconds(v['modelled_s'])} | {format_seconds(v['wall_s'])} |")
+                     f"{format_bytes(v['fetched'])} | {format_seconds(v['modelled_s'])} | "
+                     f"{format_seconds(v['wall_s'])} |")
     auto = t["auto"]
     lines += ["", f"- transposed case: {auto['requests']} requests (target ≤ 64: {_met(auto['requests'] <= 64)}); "
               f"measured {t['auto_over_best']:.2f}× the faster of exact ranges and whole spans (target ≤ 1.2: "

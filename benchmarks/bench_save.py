@@ -50,7 +50,8 @@ rank; the median rank too), **done** = from the barrier to the end of the last r
 an ``os.sync()`` by the driver afterwards, so every contender pays for durable files, **bytes written** = the
 output folder's size, **extra memory** = the largest per-rank peak RSS above its level before
 the call (``clear_refs``), **host copies kept** = the staging buffers an async saver allocated in
-the unmeasured first save and reuses (``StoreSaver.peak_staged``) (so extra memory does not show them: ckptstore's peak use of
+the unmeasured first save and reuses (``StoreSaver.peak_staged``) (so extra memory does not show
+them: ckptstore's peak use of
 its piece buffers, DCP's cached copy of the whole rank). ``ModelCheckpoint sync + ckptstore index`` adds the time of
 ``ckptstore.index`` of the sync save's rank files (the way to a store without saving into one).
 Contenders alternate order between repetitions; medians are reported, with the machine's
@@ -109,7 +110,7 @@ def rank_main(a: argparse.Namespace) -> None:
     if a.contender == RAW_PUTS:
         params = _objects_of_a_save(a, params)
     if a.contender.startswith("ckptstore"):  # a job imports its libraries before it trains
-        import zarr  # noqa: F401 (imported on a store's first save)
+        import zarr  # noqa: F401  (imported on a store's first save)
 
         import ckptstore
 
@@ -184,8 +185,11 @@ def _raw_puts(url: str, objects: dict[str, bytes]) -> None:
 
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
     store, part = S3Store(bucket), 16 << 20
-    put = lambda key: obstore.put(store, f"{prefix}/{key}", objects[key], use_multipart=len(objects[key]) > part,  # noqa: E731
-                                  chunk_size=part, max_concurrency=8)
+
+    def put(key: str) -> Any:
+        return obstore.put(store, f"{prefix}/{key}", objects[key], use_multipart=len(objects[key]) > part,
+                           chunk_size=part, max_concurrency=8)
+
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(put, objects))
 
@@ -300,7 +304,8 @@ def run_once(s: Any, contender: str, out: Path, budget_mb: int | None, bucket: A
     else:
         written = sum(p.stat().st_size for folder in ([Path(w) for w in stores] or [out])
                       for p in folder.rglob("*") if p.is_file())
-    return {"stall_max": stalls[-1], "stall_median": statistics.median(stalls), "done": max(r["done"] for r in ranks) - t_go + sync_s,
+    return {"stall_max": stalls[-1], "stall_median": statistics.median(stalls),
+            "done": max(r["done"] for r in ranks) - t_go + sync_s,
             "bytes_written": written, "extra_memory": max(r["peak_above"] for r in ranks),
             "committed": sum(bool(r.get("committed")) for r in ranks),
             "staged_peak": max((r.get("staged_peak", 0) for r in ranks), default=0)}
@@ -362,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     if server is not None:
         server.stop()
-    record = {"name": NAME, "command": command_line("benchmarks.bench_save", argv), "size": a.size, "model_bytes": s.model_bytes,
+    record = {"name": NAME, "command": command_line("benchmarks.bench_save", argv), "size": a.size,
+              "model_bytes": s.model_bytes,
               "world": s.src.world, "mesh": str(s.src), "budget_mb": a.budget_mb, "runs": runs, "index_s": index_runs,
               "load_avg": load_avg, "foreign_cpu_cores": round(foreign.cores(), 2),
               "time": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -443,7 +449,8 @@ def targets(record: dict[str, Any]) -> list[str]:
                    f"{format_seconds(done)} — {'met' if done <= bound else 'MISSED'}")
     if runs.get(SEAWEED) and runs.get("ckptstore async"):
         bucket, local = _median(runs[SEAWEED], "done"), _median(runs["ckptstore async"], "done")
-        line = (f"- committed into the bucket ≤ 1.5× the local save ({format_seconds(local)}): {format_seconds(bucket)} = "
+        line = (f"- committed into the bucket ≤ 1.5× the local save ({format_seconds(local)}): "
+                f"{format_seconds(bucket)} = "
                 f"{bucket / local:.2f}× — {'met' if bucket <= 1.5 * local else 'MISSED'}")
         if runs.get(RAW_PUTS):
             raw = _median(runs[RAW_PUTS], "done")

@@ -543,7 +543,8 @@ def render(record: Mapping[str, Any]) -> str:
         lines.append(
             f"| {ROUTE_TITLES[route]} | {_stat(a, 'wall_s', format_seconds)} | {_stat(b, 'wall_s', format_seconds)} | "
             f"**{v['wall_ratio']:.3f}×** | {'within' if v['within'] else '**over**'} | {v['min_ratio']:.3f}× | "
-            f"{_paired(v['paired_ratios'])} | {_stat(a, 'cpu_s', format_seconds)} | {_stat(b, 'cpu_s', format_seconds)} | "
+            f"{_paired(v['paired_ratios'])} | {_stat(a, 'cpu_s', format_seconds)} | "
+            f"{_stat(b, 'cpu_s', format_seconds)} | "
             f"{v['cpu_s_ratio']:.3f}× | "
             f"{_stat(a, m, format_bytes)} | {_stat(b, m, format_bytes)} | {_stat(a, 'rchar', format_bytes)} | "
             f"{_stat(b, 'rchar', format_bytes)} | {ref_cell} | {ref_ratio} |")

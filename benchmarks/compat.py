@@ -30,7 +30,8 @@ class _OldSaver:
     """``StoreSaver``'s background save for revisions before 7a5c952 (``AsyncSaver`` + ``prepare_save``)."""
 
     def __init__(self, root: str | os.PathLike[str], memory_budget_mb: int | None, strategy: Any, rank: int) -> None:
-        from ckptstore.write.async_save import AsyncSaver  # noqa: only revisions without StoreSaver get here
+        # only revisions without StoreSaver get here (the module is gone since 7a5c952)
+        from ckptstore.write.async_save import AsyncSaver
 
         self.root, self.strategy, self.rank = root, strategy, rank
         self._async = AsyncSaver(memory_budget=None if memory_budget_mb is None else memory_budget_mb << 20)

@@ -139,8 +139,8 @@ def patched_mindspore() -> Any:
     from mindspore.train import serialization
 
     if not getattr(serialization, "_bench_memavailable", False):
-        serialization._get_available_memory = _mem_available  # noqa: SLF001
-        serialization._bench_memavailable = True  # noqa: SLF001
+        serialization._get_available_memory = _mem_available
+        serialization._bench_memavailable = True
     return mindspore
 
 

@@ -58,7 +58,8 @@ class Contender:
 
     ``preimport`` lists modules the worker imports before measuring, so a contender that imports
     MindSpore lazily is not charged for the import (``"module:name"`` also takes that attribute,
-    e.g. ``"ckptstore:load_rank"``, which imports ckptstore's MindSpore adapter). ``reps`` caps this contender's repetitions
+    e.g. ``"ckptstore:load_rank"``, which imports ckptstore's MindSpore adapter). ``reps`` caps
+    this contender's repetitions
     (for a slow baseline); ``None`` means the benchmark's ``reps``. ``env`` is added to the
     worker's environment (e.g. ``RANK_ID``). ``check`` names a function of ``module`` called
     after the measurement as ``check(result, **args)`` (e.g. a digest of the loaded values).
@@ -168,7 +169,7 @@ class ChildSampler(threading.Thread):
 
     def peak_of_sum(self, before: Sequence[int], start_ns: int, end_ns: int) -> int:
         """Largest ``sum(rss_i - before_i)`` over the roots between ``start_ns`` and ``end_ns``."""
-        return max((sum(max(0, r - b) for r, b in zip(rss, before)) + g
+        return max((sum(max(0, r - b) for r, b in zip(rss, before, strict=False)) + g
                     for t, rss, g in self.timeline if start_ns <= t <= end_ns), default=0)
 
 
@@ -302,7 +303,8 @@ def run_benchmark(
     ``cold`` drops the page cache before every measurement: all of it where
     ``/proc/sys/vm/drop_caches`` is writable, else the pages of ``evict_paths`` (every file a
     contender reads) with ``posix_fadvise(DONTNEED)``; :class:`BenchmarkError` when neither is
-    possible. Otherwise ``warm_paths`` are read once first so every contender starts warm. ``sync_before`` writes dirty pages back before each measurement (for
+    possible. Otherwise ``warm_paths`` are read once first so every contender starts warm.
+    ``sync_before`` writes dirty pages back before each measurement (for
     benchmarks that write, so one contender's write-back is not charged to the next).
     ``before_each`` runs before each measurement (e.g. to remove a previous output). With
     ``keep_going`` a failing contender is recorded under ``failed`` (with its error) and the
@@ -350,7 +352,8 @@ def run_benchmark(
         m.update(contender=c.name, round=rnd)
         samples.append(m)
         log(f"  round {rnd} {c.name:<40} wall {m['wall_s']:8.3f} s  peak+ {m['peak_above_start'] / 2**20:9.1f} MiB"
-            f"  rchar {m['rchar'] / 2**20:10.1f} MiB" + (f"  (setup {m['setup_s']:.3f} s, untimed)" if "setup_s" in m else ""))
+            f"  rchar {m['rchar'] / 2**20:10.1f} MiB"
+            + (f"  (setup {m['setup_s']:.3f} s, untimed)" if "setup_s" in m else ""))
     record = {
         "name": name,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -398,7 +401,8 @@ def run_concurrent(contenders: Sequence[Contender], *, timeout: float | None = N
     at once. Returns ``{"samples": [...], "makespan_s", "peak_sum_above_start"}``: the per-worker
     measurements, the time from the first measured call's start to the last one's end, and the
     largest *simultaneous* sum of the workers' memory above their start (sampled every
-    ``sample_period`` s; the processes they start too if a contender has ``track_children``). Raises :class:`BenchmarkError` if any worker fails
+    ``sample_period`` s; the processes they start too if a contender has ``track_children``).
+    Raises :class:`BenchmarkError` if any worker fails
     (the others are killed).
     """
     with tempfile.TemporaryDirectory(prefix="ckptstore_node_") as tmp:
@@ -436,7 +440,7 @@ def run_concurrent(contenders: Sequence[Contender], *, timeout: float | None = N
                     p.wait()
     start = min(s["start_ns"] for s in samples)
     end = max(s["end_ns"] for s in samples)
-    for c, s in zip(contenders, samples):
+    for c, s in zip(contenders, samples, strict=False):
         s["contender"] = c.name
     return {"samples": samples, "makespan_s": (end - start) / 1e9,
             "peak_sum_above_start": sampler.peak_of_sum([s["rss_before"] for s in samples], start, end)}

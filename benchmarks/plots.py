@@ -45,7 +45,7 @@ def plot_scaling(points: Sequence[Mapping[str, Any]], out_dir: Path) -> tuple[li
             if len(pts) < 2:
                 continue
             fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
-            for ax, (metric, ylabel, yscale) in zip(axes[0], panels):
+            for ax, (metric, ylabel, yscale) in zip(axes[0], panels, strict=False):
                 _panel(ax, pts, scenario, metric, xscale, yscale)
                 ax.set_xlabel(xlabel)
                 ax.set_ylabel(ylabel)

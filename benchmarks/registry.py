@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence, Union
 
 from benchmarks.harness import Contender
 
-FactoryResult = Union[Contender, Sequence[Contender], None]
+FactoryResult = Contender | Sequence[Contender] | None
 Factory = Callable[[Any], FactoryResult]
 SCENARIOS = ("load", "convert", "node")
 

@@ -5,7 +5,8 @@ the page cache dropped before every measured run, as the record ``load-cold``), 
 (which target ranks the MindSpore routes load correctly, on a small model), ``convert``,
 ``node`` (8 loaders at once), ``index`` (``ckptstore.index`` of a sparse 130B-shaped checkpoint
 on 128 ranks, from its headers: :mod:`benchmarks.bench_index`) and, with ``--scaling``, the load
-and convert scenarios again over model sizes and source world sizes. Each writes ``<out>/<name>.json`` (the latest run of each scenario) and ``<out>/<name>.md``; the suite
+and convert scenarios again over model sizes and source world sizes. Each writes
+``<out>/<name>.json`` (the latest run of each scenario) and ``<out>/<name>.md``; the suite
 writes ``<out>/REPORT.md`` with every table, the targets of benchmarks/README.md judged on this run, and
 the plots.
 """
@@ -201,7 +202,8 @@ def report(records: Mapping[str, Any], cfg: SuiteConfig, command: str) -> str:
     verdicts = (targets.load_verdicts(records.get("load"), bench_load.CKPTSTORE, bench_load.BOUND,
                                       into_net=bench_load.INTO_NET, cold=records.get(bench_load.COLD_NAME))
                 + targets.index_load_verdicts(records.get("load"), bench_load.INDEX, bench_load.CKPTSTORE)
-                + targets.convert_verdicts(records.get("convert"), bench_convert.CKPTSTORE, bench_convert.MS_SAFETENSORS)
+                + targets.convert_verdicts(records.get("convert"), bench_convert.CKPTSTORE,
+                                           bench_convert.MS_SAFETENSORS)
                 + targets.index_convert_verdicts(records.get("convert"), bench_convert.INDEX)
                 + targets.sparse_index_verdicts(records.get("index"), bench_index.INDEX)
                 + targets.node_verdicts(records.get("node"), bench_node.CKPTSTORE))
@@ -209,7 +211,8 @@ def report(records: Mapping[str, Any], cfg: SuiteConfig, command: str) -> str:
     lines += _design_context(records.get("load"))
     lines += ["### How the MindSpore routes were run", "", *bench_load.mindspore_notes(),
               "- The node scenario sets the parallel context a real job has "
-              "(`set_auto_parallel_context(parallel_mode='semi_auto_parallel', device_num=<target ranks>, global_rank=r)`) "
+              "(`set_auto_parallel_context(parallel_mode='semi_auto_parallel', device_num=<target ranks>, "
+              "global_rank=r)`) "
               "for `load_distributed_checkpoint`: with `RANK_ID` alone some ranks get rank 0's slices (see "
               "\"Which target ranks each MindSpore route reaches\").", ""]
     if "load" in records:
@@ -327,7 +330,7 @@ def _scaling_section(rec: Mapping[str, Any]) -> list[str]:
             lines.append("")
         lines += ["Rank's bytes / all rank files per point: "
                   + "; ".join(f"{h}: {format_bytes(p['rank_nbytes'])} / {format_bytes(p['rank_file_bytes'])}"
-                              for h, p in zip(head, pts)), ""]
+                              for h, p in zip(head, pts, strict=False)), ""]
     for f in rec.get("plots", []):
         lines += [f"![{f}]({f})", ""]
     if rec.get("plots_missing"):

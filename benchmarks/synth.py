@@ -358,7 +358,7 @@ def _write_source(s: Synth, *, group_bytes: int = GROUP_BYTES) -> None:
         pieces = testing.save_distributed(piece_root, group, tensors, world_size=s.src.world, prefix=PREFIX,
                                           step_suffix=STEP_SUFFIX)
         del tensors
-        for piece, final in zip(pieces, finals):
+        for piece, final in zip(pieces, finals, strict=False):
             with open(piece, "rb") as src, open(final, "ab") as dst:
                 shutil.copyfileobj(src, dst, 16 << 20)
         shutil.rmtree(piece_root)
@@ -378,5 +378,5 @@ def check_grouped_save(tmp_dir: Path, *, size: int = 4 << 20, mesh: Mesh = Mesh(
     specs = s.specs
     direct = testing.save_distributed(Path(tmp_dir) / "direct", specs, testing.make_global_tensors(specs, 0),
                                       world_size=mesh.world, prefix=PREFIX, step_suffix=STEP_SUFFIX)
-    same = all(a.read_bytes() == b.read_bytes() for a, b in zip(s.rank_files, direct))
+    same = all(a.read_bytes() == b.read_bytes() for a, b in zip(s.rank_files, direct, strict=False))
     return same and s.strategy.read_bytes() == (Path(tmp_dir) / "direct" / "strategy.ckpt").read_bytes()

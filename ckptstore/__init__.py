@@ -68,5 +68,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'ckptstore' has no attribute {name!r}")
 
 
-__all__ = ["CkptStoreError", "IOCounts", "Store", "StoreCheckpoint", "StoreSaver", "__version__", "commit", "convert", "export", "index", "io_counts",
-           "load_into_net", "load_rank", "open", "plan_rank", "read_rank", "save_rank", "verify"]
+__all__ = ["CkptStoreError", "IOCounts", "Store", "StoreCheckpoint", "StoreSaver", "__version__", "commit", "convert",
+           "export", "index", "io_counts", "load_into_net", "load_rank", "open", "plan_rank", "read_rank", "save_rank",
+           "verify"]

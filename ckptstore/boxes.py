@@ -26,14 +26,14 @@ class Box:
         if len(self.start) != len(self.stop):
             raise ValueError(f"box start {self.start} and stop {self.stop} differ in rank")
         shape = []
-        for lo, hi in zip(self.start, self.stop):  # a loop: boxes are built in hot planning paths
+        for lo, hi in zip(self.start, self.stop, strict=True):  # a loop: boxes are built in hot planning paths
             if lo < 0 or hi < lo:
                 raise ValueError(f"box [{self.start}, {self.stop}) is not a valid box")
             shape.append(hi - lo)
         object.__setattr__(self, "shape", tuple(shape))
 
     @classmethod
-    def full(cls, shape: Sequence[int]) -> "Box":
+    def full(cls, shape: Sequence[int]) -> Box:
         """The box covering a whole tensor of ``shape``."""
         return cls((0,) * len(shape), tuple(int(s) for s in shape))
 
@@ -45,28 +45,28 @@ class Box:
     def size(self) -> int:
         return prod(self.shape)
 
-    def intersect(self, other: "Box") -> "Box | None":
+    def intersect(self, other: Box) -> Box | None:
         """The overlap of two boxes in the same frame, or ``None`` when they do not overlap."""
         start = tuple(map(max, self.start, other.start))
         stop = tuple(map(min, self.stop, other.stop))
-        for lo, hi in zip(start, stop):
+        for lo, hi in zip(start, stop, strict=True):
             if lo >= hi:
                 return None
         return Box(start, stop)
 
-    def contains(self, other: "Box") -> bool:
+    def contains(self, other: Box) -> bool:
         """True when ``other`` lies inside this box."""
-        return all(a <= b and d <= c for a, b, c, d in zip(self.start, other.start, self.stop, other.stop))
+        return all(a <= b and d <= c for a, b, c, d in zip(self.start, other.start, self.stop, other.stop, strict=True))
 
-    def relative_to(self, origin: "Box") -> "Box":
+    def relative_to(self, origin: Box) -> Box:
         """This box expressed in the frame whose origin is ``origin.start``."""
-        start = tuple(a - o for a, o in zip(self.start, origin.start))
-        stop = tuple(a - o for a, o in zip(self.stop, origin.start))
+        start = tuple(a - o for a, o in zip(self.start, origin.start, strict=True))
+        stop = tuple(a - o for a, o in zip(self.stop, origin.start, strict=True))
         return Box(start, stop)
 
     def slices(self) -> tuple[slice, ...]:
         """numpy index selecting this box."""
-        return tuple(slice(lo, hi) for lo, hi in zip(self.start, self.stop))
+        return tuple(slice(lo, hi) for lo, hi in zip(self.start, self.stop, strict=True))
 
 
 def even_part(lo: int, hi: int, parts: int, index: int) -> tuple[int, int]:

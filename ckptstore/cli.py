@@ -11,7 +11,7 @@ import itertools
 import json
 import os
 import sys
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import click
 
@@ -57,8 +57,8 @@ class Location(click.Path):
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter as e:
-            e.message = redact(e.message)
-            raise
+            # a new error, not chained: the original's message holds the credentials redact() removes
+            raise click.BadParameter(redact(e.message), ctx=e.ctx, param=e.param, param_hint=e.param_hint) from None
 
 
 #: Exit status after Ctrl-C (SIGINT): 128 + 2, as a shell reports a process that SIGINT ended.
@@ -107,9 +107,11 @@ class _Commands(click.Group):
     for a usage error and 130 for Ctrl-C.
     """
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def main(  # type: ignore[override]  # always standalone_mode=False: click's overloads on it do not apply
+        self, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: Any
+    ) -> Any:
         try:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(args, prog_name, standalone_mode=False, **extra)
         except click.exceptions.NoArgsIsHelpError as e:  # a bare 'ckptstore': the help, as asked
             click.echo(e.ctx.get_help())
             sys.exit(0)
@@ -150,11 +152,11 @@ def main() -> None:
     """
 
 
-def _fmt_bytes(n: int) -> str:
+def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return str(n)
 
 
@@ -189,7 +191,7 @@ def _print_strategy(info: dict[str, Any]) -> None:
                 f"  parts {split['parts_per_axis']} x opt {split['opt_shard_parts']}")
             if p.get("box") is not None:
                 box = p["box"]
-                line += "  box " + " x ".join(f"[{a}:{b})" for a, b in zip(box["start"], box["stop"]))
+                line += "  box " + " x ".join(f"[{a}:{b})" for a, b in zip(box["start"], box["stop"], strict=True))
                 line += f" of {p['global_shape']}"
         if name in info.get("unsaved", ()):
             line += "  not saved (in no rank file)"
@@ -380,10 +382,11 @@ def _source_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
         if not quiet:
             click.echo(f"ckptstore: {out} is being written by another process ({holder}); waiting for it", err=True)
 
-    return {"strategy": kw["strategies"], "step": kw["step"], "epoch": kw["epoch"], "prefix": kw["prefix"], "src_format": kw["src_format"],
-            "include": kw["include"], "exclude": kw["exclude"], "drop_optimizer": kw["drop_optimizer"],
-            "workers": kw["workers"], "verify_crc": kw["verify_crc"], "check_layout": not kw["no_layout_check"],
-            "overwrite": kw["overwrite"], "quiet": quiet, "on_wait": waiting, "part": kw["part"]}
+    return {"strategy": kw["strategies"], "step": kw["step"], "epoch": kw["epoch"], "prefix": kw["prefix"],
+            "src_format": kw["src_format"], "include": kw["include"], "exclude": kw["exclude"],
+            "drop_optimizer": kw["drop_optimizer"], "workers": kw["workers"], "verify_crc": kw["verify_crc"],
+            "check_layout": not kw["no_layout_check"], "overwrite": kw["overwrite"], "quiet": quiet,
+            "on_wait": waiting, "part": kw["part"]}
 
 
 def _dec_kwargs(key_file: str | None, mode: str | None) -> dict[str, Any]:
@@ -434,7 +437,7 @@ class _KindChoice(click.Choice):
     def __init__(self) -> None:
         super().__init__(())
 
-    @property  # type: ignore[override]
+    @property
     def choices(self) -> tuple[str, ...]:
         return tuple(k.name for k in _convert_kinds())
 
@@ -693,7 +696,8 @@ def _parse_ranks(value: str | None) -> Iterable[int] | None:
 @click.option("--dtype", default=None,
               help="Convert floating-point parameters while reading, e.g. float16 or bfloat16 (integer and bool "
                    "parameters keep their type; default: as stored).")
-@click.option("--crc", is_flag=True, help="Append MindSpore's crc_num trailer (ckpt only), as save_checkpoint(crc_check=True).")
+@click.option("--crc", is_flag=True,
+              help="Append MindSpore's crc_num trailer (ckpt only), as save_checkpoint(crc_check=True).")
 @click.option("--allow-whole", is_flag=True,
               help="Accept a --strategy that lays out fewer than half of the store's parameters (refused by default "
                    "as another model's): the others are written whole into every rank's file.")

@@ -36,7 +36,7 @@ class IOCounts:
     bytes_in: int = 0
     bytes_out: int = 0
 
-    def __sub__(self, other: "IOCounts") -> "IOCounts":
+    def __sub__(self, other: IOCounts) -> IOCounts:
         return IOCounts(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
 
     @property

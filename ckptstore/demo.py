@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +61,8 @@ def make_sample(root: Path) -> tuple[list[str], str]:
 
     specs = pangu_specs(hidden=128, layers=2, vocab=2048, dp=2, mp=4)
     tensors = sample_checkpoint.make_global_tensors(specs, seed=0)
-    sample_checkpoint.save_distributed(root / "ckpt", specs, tensors, world_size=8, prefix="pangu", step_suffix="-1_100")
+    sample_checkpoint.save_distributed(root / "ckpt", specs, tensors, world_size=8, prefix="pangu",
+                                       step_suffix="-1_100")
     target = sample_checkpoint.write_strategy(root / "strategy_4cards.ckpt", relayout(specs, dp=1, mp=4))
     return [str(root / "ckpt" / "strategy.ckpt")], str(target)
 
@@ -93,7 +95,7 @@ def _load_rank0(store: Path, target: str, root: Path) -> None:
 
 
 def _measure_load(store: str, target: str, root: str) -> None:
-    import mindspore  # noqa: F401
+    import mindspore  # noqa: F401  (imported before the clock starts: a load's cost, not MindSpore's import)
 
     import ckptstore
     from ckptstore.store.executor import IO_STATS
@@ -122,15 +124,15 @@ def _measure_load(store: str, target: str, root: str) -> None:
           f"{'yes' if same and set(reference) == set(built) else 'NO'} ({len(reference)} parameters compared)")
 
 
-def _numpy(p: object) -> object:
+def _numpy(p: Any) -> object:
     if isinstance(p, str):
         return p
     import ml_dtypes
     import mindspore as ms
 
-    if p.dtype == ms.bfloat16:  # type: ignore[attr-defined]
-        return p.astype(ms.float32).asnumpy().astype(ml_dtypes.bfloat16)  # type: ignore[attr-defined]
-    return p.asnumpy()  # type: ignore[attr-defined]
+    if p.dtype == ms.bfloat16:
+        return p.astype(ms.float32).asnumpy().astype(ml_dtypes.bfloat16)
+    return p.asnumpy()
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def lookup(dtype: object) -> DType:
     found = _BY_NAME.get(dtype) if isinstance(dtype, str) else None
     if found is None:
         try:
-            as_numpy = np.dtype(dtype)  # type: ignore[call-overload]
+            as_numpy = np.dtype(dtype)  # type: ignore[call-overload]  # any object: numpy refuses a non-dtype
             found = _BY_NUMPY.get(as_numpy)
             # only a process that imported ml_dtypes can hold a bfloat16 dtype
             if found is None and "ml_dtypes" in sys.modules and as_numpy == _bfloat16():

@@ -86,7 +86,8 @@ def process_rank(environ: Mapping[str, str] | None = None) -> int | None:
     env = os.environ if environ is None else environ
     if is_scheduler(env):
         raise InvalidOptionError("this process is msrun's scheduler (MS_ROLE=MS_SCHED), which is no rank of the job: "
-                                 "load only in the worker processes (MS_ROLE=MS_WORKER), or pass the rank (rank=, --rank)")
+                                 "load only in the worker processes (MS_ROLE=MS_WORKER), or pass the rank (rank=, "
+                                 "--rank)")
     return job(environ).rank
 
 
@@ -117,9 +118,9 @@ def _communication() -> Job | None:
     """
     management = sys.modules.get("mindspore.communication.management")
     comm = getattr(management, "GlobalComm", None)
-    if comm is None or not getattr(comm, "INITED", False):
+    if management is None or comm is None or not getattr(comm, "INITED", False):
         return None
     try:
-        return Job(int(management.get_rank()), int(management.get_group_size()), COMMUNICATION)  # type: ignore[union-attr]
+        return Job(int(management.get_rank()), int(management.get_group_size()), COMMUNICATION)
     except Exception:  # a failed or torn-down initialisation: let the environment say
         return None

@@ -114,7 +114,7 @@ class Progress:
             elif not self._quiet and finished:
                 self._line()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:

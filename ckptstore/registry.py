@@ -22,14 +22,23 @@ import pkgutil
 import sys
 import threading
 import warnings
-from typing import Callable, Generic, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Generic, Protocol, TypeVar
 
 T = TypeVar("T")
+
+
+class _Selectable(Protocol):
+    """What ``importlib.metadata.entry_points()`` returns: ``EntryPoints`` from Python 3.12 on,
+    ``SelectableGroups`` before; both select a group."""
+
+    def select(self, *, group: str) -> importlib.metadata.EntryPoints: ...
+
 
 #: Every installed distribution's entry points, read once per ``sys.path`` for all registries
 #: (reading them scans each distribution's metadata: a few milliseconds in a fresh process, paid
 #: by every rank).
-_ENTRY_POINTS: dict[tuple[str, ...], importlib.metadata.EntryPoints] = {}
+_ENTRY_POINTS: dict[tuple[str, ...], _Selectable] = {}
 
 
 def _entry_points(group: str) -> importlib.metadata.EntryPoints:
@@ -117,7 +126,9 @@ class Registry(Generic[T]):
                         self._found = self._discover_plugins(dict(self._builtins))
                 finally:
                     self._discovering = False
-            return self._found if plugins else self._builtins  # type: ignore[return-value]
+            found = self._found if plugins else self._builtins
+            assert found is not None  # discovered just above, under the lock
+            return found
 
     def _discover_builtins(self) -> dict[str, T]:
         found: dict[str, T] = {}

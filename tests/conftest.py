@@ -10,14 +10,18 @@ import os
 
 os.environ.setdefault("GLOG_v", "3")
 
+from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Callable  # noqa: E402
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 from ckptstore.testing.layouts import SavedLayout, copy_layout, session_layouts  # noqa: E402,F401
+
+# The fixtures of the shared fixture modules (load_env; converted, big_layout), available to every
+# test module without an import that a test's parameter of the same name would redefine (F811).
+pytest_plugins = ("convert_fixtures", "load_fixtures")  # in import order: load_fixtures imports the other
 
 # Two shared cores time examples unevenly: properties are about results, not speed.
 # "ckptstore" (make test) runs each property with the examples its test asks for; "fast" (make

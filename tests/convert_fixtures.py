@@ -32,7 +32,7 @@ import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
 from ckptstore.testing import kill_at as kill_at_module  # noqa: E402
 from ckptstore.write.convert import ConvertSummary  # noqa: E402
-from ckptstore.testing.compare import assert_same_array, store_files  # noqa: E402,F401
+from ckptstore.testing.compare import assert_same_array, store_files  # noqa: E402,F401  (re-exported for the test modules)
 from conftest import SavedLayout  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

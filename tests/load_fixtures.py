@@ -25,8 +25,8 @@ import pytest  # noqa: E402
 
 import ckptstore  # noqa: E402
 from ckptstore.testing import layouts  # noqa: E402
-from ckptstore.testing.compare import BF16, assert_same_dict, to_numpy  # noqa: E402,F401
-from ckptstore.testing.layouts import (  # noqa: E402,F401
+from ckptstore.testing.compare import BF16, assert_same_dict, to_numpy  # noqa: E402,F401  (re-exported for the test modules)
+from ckptstore.testing.layouts import (  # noqa: E402,F401  (re-exported for the test modules)
     CASES,
     WHOLE,
     Case,
@@ -36,7 +36,7 @@ from ckptstore.testing.layouts import (  # noqa: E402,F401
     relayout,
     session_layouts,
 )
-from convert_fixtures import assert_same_array, flip_byte, run_cli  # noqa: E402,F401
+from convert_fixtures import assert_same_array, flip_byte, run_cli  # noqa: E402,F401  (re-exported for the test modules)
 
 
 @dataclass

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ckptstore.testing.oracle import load_oracle, transform_oracle  # noqa: F401
-from ckptstore.testing.sample_checkpoint import (  # noqa: F401
+from ckptstore.testing.oracle import load_oracle, transform_oracle  # noqa: F401  (re-exported for the test modules)
+from ckptstore.testing.sample_checkpoint import (  # noqa: F401  (re-exported for the test modules)
     NumpyHolder,
     ParamSpec,
     make_global_tensors,
@@ -26,7 +26,7 @@ from ckptstore.testing.sample_checkpoint import (  # noqa: F401
     write_strategy,
     write_strategy_json,
 )
-from ckptstore.testing.layouts import LAYOUT_KINDS, SCALARS, layout_specs  # noqa: F401
+from ckptstore.testing.layouts import LAYOUT_KINDS, SCALARS, layout_specs  # noqa: F401  (re-exported for the test modules)
 
 
 # --------------------------------------------------------------------------------------------
@@ -58,7 +58,7 @@ def write_mindformers_strategy(path, specs: Sequence[ParamSpec]) -> Path:
         lay = item.parallel_layouts
         lay.dev_matrix.add().dim.extend(([repeat] if repeat != 1 else []) + shard)
         lay.tensor_map.add().dim.extend(range(len(s.shape) - 1, -1, -1))
-        lay.param_split_shape.add().dim.extend(n // k for n, k in zip(s.shape, shard))
+        lay.param_split_shape.add().dim.extend(n // k for n, k in zip(s.shape, shard, strict=True))
         lay.field = 0
         lay.opt_weight_shard_step = 0
         lay.opt_weight_shard_size = 0

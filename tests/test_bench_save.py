@@ -25,7 +25,8 @@ def _record(ckptstore_async: float, dcp_async: float | None) -> dict[str, Any]:
 
 
 def test_async_stall_at_most_dcp_async_save_is_met() -> None:
-    assert "- async stall no more than PyTorch DCP async_save's (2.5 s): 1.25 s = 0.50× — met" in targets(_record(1.25, 2.5))
+    assert ("- async stall no more than PyTorch DCP async_save's (2.5 s): 1.25 s = 0.50× — met"
+            in targets(_record(1.25, 2.5)))
 
 
 def test_async_stall_above_dcp_async_save_is_missed() -> None:
@@ -34,7 +35,8 @@ def test_async_stall_above_dcp_async_save_is_missed() -> None:
 
 
 def test_without_dcp_runs_the_comparison_is_not_measured() -> None:
-    assert "- async stall no more than PyTorch DCP async_save's: not measured in this run" in targets(_record(1.0, None))
+    assert ("- async stall no more than PyTorch DCP async_save's: not measured in this run"
+            in targets(_record(1.0, None)))
 
 
 def test_report_shows_dcp_host_copies_and_the_machine_load() -> None:
@@ -55,7 +57,8 @@ def _bucket_record(bucket_done: float, raw_done: float | None) -> dict[str, Any]
 
 
 def test_a_bucket_save_within_one_and_a_half_local_saves_is_met() -> None:
-    assert "- committed into the bucket ≤ 1.5× the local save (4 s): 6 s = 1.50× — met" in targets(_bucket_record(6.0, None))
+    assert ("- committed into the bucket ≤ 1.5× the local save (4 s): 6 s = 1.50× — met"
+            in targets(_bucket_record(6.0, None)))
 
 
 def test_a_slower_bucket_save_is_missed_and_set_against_the_raw_put_bound() -> None:

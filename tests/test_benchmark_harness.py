@@ -31,7 +31,8 @@ def test_worker_setup_is_outside_the_measurement() -> None:
     assert m["start_ns"] >= m["returned"]["setup_done_ns"], m
     assert m["setup_s"] >= 0.3, m
     assert m["check"] == {"got": 1, "delay": 0.3} and m["returned"]["state_keys"] == 1
-    plain = run_contender(Contender("no setup", "tests.test_benchmark_harness", "setup_sleep", {"delay": 0.2}), timeout=120)
+    plain = run_contender(Contender("no setup", "tests.test_benchmark_harness", "setup_sleep", {"delay": 0.2}),
+                          timeout=120)
     assert plain["wall_s"] >= 0.2 and "setup_s" not in plain
 
 

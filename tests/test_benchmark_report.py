@@ -78,7 +78,8 @@ def test_a_reach_check_with_other_values_says_why_on_the_console():
     line = bench_load.reach_line(3, bench_load.MS_LDC, same=False)
     assert line.startswith(f"  reach rank 3 {bench_load.MS_LDC:<40} DIFFERENT values: without init() ")
     assert "rank 0's slices" in line and "\n" not in line
-    assert bench_load.reach_line(0, bench_load.MS_LDC, same=True) == f"  reach rank 0 {bench_load.MS_LDC:<40} same values"
+    assert (bench_load.reach_line(0, bench_load.MS_LDC, same=True)
+            == f"  reach rank 0 {bench_load.MS_LDC:<40} same values")
 
 
 def test_a_route_without_a_known_cause_points_to_the_report():

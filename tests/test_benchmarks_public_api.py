@@ -38,7 +38,7 @@ def _files() -> Iterator[tuple[Path, ast.AST]]:
 
 
 def _where(path: Path, node: ast.AST) -> str:
-    return f"{path.relative_to(REPO)}:{node.lineno}"  # type: ignore[attr-defined]
+    return f"{path.relative_to(REPO)}:{node.lineno}"
 
 
 def _module_allowed(module: str) -> bool:
@@ -84,7 +84,8 @@ def test_benchmarks_name_no_internal_ckptstore_module_to_import() -> None:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_STRING.fullmatch(node.value):
                 module, _, name = node.value.partition(":")
                 parts = module.split(".")
-                names_module = len(parts) == 1 or (PACKAGE / parts[1]).is_dir() or (PACKAGE / f"{parts[1]}.py").is_file()
+                names_module = (len(parts) == 1 or (PACKAGE / parts[1]).is_dir()
+                                or (PACKAGE / f"{parts[1]}.py").is_file())
                 if (names_module and not _module_allowed(module)) or (module == "ckptstore" and name
                                                                       and name not in PUBLIC):
                     bad.append(f"{_where(path, node)}: {node.value!r}")

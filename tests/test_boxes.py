@@ -43,7 +43,7 @@ def grid(draw) -> tuple[tuple[int, ...], list[Box], tuple[int, ...]]:
     shape = tuple(k * draw(st.integers(min_value=1, max_value=3)) for k in parts)
     boxes = []
     for index in itertools.product(*(range(k) for k in parts)):
-        lo_hi = [even_part(0, n, k, i) for n, k, i in zip(shape, parts, index)]
+        lo_hi = [even_part(0, n, k, i) for n, k, i in zip(shape, parts, index, strict=True)]
         boxes.append(Box(tuple(lo for lo, _ in lo_hi), tuple(hi for _, hi in lo_hi)))
     return shape, boxes, parts
 
@@ -78,7 +78,7 @@ def test_paired_runs_copy_exactly_the_box_between_containers(case):
     target = np.full(dst.shape, -1, dtype=np.int64)
     starts, dests, run = paired_runs(box, src, dst)
     assert len(starts) == len(dests) and len(starts) * run == box.size
-    for s, d in zip(starts.tolist(), dests.tolist()):
+    for s, d in zip(starts.tolist(), dests.tolist(), strict=True):
         target.reshape(-1)[d:d + run] = source.reshape(-1)[s:s + run]
     expected = np.full(dst.shape, -1, dtype=np.int64)
     expected[box.relative_to(dst).slices()] = source[box.relative_to(src).slices()]
@@ -223,8 +223,8 @@ def test_box_refuses_invalid_bounds(start, stop):
 def test_relative_to_expresses_a_sub_box_in_the_outer_box_frame(case, data):
     shape, outer = case
     inner_local = data.draw(box_in(outer.shape))
-    inner = Box(tuple(o + s for o, s in zip(outer.start, inner_local.start)),
-                tuple(o + s for o, s in zip(outer.start, inner_local.stop)))
+    inner = Box(tuple(o + s for o, s in zip(outer.start, inner_local.start, strict=True)),
+                tuple(o + s for o, s in zip(outer.start, inner_local.stop, strict=True)))
     a = np.arange(prod(shape)).reshape(shape)
     assert inner.relative_to(outer) == inner_local
     assert np.array_equal(a[outer.slices()][inner_local.slices()], a[inner.slices()])

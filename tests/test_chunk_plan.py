@@ -27,7 +27,7 @@ SHAPES = st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size=4
 @given(SHAPES, st.sampled_from([1, 2, 4, 8]), st.integers(min_value=1, max_value=4096))
 def test_chunk_shape_for_is_a_contiguous_block_of_the_slice_within_the_bound(shape, itemsize, max_bytes):
     chunk = chunk_shape_for(shape, itemsize, max_bytes)
-    assert len(chunk) == len(shape) and all(n % c == 0 for n, c in zip(shape, chunk))
+    assert len(chunk) == len(shape) and all(n % c == 0 for n, c in zip(shape, chunk, strict=True))
     # [1, ..., 1, c, full, ..., full]: one contiguous byte range of the slice
     k = next((a for a, c in enumerate(chunk) if c != 1), len(chunk))
     assert all(c == 1 for c in chunk[:k]) and tuple(chunk[k + 1:]) == tuple(shape[k + 1:])
@@ -63,7 +63,7 @@ def split_param(draw):
 def _source_param(shape, parts, dtype) -> SourceParam:
     slices = []
     for rank, index in enumerate(itertools.product(*(range(k) for k in parts))):
-        bounds = [even_part(0, n, k, i) for n, k, i in zip(shape, parts, index)]
+        bounds = [even_part(0, n, k, i) for n, k, i in zip(shape, parts, index, strict=True)]
         box = Box(tuple(lo for lo, _ in bounds), tuple(hi for _, hi in bounds))
         entry = CkptEntry("w", "Float32", box.shape, ((0, box.size * dtype.itemsize),), 0)
         slices.append(SourceSlice(box, (rank,), (entry,), (f"rank_{rank}",)))
@@ -77,11 +77,12 @@ def test_chunks_tile_the_tensor_and_each_is_one_byte_range_of_its_slice(case):
     values = np.arange(prod(shape), dtype=np.int64).astype(dtype).reshape(shape)
     plan = plan_chunks(_source_param(shape, parts, dtype), max_chunk_bytes=max_bytes)
     assert tiles_exactly([c.box for c in plan.chunks], shape)
-    grid = tuple(n // c for n, c in zip(shape, plan.chunk_shape))
+    grid = tuple(n // c for n, c in zip(shape, plan.chunk_shape, strict=True))
     assert len(plan.chunks) == prod(grid)
     for c in plan.chunks:
         coords = np.unravel_index(c.index, grid)
-        assert c.box.start == tuple(int(i) * k for i, k in zip(coords, plan.chunk_shape))  # C order over the grid
+        # C order over the grid
+        assert c.box.start == tuple(int(i) * k for i, k in zip(coords, plan.chunk_shape, strict=True))
         assert c.slice.box.contains(c.box)
         slice_bytes = values[c.slice.box.slices()].tobytes()
         assert slice_bytes[c.byte_start:c.byte_start + c.nbytes] == values[c.box.slices()].tobytes()

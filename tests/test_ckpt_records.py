@@ -90,9 +90,9 @@ def parameters(draw) -> tuple[list[bytes], bool]:
             dims = dims + [-1]
         tensor_type = dtype.mindspore
     cuts = sorted(draw(st.lists(st.integers(0, len(content)), max_size=2)))
-    pieces = [content[a:b] for a, b in zip([0, *cuts], [*cuts, len(content)])]
+    pieces = [content[a:b] for a, b in zip([0, *cuts], [*cuts, len(content)], strict=True)]
     encodings = [draw(st.sampled_from(ENCODINGS)) for _ in pieces]
-    records = [_record(name, dims, tensor_type, p, e) for p, e in zip(pieces, encodings)]
+    records = [_record(name, dims, tensor_type, p, e) for p, e in zip(pieces, encodings, strict=True)]
     return records, all(e in ("mindspore", "long-lengths") for e in encodings)
 
 

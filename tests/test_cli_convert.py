@@ -16,7 +16,6 @@ import ckptstore  # noqa: E402
 from ckptstore.formats.ckpt_reader import read_entry, scan_checkpoint  # noqa: E402
 from convert_fixtures import (  # noqa: E402,F401
     assert_same_array,
-    converted,
     copy_saved,
     expected_for,
     expected_values,

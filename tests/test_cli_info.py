@@ -67,7 +67,7 @@ def test_checkpoint_table_lists_every_parameter(known_files):
     assert lines[0].startswith(f"{path}: MindSpore checkpoint, ")
     assert lines[0].endswith(f"{size} B, CRC trailer: no")
     assert lines[1].split() == ["parameter", "dtype", "shape", "bytes"]
-    for line, (name, p) in zip(lines[2:], KNOWN_JSON_PARAMS.items()):
+    for line, (name, p) in zip(lines[2:-1], KNOWN_JSON_PARAMS.items(), strict=True):  # (the last line: the total)
         assert re.fullmatch(rf"  {re.escape(name)} +{p['dtype']} +{re.escape(str(p['shape']))} +{p['nbytes']:,}",
                             line), line
     total = sum(p["nbytes"] for p in KNOWN_JSON_PARAMS.values())
@@ -157,7 +157,7 @@ def test_strategy_table_lists_every_parameter(saved_layout):
     in_strategy = [s for s in layout.specs if s.in_strategy]
     assert lines[0].startswith(f"{path}: MindSpore strategy, 8 ranks (1 pipeline stage(s) x 8 devices)")
     assert len(lines) == 1 + len(in_strategy)
-    for line, spec in zip(lines[1:], in_strategy):
+    for line, spec in zip(lines[1:], in_strategy, strict=True):
         assert re.fullmatch(rf"  {re.escape(spec.name)} +dev_matrix \[2, 4\]  tensor_map "
                             rf"{re.escape(str(list(spec.tensor_map)))}  opt_shard 0/0", line), line
 
@@ -196,7 +196,7 @@ def test_rank_and_ckpt_dir_print_the_box_of_each_parameter(saved_layout, name, b
     result = _run(layout.strategy_files[0], "--rank", 5, "--ckpt-dir", layout.root)
     assert result.exit_code == 0
     assert result.stdout.splitlines()[1] == "rank 5 (stage 0):"
-    line = next(l for l in result.stdout.splitlines() if l.startswith(f"  {name} "))
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith(f"  {name} "))
     assert line.endswith(box), line
 
 
@@ -213,7 +213,7 @@ def test_rank_boxes_in_json_cut_what_mindspore_cuts(saved_layout, kind, rank):
         if spec.stage != stage:
             assert item["split"] is None and item["box"] is None, spec.name
             continue
-        box = tuple(slice(lo, hi) for lo, hi in zip(item["box"]["start"], item["box"]["stop"]))
+        box = tuple(slice(lo, hi) for lo, hi in zip(item["box"]["start"], item["box"]["stop"], strict=True))
         want = T.mindspore_rank_slice(spec, layout.tensors[spec.name], local)
         assert item["global_shape"] == list(spec.shape)
         assert np.array_equal(layout.tensors[spec.name][box], want), spec.name

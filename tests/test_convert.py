@@ -31,7 +31,6 @@ from convert_fixtures import (  # noqa: E402,F401
     APPENDED,
     assert_same_array,
     convert_layout,
-    converted,
     copy_saved,
     data_files,
     expected_for,

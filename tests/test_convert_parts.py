@@ -38,7 +38,8 @@ def test_a_part_is_read_from_the_option_or_the_launcher(spec, env, want):
     ("-1/2", {}, "must be I/N"),
     ("half", {}, "must be I/N"),
     ("auto", {}, "needs RANK_ID and RANK_SIZE"),
-    ("auto", {"RANK_ID": "x", "RANK_SIZE": "2"}, r"RANK_ID='x' in the environment is not a rank \(a whole number from 0\)"),
+    ("auto", {"RANK_ID": "x", "RANK_SIZE": "2"},
+     r"RANK_ID='x' in the environment is not a rank \(a whole number from 0\)"),
     ("auto", {"RANK_ID": "0", "RANK_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"},
      r"disagree about this process's rank: RANK_ID=0 \(msrun\) but OMPI_COMM_WORLD_RANK=1 \(mpirun\)"),
 ])
@@ -51,7 +52,7 @@ def test_a_bad_part_is_refused(spec, env, message):
 def test_every_unit_goes_to_one_part_and_no_part_carries_more_than_its_share_plus_one_unit(sizes, count):
     owner = assign(sizes, count)
     assert len(owner) == len(sizes) and all(0 <= o < count for o in owner)
-    loads = [sum(s for s, o in zip(sizes, owner) if o == p) for p in range(count)]
+    loads = [sum(s for s, o in zip(sizes, owner, strict=True) if o == p) for p in range(count)]
     assert max(loads) <= sum(sizes) / count + max(sizes, default=0)
     assert assign(sizes, count) == owner  # deterministic: every part computes the same split
 

@@ -21,7 +21,6 @@ from ckptstore.errors import IncompleteStoreError, StoreExistsError  # noqa: E40
 from conftest import SavedLayout  # noqa: E402
 from convert_fixtures import (  # noqa: E402,F401
     assert_same_array,
-    big_layout,
     convert_layout,
     expected_values,
     run_cli,

@@ -66,8 +66,9 @@ def test_records_cut_by_encryption_blocks_are_read_whole(tmp_path):
 
 def test_each_mode_is_recognised_and_named_with_the_option(encrypted, tmp_path):
     mode, root, _ = encrypted
-    with pytest.raises(EncryptedCheckpointError, match=f"the file is encrypted \\({mode}, saved with enc_key and "
-                                                       f"enc_mode='{mode}'\\).*--dec-key-file KEYFILE --dec-mode {mode}"):
+    said = (f"the file is encrypted \\({mode}, saved with enc_key and enc_mode='{mode}'\\).*"
+            f"--dec-key-file KEYFILE --dec-mode {mode}")
+    with pytest.raises(EncryptedCheckpointError, match=said):
         ckptstore.convert(root, tmp_path / "s", strategy=root / "strategy.ckpt")
 
 

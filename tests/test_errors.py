@@ -21,7 +21,7 @@ def test_every_error_type_users_can_cause_is_a_ckptstore_error():
 def test_something_that_is_not_a_store_is_refused_by_name():
     with pytest.raises(InvalidOptionError, match="a store is a path, an s3:// or obs:// URL, or a ckptstore.Store, "
                                                  "not int"):
-        ckptstore.verify(42)  # type: ignore[arg-type]
+        ckptstore.verify(42)
 
 
 def test_a_path_with_no_store_says_what_makes_one(tmp_path):

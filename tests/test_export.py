@@ -24,7 +24,7 @@ import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
 from ckptstore.formats.ckpt_writer import CheckpointWriter  # noqa: E402
 from ckptstore.errors import StrategyError, UnsupportedLocationError  # noqa: E402
-from load_fixtures import BF16, assert_same_array, assert_same_dict, load_env, run_cli, to_numpy  # noqa: E402,F401
+from load_fixtures import BF16, assert_same_array, assert_same_dict, run_cli, to_numpy  # noqa: E402,F401
 
 EXPORT_CASES = ["dp2_mp4->dp2_mp2", "pipeline2->1stage", "opt_shard->same-none", "mixed_dtypes->dp2_mp2_optshard",
                 "mixed_dtypes->1rank", "pipeline2->same-files"]
@@ -288,7 +288,8 @@ def test_export_of_a_single_file_store_is_byte_identical_to_the_file(tmp_path):
 def test_string_values_go_to_safetensors_metadata(tmp_path):
     _, store_path = _single_file_store(tmp_path)
     with ckptstore.open(store_path) as store:
-        summary = ckptstore.export(store, tmp_path / "out", format="safetensors", include=["w.f32", "i64", "note", "lr"])
+        summary = ckptstore.export(store, tmp_path / "out", format="safetensors",
+                                   include=["w.f32", "i64", "note", "lr"])
     with safetensors.safe_open(summary.files[0], framework="numpy") as f:
         assert f.metadata() == {"note": "héllo wörld"}
         assert sorted(f.keys()) == ["i64", "lr", "w.f32"]

@@ -33,7 +33,7 @@ def read_folder(path) -> dict[str, np.ndarray]:
 @pytest.fixture
 def indexed(tmp_path):
     tensors = llama_tensors(CONFIG, seed=7)
-    hf = write_hf_folder(tmp_path / "hf", tensors, shards=2, config=CONFIG)
+    write_hf_folder(tmp_path / "hf", tensors, shards=2, config=CONFIG)
     return tensors, tmp_path
 
 
@@ -77,7 +77,8 @@ def test_a_fused_tensor_is_split_back_in_windows_smaller_than_a_tensor(indexed):
     index_hf(tmp / "hf", tmp / "st", name_map="mcore")
     export_hf(tmp / "st", tmp / "out", name_map="mcore", window_bytes=1024)  # 8 rows of 128 bytes
     back = read_folder(tmp / "out")
-    np.testing.assert_array_equal(back["model.layers.1.mlp.up_proj.weight"], tensors["model.layers.1.mlp.up_proj.weight"])
+    up = "model.layers.1.mlp.up_proj.weight"
+    np.testing.assert_array_equal(back[up], tensors[up])
 
 
 def test_no_read_of_an_export_is_larger_than_its_window(indexed, monkeypatch):
@@ -123,8 +124,11 @@ def test_cli_export_format_hf(indexed):
     _, tmp = indexed
     index_hf(tmp / "hf", tmp / "st", name_map="mcore")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "ckptstore.cli", "export", *a],  # noqa: E731
-                                    capture_output=True, text=True, env=env)
+
+    def run(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ckptstore.cli", "export", *a], capture_output=True, text=True,
+                              env=env)
+
     ok = run(str(tmp / "st"), str(tmp / "out"), "--format", "hf", "--name-map", "mcore", "--max-shard-size", "20KB")
     assert ok.returncode == 0, ok.stderr
     assert "wrote 21 tensors in 7 file(s)" in ok.stdout  # 5 shards of fp32, the index, config.json

@@ -117,10 +117,10 @@ def test_each_chunk_of_a_fused_view_is_exactly_the_source_rows_it_claims(tmp_pat
     shapes = [tuple(s if a == axis else d for a, d in enumerate(dims)) for s in sizes]
     sources = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     names = [f"s{i}" for i in range(len(sources))]
-    head, infos = build_header([(n, a.dtype, a.shape) for n, a in zip(names, sources)])
+    head, infos = build_header([(n, a.dtype, a.shape) for n, a in zip(names, sources, strict=True)])
     path = tmp_path_factory.mktemp("view") / "f.safetensors"
     path.write_bytes(head + b"".join(a.tobytes() for a in sources))
-    folder = HFFolder(str(path.parent), {n: HFTensor(n, "f.safetensors", i) for n, i in zip(names, infos)},
+    folder = HFFolder(str(path.parent), {n: HFTensor(n, "f.safetensors", i) for n, i in zip(names, infos, strict=True)},
                       ("f.safetensors",))
     target = Target("fused", tuple(names), axis, groups, tuple(sizes))
     p = view_manifest(target, folder)
@@ -132,11 +132,11 @@ def test_each_chunk_of_a_fused_view_is_exactly_the_source_rows_it_claims(tmp_pat
         box = p.chunk_box(i)
         f, offset, n = p.chunks.chunk_pieces(i)[0]
         got = np.frombuffer(raw[offset:offset + n], dtype=np.float32).reshape(box.shape)
-        np.testing.assert_array_equal(got, want[tuple(slice(a, b) for a, b in zip(box.start, box.stop))])
+        np.testing.assert_array_equal(got, want[tuple(slice(a, b) for a, b in zip(box.start, box.stop, strict=True))])
     lo = [data.draw(st.integers(0, s - 1)) for s in want.shape]
-    hi = [data.draw(st.integers(a + 1, s)) for a, s in zip(lo, want.shape)]
+    hi = [data.draw(st.integers(a + 1, s)) for a, s in zip(lo, want.shape, strict=True)]
     plan = plan_param(p, Box(tuple(lo), tuple(hi)))
-    assert plan.nbytes == int(np.prod([b - a for a, b in zip(lo, hi)])) * 4
+    assert plan.nbytes == int(np.prod([b - a for a, b in zip(lo, hi, strict=True)])) * 4
 
 
 def test_a_rank_of_a_two_rank_layout_reads_its_slice_of_every_parameter(folder, tmp_path):
@@ -194,7 +194,8 @@ def test_bfloat16_and_float16_are_indexed_as_stored(tmp_path):
         store = ckptstore.open(index_hf(hf, tmp_path / f"st-{np.dtype(dtype).name}", name_map="mcore").store)
         got = store.read("decoder.layers.1.self_attention.linear_qkv.weight")
         assert got.dtype == np.dtype(dtype)
-        np.testing.assert_array_equal(got, mcore_expected(tensors, 1)["decoder.layers.1.self_attention.linear_qkv.weight"])
+        qkv = "decoder.layers.1.self_attention.linear_qkv.weight"
+        np.testing.assert_array_equal(got, mcore_expected(tensors, 1)[qkv])
 
 
 def test_a_second_index_of_the_same_folder_is_a_no_op(folder, tmp_path):
@@ -279,8 +280,11 @@ def test_a_fusion_that_does_not_fit_the_config_names_the_rule(folder, tmp_path):
 def test_cli_index_with_a_name_map_and_its_errors(folder, tmp_path):
     hf, _ = folder
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "ckptstore.cli", "index", *a],  # noqa: E731
-                                    capture_output=True, text=True, env=env)
+
+    def run(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ckptstore.cli", "index", *a], capture_output=True, text=True,
+                              env=env)
+
     ok = run(str(hf), "--out", str(tmp_path / "st"), "--name-map", "mcore", "-q")
     assert ok.returncode == 0, ok.stderr
     assert "an index of 15 parameters of a Hugging Face folder" in ok.stdout

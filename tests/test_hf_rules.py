@@ -96,7 +96,10 @@ def assemble(sources: list[np.ndarray], groups: int, axis: int = 0) -> np.ndarra
 def test_fused_segments_match_numpy_group_concatenation(parts, groups, width, axis):
     rng = np.random.default_rng(0)
     sizes = [k * groups for k in parts]
-    shape = lambda n: (n, width) if axis == 0 else (width, n)  # noqa: E731
+
+    def shape(n: int) -> tuple[int, int]:
+        return (n, width) if axis == 0 else (width, n)
+
     sources = [rng.standard_normal(shape(n)) for n in sizes]
     # numpy: cut each source into `groups` equal parts along the axis, join part g of every source, then the groups
     split = [np.split(x, groups, axis=axis) for x in sources]
@@ -135,7 +138,7 @@ def test_qkv_groups_equal_mindformers_qkv_concat_hf2mg(heads, head_dim, width, b
     rules = load_name_map("mcore")
     names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
              "model.layers.0.self_attn.v_proj.weight"]
-    (t,) = rules.apply(dict(zip(names, (q.shape, k.shape, v.shape))),
+    (t,) = rules.apply(dict(zip(names, (q.shape, k.shape, v.shape), strict=True)),
                        {"num_attention_heads": n, "num_key_value_heads": kv})
     want = qkv_concat_hf2mg(np.concatenate([q, k, v]), n, kv, n * head_dim)
     np.testing.assert_array_equal(assemble([q, k, v], t.groups), want)
@@ -231,8 +234,8 @@ def test_a_malformed_rule_file_is_refused_naming_the_file_and_the_rule(bad, mess
 
 
 def test_a_fusion_whose_source_is_missing_names_the_rule_and_the_tensor():
-    rm = parse_name_map(rules_doc(fusions=[{"pattern": r"l(\d)\.a", "sources": [r"l\1.a", r"l\1.b"], "target": r"l\1.ab"}]),
-                        "r.json")
+    fusion = {"pattern": r"l(\d)\.a", "sources": [r"l\1.a", r"l\1.b"], "target": r"l\1.ab"}
+    rm = parse_name_map(rules_doc(fusions=[fusion]), "r.json")
     with pytest.raises(NameMapError, match=r"rule fusions\[0\]: source 'l0.b' of 'l0.ab' is not in the folder"):
         rm.apply({"l0.a": (2, 2)})
 
@@ -248,7 +251,8 @@ def test_qkv_groups_that_do_not_fit_the_head_counts_are_refused():
     names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
              "model.layers.0.self_attn.v_proj.weight"]
     with pytest.raises(NameMapError, match=r"fusions\[0\]: q, k, v of lengths \[8, 2, 2\] do not fit 4 heads, 2 KV"):
-        rm.apply(dict(zip(names, [(8, 4), (2, 4), (2, 4)])), {"num_attention_heads": 4, "num_key_value_heads": 2})
+        rm.apply(dict(zip(names, [(8, 4), (2, 4), (2, 4)], strict=True)),
+                 {"num_attention_heads": 4, "num_key_value_heads": 2})
 
 
 def test_two_tensors_mapped_to_one_name_are_refused():

@@ -107,7 +107,8 @@ def test_an_exported_partial_file_planted_as_a_link_is_not_written_through(saved
     assert victim.read_bytes() == SECRET
     assert not (out / "rank_1" / "checkpoint_1.ckpt").is_symlink()
     assert run_cli("export", store, tmp_path / "clean", "--ranks", "1").returncode == 0
-    assert (out / "rank_1" / "checkpoint_1.ckpt").read_bytes() == (tmp_path / "clean/rank_1/checkpoint_1.ckpt").read_bytes()
+    clean = tmp_path / "clean/rank_1/checkpoint_1.ckpt"
+    assert (out / "rank_1" / "checkpoint_1.ckpt").read_bytes() == clean.read_bytes()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ import ckptstore
 from ckptstore.errors import InvalidOptionError
 from ckptstore.launcher import Job, job
 from ckptstore.write.parts import Part, parse_part
-from load_fixtures import load_env  # noqa: F401 (fixture)
 
 LAUNCHER_VARIABLES = ("RANK_ID", "RANK_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MS_ROLE")
 DISAGREE = {"RANK_ID": "0", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}
@@ -30,7 +29,8 @@ def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 @pytest.mark.parametrize("variables,want", [
     ({}, Job(None, None, "")),
     ({"RANK_ID": "3", "RANK_SIZE": "4"}, Job(3, 4, "RANK_ID/RANK_SIZE")),
-    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, Job(1, 2, "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE")),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"},
+     Job(1, 2, "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE")),
     ({"RANK_ID": "1", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"},  # RANK_ID exported from mpirun's
      Job(1, 2, "RANK_ID/OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE")),
 ], ids=["nothing", "msrun", "mpirun", "agreeing"])

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from conftest import examples
 from box_checks import tiles_exactly
 from ckptstore.boxes import Box
-from ckptstore.checkpoint.strategy import Layout, load_strategy
+from ckptstore.checkpoint.layout import Layout
+from ckptstore.checkpoint.strategy import load_strategy
 from ckptstore.errors import StrategyError
 
 

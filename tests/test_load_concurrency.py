@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-from load_fixtures import assert_same_dict, load_env  # noqa: E402,F401
+from load_fixtures import assert_same_dict  # noqa: E402,F401
 
 _WORKER = textwrap.dedent("""
     import os, sys, time
@@ -66,7 +66,7 @@ def test_eight_processes_load_their_ranks_at_once(load_env, tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for j, (p, (_, err)) in enumerate(zip(procs, results)):
+    for j, (p, (_, err)) in enumerate(zip(procs, results, strict=True)):
         assert p.returncode == 0, f"rank {j}: {err[-2000:]}"
     for j in range(8):
         with np.load(tmp_path / f"rank_{j}.npz") as npz:
@@ -99,8 +99,8 @@ def test_threads_share_one_store_and_one_rank_parameters(load_env):
     with ThreadPoolExecutor(4) as pool:
         built = list(pool.map(lambda _: [shared[n] for n in shared], range(4)))
     for other in built[1:]:
-        assert all(a is b for a, b in zip(built[0], other))
-    assert_same_dict({n: to_numpy(p) for n, p in zip(shared, built[0])}, t.oracle(6), "shared")
+        assert all(a is b for a, b in zip(built[0], other, strict=True))
+    assert_same_dict({n: to_numpy(p) for n, p in zip(shared, built[0], strict=True)}, t.oracle(6), "shared")
 
 
 def test_threads_sharing_one_rank_parameters_build_each_parameter_once(load_env):
@@ -122,7 +122,7 @@ def test_threads_sharing_one_rank_parameters_build_each_parameter_once(load_env)
             order = names[i % len(names):] + names[:i % len(names)]
             got = params.materialize() if i % 3 == 0 else {n: params[n] for n in order}
             seen.append(got)
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:  # reported below
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]

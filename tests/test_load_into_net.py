@@ -23,7 +23,7 @@ from mindspore.nn.utils import no_init_parameters  # noqa: E402
 
 import ckptstore  # noqa: E402
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError  # noqa: E402
-from load_fixtures import BF16, assert_same_dict, load_env, to_numpy  # noqa: E402,F401
+from load_fixtures import BF16, assert_same_dict, to_numpy  # noqa: E402,F401
 
 
 class TreeNet(nn.Cell):
@@ -35,14 +35,14 @@ class TreeNet(nn.Cell):
         for name, spec in shapes.items():
             head, _, rest = name.partition(".")
             if rest:
-                tree.setdefault(head, {})[rest] = spec  # type: ignore[index]
+                tree.setdefault(head, {})[rest] = spec
             else:
                 tree[head] = spec
         for key, value in tree.items():
             if isinstance(value, dict):
                 setattr(self, key, TreeNet(value, prefix + key + "."))
             else:
-                shape, dtype = value  # type: ignore[misc]
+                shape, dtype = value
                 if dtype == BF16:  # Parameter(bfloat16 data) calls asnumpy, which fails under numpy 2
                     with no_init_parameters():
                         param = Parameter(initializer("zeros", list(shape), mindspore.bfloat16), name=prefix + key)
@@ -177,7 +177,8 @@ class _Scalars(nn.Cell):
                                                for n, s in shapes.items())
 
 
-@pytest.mark.parametrize("stored,net", [((1,), ()), ((), (1,)), ((4, 1), (4,))], ids=["[1]->[]", "[]->[1]", "[4,1]->[4]"])
+@pytest.mark.parametrize("stored,net", [((1,), ()), ((), (1,)), ((4, 1), (4,))],
+                         ids=["[1]->[]", "[]->[1]", "[4,1]->[4]"])
 @pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "set_data"])
 def test_a_value_that_differs_only_by_trailing_ones_loads_into_the_parameters_own_shape(tmp_path, stored, net,
                                                                                         in_place):

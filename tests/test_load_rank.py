@@ -41,7 +41,6 @@ from load_fixtures import (  # noqa: E402,F401
     assert_same_dict,
     copy_store,
     flip_byte,
-    load_env,
     to_numpy,
 )
 

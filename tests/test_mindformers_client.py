@@ -45,7 +45,8 @@ def test_the_mindformers_client_tests_pass_in_their_own_venv():
                         str(recipe)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    assert r.stdout.splitlines()[-1].startswith("6 passed, 1 skipped"), r.stdout[-2000:]  # the driver skips itself there
+    # the driver skips itself there
+    assert r.stdout.splitlines()[-1].startswith("6 passed, 1 skipped"), r.stdout[-2000:]
 
 
 def _hf_model(path: Path, kind: str):

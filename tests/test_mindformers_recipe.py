@@ -38,7 +38,7 @@ class ScaledStep(nn.TrainOneStepCell):
         super().__init__(network, optimizer)
         self.scale = ms.Tensor(scale, ms.float32)
 
-    def construct(self, *inputs):  # noqa: ANN002, ANN201
+    def construct(self, *inputs):
         return super().construct(*inputs), ms.Tensor(False), self.scale
 
 

@@ -32,7 +32,7 @@ from ckptstore.errors import (  # noqa: E402
     UnsupportedLocationError,
 )
 from convert_fixtures import REPO, run_cli, store_files, strategy_args  # noqa: E402
-from load_fixtures import CASES, assert_same_dict, load_env, to_numpy  # noqa: E402,F401
+from load_fixtures import CASES, assert_same_dict, to_numpy  # noqa: E402,F401
 from ckptstore.testing.store_kind_tests import CONFORMANCE_CASES  # noqa: E402
 
 

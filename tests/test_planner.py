@@ -28,10 +28,10 @@ from ckptstore.store.store import Store
 
 
 def _chunk_boxes(shape, chunk_shape):
-    grid = [-(-n // c) for n, c in zip(shape, chunk_shape)]
+    grid = [-(-n // c) for n, c in zip(shape, chunk_shape, strict=True)]
     for coords in itertools.product(*(range(g) for g in grid)):
-        start = tuple(i * c for i, c in zip(coords, chunk_shape))
-        yield Box(start, tuple(min(s + c, n) for s, c, n in zip(start, chunk_shape, shape)))
+        start = tuple(i * c for i, c in zip(coords, chunk_shape, strict=True))
+        yield Box(start, tuple(min(s + c, n) for s, c, n in zip(start, chunk_shape, shape, strict=True)))
 
 
 def write_store(root: Path, values: np.ndarray, chunk_shape, layout: str, seed: int) -> Store:
@@ -46,7 +46,7 @@ def write_store(root: Path, values: np.ndarray, chunk_shape, layout: str, seed: 
         (root / "d.bin").write_bytes(bytes(head) + values.tobytes())
         item = values.dtype.itemsize
         strides = [prod(values.shape[a + 1:]) for a in range(values.ndim)]
-        offsets = [head + sum(s * st for s, st in zip(b.start, strides)) * item for b in boxes]
+        offsets = [head + sum(s * st for s, st in zip(b.start, strides, strict=True)) * item for b in boxes]
         table = ChunkTable(("d.bin",) * len(boxes), tuple(offsets), tuple(map(len, blobs)), crcs,
                            (0,) * len(boxes), (1,) * len(boxes))
         p = ParamManifest("w", "d.bin", values.dtype.name, values.shape, tuple(chunk_shape), table, None, None,
@@ -83,12 +83,13 @@ def case(draw):
     chunk = tuple(draw(st.integers(min_value=1, max_value=n)) for n in shape)
     dtype = draw(st.sampled_from(["uint8", "int16", "float32", "float64"]))
     start = tuple(draw(st.integers(min_value=0, max_value=n - 1)) for n in shape)
-    stop = tuple(draw(st.integers(min_value=s + 1, max_value=n)) for s, n in zip(start, shape))
+    stop = tuple(draw(st.integers(min_value=s + 1, max_value=n)) for s, n in zip(start, shape, strict=True))
     layout = draw(st.sampled_from(["chunks", "pieces", "dense"]))
     return shape, chunk, np.dtype(dtype), Box(start, stop), layout, draw(st.integers(0, 2**16))
 
 
-_SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_SETTINGS = settings(max_examples=examples(150), deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _values(shape, dtype, seed) -> np.ndarray:
@@ -209,7 +210,8 @@ def test_plan_ranges_is_what_plan_param_makes_of_the_index_like_manifest(c):
 @given(byte_chunks())
 def test_a_byte_ranges_plan_read_in_place_makes_the_calls_of_its_group(tmp_path, c):
     nbytes, chunks = c
-    files = {name: np.random.default_rng(len(name)).integers(0, 256, 200, dtype=np.uint8) for name in ("a.bin", "b.bin")}
+    files = {name: np.random.default_rng(len(name)).integers(0, 256, 200, dtype=np.uint8)
+             for name in ("a.bin", "b.bin")}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data.tobytes())
     keys = ["a.bin", "b.bin"]

@@ -54,11 +54,13 @@ def test_pick_rank_file_chooses(tmp_path, names, kwargs, chosen):
 @pytest.mark.parametrize(
     "names,kwargs,error,message",
     [
-        (["a-1_1.ckpt", "b-1_1.ckpt"], {}, LayoutMismatchError, "holds a-1_1.ckpt and b-1_1.ckpt for the same step; pick one with --prefix"),
+        (["a-1_1.ckpt", "b-1_1.ckpt"], {}, LayoutMismatchError,
+         "holds a-1_1.ckpt and b-1_1.ckpt for the same step; pick one with --prefix"),
         (["net-1_5.ckpt", "net-1_5_breakpoint.ckpt"], {}, LayoutMismatchError, "for the same step"),
         (["best.ckpt", "net-1_1.ckpt"], {}, LayoutMismatchError, "not all are named <prefix>-<epoch>_<step>.ckpt"),
         (["net-1_5.ckpt"], {"step": 7}, MissingRankError, "no .ckpt or .safetensors file with step 7 in"),
-        (["net-1_5.ckpt"], {"prefix": "other"}, MissingRankError, "no .ckpt or .safetensors file with prefix 'other' in"),
+        (["net-1_5.ckpt"], {"prefix": "other"}, MissingRankError,
+         "no .ckpt or .safetensors file with prefix 'other' in"),
     ],
     ids=["two-prefixes", "breakpoint-twin", "unnamed-file", "no-such-step", "no-such-prefix"],
 )
@@ -79,4 +81,5 @@ def test_find_rank_files_applies_the_choice_to_every_rank(tmp_path):
     older = find_rank_files(tmp_path, step=10)
     source = open_source(older, None, check_layout=False)  # each rank's marker differs
     entries = source.params["marker"].slices[0]
-    assert [float(read_entry(older[r], e)[0]) for r, e in zip(entries.ranks, entries.entries)] == [10.0, 11.0]
+    pairs = zip(entries.ranks, entries.entries, strict=True)
+    assert [float(read_entry(older[r], e)[0]) for r, e in pairs] == [10.0, 11.0]

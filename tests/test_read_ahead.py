@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
 
 import ckptstore  # noqa: E402
 from ckptstore.store.executor import IO_STATS  # noqa: E402
-from load_fixtures import assert_same_dict, load_env, to_numpy  # noqa: E402,F401
+from load_fixtures import assert_same_dict, to_numpy  # noqa: E402,F401
 from test_object_storage import s3_store  # noqa: E402
 
 

@@ -13,16 +13,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import examples
-from test_planner import _values, case, write_store
 from ckptstore.boxes import Box
 from ckptstore.errors import InvalidOptionError
+from ckptstore.io import LocalSource
 from ckptstore.io.base import LOCAL_COST, ReadableFile, ReadCost, SourceWrapper
-from ckptstore.store.executor import IOStats, Executor
+from ckptstore.store.executor import Executor, IOStats
 from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest
 from ckptstore.store.read_plan import plan_param
 from ckptstore.store.store import Store
-from ckptstore.io import LocalSource
+from conftest import examples
+from test_planner import _values, case, write_store
 
 #: An object store's price on this scale: a request costs what 20 ms of a 200 MB/s link moves.
 OBJECT_COST = ReadCost(request_seconds=0.02, bytes_per_second=200e6, in_flight=32, max_request_bytes=64 << 20)
@@ -83,14 +83,14 @@ def _extents(store: Store, plan) -> list[tuple[str, int, int]]:
 @settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case(), costs, st.sampled_from(["auto", "exact", "merged", "whole"]), st.integers(1, 3),
        st.sampled_from([None, 1, 40]), st.booleans())
-def test_the_requests_sent_are_the_plans_and_read_only_inside_its_chunks(tmp_path_factory, c, cost, strategy, workers,
+def test_the_requests_sent_are_the_plans_and_read_only_inside_its_chunks(tmp_path_factory, c, cost, coalesce, workers,
                                                                          unit, cast):
     shape, chunk, dtype, box, layout, seed = c
     values = _values(shape, dtype, seed)
     store = write_store(tmp_path_factory.mktemp("s"), values, chunk, layout, seed)
     source = CountingSource(store.data, cost)
     out_dtype = np.dtype("float64") if cast else dtype
-    plan = plan_param(store.info("w"), box, out_dtype=out_dtype, cost=cost, strategy=strategy)
+    plan = plan_param(store.info("w"), box, out_dtype=out_dtype, cost=cost, coalesce=coalesce)
     out, stats = np.empty(box.shape, dtype=out_dtype), IOStats()
     Executor(source, workers=workers, unit_bytes=unit, pool_min_bytes=0, stats=stats).run([(plan, out)])
     assert np.array_equal(out, values[box.slices()].astype(out_dtype))
@@ -107,10 +107,10 @@ def test_the_requests_sent_are_the_plans_and_read_only_inside_its_chunks(tmp_pat
 
 @settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case(), costs)
-def test_auto_models_no_slower_than_any_one_strategy(tmp_path_factory, c, cost):
+def test_auto_models_no_slower_than_any_one_coalesce_mode(tmp_path_factory, c, cost):
     shape, chunk, dtype, box, layout, seed = c
     store = write_store(tmp_path_factory.mktemp("s"), _values(shape, dtype, seed), chunk, layout, seed)
-    plans = {s: plan_param(store.info("w"), box, cost=cost, strategy=s) for s in ("auto", "exact", "merged", "whole")}
+    plans = {s: plan_param(store.info("w"), box, cost=cost, coalesce=s) for s in ("auto", "exact", "merged", "whole")}
     times = {s: cost.seconds(p.requests, p.fetched) for s, p in plans.items()}
     assert times["auto"] <= min(times.values()) * (1 + 1e-9)
     assert plans["exact"].fetched == plans["exact"].nbytes
@@ -130,7 +130,7 @@ def _transposed(tmp_path) -> tuple[Store, np.ndarray]:
 def test_a_weight_loaded_by_columns_is_read_in_few_requests(tmp_path):
     store, values = _transposed(tmp_path)
     cols = Box((0, 0), (4096, 512))  # rank 0 of the same weight split by columns
-    exact = plan_param(store.info("w"), cols, cost=OBJECT_COST, strategy="exact")
+    exact = plan_param(store.info("w"), cols, cost=OBJECT_COST, coalesce="exact")
     chosen = plan_param(store.info("w"), cols, cost=OBJECT_COST)
     assert (exact.requests, exact.fetched) == (4096, 8 << 20)
     assert chosen.requests == 2 and chosen.fetched == (16 << 20) - 2 * 2048  # each chunk but its last half row
@@ -179,13 +179,13 @@ _PREFIXES = iter(range(1 << 30))
 @settings(max_examples=examples(25), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case(), st.sampled_from(["auto", "exact", "whole"]))
-def test_an_object_store_is_sent_exactly_the_planned_gets(tmp_path_factory, watched_bucket, c, strategy):
+def test_an_object_store_is_sent_exactly_the_planned_gets(tmp_path_factory, watched_bucket, c, coalesce):
     shape, chunk, dtype, box, layout, seed = c
     values = _values(shape, dtype, seed)
     folder = tmp_path_factory.mktemp("s")
     store = _on_s3(write_store(folder, values, chunk, layout, seed), folder, watched_bucket)
     cost = replace(store.data.read_cost(), max_request_bytes=64)  # small pieces: several GETs per chunk
-    plan = plan_param(store.info("w"), box, cost=cost, strategy=strategy)
+    plan = plan_param(store.info("w"), box, cost=cost, coalesce=coalesce)
     watched_bucket.proxy.reset()
     out, stats = np.empty(box.shape, dtype=dtype), IOStats()
     Executor(store.data, workers=4, pool_min_bytes=0, stats=stats).run([(plan, out)])
@@ -221,14 +221,14 @@ def _ranges(draw):
 
 @settings(max_examples=examples(300), deadline=None)
 @given(_ranges(), costs, st.sampled_from(["auto", "exact", "merged", "whole"]))
-def test_few_ranges_are_planned_with_plain_ints_as_with_numpy(monkeypatch_module, r, cost, strategy):
-    from ckptstore.store import read_plan
+def test_few_ranges_are_planned_with_plain_ints_as_with_numpy(monkeypatch_module, r, cost, coalesce):
+    from ckptstore.store import requests
 
     cols, within = r
-    few = read_plan.plan_requests(cols, cost, strategy, within)
-    monkeypatch_module.setattr(read_plan, "FEW_RANGES", 0)
+    few = requests.plan_requests(cols, cost, coalesce, within)
+    monkeypatch_module.setattr(requests, "FEW_RANGES", 0)
     try:
-        many = read_plan.plan_requests(cols, cost, strategy, within)
+        many = requests.plan_requests(cols, cost, coalesce, within)
     finally:
         monkeypatch_module.undo()
     assert [c.tolist() for c in few] == [c.tolist() for c in many]

@@ -21,7 +21,7 @@ from mindspore import Tensor, nn  # noqa: E402
 
 import ckptstore  # noqa: E402
 from ckptstore.errors import LayoutMismatchError  # noqa: E402
-from load_fixtures import assert_same_dict, load_env, to_numpy  # noqa: E402,F401
+from load_fixtures import assert_same_dict, to_numpy  # noqa: E402,F401
 
 X = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
 Y = np.random.default_rng(1).standard_normal((16, 4)).astype(np.float32)
@@ -34,7 +34,7 @@ class Net(nn.Cell):
         self.relu = nn.ReLU()
         self.fc2 = nn.Dense(16, 4)
 
-    def construct(self, x):  # noqa: ANN001, ANN201
+    def construct(self, x):
         return self.fc2(self.relu(self.fc1(x)))
 
 

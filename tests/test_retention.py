@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import ckptstore
-from ckptstore.checkpoint.strategy import Layout, Strategy
+from ckptstore.checkpoint.layout import Layout
+from ckptstore.checkpoint.strategy import Strategy
 from ckptstore.write.retention import Removed, prune_steps, remove_unfinished, saved_steps
 
 

@@ -21,7 +21,6 @@ from ckptstore.io.s3_sink import S3Sink  # noqa: E402
 from ckptstore.store.kinds import MANIFEST, ROOT_METADATA  # noqa: E402
 from ckptstore.testing import s3_server as S  # noqa: E402
 from convert_fixtures import assert_same_array, convert_layout, expected_values  # noqa: E402
-from load_fixtures import load_env  # noqa: E402,F401
 
 
 def _put(bucket, key: str, data: bytes) -> None:
@@ -169,11 +168,11 @@ def test_a_server_that_sends_no_etag_pins_objects_by_size_and_last_modified(watc
         [(key3, _, _)] = info.container(3)[1]
         assert key3 == key  # two chunks of one object
         first, later = info.chunk_box(0), info.chunk_box(3)
-        store.read("layer0.w", tuple(slice(a, b) for a, b in zip(first.start, first.stop)))
+        store.read("layer0.w", tuple(slice(a, b) for a, b in zip(first.start, first.stop, strict=True)))
         time.sleep(1.1)  # Last-Modified counts whole seconds: a rewrite within the same one is not seen
         convert_layout(saved_layout("mp_rows"), url, overwrite=True)
         with pytest.raises(StoreChangedError, match=f"{url}/{key} was replaced while it was read"):
-            store.read("layer0.w", tuple(slice(a, b) for a, b in zip(later.start, later.stop)))
+            store.read("layer0.w", tuple(slice(a, b) for a, b in zip(later.start, later.stop, strict=True)))
 
 
 def test_a_server_that_sends_neither_etag_nor_last_modified_is_refused(watched_bucket, saved_layout, monkeypatch):

@@ -24,7 +24,6 @@ from ckptstore.dtypes import BFLOAT16
 from ckptstore.errors import IncompleteStoreError, InvalidOptionError, StoreExistsError
 from conftest import SavedLayout
 from convert_fixtures import assert_same_array, data_files, expected_values
-from load_fixtures import load_env  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("save_worker.py")
@@ -111,7 +110,8 @@ def test_a_saved_step_is_a_zarr_store_zarr_python_reads(tmp_path):
 
 def _two_column_ranks() -> Any:
     """A job of 2 ranks, each holding half the columns of ``w``."""
-    from ckptstore.checkpoint.strategy import Layout, Strategy
+    from ckptstore.checkpoint.layout import Layout
+    from ckptstore.checkpoint.strategy import Strategy
 
     return Strategy({"w": {0: Layout((2,), ((), (0,)))}}, stage_devices=2)
 
@@ -163,7 +163,7 @@ def test_a_background_save_hands_a_sharded_slice_over_in_pieces_within_its_budge
             sizes.append(len(piece[2]))
             yield piece
 
-    job.pieces = recording  # type: ignore[method-assign]
+    job.pieces = recording
     saver.save(job)
     w += 1  # training goes on
     saver.wait()
@@ -327,7 +327,8 @@ def test_replicated_slices_are_shared_out_over_their_replica_group(saved_by_rank
 def _save_replicated_prime_rows(root: Path) -> tuple[np.ndarray, list[Any]]:
     """A [47, 8192] float32 table (47 rows, a prime: one-row chunks at 1 MB) that all 4 ranks of
     a pure data-parallel job hold whole, saved by each rank in turn, the last committing."""
-    from ckptstore.checkpoint.strategy import Layout, Strategy
+    from ckptstore.checkpoint.layout import Layout
+    from ckptstore.checkpoint.strategy import Strategy
 
     table = np.arange(47 * 8192, dtype=np.float32).reshape(47, 8192)
     strategy = Strategy({"embedding": {0: Layout((4,), ((), ()))}}, 4, 1)

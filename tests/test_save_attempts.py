@@ -248,7 +248,7 @@ def test_a_part_finishing_while_the_other_looks_leaves_the_commit_to_it(saved_la
     def run(i: int) -> None:
         try:
             results[i] = ckptstore.convert(layout.root, url, strategy=layout.strategy_files, part=f"{i}/2")
-        except Exception as e:  # noqa: BLE001 - the test reports it
+        except Exception as e:  # the test reports it
             results[i] = e
         finally:
             if i == 1:
@@ -311,7 +311,8 @@ def test_a_step_killed_mid_save_says_which_ranks_are_missing_and_what_to_run(sav
     with pytest.raises(KeyboardInterrupt):
         job.write(killed())
     step = tmp_path / f"step_{STEP}"
-    said = rf"step {STEP} at .* is not committed: rank\(s\) 0, 2, 3 of 4 have not finished saving it. Rerun the job's save"
+    said = (rf"step {STEP} at .* is not committed: rank\(s\) 0, 2, 3 of 4 have not finished saving it. "
+            "Rerun the job's save")
     info = run_cli("info", step)
     assert info.returncode == 2 and "convert" not in info.stderr, info.stderr
     assert len(info.stderr.splitlines()) == 1 and re.search(said, info.stderr), info.stderr

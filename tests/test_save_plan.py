@@ -12,7 +12,8 @@ from math import prod
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from ckptstore.checkpoint.strategy import Layout, Strategy
+from ckptstore.checkpoint.layout import Layout
+from ckptstore.checkpoint.strategy import Strategy
 from ckptstore.store.zarr import array_path
 from ckptstore.write.save_plan import SavePlan, plan_save
 from conftest import examples
@@ -44,7 +45,7 @@ def test_every_chunk_is_written_by_exactly_one_rank(case):
     ranks, _ = plans(*case)
     p = ranks[0].params[0]
     written = sorted(c.index for plan in ranks for c in plan.params[0].chunks)
-    assert written == list(range(prod(s // c for s, c in zip(p.shape, p.chunk_shape))))
+    assert written == list(range(prod(s // c for s, c in zip(p.shape, p.chunk_shape, strict=True))))
 
 
 @settings(max_examples=examples(200))
@@ -59,8 +60,8 @@ def test_a_rank_writes_one_file_a_parameter_of_its_own_bytes_in_order(case):
         at = 0
         for c in p.chunks:  # the file is the chunks in order, each the local bytes of its box
             assert c.byte_start == at
-            within = tuple(a - b for a, b in zip(c.box.start, box.start))
-            assert all(0 <= w and w + n <= s for w, n, s in zip(within, c.box.shape, box.shape))
+            within = tuple(a - b for a, b in zip(c.box.start, box.start, strict=True))
+            assert all(0 <= w and w + n <= s for w, n, s in zip(within, c.box.shape, box.shape, strict=True))
             assert p.local_start + c.byte_start == (within[0] * box.shape[1] + within[1]) * 4
             at += c.nbytes
 
@@ -73,10 +74,10 @@ def test_each_file_holds_the_chunks_of_its_shard_of_the_grid(case):
         p = plan.params[0]
         cut = p.shard_shape or p.chunk_shape
         for c in p.chunks:
-            shard = tuple(s // k for s, k in zip(c.box.start, cut))
+            shard = tuple(s // k for s, k in zip(c.box.start, cut, strict=True))
             assert c.key == f"{array_path('w')}/c." + ".".join(map(str, shard))
             assert all(s * k <= a and b <= min((s + 1) * k, n)
-                       for s, k, a, b, n in zip(shard, cut, c.box.start, c.box.stop, p.shape))
+                       for s, k, a, b, n in zip(shard, cut, c.box.start, c.box.stop, p.shape, strict=True))
 
 
 @settings(max_examples=examples(200))
@@ -88,7 +89,8 @@ def test_a_replicated_slice_of_several_chunks_is_split_among_its_replicas(case):
     down = (rows // mp if split == "rows" else rows) // p.chunk_shape[0]  # chunks down one slice
     per_rank = [len({c.box.start[0] for c in plan.params[0].chunks}) for plan in ranks]  # rows of chunks
     if p.replicas >= 2 and down >= 2:
-        if split == "rows" and mp > 1:  # an inner slice: equal pieces, as many as its chunks give (one a replica at most)
+        # an inner slice: equal pieces, as many as its chunks give (one a replica at most)
+        if split == "rows" and mp > 1:
             pieces = max(d for d in range(1, p.replicas + 1) if down % d == 0)
             assert max(per_rank) == down // pieces
         else:  # the slice spans the rows: the last piece may be shorter (the array's edge)

@@ -186,9 +186,9 @@ def test_a_conversion_crashed_at_a_sink_call_resumes_to_the_same_store(saved_lay
     sink = MemorySink(fail=_crash_at(op, nth))
     with pytest.raises(Crash):
         ckptstore.convert(layout.root, sink, strategy=layout.strategy_files, format=fmt, workers=1)
-    assert any(k.startswith(".ckptstore-work/") for k in sink.files)  # an unfinished store, not a complete one
-    assert not {"zarr.json", "ckptstore.json"} & set(sink.files)
+    assert any(k.startswith(".ckptstore-work/") for k in sink.contents)  # an unfinished store, not a complete one
+    assert not {"zarr.json", "ckptstore.json"} & set(sink.contents)
     sink.fail = None
     summary = ckptstore.convert(layout.root, sink, strategy=layout.strategy_files, format=fmt, workers=1)
     assert summary.chunks_resumed + summary.chunks_written == summary.chunks and summary.chunks_resumed > 0
-    assert {k: bytes(v) for k, v in sink.files.items()} == store_files(tmp_path / "reference")
+    assert {k: bytes(v) for k, v in sink.contents.items()} == store_files(tmp_path / "reference")

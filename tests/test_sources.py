@@ -28,7 +28,7 @@ import mindspore_fixtures as T  # noqa: E402
 from ckptstore.errors import LayoutMismatchError, ReplicaMismatchError  # noqa: E402
 from ckptstore.checkpoint.rank_files import scan_rank_file  # noqa: E402
 from convert_fixtures import assert_same_array, run_cli  # noqa: E402
-from load_fixtures import assert_same_dict, load_env, to_numpy  # noqa: E402,F401
+from load_fixtures import assert_same_dict, to_numpy  # noqa: E402,F401
 
 KINDS = ["dp2_mp4", "opt_shard", "pipeline2"]
 
@@ -109,8 +109,9 @@ def test_a_step_saved_in_both_formats_is_refused_saying_how_to_choose(tmp_path):
     other, _, _ = save(tmp_path, "dp2_mp4", fmt="safetensors")
     for r in range(8):
         shutil.copy(other / f"rank_{r}" / "net-1_1.safetensors", root / f"rank_{r}")
-    with pytest.raises(LayoutMismatchError, match=r"holds net-1_1.ckpt and net-1_1.safetensors for the same step; "
-                                                  r"pick the format with --src-format ckpt or --src-format safetensors"):
+    said = (r"holds net-1_1.ckpt and net-1_1.safetensors for the same step; "
+            r"pick the format with --src-format ckpt or --src-format safetensors")
+    with pytest.raises(LayoutMismatchError, match=said):
         ckptstore.convert(root, tmp_path / "s", strategy=strategies)
     for fmt in ("ckpt", "safetensors"):
         r = run_cli("convert", root, "-s", strategies[0], "--out", tmp_path / fmt, "--src-format", fmt, "-q")
@@ -222,8 +223,8 @@ def test_a_tied_embedding_loads_what_mindspore_transforms(tied, tmp_path, target
     oracle = T.transform_oracle(root, strategies, dst, tmp_path / "oracle")
     for rank in range(4 if target == "source" else 1):
         expected = T.load_oracle(oracle / f"rank_{rank}" / f"oracle_{rank}.ckpt")
-        params = ckptstore.load_rank(store, strategies if target == "source" else ckptstore.checkpoint.strategy.Strategy({}, 1, 1),
-                                     rank)
+        whole = ckptstore.checkpoint.strategy.Strategy({}, 1, 1)
+        params = ckptstore.load_rank(store, strategies if target == "source" else whole, rank)
         assert_same_dict({n: to_numpy(v) for n, v in params.items()}, expected, f"{target} rank {rank}")
 
 

@@ -35,7 +35,8 @@ from ckptstore.boxes import Box  # noqa: E402
 from ckptstore.formats.ckpt_reader import read_entry  # noqa: E402
 from ckptstore.errors import StrategyError  # noqa: E402
 from ckptstore.checkpoint.source import find_rank_files, open_source  # noqa: E402
-from ckptstore.checkpoint.strategy import Layout, Strategy, load_strategy  # noqa: E402
+from ckptstore.checkpoint.layout import Layout  # noqa: E402
+from ckptstore.checkpoint.strategy import Strategy, load_strategy  # noqa: E402
 
 
 def _mindspore_slice(dev, tmap, step, size, g: np.ndarray, rank: int) -> np.ndarray:
@@ -215,7 +216,7 @@ def test_slices_tile_each_parameter_and_replicas_hold_identical_bytes(saved_layo
         assert len({sl.box for sl in param.slices}) == len(param.slices), name
         for sl in param.slices:
             first = read_entry(source.rank_files[sl.ranks[0]], sl.entries[0])
-            for rank, entry in zip(sl.ranks[1:], sl.entries[1:]):
+            for rank, entry in zip(sl.ranks[1:], sl.entries[1:], strict=True):
                 assert _same(read_entry(source.rank_files[rank], entry), first), (name, rank)
 
 

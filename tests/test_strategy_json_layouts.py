@@ -18,7 +18,8 @@ pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
 import ckptstore  # noqa: E402
-from ckptstore.checkpoint.strategy import Layout, load_strategy  # noqa: E402
+from ckptstore.checkpoint.layout import Layout  # noqa: E402
+from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
 from ckptstore.errors import StrategyError  # noqa: E402
 from ckptstore.testing.layout_tuples import (  # noqa: E402
     flatten_layout,
@@ -115,7 +116,8 @@ def opt_job(tmp_path_factory):
     rng = np.random.default_rng(27)
     values = {n: rng.standard_normal(shape).astype(np.float32) for n, (shape, _) in OPT_LAYOUTS.items()}
     nested, flat = write_layout_tuple_strategies(root / "strategy", OPT_DEV, OPT_LAYOUTS, OPT_SHARD)
-    return {"values": values, "nested": nested, "flat": flat, "dist": save_layout_tuple_checkpoint(root, values, nested)}
+    return {"values": values, "nested": nested, "flat": flat,
+            "dist": save_layout_tuple_checkpoint(root, values, nested)}
 
 
 def test_optimizer_sharded_tuples_read_from_json_as_transform_checkpoints_wrote_them(opt_job, tmp_path):

@@ -43,7 +43,7 @@ def test_a_shard_index_that_points_past_its_file_is_a_problem(step) -> None:
 
     _rewrite_index(step / "w" / "c.0.0", past)
     report = ckptstore.verify(step)
-    assert report.problems == [f"parameter 'w': chunk 2: the index of shard w/c.0.0 points past its data (bytes "
+    assert report.problems == ["parameter 'w': chunk 2: the index of shard w/c.0.0 points past its data (bytes "
                                "10485760..11304960 of 2457600); a Zarr reader fails there"]
 
 
@@ -65,3 +65,9 @@ def test_verify_exits_1_naming_a_shard_index_a_zarr_reader_fails_on(step) -> Non
     assert r.returncode == 1
     assert "ckptstore: parameter 'w': chunk 2: the index of shard w/c.0.0 points past its data" in r.stderr
     assert r.stdout.startswith("FAILED: 1 parameters, 3 chunks")
+
+
+def test_a_missing_array_metadata_file_is_named_missing(step) -> None:
+    (step / "w" / "zarr.json").unlink()
+    assert ckptstore.verify(step).problems == [
+        f"parameter 'w': {step / 'w' / 'zarr.json'} is missing; a Zarr reader cannot open the array"]

@@ -15,11 +15,6 @@ import pytest
 import ckptstore
 from ckptstore.errors import UnsafePathError
 
-try:
-    from convert_fixtures import big_layout  # noqa: F401 - a fixture
-except ImportError:  # pragma: no cover - MindSpore absent: those tests skip
-    pass
-
 
 def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

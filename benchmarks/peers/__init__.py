@@ -44,7 +44,8 @@ TIMED_SPANS = {
 }
 
 #: modules imported before the measured call (their import is not what we compare)
-DCP_PREIMPORT = ("torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor", "torch.distributed.device_mesh",
+DCP_PREIMPORT = ("torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor",
+                 "torch.distributed.device_mesh",
                  "torch.testing._internal.distributed.fake_pg", "ckptstore", "benchmarks.peers.dcp")
 JAX_PREIMPORT = ("jax", "orbax.checkpoint", "ckptstore", "benchmarks.peers.orbax")
 

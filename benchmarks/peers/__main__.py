@@ -134,9 +134,11 @@ def render(record: Mapping[str, Any]) -> str:
         "machine torch's parallel `copy_` waits for its second thread whenever another process holds the other "
         "core, which makes the default configuration 2–4× slower and erratic (CPU time grows with the wall time).",
         f"- `{ORBAX}`: `StandardCheckpointer(active_processes={{r}}).restore(dir, abstract tree)` (checkpointer "
-        "made inside the timed call; the abstract tree with target `NamedSharding`s built in the setup), in the process of rank r of a `jax.distributed` job of dst CPU processes (joined before "
+        "made inside the timed call; the abstract tree with target `NamedSharding`s built in the setup), in the "
+        "process of rank r of a `jax.distributed` job of dst CPU processes (joined before "
         "the call; the other processes idle), so only rank r's shards are read and built into `jax.Array`s. "
-        "Orbax's defaults (OCDBT, Zarr with its default zstd compression) — hence fewer bytes read than the rank holds.",
+        "Orbax's defaults (OCDBT, Zarr with its default zstd compression) — hence fewer bytes read than the "
+        "rank holds.",
         f"- `{ORBAX_ALL}`: the same restore in one process with dst virtual CPU devices: it reads and builds "
         "*every* target rank's shards (for reference; not a per-rank cost).",
     ]

@@ -2,7 +2,8 @@
 
 **Save** (once, cached next to the synthetic checkpoint): one process per source rank, a real
 ``gloo`` process group on this machine (``init_method=file://``), each process wrapping the
-local tensors of *its own MindSpore rank file* (read with ``ckptstore.testing.benchmark_fixtures.read_rank_file``, i.e. the
+local tensors of *its own MindSpore rank file* (read with
+``ckptstore.testing.benchmark_fixtures.read_rank_file``, i.e. the
 slices MindSpore's own code cut) as DTensors on a CPU ``DeviceMesh`` equivalent to the
 MindSpore layout (:mod:`benchmarks.peers.layouts`: ``Shard``/``Replicate`` per tensor-map
 entry, optimizer sharding as a second ``Shard(0)`` after the model-parallel one), then one

@@ -3,7 +3,8 @@
 **Save** (once, cached next to the synthetic checkpoint): one process with ``world`` virtual
 CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_count=<world>``). Each parameter
 becomes a global ``jax.Array`` whose shard on device ``r`` is the local tensor of MindSpore
-rank file ``r`` (read with ``ckptstore.testing.benchmark_fixtures.read_rank_file``), with a ``NamedSharding`` equivalent to
+rank file ``r`` (read with ``ckptstore.testing.benchmark_fixtures.read_rank_file``), with a
+``NamedSharding`` equivalent to
 the MindSpore layout (:mod:`benchmarks.peers.layouts`; checked against ``Layout.box`` for every
 device). ``ocp.StandardCheckpointer().save`` writes it with Orbax's defaults (OCDBT + Zarr via
 TensorStore; replicated shards written once).
@@ -104,7 +105,7 @@ def _replicated(world: int) -> MeshLayout:
 
 
 def _index_box(index: tuple[slice, ...], shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    spans = [s.indices(n)[:2] for s, n in zip(index, shape)]
+    spans = [s.indices(n)[:2] for s, n in zip(index, shape, strict=False)]
     return tuple(lo for lo, _ in spans), tuple(hi for _, hi in spans)
 
 

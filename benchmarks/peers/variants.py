@@ -40,7 +40,7 @@ def dtype_synth(size: int, src: Mesh, seed: int = 0, *, dtype: str = "bfloat16",
     root = Path(cache_dir) / f"pangu-v{synth_mod.GENERATOR_VERSION}-{size}B-{src.tag}-seed{seed}-{dtype}"
     s = DtypeSynth(root, size, src, seed, dims, dtype)
     if not (root / "ckpt" / "DONE").exists():
-        synth_mod._write_source(s)  # noqa: SLF001 - the grouped writer works for any Synth
+        synth_mod._write_source(s)  # the grouped writer works for any Synth
     return s
 
 

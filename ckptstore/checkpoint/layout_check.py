@@ -111,9 +111,9 @@ def check_against_strategy(params: Mapping[str, SourceParam], sampler: Sampler, 
         if len(p.slices) > 1:
             kind, pair = _compare_distinct(p, chosen, sampler)
             if kind == "collision":
-                raise LayoutMismatchError(_same_bytes_message(p, pair, None))  # type: ignore[arg-type]
+                raise LayoutMismatchError(_same_bytes_message(p, pair, None))  # type: ignore[arg-type]  # pair: set
             if kind == "identical":
-                identical.append((p.name, pair))  # type: ignore[arg-type]
+                identical.append((p.name, pair))  # type: ignore[arg-type]  # an "identical" pair is never None
             elif kind == "distinct":
                 distinct.append(p.name)
     if identical and not distinct:
@@ -166,10 +166,10 @@ def _check_copy(p: SourceParam, copy: SourceSlice, sampler: Sampler) -> int:
     return 1
 
 
-def _offset(inner: "Box", outer: "Box") -> int:
+def _offset(inner: Box, outer: Box) -> int:
     """Element offset of ``inner.start`` in the C-order block ``outer``."""
     offset = 0
-    for a, (lo, olo, ohi) in enumerate(zip(inner.start, outer.start, outer.stop)):
+    for lo, olo, ohi in zip(inner.start, outer.start, outer.stop, strict=True):
         offset = offset * (ohi - olo) + (lo - olo)
     return offset
 
@@ -210,4 +210,4 @@ def _compare_distinct(p: SourceParam, chosen: Sequence[int],
 
 
 def _box(box: Box) -> str:
-    return " x ".join(f"[{a}:{b})" for a, b in zip(box.start, box.stop))
+    return " x ".join(f"[{a}:{b})" for a, b in zip(box.start, box.stop, strict=True))

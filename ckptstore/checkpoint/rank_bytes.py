@@ -16,18 +16,18 @@ the checkpoint's size.
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from ckptstore.errors import CorruptCheckpointError, ShortReadError, TruncatedCheckpointError
-from ckptstore.formats.ckpt_reader import CkptEntry, entry_ranges, entry_requests, read_str
 from ckptstore.formats.ckpt_cipher import DecryptingSource, Decryption
+from ckptstore.formats.ckpt_reader import CkptEntry, entry_ranges, entry_requests, read_str
 from ckptstore.io.base import ByteSource, ReadableFile
 from ckptstore.io.locations import open_location
 from ckptstore.store.executor import Executor, IOStats
 from ckptstore.store.index import common_folder
-from ckptstore.store.read_plan import ByteRangesPlan, ParamReadPlan, plan_ranges
+from ckptstore.store.read_plan import AnyParamReadPlan, ByteRangesPlan, plan_ranges
 
 
 class RankFiles:
@@ -144,7 +144,7 @@ class RankFiles:
         """A string parameter's text."""
         return read_str(self.open(path), entry)
 
-    def _plan_reading(self, plan: ParamReadPlan) -> "_PlanReading":
+    def _plan_reading(self, plan: AnyParamReadPlan) -> _PlanReading:
         return _PlanReading(self, plan)
 
     def close(self) -> None:
@@ -153,7 +153,7 @@ class RankFiles:
         if source is not None:
             source.close()
 
-    def __enter__(self) -> "RankFiles":
+    def __enter__(self) -> RankFiles:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -166,7 +166,7 @@ class _PlanReading:
 
     __slots__ = ("files", "plan")
 
-    def __init__(self, files: RankFiles, plan: ParamReadPlan) -> None:
+    def __init__(self, files: RankFiles, plan: AnyParamReadPlan) -> None:
         self.files, self.plan = files, plan
 
     def __enter__(self) -> None:

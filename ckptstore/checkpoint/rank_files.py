@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
+from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError, UnsafePathError
 from ckptstore.formats.ckpt_cipher import DecryptedFile, Decryption
 from ckptstore.formats.ckpt_reader import CkptIndex, open_file, scan_checkpoint
-from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError, UnsafePathError
-from ckptstore.limits import MAX_WORLD
 from ckptstore.formats.ms_safetensors import is_safetensors, scan_safetensors
 from ckptstore.io.base import ReadableFile
 from ckptstore.io.locations import is_url, open_location
+from ckptstore.limits import MAX_WORLD
 
 FORMATS = ("ckpt", "safetensors")
 _RANK_DIR = re.compile(r"^rank_(\d+)$")
@@ -238,8 +238,8 @@ def choose_rank_files(src: str | os.PathLike[str], *, step: int | None = None, p
         # "{rank}" in a prefix is each folder's rank: MindFormers names files <p>_rank_<r>-..., so
         # one run of a rerun is chosen with "<p>_rank_{rank}-" (the first) or "<p>_rank_{rank}_1-"
         mine = prefix.replace("{rank}", str(r)) if prefix is not None else None
-        files = _filtered(folder.folder, folder.names, step=step, epoch=epoch, prefix=mine, fmt=fmt)
-        candidates[r], runs[r] = _newest_run(folder, files)
+        names = _filtered(folder.folder, folder.names, step=step, epoch=epoch, prefix=mine, fmt=fmt)
+        candidates[r], runs[r] = _newest_run(folder, names)
     notes = []
     chosen_runs = {run[1] for run in runs.values() if run is not None}
     if chosen_runs:
@@ -260,7 +260,8 @@ def choose_rank_files(src: str | os.PathLike[str], *, step: int | None = None, p
         files = {r: c[0] for r, c in candidates.items()}
     else:
         newest = {r: _step_of(_pick_one(folders[r].folder, c)) for r, c in candidates.items()}
-        common = set.intersection(*({_step_of(n) for n in c} for c in candidates.values()))
+        # only named steps compare: a file with no -<epoch>_<step> is never "the newest every rank holds"
+        common = set.intersection(*({k for n in c if (k := _step_of(n)) is not None} for c in candidates.values()))
         if len(set(newest.values())) == 1:
             files = {r: _pick_one(folders[r].folder, c) for r, c in candidates.items()}
         elif not common:
@@ -269,17 +270,17 @@ def choose_rank_files(src: str | os.PathLike[str], *, step: int | None = None, p
                                       f"{'; ...' if len(candidates) > 8 else ''}); choose one with --epoch and "
                                       "--step, or --prefix")
         else:
-            key = max(common)  # type: ignore[type-var]
+            key = max(common)
             files = {r: _pick_one(folders[r].folder, [n for n in c if _step_of(n) == key])
                      for r, c in candidates.items()}
             ahead: dict[tuple[int, int], list[int]] = {}
             for r, k in newest.items():
-                if k != key:
-                    ahead.setdefault(k, []).append(r)  # type: ignore[arg-type]
+                if k is not None and k != key:
+                    ahead.setdefault(k, []).append(r)
             newer = "; ".join(f"{_ranks_text(rs)} also hold {_key_text(k)}" for k, rs in sorted(ahead.items()))
             notes.append(f"took {_key_text(key)}, the newest checkpoint every rank holds ({newer}, which the other "
                          "ranks lack: a save cut short?); choose another with --epoch and --step")
-    out: dict[int, Path | str] = {r: (Path(folders[r].folder) / n if folders[r].url is None else f"{folders[r].url}/{n}")
+    out: dict[int, Path | str] = {r: Path(folders[r].folder) / n if folders[r].url is None else f"{folders[r].url}/{n}"
                                   for r, n in files.items()}
     return RankFileChoice(out, "; ".join(notes) or None)
 

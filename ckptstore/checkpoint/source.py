@@ -24,11 +24,12 @@ from ckptstore.formats.ckpt_cipher import Decryption
 from ckptstore.formats.ckpt_reader import CkptEntry, CkptIndex
 from ckptstore.checkpoint.layout_check import Sampler, check_against_strategy
 from ckptstore.checkpoint.params import SourceParam, SourceSlice
-from ckptstore.checkpoint.rank_files import (  # noqa: F401 (find_rank_files, pick_rank_file re-exported)
+from ckptstore.checkpoint.rank_files import (  # noqa: F401  (find_rank_files, pick_rank_file re-exported)
     RankFileChoice, choose_rank_files, find_rank_files, pick_rank_file, scan_rank_file)
 from ckptstore.checkpoint.rank_bytes import RankFiles
 from ckptstore.errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
-from ckptstore.checkpoint.strategy import Layout, Strategy, StrategyPaths, load_strategy, stage_slices
+from ckptstore.checkpoint.layout import Layout, stage_slices
+from ckptstore.checkpoint.strategy import Strategy, StrategyPaths, load_strategy
 from ckptstore.io.locations import is_url
 from ckptstore.io.s3_source import READ_CONCURRENCY as S3_READ_CONCURRENCY
 
@@ -107,8 +108,9 @@ def open_source(rank_files: Mapping[int, str | os.PathLike[str]], strategy: Stra
         told = f"the strategy describes {strategy.world_size} ranks but {len(files)} rank files were found"
         missing = [r for r in range(strategy.world_size) if r not in files]
         extra = [r for r in files if r >= strategy.world_size]
+        more = ", ..." if len(extra) > 1 else ""
         culprit = (f"no checkpoint file for rank(s) {_ranges(missing)} (rank_{missing[0]}/ is missing)" if missing
-                   else f"rank(s) {_ranges(extra)} are not in it ({files[extra[0]]}{', ...' if len(extra) > 1 else ''})")
+                   else f"rank(s) {_ranges(extra)} are not in it ({files[extra[0]]}{more})")
         raise MissingRankError(f"{told}: {culprit}; strategy file(s): {', '.join(strategy.sources)}")
     indexes = _scan_all(files, verify_crc, decryption)
     held = dict.fromkeys(n for idx in indexes.values() for n in idx.entries)
@@ -159,7 +161,7 @@ def _check_counters(params: Mapping[str, SourceParam], sampler: Sampler) -> None
             continue
         sl = p.slices[0]
         values: dict[str, list[int]] = {}
-        for rank, entry, path in zip(sl.ranks, sl.entries, sl.paths):
+        for rank, entry, path in zip(sl.ranks, sl.entries, sl.paths, strict=True):
             raw = np.frombuffer(sampler.read(path, entry, 0, entry.nbytes), dtype=entry.dtype)
             values.setdefault(", ".join(str(v) for v in raw.tolist()), []).append(rank)
         if len(values) > 1:
@@ -177,7 +179,7 @@ def _check_declared_shapes(params: Mapping[str, SourceParam], strategy: Strategy
     byte: ranks 0-3 of a dp 2 x mp 4 job with optimizer sharding, under an mp 4 strategy, hold
     distinct slices of the shapes that strategy gives a tensor of half the rows. Only a declared
     global shape tells them apart; the protobuf form MindSpore's compiler writes declares none
-    (a MindFormers ``param_split_shape`` does: checked in :func:`~ckptstore.checkpoint.strategy.stage_slices`).
+    (a MindFormers ``param_split_shape`` does: checked in :func:`~ckptstore.checkpoint.layout.stage_slices`).
     """
     for p in params.values():
         if not p.in_strategy:
@@ -346,7 +348,7 @@ def _global_shape(name: str, holders: Mapping[int, CkptEntry], indexes: Mapping[
 
 
 def _box(box: Box) -> str:
-    return " x ".join(f"[{a}:{b})" for a, b in zip(box.start, box.stop))
+    return " x ".join(f"[{a}:{b})" for a, b in zip(box.start, box.stop, strict=True))
 
 
 def _ranges(ranks: Sequence[int]) -> str:

@@ -21,7 +21,9 @@ from collections import OrderedDict
 from typing import Sequence
 
 from ckptstore.errors import EncryptedCheckpointError, InvalidOptionError, ShortReadError
-from ckptstore.formats.ckpt_reader import CIPHER_MAGICS, CRC_MAGIC as _CRC_MAGIC, CRC_TRAILER_BYTES as _CRC_TRAILER_BYTES
+from ckptstore.formats.ckpt_reader import CIPHER_MAGICS
+from ckptstore.formats.ckpt_reader import CRC_MAGIC as _CRC_MAGIC
+from ckptstore.formats.ckpt_reader import CRC_TRAILER_BYTES as _CRC_TRAILER_BYTES
 from ckptstore.io.base import ByteSource, ReadableFile, Request, SourceWrapper
 
 #: The ``enc_mode`` values MindSpore writes.
@@ -128,7 +130,8 @@ class DecryptedFile(ReadableFile):
 
     def _frames(self) -> list[tuple[int, int]]:
         skip = 16 if self.mode == "AES-GCM" else 0
-        frames, pos, size = [], 0, self.inner.size
+        frames: list[tuple[int, int]] = []
+        pos, size = 0, self.inner.size
         while pos < size:
             if size - pos == _CRC_TRAILER_BYTES and self.inner.pread(pos, len(_CRC_MAGIC)) == _CRC_MAGIC:
                 # crc_check=True appends its trailer unencrypted after the blocks: kept after the plaintext
@@ -150,9 +153,9 @@ class DecryptedFile(ReadableFile):
     def _decrypt(self, index: int, offset: int, length: int) -> bytes:
         data = _decrypt_block(self.inner.pread(offset, length), self._secret, self.mode)
         if data is None:
-            raise EncryptedCheckpointError(f"encrypted block {index} does not decrypt with the key given ({self.mode}); "
-                                           "is it the enc_key the checkpoint was saved with?", path=self.url,
-                                           offset=offset)
+            raise EncryptedCheckpointError(
+                f"encrypted block {index} does not decrypt with the key given ({self.mode}); is it the enc_key the "
+                "checkpoint was saved with?", path=self.url, offset=offset)
         return data
 
     def _block(self, index: int) -> bytes:

@@ -443,6 +443,8 @@ def _entry(records: Sequence[_Record], path: str, *, at_eof: bool = False) -> Ck
         raise CorruptCheckpointError("the records of one parameter disagree on its type", path=path,
                                      param=last.tag, offset=records[0].offset)
     pieces = tuple(r.content for r in records if r.content and r.content[1])
+    # _check_record refused every record without a name or a type before it reached here
+    assert last.tag is not None and last.tensor_type is not None
     entry = CkptEntry(last.tag, last.tensor_type, () if last.tensor_type == STR_TYPE else dims,
                       pieces, records[0].offset)
     if not entry.is_str:
@@ -509,14 +511,16 @@ def scan_checkpoint(path: str | os.PathLike[str] | ReadableFile, *, verify_crc: 
         data_end = 0
         for rec in _iter_records(f):
             if group and rec.tag != group[-1].tag:
-                entries.pop(group[-1].tag, None)
-                entries[group[-1].tag] = _entry(group, f.url)
+                entry = _entry(group, f.url)
+                entries.pop(entry.name, None)
+                entries[entry.name] = entry
                 group = []
             group.append(rec)
             data_end = rec.end
         if group:
-            entries.pop(group[-1].tag, None)
-            entries[group[-1].tag] = _entry(group, f.url, at_eof=data_end == f.size)
+            entry = _entry(group, f.url, at_eof=data_end == f.size)
+            entries.pop(entry.name, None)
+            entries[entry.name] = entry
         # The records are length-delimited, so the trailer is exactly what follows the last one.
         trailer = stored is not None and data_end == f.size - CRC_TRAILER_BYTES
         index = CkptIndex(f.url, f.size, entries, stored if trailer else None, data_end)
@@ -630,7 +634,7 @@ def read_entry(path: str | os.PathLike[str] | ReadableFile, entry: CkptEntry, *,
             out = np.empty(shape, dtype=entry.dtype)
         elif out.shape != shape or out.dtype != entry.dtype or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous {entry.dtype} array of shape {list(shape)}")
-        read_into(f, entry.pieces, start, memoryview(out.reshape(-1).view(np.uint8)), param=entry.name)
+        read_into(f, entry.pieces, start, out.reshape(-1).view(np.uint8).data, param=entry.name)
         return out
     finally:
         if own:

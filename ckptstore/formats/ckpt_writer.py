@@ -12,9 +12,9 @@ import zlib
 
 import numpy as np
 
-from ckptstore.io.atomic_file import AtomicFile
 from ckptstore.dtypes import STR_TYPE, mindspore_name
 from ckptstore.formats.protowire import encode_varint
+from ckptstore.io.atomic_file import AtomicFile, SinkKey
 
 #: MindSpore's default ``SLICE_SIZE`` (512 MiB) in bytes.
 DEFAULT_SLICE_BYTES = 512 * 1024 * 1024
@@ -31,7 +31,7 @@ def _tensor_header(dims: tuple[int, ...], tensor_type: str) -> bytes:
 class CheckpointWriter(AtomicFile):
     """Appends parameters to a new ``.ckpt`` file; use as a context manager."""
 
-    def __init__(self, path: str | os.PathLike[str], *, crc: bool = False,
+    def __init__(self, path: str | os.PathLike[str] | SinkKey, *, crc: bool = False,
                  slice_bytes: int = DEFAULT_SLICE_BYTES) -> None:
         super().__init__(path)
         self._crc = 0 if crc else None
@@ -53,12 +53,12 @@ class CheckpointWriter(AtomicFile):
     def add(self, name: str, value: np.ndarray | str) -> None:
         """Append one parameter (a numpy array of a MindSpore dtype, or a string value)."""
         if isinstance(value, str):
-            raw = np.array(value).tobytes()  # UTF-32-LE, as MindSpore stores str values
-            self._record(name, (0,), STR_TYPE, memoryview(raw))
+            text = np.array(value).tobytes()  # UTF-32-LE, as MindSpore stores str values
+            self._record(name, (0,), STR_TYPE, memoryview(text))
             return
         arr = value if value.flags.c_contiguous else value.copy()  # (ascontiguousarray makes 0-d arrays 1-d)
         tensor_type = mindspore_name(arr.dtype)
-        raw = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
+        raw = arr.reshape(-1).view(np.uint8).data if arr.size else memoryview(b"")
         for start in range(0, max(len(raw), 1), self._slice):
             self._record(name, tuple(arr.shape), tensor_type, raw[start:start + self._slice])
 

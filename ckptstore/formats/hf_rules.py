@@ -35,10 +35,11 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from math import gcd
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ckptstore.errors import NameMapError
 
@@ -68,7 +69,7 @@ class Template:
     parts: tuple[str | int, ...]
 
     @classmethod
-    def parse(cls, text: str) -> "Template":
+    def parse(cls, text: str) -> Template:
         parts: list[str | int] = []
         pos = 0
         for m in _REF.finditer(text):
@@ -585,11 +586,12 @@ def parse_name_map(doc: Any, path: str) -> NameMap:
     return NameMap(path, renames, fusions, unmatched, description)
 
 
-def _rule_fail(path: str, rule: str) -> Any:
+def _rule_fail(path: str, rule: str) -> Callable[[str], NameMapError]:
     return lambda problem: NameMapError(problem, path=path, rule=rule)
 
 
-def _rule_head(r: Any, rule: str, path: str, keys: set[str], what: str) -> tuple[Any, Any, str]:
+def _rule_head(r: Any, rule: str, path: str, keys: set[str],
+               what: str) -> tuple[Callable[[str], NameMapError], re.Pattern[str], Template]:
     """What every rule has: a JSON object of known keys, a ``pattern`` and a ``target`` that refers
     only to its groups; returns the rule's error maker, the compiled pattern and the target."""
     fail = _rule_fail(path, rule)
@@ -664,7 +666,7 @@ def load_name_map(spec: str | os.PathLike[str] | Mapping[str, Any]) -> NameMap:
         return parse_name_map(spec, "<rules>")
     text = os.fspath(spec)
     if text in shipped_name_maps():
-        raw = resources.files(__package__).joinpath(_SHIPPED, text + ".json").read_bytes()
+        raw = resources.files(__package__).joinpath(_SHIPPED).joinpath(text + ".json").read_bytes()
         where = f"{text} (shipped)"
     else:
         try:

@@ -60,7 +60,8 @@ def as_signed64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def iter_fields(buf: bytes | memoryview, start: int = 0, end: int | None = None) -> Iterator[tuple[int, int, int | memoryview, int]]:
+def iter_fields(buf: bytes | memoryview, start: int = 0,
+                end: int | None = None) -> Iterator[tuple[int, int, int | memoryview, int]]:
     """Yield ``(field_number, wire_type, value, offset)`` for each field of one message.
 
     ``value`` is the int for varints and fixed-width fields and a memoryview of the payload for

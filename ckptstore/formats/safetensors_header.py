@@ -119,7 +119,7 @@ def _tensor(name: str, d: Any, base: int, path: str) -> TensorInfo:
     if not isinstance(d, dict):
         raise bad("its header entry is not a JSON object")
     try:
-        dtype = from_safetensors(d.get("dtype")).numpy  # type: ignore[arg-type]
+        dtype = from_safetensors(d.get("dtype")).numpy  # type: ignore[arg-type]  # any JSON value: refused there
     except ValueError as e:
         raise bad(str(e)) from None
     shape, offsets = d.get("shape"), d.get("data_offsets")

@@ -9,17 +9,18 @@ dtype; they go into the ``__metadata__`` map. Files are written under a temporar
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ckptstore.io.atomic_file import AtomicFile
 from ckptstore.formats.safetensors_header import build_header
+from ckptstore.io.atomic_file import AtomicFile, SinkKey
+
 
 class SafetensorsWriter(AtomicFile):
     """Declare all tensors up front, then :meth:`add` them in the declared order."""
 
-    def __init__(self, path: str | os.PathLike[str], tensors: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
+    def __init__(self, path: str | os.PathLike[str] | SinkKey, tensors: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
                  metadata: Mapping[str, str] | None = None) -> None:
         super().__init__(path)
         head, infos = build_header(tensors, metadata)
@@ -33,7 +34,7 @@ class SafetensorsWriter(AtomicFile):
         if (name, array.dtype, tuple(array.shape)) != want:
             raise ValueError(f"expected tensor {want}, got {(name, array.dtype, tuple(array.shape))}")
         arr = array if array.flags.c_contiguous else array.copy()
-        self._f.write(memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b"")
+        self._f.write(arr.reshape(-1).view(np.uint8).data if arr.size else b"")
         self._next += 1
 
     def _finish(self) -> None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ckptstore.errors import MissingFileError, StrategyError
 from ckptstore.formats import protowire
@@ -91,39 +91,42 @@ def tensor_map_axes(raw: Sequence[object], what: str = "tensor_map") -> tuple[Ax
 # ---- protobuf -------------------------------------------------------------------------------
 
 def _ints(payload: memoryview) -> list[int]:
-    # One repeated int field (DevMatrix/TensorMap/...): field 1, unpacked or packed.
+    # One repeated int field (DevMatrix/TensorMap/...): field 1, unpacked or packed. The isinstance
+    # tests beside the wire types tell mypy what iter_fields yields for each (an int, a payload view).
     out = []
     for num, wire, value, _ in protowire.iter_fields(payload):
         if num != 1:
             continue
-        if wire == protowire.VARINT:
-            out.append(protowire.as_signed64(value))  # type: ignore[arg-type]
-        elif wire == protowire.LEN:
-            out.extend(protowire.as_signed64(v) for v in protowire.packed_varints(value))  # type: ignore[arg-type]
+        if wire == protowire.VARINT and isinstance(value, int):
+            out.append(protowire.as_signed64(value))
+        elif wire == protowire.LEN and isinstance(value, memoryview):
+            out.extend(protowire.as_signed64(v) for v in protowire.packed_varints(value))
     return out
 
 
 def _layout_from_proto(payload: memoryview, name: str, path: str) -> LayoutRecord:
-    dev, maps, step, size, fld = None, [], 0, 0, 0
+    dev: list[int] | None = None
+    maps: list[list[int]] = []
+    step, size, fld = 0, 0, 0
     split: list[int] = []
     offsets: list[int] = []
     for num, wire, value, _ in protowire.iter_fields(payload):
-        if num == 1 and wire == protowire.LEN and dev is None:
-            dev = _ints(value)  # type: ignore[arg-type]
-        elif num == 2 and wire == protowire.LEN:
+        if num == 1 and wire == protowire.LEN and isinstance(value, memoryview) and dev is None:
+            dev = _ints(value)
+        elif num == 2 and wire == protowire.LEN and isinstance(value, memoryview):
             if len(maps) >= MAX_NDIM:
                 raise StrategyError(f"strategy file {path}: parameter {name!r} has more than {MAX_NDIM} tensor maps")
-            maps.append(_ints(value))  # type: ignore[arg-type]
-        elif num == 3 and wire == protowire.LEN:
-            split += _ints(value)  # type: ignore[arg-type]
-        elif num == 4 and wire == protowire.LEN:
-            offsets += _ints(value)  # type: ignore[arg-type]
-        elif num == 5 and wire == protowire.VARINT:
-            fld = protowire.as_signed64(value)  # type: ignore[arg-type]
-        elif num == 6 and wire == protowire.VARINT:
-            step = protowire.as_signed64(value)  # type: ignore[arg-type]
-        elif num == 7 and wire == protowire.VARINT:
-            size = protowire.as_signed64(value)  # type: ignore[arg-type]
+            maps.append(_ints(value))
+        elif num == 3 and wire == protowire.LEN and isinstance(value, memoryview):
+            split += _ints(value)
+        elif num == 4 and wire == protowire.LEN and isinstance(value, memoryview):
+            offsets += _ints(value)
+        elif num == 5 and wire == protowire.VARINT and isinstance(value, int):
+            fld = protowire.as_signed64(value)
+        elif num == 6 and wire == protowire.VARINT and isinstance(value, int):
+            step = protowire.as_signed64(value)
+        elif num == 7 and wire == protowire.VARINT and isinstance(value, int):
+            size = protowire.as_signed64(value)
     if dev is None or not maps:
         raise StrategyError(f"strategy file {path}: parameter {name!r} has no device matrix or tensor map")
     # One TensorMap lists one device axis per tensor axis; several (a Layout tuple) list, per tensor
@@ -134,10 +137,10 @@ def _layout_from_proto(payload: memoryview, name: str, path: str) -> LayoutRecor
 
 def _strategy_item_stage(item: memoryview) -> int | None:
     for num, wire, value, _ in protowire.iter_fields(item):
-        if num == 2 and wire == protowire.LEN:
-            for n2, w2, v2, _ in protowire.iter_fields(value):  # type: ignore[arg-type]
-                if n2 == 1 and w2 == protowire.VARINT:
-                    return int(v2)  # type: ignore[arg-type]
+        if num == 2 and wire == protowire.LEN and isinstance(value, memoryview):
+            for n2, w2, v2, _ in protowire.iter_fields(value):
+                if n2 == 1 and w2 == protowire.VARINT and isinstance(v2, int):
+                    return int(v2)
     return None
 
 
@@ -147,18 +150,18 @@ def parse_proto(path: str, data: bytes) -> StrategyFileContents:
     stage = None
     try:
         for num, wire, value, _ in protowire.iter_fields(data):
-            if num == 2 and wire == protowire.LEN and stage is None:
-                stage = _strategy_item_stage(value)  # type: ignore[arg-type]
-            elif num == 3 and wire == protowire.LEN:
+            if num == 2 and wire == protowire.LEN and isinstance(value, memoryview) and stage is None:
+                stage = _strategy_item_stage(value)
+            elif num == 3 and wire == protowire.LEN and isinstance(value, memoryview):
                 name, layout_bytes = None, None
-                for n2, w2, v2, _ in protowire.iter_fields(value):  # type: ignore[arg-type]
-                    if n2 == 1 and w2 == protowire.LEN:
-                        name = bytes(v2).decode("utf-8")  # type: ignore[arg-type]
-                    elif n2 == 2 and w2 == protowire.LEN:
+                for n2, w2, v2, _ in protowire.iter_fields(value):
+                    if n2 == 1 and w2 == protowire.LEN and isinstance(v2, memoryview):
+                        name = bytes(v2).decode("utf-8")
+                    elif n2 == 2 and w2 == protowire.LEN and isinstance(v2, memoryview):
                         layout_bytes = v2
                 if name is None or layout_bytes is None:
                     raise StrategyError(f"strategy file {path}: a layout item has no name or no layout")
-                layouts[name] = _layout_from_proto(layout_bytes, name, path)  # type: ignore[arg-type]
+                layouts[name] = _layout_from_proto(layout_bytes, name, path)
     except (protowire.WireError, UnicodeDecodeError, TypeError) as e:
         raise StrategyError(f"strategy file {path} is not a MindSpore strategy file (protobuf "
                             f"ParallelStrategyMap or .json): {e}") from None
@@ -209,7 +212,8 @@ def parse_json(path: str, data: bytes) -> StrategyFileContents:
 # ---- files ----------------------------------------------------------------------------------
 
 def parse_strategy(path: str, data: bytes) -> StrategyFileContents:
-    """Parse the bytes of strategy file ``path``: JSON when its name ends in ``.json`` (as MindSpore decides), else protobuf."""
+    """Parse the bytes of strategy file ``path``: JSON when its name ends in ``.json`` (as MindSpore
+    decides), else protobuf."""
     return parse_json(path, data) if path.endswith(".json") else parse_proto(path, data)
 
 

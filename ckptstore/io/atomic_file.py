@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ckptstore.io.sink import ByteSink, SinkFile, partial_key
+
+_File = TypeVar("_File", bound="AtomicFile")
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class AtomicFile:
         self._file.close()
         self.sink.delete([partial_key(self.key)])
 
-    def __enter__(self) -> "AtomicFile":
+    def __enter__(self: _File) -> _File:
         return self
 
     def __exit__(self, exc_type: object, *rest: object) -> None:

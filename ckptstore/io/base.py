@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ckptstore.errors import InvalidOptionError, UnsafePathError
 from ckptstore.limits import MAX_NAME_BYTES
@@ -83,7 +84,7 @@ class ReadCost:
         worth = int(self.request_seconds / self.in_flight * self.bytes_per_second)
         return worth if self.max_gap_bytes is None else min(worth, self.max_gap_bytes)
 
-    def spans(self, requests: Sequence["Request"]) -> list[list["Request"]]:
+    def spans(self, requests: Sequence[Request]) -> list[list[Request]]:
         """Ad-hoc ``requests`` (not planned by the read planner), sorted by offset and grouped into
         the spans one request each should read: neighbours share a request while the gap is at
         most :attr:`gap_bytes` and the span at most :attr:`max_request_bytes`."""
@@ -100,7 +101,7 @@ class ReadCost:
             end = max(end, stop) if len(out[-1]) > 1 else stop
         return out
 
-    def from_environment(self, environ: Mapping[str, str] | None = None) -> "ReadCost":
+    def from_environment(self, environ: Mapping[str, str] | None = None) -> ReadCost:
         """This cost with the ``CKPTSTORE_*`` overrides of ``environ`` (``os.environ`` when
         ``None``) applied; a malformed or non-positive value is an
         :class:`~ckptstore.errors.InvalidOptionError` naming the variable."""
@@ -202,6 +203,10 @@ class ReadableFile(ABC):
             self.read_into(offset, memoryview(buf))
         return bytes(buf)
 
+    def close(self) -> None:  # noqa: B027  (an optional hook: the default has nothing to do)
+        """Release what the file holds (a descriptor, a connection); the default holds nothing.
+        Whoever opened the file and owns it closes it."""
+
 
 class ByteSource(ABC):
     """A folder of files addressed by keys; see the module docstring."""
@@ -267,7 +272,7 @@ class ByteSource(ABC):
     def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
         """``(folders, files)``: the names directly under ``prefix`` (``""`` is the source itself)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (an optional hook: the default has nothing to do)
         """Release open files (the source stays usable; files are reopened on demand)."""
 
 
@@ -280,9 +285,14 @@ class SourceWrapper(ByteSource):
         self.inner = inner
         self.pins_open_files, self.pins_read_files = inner.pins_open_files, inner.pins_read_files
 
-    @property  # type: ignore[override]
+    @property
     def cost(self) -> ReadCost:
         return self.inner.cost
+
+    @cost.setter
+    def cost(self, value: ReadCost) -> None:
+        # ByteSource.cost is a plain attribute a program may set: setting it here prices the inner source.
+        self.inner.cost = value
 
     def read_cost(self) -> ReadCost:
         return self.inner.read_cost()

@@ -35,7 +35,7 @@ class LocalFile(ReadableFile):
         self.fd, self.key, self._url, self.size = fd, key, url, size
 
     @classmethod
-    def from_path(cls, path: str | os.PathLike[str]) -> "LocalFile":
+    def from_path(cls, path: str | os.PathLike[str]) -> LocalFile:
         """Open a file the user named (symbolic links followed); the caller closes it.
 
         Paths read from metadata go through :meth:`LocalSource.open` instead, which confines them.

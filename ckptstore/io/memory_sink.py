@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import errno
 import threading
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from ckptstore.errors import FileAccessError, MissingFileError, ShortReadError
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request, check_key
@@ -24,7 +25,7 @@ class Crash(BaseException):
 
 
 class _MemoryFile(SinkFile):
-    def __init__(self, sink: "MemorySink", key: str, name: str, data: bytearray) -> None:
+    def __init__(self, sink: MemorySink, key: str, name: str, data: bytearray) -> None:
         self.sink, self.key, self.name, self.data = sink, key, name, data
         self.size = len(data)
 
@@ -59,7 +60,7 @@ class _MemoryFile(SinkFile):
 class MemorySource(ByteSource):
     """The files of a :class:`MemorySink`, read back."""
 
-    def __init__(self, sink: "MemorySink") -> None:
+    def __init__(self, sink: MemorySink) -> None:
         self.sink = sink
 
     @property
@@ -67,25 +68,26 @@ class MemorySource(ByteSource):
         return self.sink.name
 
     def open(self, key: str) -> ReadableFile:
-        data = self.sink.files.get(check_key(key, self.url))
+        data = self.sink.contents.get(check_key(key, self.url))
         if data is None:
             raise MissingFileError(errno.ENOENT, f"file {self.key_url(key)} is missing", self.key_url(key))
         return _MemoryFile(self.sink, key, key, data)
 
     def stat(self, key: str) -> FileStat | None:
-        data = self.sink.files.get(check_key(key, self.url))
+        data = self.sink.contents.get(check_key(key, self.url))
         return None if data is None else FileStat(len(data), 0, str(id(data)))
 
     def read_bytes(self, key: str, *, limit: int) -> bytes | None:
-        data = self.sink.files.get(check_key(key, self.url))
+        data = self.sink.contents.get(check_key(key, self.url))
         if data is not None and len(data) > limit:
             raise FileAccessError(errno.EFBIG, f"{self.key_url(key)} is larger than {limit} bytes")
         return None if data is None else bytes(data)
 
     def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
         base = check_key(prefix, self.url) + "/" if prefix else ""
-        folders, files = set(), set()
-        for k in self.sink.files:
+        folders: set[str] = set()
+        files: set[str] = set()
+        for k in self.sink.contents:
             if k.startswith(base):
                 head, sep, _ = k[len(base):].partition("/")
                 (folders if sep else files).add(head)
@@ -93,7 +95,7 @@ class MemorySource(ByteSource):
 
 
 class _HeldNames:
-    def __init__(self, sink: "MemorySink", name: str) -> None:
+    def __init__(self, sink: MemorySink, name: str) -> None:
         self.sink, self.name = sink, name
 
     def release(self) -> None:
@@ -110,7 +112,7 @@ class MemorySink(ByteSink):
 
     def __init__(self, name: str = "memory://sink", *, fail: Callable[[str, str], None] | None = None) -> None:
         self.name = name
-        self.files: dict[str, bytearray] = {}
+        self.contents: dict[str, bytearray] = {}
         self.fail = fail
         self.source = MemorySource(self)
         self.locks: set[str] = set()
@@ -124,14 +126,14 @@ class MemorySink(ByteSink):
 
     def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
         self._hook("put", check_key(key, self.name))
-        self.files[key] = bytearray(data)
+        self.contents[key] = bytearray(data)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         self._hook("put_if_absent", check_key(key, self.name))
         with self._mutex:
-            if key in self.files:
+            if key in self.contents:
                 return False
-            self.files[key] = bytearray(data)
+            self.contents[key] = bytearray(data)
             return True
 
     def put_stream(self, key: str, pieces: Iterable[Any], *, durable: bool = True) -> int:
@@ -139,44 +141,44 @@ class MemorySink(ByteSink):
         data = bytearray()
         for piece in pieces:
             data += memoryview(piece).cast("B")
-        self.files[key] = data
+        self.contents[key] = data
         return len(data)
 
     def create(self, key: str, *, resume: bool = False) -> SinkFile:
         name = partial_key(check_key(key, self.name))
         self._hook("create", name)
-        if not resume or name not in self.files:
-            self.files[name] = bytearray()
-        return _MemoryFile(self, key, name, self.files[name])
+        if not resume or name not in self.contents:
+            self.contents[name] = bytearray()
+        return _MemoryFile(self, key, name, self.contents[name])
 
     def append_log(self, key: str, *, keep: bytes = b"") -> SinkFile:
         self._hook("append_log", check_key(key, self.name))
-        self.files[key] = bytearray(keep)
-        return _MemoryFile(self, key, key, self.files[key])
+        self.contents[key] = bytearray(keep)
+        return _MemoryFile(self, key, key, self.contents[key])
 
     def publish(self, key: str) -> None:
         self._hook("publish", check_key(key, self.name))
-        data = self.files.pop(partial_key(key), None)
+        data = self.contents.pop(partial_key(key), None)
         if data is None:
             raise MissingFileError(errno.ENOENT, f"{self.key_url(partial_key(key))} is missing", key)
-        self.files[key] = data
+        self.contents[key] = data
 
     def unpublish(self, key: str) -> None:
         self._hook("unpublish", check_key(key, self.name))
-        self.files[partial_key(key)] = self.files.pop(key)
+        self.contents[partial_key(key)] = self.contents.pop(key)
 
     def size(self, key: str) -> int | None:
-        data = self.files.get(check_key(key, self.name))
+        data = self.contents.get(check_key(key, self.name))
         return None if data is None else len(data)
 
     def keys(self, prefix: str = "") -> list[str]:
         base = check_key(prefix, self.name) + "/" if prefix else ""
-        return sorted(k for k in self.files if k.startswith(base))
+        return sorted(k for k in self.contents if k.startswith(base))
 
     def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
             self._hook("delete", key)
-            self.files.pop(key, None)
+            self.contents.pop(key, None)
 
     def sync(self) -> None:
         self._hook("sync", "")

@@ -20,7 +20,7 @@ import threading
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ckptstore.errors import CkptStoreError, ObjectStoreConfigError
 from ckptstore.io import s3_redirects
@@ -28,8 +28,11 @@ from ckptstore.io.s3_errors import client_error, plain_http_error
 from ckptstore.io.s3_redirects import ENDPOINT_ENV
 from ckptstore.io.urls import redact
 
+if TYPE_CHECKING:  # obstore is imported on first use of a URL
+    from obstore.store import RetryConfig
+
 #: The client's retries: 5xx answers, connection errors and time-outs, with backoff and jitter.
-RETRY = {"max_retries": 8, "retry_timeout": timedelta(seconds=120),
+RETRY: RetryConfig = {"max_retries": 8, "retry_timeout": timedelta(seconds=120),
          "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=5), "base": 2}}
 
 
@@ -106,7 +109,7 @@ def check_environment() -> None:
         shown = redact(value)
         try:
             parts = urllib.parse.urlsplit(value)
-            parts.port  # noqa: B018 -- raises ValueError for a port out of range
+            parts.port  # noqa: B018  (reading it raises ValueError for a port out of range)
         except ValueError:
             parts = None
         if (parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname

@@ -43,6 +43,7 @@ class S3Sink(ByteSink):
 
     seekable = False
     record_workers = 16  # each small record is one GET: many in flight
+    source: S3Source
 
     def __init__(self, url: str) -> None:
         self.source = S3Source(url)
@@ -256,7 +257,7 @@ class _Handoff:
         """Run ``put(iterator)`` (the helper thread's body)."""
         try:
             put(self.consume())
-        except BaseException as e:  # noqa: BLE001 -- a Rust panic is a BaseException; reported by the caller
+        except BaseException as e:  # a Rust panic is a BaseException; reported by the caller
             self.upload_error = e
         finally:
             self._wanted.put(False)

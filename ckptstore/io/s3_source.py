@@ -23,7 +23,7 @@ from __future__ import annotations
 import errno
 import threading
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ckptstore.errors import (CkptStoreError, FileAccessError, MissingFileError, ObjectStoreConfigError, ShortReadError,
                               StoreChangedError)
@@ -32,6 +32,9 @@ from ckptstore.io.s3_client import REQUEST_STATS, client, request
 from ckptstore.io.s3_errors import client_error, endpoint, is_no_such_bucket, is_range_error
 from ckptstore.io.schemes import Scheme
 from ckptstore.io.urls import SCHEMES, split_url
+
+if TYPE_CHECKING:  # obstore is imported on first use of a URL
+    from obstore import GetOptions
 
 #: Bytes streamed per piece of a GET (what one request holds in memory besides its destination).
 STREAM_CHUNK = 256 << 10
@@ -88,7 +91,7 @@ class S3File(ReadableFile):
         return self._etag
 
     @property
-    def size(self) -> int:  # type: ignore[override]
+    def size(self) -> int:  # type: ignore[override]  # ReadableFile.size is an attribute; learnt on first use here
         if self._size is None:
             st = self.source.stat(self.key)
             if st is None:
@@ -154,7 +157,7 @@ class S3File(ReadableFile):
 
         path = self.source.path(self.key)
         pinned, since = self._etag, self._modified_ns
-        options: dict[str, Any] = {"range": (start, end)}
+        options: GetOptions = {"range": (start, end)}
         if pinned is not None:
             options["if_match"] = pinned
         elif since:

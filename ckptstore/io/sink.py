@@ -82,7 +82,7 @@ class SinkFile(ReadableFile):
     def close(self) -> None:
         """Stop writing (the temporary file stays; publish or delete it)."""
 
-    def __enter__(self) -> "SinkFile":
+    def __enter__(self) -> SinkFile:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -164,7 +164,7 @@ class ByteSink(ABC):
         here = self.url.rstrip("/") + "/"
         return is_url(location) and (str(location).rstrip("/") + "/").startswith(here)
 
-    def folder(self, name: str) -> "ByteSink":
+    def folder(self, name: str) -> ByteSink:
         """The sink of folder ``name`` inside this one (a step of a store root). A local folder's is
         reached from this sink's folder without following a link, so a folder planted there as a
         link to elsewhere is refused (:class:`~ckptstore.errors.UnsafePathError`) before anything
@@ -182,10 +182,10 @@ class ByteSink(ABC):
         storage has none."""
         return []
 
-    def make_root(self) -> None:
+    def make_root(self) -> None:  # noqa: B027  (an optional hook: the default has nothing to do)
         """Create the sink's folder if it does not exist (nothing to do on object storage)."""
 
-    def remove_root(self) -> None:
+    def remove_root(self) -> None:  # noqa: B027  (an optional hook: the default has nothing to do)
         """Remove the sink's folder if it is empty (nothing to do on object storage)."""
 
     # --- everything else -----------------------------------------------------------------------
@@ -222,10 +222,10 @@ class ByteSink(ABC):
         open file keeps its bytes, so a reader pins it by opening it)."""
         return {}
 
-    def sync(self) -> None:
+    def sync(self) -> None:  # noqa: B027  (an optional hook: the default has nothing to do)
         """Make every publish and new folder since the last call durable (sync their folders)."""
 
-    def make_durable(self, keys: Sequence[str]) -> None:
+    def make_durable(self, keys: Sequence[str]) -> None:  # noqa: B027  (an optional hook: the default has nothing to do)
         """Make files durable, with the folders that name them: files an earlier run published, or
         files put with ``durable=False`` whose fsyncs are done here together (at once on a local
         folder)."""

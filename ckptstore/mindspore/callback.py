@@ -30,7 +30,7 @@ def store_checkpoint_class() -> type:
     only when it is first asked for)."""
     from mindspore.train import Callback
 
-    class StoreCheckpoint(Callback):  # type: ignore[misc, valid-type]
+    class StoreCheckpoint(Callback):
         """Save the trained cell into ``root/step_<N>`` every ``save_checkpoint_steps`` training steps.
 
         For ``Model.train(callbacks=[...])`` (and MindFormers' callback lists, in place of its
@@ -59,7 +59,8 @@ def store_checkpoint_class() -> type:
                      append_info: Any = None, rank: int | None = None, initial_step: int = 0,
                      replace: bool = False, attempt: str | None = None) -> None:
             super().__init__()
-            for what, v, least in (("save_checkpoint_steps", save_checkpoint_steps, 1), ("initial_step", initial_step, 0)):
+            for what, v, least in (("save_checkpoint_steps", save_checkpoint_steps, 1),
+                                   ("initial_step", initial_step, 0)):
                 if isinstance(v, bool) or not isinstance(v, int) or v < least:
                     raise InvalidOptionError(f"{what} must be an integer of at least {least}, not {v!r}")
             _check_append_info(append_info)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ckptstore.checkpoint.strategy import Layout, Strategy, strategy_from_layouts
+from ckptstore.checkpoint.layout import Layout
+from ckptstore.checkpoint.strategy import Strategy, strategy_from_layouts
 from ckptstore.formats.strategy_file import tensor_map_axes
 from ckptstore.store.store import Store
 

@@ -8,7 +8,7 @@ with ``set_data``.
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -81,7 +81,7 @@ def _pipeline_shared(param: Any) -> bool:
     return bool(getattr(info, "is_pipeline_shared_param", False))
 
 
-def _dropped_prefix(not_loaded: Sequence[str], available: Sequence[str]) -> str | None:
+def _dropped_prefix(not_loaded: Sequence[str], available: Iterable[str]) -> str | None:
     """The prefix MindSpore's loader would strip: that of the first store name ending with a
     network name it could not load (``_load_dismatch_prefix_params``)."""
     for net_name in not_loaded:

@@ -58,22 +58,23 @@ def to_parameter(name: str, array: np.ndarray, *, requires_grad: bool = True) ->
     return param
 
 
-class RankParameters(dict):  # type: ignore[type-arg]
+class RankParameters(dict):
     """The Parameters of one target rank: every name known at once, each built on first access.
 
     A ``dict`` (so ``mindspore.load_param_into_net`` takes it as it is) whose values are read
     and built when first asked for: ``params[name]``, ``get``, iterating ``items()`` or
     ``values()`` (which build everything: the pool reads every slice first, then the Parameters
-    are built; not overlapped, which measured slower on 2 cores), or :meth:`materialize`. Each Parameter is built once, even when threads ask for it
-    together. ``plan`` shows every read before any happens; ``view`` is the numpy-level
-    :class:`~ckptstore.read.loader.RankView`. String values (``append_dict`` text) are returned as
-    ``str``, like ``mindspore.load_checkpoint``. The mapping is read-only.
+    are built; not overlapped, which measured slower on 2 cores), or :meth:`materialize`. Each
+    Parameter is built once, even when threads ask for it together. ``plan`` shows every read
+    before any happens; ``view`` is the numpy-level :class:`~ckptstore.read.loader.RankView`.
+    String values (``append_dict`` text) are returned as ``str``, like
+    ``mindspore.load_checkpoint``. The mapping is read-only.
     """
 
     def __init__(self, view: RankView, *, copy: bool = True) -> None:
         super().__init__()
         self.view = view
-        self.copy = copy
+        self.copies = copy  # not self.copy, which would hide dict.copy()
         self._names = list(view.boxes)
         self._known = set(self._names)
         self._lock = threading.Lock()
@@ -99,7 +100,7 @@ class RankParameters(dict):  # type: ignore[type-arg]
             self._wait(name)
         return dict.__getitem__(self, name)
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         return self[name] if name in self._known else default
 
     def __contains__(self, name: object) -> bool:
@@ -111,21 +112,21 @@ class RankParameters(dict):  # type: ignore[type-arg]
     def __len__(self) -> int:
         return len(self._names)
 
-    def keys(self) -> KeysView[str]:  # type: ignore[override]
-        return KeysView(self)  # type: ignore[arg-type]
+    def keys(self) -> KeysView[str]:  # type: ignore[override]  # a view over the lazy mapping, not dict_keys
+        return KeysView(self)
 
-    def items(self) -> ItemsView[str, Any]:  # type: ignore[override]
+    def items(self) -> ItemsView[str, Any]:  # type: ignore[override]  # a view over the built mapping, not dict_items
         self.materialize()
-        return ItemsView(self)  # type: ignore[arg-type]
+        return ItemsView(self)
 
-    def values(self) -> ValuesView[Any]:  # type: ignore[override]
+    def values(self) -> ValuesView[Any]:  # type: ignore[override]  # a view over the built mapping, not dict_values
         self.materialize()
-        return ValuesView(self)  # type: ignore[arg-type]
+        return ValuesView(self)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, dict) and dict(self.items()) == dict(other.items())
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
     def summary(self) -> str:
         """One line: the rank, the store and its step, parameters and bytes (:meth:`RankView.summary
@@ -138,7 +139,7 @@ class RankParameters(dict):  # type: ignore[type-arg]
     def _read_only(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("RankParameters is read-only; materialize() returns an ordinary dict of its Parameters")
 
-    __setitem__ = __delitem__ = pop = popitem = setdefault = update = clear = _read_only  # type: ignore[assignment]
+    __setitem__ = __delitem__ = pop = popitem = setdefault = update = clear = _read_only  # type: ignore[assignment]  # all raise
 
     # -- building -----------------------------------------------------------------------------
 
@@ -183,7 +184,7 @@ class RankParameters(dict):  # type: ignore[type-arg]
 
     def _build_all(self, names: Sequence[str]) -> None:
         rest = list(names)
-        if not self.copy:
+        if not self.copies:
             for name in names:
                 mapped = self.view.mapped(name)
                 if mapped is not None:

@@ -6,6 +6,7 @@ to host memory only when written; the write side never imports this module at it
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,8 @@ def host_values(params: Any) -> tuple[HostValues, Strategy | None]:
     out: dict[str, Any] = {}
     for name, value in params.items():
         if isinstance(value, ms.Tensor):  # fetched when written: nothing is copied to plan the save
-            out[str(name)] = LazyArray(value.shape, lookup(str(value.dtype)).numpy, lambda t=value: host_array(t))
+            out[str(name)] = LazyArray(value.shape, lookup(str(value.dtype)).numpy,
+                                       functools.partial(host_array, value))
         else:
             out[str(name)] = plain_value(str(name), value)
     return out, strategy

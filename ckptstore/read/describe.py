@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ckptstore.store.kinds import WORK_DIR, manifest_files, read_manifest, store_kind
-from ckptstore.formats.ckpt_reader import CkptIndex
-from ckptstore.dtypes import dtype_name
+from ckptstore.checkpoint.layout import layout_to_json
 from ckptstore.checkpoint.rank_files import scan_rank_file
 from ckptstore.checkpoint.source import DistributedSource
+from ckptstore.checkpoint.strategy import Strategy
+from ckptstore.dtypes import dtype_name
+from ckptstore.formats.ckpt_reader import CkptIndex
 from ckptstore.io import is_url, open_location, open_user_file
-from ckptstore.checkpoint.strategy import Strategy, layout_to_json
+from ckptstore.store.kinds import WORK_DIR, manifest_files, read_manifest, store_kind
 
 if TYPE_CHECKING:
     from ckptstore.store.store import Store
@@ -60,8 +61,8 @@ def sniff_kind(path: str | os.PathLike[str]) -> str:
         return "strategy" if _strategy_folder(p) else "store"
     if p.suffix == ".json":
         return "strategy"
-    with open(p, "rb") as f:
-        first = f.read(1)
+    with open(p, "rb") as fh:
+        first = fh.read(1)
     return "strategy" if first and first[0] == _STRATEGY_FIRST_BYTE else "checkpoint"
 
 
@@ -72,7 +73,7 @@ def _strategy_folder(p: Path) -> bool:
     return any(n.endswith((".ckpt", ".json")) for n in names)
 
 
-def describe_checkpoint(index: CkptIndex | str | os.PathLike[str]) -> dict[str, object]:
+def describe_checkpoint(index: CkptIndex | str | os.PathLike[str]) -> dict[str, Any]:
     """Parameters, dtypes, shapes and byte counts of one ``.ckpt`` or ``.safetensors`` file (headers only)."""
     idx = index if isinstance(index, CkptIndex) else scan_rank_file(index)
     params = {
@@ -83,11 +84,11 @@ def describe_checkpoint(index: CkptIndex | str | os.PathLike[str]) -> dict[str, 
 
 
 def describe_strategy(strategy: Strategy, *, rank: int | None = None,
-                      source: DistributedSource | None = None) -> dict[str, object]:
+                      source: DistributedSource | None = None) -> dict[str, Any]:
     """Each parameter's layout; with ``rank``, its split there; with ``source``, its global box."""
     params: dict[str, dict[str, object]] = {}
     for name, stages in strategy.layouts.items():
-        item: dict[str, object] = {"stages": {str(s): layout_to_json(l) for s, l in stages.items()}}
+        item: dict[str, object] = {"stages": {str(s): layout_to_json(lay) for s, lay in stages.items()}}
         if rank is not None:
             layout = strategy.layout(name, rank)
             item["split"] = None if layout is None else {
@@ -104,7 +105,7 @@ def describe_strategy(strategy: Strategy, *, rank: int | None = None,
             **({"unsaved": list(source.unsaved)} if source is not None else {}), "params": params}
 
 
-def describe_store(store: "Store") -> dict[str, object]:
+def describe_store(store: Store) -> dict[str, Any]:
     """Parameters of a converted store: shape, dtype, bytes, chunk grid, and dedup savings.
 
     ``{"kind": "store", "path", "store_kind": "zarr"|"safetensors"|"index", "source": {...}, "params": {name:

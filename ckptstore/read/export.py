@@ -48,7 +48,7 @@ class ExportSummary:
 
 def export(store: StoreLike, out: str | os.PathLike[str], *, strategy: StrategyLike = None,
            ranks: Iterable[int] | None = None, include: str | Sequence[str] | None = None,
-           dtype: np.dtype | None = None, format: str | None = None, crc: bool = False,  # noqa: A002
+           dtype: np.dtype | None = None, format: str | None = None, crc: bool = False,
            prefix: str = "checkpoint_", allow_whole: bool = False, quiet: bool = True,
            names: str | Sequence[str] | None = None, overwrite: bool = False) -> ExportSummary:
     """Write ``out/rank_<j>/<prefix><j>.<format>`` for each rank ``j`` of ``strategy`` (all ranks when
@@ -96,7 +96,7 @@ def _export(store: Store, out: str | os.PathLike[str], strategy: StrategyLike, r
     progress = Progress(sum(v.nbytes for v in views), sum(len(v) for v in views), desc="export", quiet=quiet)
     written, nbytes = [], 0
     with progress:
-        for key, view in zip(keys, views):
+        for key, view in zip(keys, views, strict=True):
             path = SinkKey(sink, key)
             if fmt == "ckpt":
                 with CheckpointWriter(path, crc=crc) as writer:
@@ -149,4 +149,4 @@ def _write_safetensors(view: RankView, path: SinkKey, progress: Progress) -> Non
     declared = [(n, view.dtype_of(n), p.shape) for n, p in plans.items()]
     with SafetensorsWriter(path, declared, metadata=texts) as writer:
         for name in plans:
-            writer.add(name, _counted(view.read(name), progress))  # type: ignore[arg-type]
+            writer.add(name, _counted(view.read(name), progress))  # type: ignore[arg-type]  # texts are skipped

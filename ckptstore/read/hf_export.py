@@ -82,7 +82,8 @@ class _Tensor:
         return prod(self.shape) * self.dtype.itemsize
 
 
-def export_hf(store: StoreLike, out: str | os.PathLike[str], *, name_map: str | os.PathLike[str] | NameMap | None = None,
+def export_hf(store: StoreLike, out: str | os.PathLike[str], *,
+              name_map: str | os.PathLike[str] | NameMap | None = None,
               max_shard_size: str | int = DEFAULT_MAX_SHARD, include: Sequence[str] | None = None,
               exclude: Sequence[str] = (), config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
               window_bytes: int = WINDOW_BYTES, overwrite: bool = False) -> HFExportSummary:
@@ -128,7 +129,7 @@ def export_hf(store: StoreLike, out: str | os.PathLike[str], *, name_map: str | 
         sink.make_root()
         claim_export_folder(sink, keys, overwrite=overwrite, entry_points=(INDEX_FILE, SINGLE_FILE))
         files, weight_map, read = [], {}, [0]
-        for key, shard in zip(keys, shards):
+        for key, shard in zip(keys, shards, strict=True):
             head, _ = build_header([(t.hf_name, t.dtype, t.shape) for t in shard], {"format": "pt"})
             sink.put_stream(key, _shard_pieces(st, head, shard, window_bytes, read))
             files.append(sink.key_url(key))
@@ -196,7 +197,7 @@ def _shard_pieces(st: Store, head: bytes, shard: Sequence[_Tensor], window: int,
     yield head
     for t in shard:
         for block in _tensor_blocks(st, t, window, read):
-            yield memoryview(np.ascontiguousarray(block).reshape(-1).view(np.uint8))
+            yield np.ascontiguousarray(block).reshape(-1).view(np.uint8).data
 
 
 def _tensor_blocks(st: Store, t: _Tensor, window: int, read: list[int]) -> Iterator[np.ndarray]:

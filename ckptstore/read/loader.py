@@ -73,7 +73,7 @@ def check_rank(rank: object) -> int:
     if isinstance(rank, bool):
         raise InvalidOptionError(f"rank must be an integer, not {rank!r}")
     try:
-        return operator.index(rank)  # type: ignore[arg-type]
+        return operator.index(rank)  # type: ignore[arg-type]  # any object: TypeError for a non-integer
     except TypeError:
         raise InvalidOptionError(f"rank must be an integer, not {rank!r}") from None
 
@@ -171,7 +171,7 @@ def target_boxes(store: Store, target: Strategy | None, rank: int,
         try:
             layout.check_tensor_shape(info.shape)
             out[name] = layout.box(rank % target.stage_devices, info.shape)
-            layout.check_local_shape(out[name])  # type: ignore[arg-type]
+            layout.check_local_shape(out[name])  # type: ignore[arg-type]  # set to a Box on the line above
         except StrategyError as e:
             raise LayoutMismatchError(f"parameter {name!r} (shape {list(info.shape)} in the store) does not fit "
                                       f"the target layout: {e}") from None
@@ -337,7 +337,7 @@ class RankView:
                 if info.is_str:
                     pending.append((name, info.value or "", None))
                 elif claimed is not None:
-                    pending.append((name, claimed[0], _Claimed(claimed[1], ahead)))  # type: ignore[arg-type]
+                    pending.append((name, claimed[0], _Claimed(claimed[1], ahead)))  # type: ignore[arg-type]  # ahead: set
                 else:
                     plan = self.plan_for(name)
                     check_extents(plan, self.store.data)

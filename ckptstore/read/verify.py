@@ -116,7 +116,10 @@ def _zarr_layout_problems(store: Store, info: ParamManifest) -> list[str]:
     key = f"{info.path}/{ROOT_METADATA}"
     try:
         raw = store.data.read_bytes(key, limit=MAX_METADATA_BYTES)
-        meta = json.loads(raw) if raw is not None else None
+        if raw is None:
+            return [f"parameter {info.name!r}: {store.data.key_url(key)} is missing; a Zarr reader cannot open the "
+                    "array"]
+        meta = json.loads(raw)
         grid_shape = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
         separator = meta.get("chunk_key_encoding", {}).get("configuration", {}).get("separator", "/")
         codecs = meta.get("codecs", [])
@@ -125,8 +128,6 @@ def _zarr_layout_problems(store: Store, info: ParamManifest) -> list[str]:
     except (CkptStoreError, ValueError, KeyError, TypeError, AttributeError):
         return [f"parameter {info.name!r}: {store.data.key_url(key)} is not the Zarr metadata of an array; a Zarr "
                 "reader cannot open it"]
-    if meta is None:
-        return [f"parameter {info.name!r}: {store.data.key_url(key)} is missing; a Zarr reader cannot open the array"]
     sharding = next((c.get("configuration", {}) for c in codecs if c.get("name") == "sharding_indexed"), None)
     inner = tuple(sharding["chunk_shape"]) if sharding is not None else grid_shape
     if inner != tuple(info.chunk_shape) or tuple(meta.get("shape", ())) != tuple(info.shape):
@@ -160,15 +161,15 @@ def _plain_chunk_problems(store: Store, info: ParamManifest, separator: str) -> 
 def _shard_problems(store: Store, info: ParamManifest, shard_shape: tuple[int, ...], separator: str) -> list[str]:
     """Each shard file's index (at its end: ``(offset, nbytes)`` per inner chunk, then a CRC-32C)
     must give the manifest's chunks, within the file."""
-    per = tuple(s // c for s, c in zip(shard_shape, info.chunk_shape))
-    shards = tuple(-(-g // p) for g, p in zip(info.grid, per))
+    per = tuple(s // c for s, c in zip(shard_shape, info.chunk_shape, strict=False))
+    shards = tuple(-(-g // p) for g, p in zip(info.grid, per, strict=False))
     index_of = {coords: i for i, coords in enumerate(_c_order(info.grid))}
     t = info.chunks
     problems: list[str] = []
     for shard in _c_order(shards):
         key = grid_key(info.path, shard, separator)
         inside = [(i, c) for i, c in enumerate(_c_order(per))
-                  if tuple(s * p + x for s, p, x in zip(shard, per, c)) in index_of]
+                  if tuple(s * p + x for s, p, x in zip(shard, per, c, strict=False)) in index_of]
         n = prod(per)
         st = store.data.stat(key)
         index_bytes = 16 * n + 4
@@ -185,7 +186,7 @@ def _shard_problems(store: Store, info: ParamManifest, shard_shape: tuple[int, .
         entries = struct.unpack(f"<{2 * n}Q", bytes(buf[:-4]))
         data_end = st.size - index_bytes
         for j, coords in inside:
-            i = index_of[tuple(s * p + x for s, p, x in zip(shard, per, coords))]
+            i = index_of[tuple(s * p + x for s, p, x in zip(shard, per, coords, strict=False))]
             offset, nbytes = entries[2 * j], entries[2 * j + 1]
             if (offset, nbytes) == (_EMPTY, _EMPTY):
                 problems.append(f"parameter {info.name!r}: chunk {i}: the index of shard {key} says it is not "
@@ -240,7 +241,7 @@ def _compare_params(store: Store, source: DistributedSource, report: VerifyRepor
             except CkptStoreError as e:
                 report.problems.append(f"parameter {name!r}: chunk {chunk.index}: {e}")
                 continue
-            for rank, entry, path in zip(chunk.slice.ranks, chunk.slice.entries, chunk.slice.paths):
+            for rank, entry, path in zip(chunk.slice.ranks, chunk.slice.entries, chunk.slice.paths, strict=True):
                 if not _same_bytes(source.files, stored, path, entry, chunk.byte_start):
                     report.problems.append(
                         f"parameter {name!r}: chunk {chunk.index} differs from rank {rank} ({path})")

@@ -7,7 +7,8 @@ checking a resumed journal all read some bytes a block at a time and fold them i
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 
 import crc32c
 
@@ -59,5 +60,10 @@ def crc32c_of(open_file: Callable[[str], ReadableFile], pieces: Sequence[tuple[s
     crc = 0
     for key, offset, nbytes in pieces:
         f = open_file(key)
-        crc = crc32c_read(lambda o, v, f=f, offset=offset: f.read_into(offset + o, v), nbytes, crc=crc, block=block)
+        crc = crc32c_read(functools.partial(_read_at, f, offset), nbytes, crc=crc, block=block)
     return crc
+
+
+def _read_at(f: ReadableFile, base: int, offset: int, view: memoryview) -> None:
+    """A :data:`Reader` of the bytes of ``f`` from ``base`` on (a piece of a chunk)."""
+    f.read_into(base + offset, view)

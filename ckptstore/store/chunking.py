@@ -84,7 +84,7 @@ class ParamPlan:
 
     @property
     def grid(self) -> tuple[int, ...]:
-        return tuple(s // c for s, c in zip(self.param.shape, self.chunk_shape))
+        return tuple(s // c for s, c in zip(self.param.shape, self.chunk_shape, strict=True))
 
     @property
     def nbytes(self) -> int:
@@ -111,7 +111,7 @@ def plan_chunks(param: SourceParam, *, max_chunk_bytes: int) -> ParamPlan:
     slice_shape = param.slices[0].box.shape
     chunk_shape = chunk_shape_for(slice_shape, itemsize, max_chunk_bytes)
     by_start = {s.box.start: s for s in param.slices}
-    grid = tuple(s // c for s, c in zip(param.shape, chunk_shape)) if param.shape else ()
+    grid = tuple(s // c for s, c in zip(param.shape, chunk_shape, strict=True)) if param.shape else ()
     strides = _c_strides(slice_shape)
     nbytes = prod(chunk_shape) * itemsize
     chunks = []
@@ -119,16 +119,16 @@ def plan_chunks(param: SourceParam, *, max_chunk_bytes: int) -> ParamPlan:
     # overhead (ndindex, ravel_multi_index) was most of this function's time.
     whole = chunk_shape == slice_shape  # usual: each slice is one chunk, its own box
     for index, coords in enumerate(itertools.product(*map(range, grid))):
-        start = tuple(c * k for c, k in zip(coords, chunk_shape))
+        start = tuple(c * k for c, k in zip(coords, chunk_shape, strict=True))
         if whole:
             sl = by_start[start]
             chunks.append(ChunkSource(index, sl.box, sl, 0, nbytes))
             continue
-        origin = tuple(s - s % k for s, k in zip(start, slice_shape))
+        origin = tuple(s - s % k for s, k in zip(start, slice_shape, strict=True))
         sl = by_start[origin]
         # The chunk is [1,..,1,c,full..] inside the slice, so it starts at its first element.
-        first = sum((s - o) * st for s, o, st in zip(start, origin, strides))
-        box = Box(start, tuple(s + k for s, k in zip(start, chunk_shape)))
+        first = sum((s - o) * st for s, o, st in zip(start, origin, strides, strict=True))
+        box = Box(start, tuple(s + k for s, k in zip(start, chunk_shape, strict=True)))
         chunks.append(ChunkSource(index, box, sl, first * itemsize, nbytes))
     return ParamPlan(param, chunk_shape, tuple(chunks))
 
@@ -151,7 +151,7 @@ def check_even_slices(param: SourceParam) -> str | None:
     for s in param.slices:
         if s.box.shape != shape:
             return "its slices have different shapes"
-        for lo, k in zip(s.box.start, shape):
+        for lo, k in zip(s.box.start, shape, strict=True):
             if (lo % k) if k else lo:  # (an axis of extent 0 has every slice at 0: nothing to align)
                 return "its slices are not aligned to a grid"
     if len(param.slices) * prod(shape) != prod(param.shape):

@@ -8,7 +8,8 @@ allocate more than the chunk's box.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,8 @@ def numcodecs_codec(codec: Mapping[str, Any] | None) -> Any:
     return numcodecs.get_codec(cfg)
 
 
-def decode(codec: Mapping[str, Any] | None, data: bytes | bytearray, nbytes: int, name: str, chunk: int) -> Any:
+def decode(codec: Mapping[str, Any] | None, data: bytes | bytearray | memoryview | np.ndarray, nbytes: int, name: str,
+           chunk: int) -> Any:
     """Decode one stored chunk into a new buffer of exactly ``nbytes`` bytes.
 
     Raises :class:`~ckptstore.errors.StoreCorruptError` naming the parameter and chunk when the

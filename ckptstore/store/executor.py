@@ -18,19 +18,26 @@ pool instead of each paying for threads.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from typing import Any
 
 import crc32c
 import numpy as np
 
-from ckptstore.store.codecs import decode
-from ckptstore.errors import (AccessDeniedError, FileAccessError, MissingFileError, ShortReadError, StoreCorruptError,
-                              StoreUnavailableError)
-from ckptstore.store.read_plan import ByteRangesPlan, ParamReadPlan, ReadGroup
+from ckptstore.errors import (
+    AccessDeniedError,
+    FileAccessError,
+    MissingFileError,
+    ShortReadError,
+    StoreCorruptError,
+    StoreUnavailableError,
+)
 from ckptstore.io.base import ByteSource
+from ckptstore.store.codecs import decode
+from ckptstore.store.read_plan import AnyParamReadPlan, ByteRangesPlan, ReadGroup
 
 #: Modelled time per unit of work handed to a thread: long enough that a unit's requests
 #: dominate its scheduling cost (about 8 MiB of local reads), short enough that the threads
@@ -93,7 +100,7 @@ class IOStats:
 IO_STATS = IOStats()
 
 
-def execute(plan: ParamReadPlan, source: ByteSource, *, out: np.ndarray | None = None,
+def execute(plan: AnyParamReadPlan, source: ByteSource, *, out: np.ndarray | None = None,
             workers: int = 1) -> np.ndarray:
     """Fill and return an array of ``plan.shape`` (``out`` if given; its dtype may differ when the
     plan was made with that ``out_dtype``)."""
@@ -105,7 +112,7 @@ def execute(plan: ParamReadPlan, source: ByteSource, *, out: np.ndarray | None =
 
 
 @contextmanager
-def _reading(plan: ParamReadPlan) -> Iterator[None]:
+def _reading(plan: AnyParamReadPlan) -> Iterator[None]:
     """Errors met opening or reading ``plan``'s files, as what they say about the store."""
     try:
         yield
@@ -116,7 +123,7 @@ def _reading(plan: ParamReadPlan) -> Iterator[None]:
                                 "incomplete; run 'ckptstore verify' on it") from None
 
 
-def check_extents(plan: ParamReadPlan, source: ByteSource) -> None:
+def check_extents(plan: AnyParamReadPlan, source: ByteSource) -> None:
     """Raise :class:`StoreCorruptError` if a range of ``plan`` reaches past the end of its file.
 
     Call it before allocating the plan's destination: a manifest is data, and one that declares
@@ -185,7 +192,7 @@ class Executor:
 
     def __init__(self, source: ByteSource, *, workers: int = 1, max_inflight: int = MAX_INFLIGHT,
                  unit_bytes: int | None = None, pool_min_bytes: int = POOL_MIN_BYTES,
-                 reading: Callable[[ParamReadPlan], ContextManager[None]] | None = None,
+                 reading: Callable[[AnyParamReadPlan], AbstractContextManager[None]] | None = None,
                  stats: IOStats | None = None) -> None:
         self.source = source
         self.cost = source.read_cost()
@@ -200,7 +207,7 @@ class Executor:
         self._budget = _Budget(max_inflight)
         self._pool: ThreadPoolExecutor | None = None
 
-    def __enter__(self) -> "Executor":
+    def __enter__(self) -> Executor:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -211,7 +218,7 @@ class Executor:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    def submit(self, plan: ParamReadPlan, out: np.ndarray, *, parallel: bool = True) -> "Job":
+    def submit(self, plan: AnyParamReadPlan, out: np.ndarray, *, parallel: bool = True) -> Job:
         """Start filling ``out`` with ``plan``'s bytes; ``Job.wait()`` returns when it is full.
 
         With one worker, or ``parallel=False``, the reads happen here, before this returns.
@@ -230,7 +237,7 @@ class Executor:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ckptstore-read")
         return Job([self._pool.submit(fn, *args) for fn, args in units])
 
-    def _work(self, plan: ParamReadPlan, out: np.ndarray) -> list[tuple[Callable[..., None], tuple[Any, ...]]]:
+    def _work(self, plan: AnyParamReadPlan, out: np.ndarray) -> list[tuple[Callable[..., None], tuple[Any, ...]]]:
         """The units of work that fill ``out``, in order: ``(method, arguments)`` each."""
         units: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         for g in plan.groups:
@@ -241,7 +248,7 @@ class Executor:
                 units.append((self._scratch, (plan, g, out)))
         return units
 
-    def run(self, jobs: Sequence[tuple[ParamReadPlan, np.ndarray]]) -> None:
+    def run(self, jobs: Sequence[tuple[AnyParamReadPlan, np.ndarray]]) -> None:
         """Fill each destination array with its plan's bytes (all plans share the pool)."""
         parallel = self.workers > 1 and sum(p.nbytes for p, _ in jobs) >= self.pool_min_bytes
         try:
@@ -250,7 +257,7 @@ class Executor:
         finally:
             self.close()
 
-    def requests(self, plan: ParamReadPlan) -> int:
+    def requests(self, plan: AnyParamReadPlan) -> int:
         """The requests :meth:`submit` sends for ``plan``: the plan's own (pure: nothing is read)."""
         return plan.requests
 
@@ -270,9 +277,9 @@ class Executor:
             return [_Requests(g, cuts, 0, n)]
         ids = (np.cumsum(cost) - cost) // unit  # modelled time (or bytes) before each request
         bounds = [0, *(np.flatnonzero(np.diff(ids)) + 1).tolist(), n]
-        return [_Requests(g, cuts, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        return [_Requests(g, cuts, a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
-    def _read(self, plan: ParamReadPlan, r: _Requests, flat: np.ndarray) -> None:
+    def _read(self, plan: AnyParamReadPlan, r: _Requests, flat: np.ndarray) -> None:
         """Send requests ``r`` of a group, each one :meth:`ReadableFile.read_span`, into ``flat`` (uint8)."""
         g, cuts = r.group, r.cuts
         lo, hi = int(cuts[r.first]), int(cuts[r.stop])
@@ -282,17 +289,17 @@ class Executor:
         opened: dict[int, Any] = {}
         fetched = 0
         try:
-            for a, b in zip(bounds[:-1], bounds[1:]):
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
                 f_id = files[a]
                 f = opened.get(f_id)
                 if f is None:
                     f = opened[f_id] = self.source.open(plan.keys[f_id])
                 if b - a == 1:
                     d, m = dests[a], lengths[a]
-                    f.read_span([(offsets[a], flat[d:d + m])])
+                    f.read_span([(offsets[a], flat[d:d + m].data)])
                 else:
                     bufs = _buffers(flat, g.dests[lo + a:lo + b], g.lengths[lo + a:lo + b])
-                    f.read_span(list(zip(offsets[a:b], bufs)))
+                    f.read_span(list(zip(offsets[a:b], bufs, strict=True)))
                 fetched += offsets[b - 1] + lengths[b - 1] - offsets[a]
         except Exception:
             # said in the plan's words; entered only on failure (a context per read costs more
@@ -311,17 +318,17 @@ class Executor:
         files, offsets, lengths, dests = plan.range_files, plan.offsets, plan.lengths, plan.dests
         opened: dict[int, Any] = {}
         try:
-            for f_id, offset, m, d in zip(files, offsets, lengths, dests):
+            for f_id, offset, m, d in zip(files, offsets, lengths, dests, strict=True):
                 f = opened.get(f_id)
                 if f is None:
                     f = opened[f_id] = self.source.open(plan.keys[f_id])
-                f.read_span([(offset, out[d:d + m])])
+                f.read_span([(offset, out[d:d + m].data)])
         except Exception:
             with self._reading_ctx(plan):
                 raise
         self.stats.add(plan.nbytes, len(files), len(files), [f.url for f in opened.values()])
 
-    def _scratch(self, plan: ParamReadPlan, g: ReadGroup, out: np.ndarray) -> None:
+    def _scratch(self, plan: AnyParamReadPlan, g: ReadGroup, out: np.ndarray) -> None:
         n = g.scratch_nbytes
         self._budget.acquire(n)
         self.stats.hold(n)
@@ -330,7 +337,7 @@ class Executor:
             cuts = g.request_cuts
             if len(cuts) > 1:
                 self._read(plan, _Requests(g, cuts, 0, len(cuts) - 1), buf)
-            if g.crc32c is not None and crc32c.crc32c(buf) != g.crc32c:
+            if g.crc32c is not None and crc32c.crc32c(buf.data) != g.crc32c:
                 first = plan.keys[int(g.files[0])] if len(g.files) else "?"
                 raise StoreCorruptError(
                     f"checksum mismatch in chunk {g.chunk} of parameter {plan.name!r} (file "
@@ -374,23 +381,23 @@ def _buffers(flat: np.ndarray, dests: np.ndarray, lengths: np.ndarray) -> list[A
     """
     n = len(dests)
     if n < 3:
-        return [flat[d:d + m] for d, m in zip(dests.tolist(), lengths.tolist())]
+        return [flat[d:d + m] for d, m in zip(dests.tolist(), lengths.tolist(), strict=True)]
     steps = np.diff(dests)
     cuts = np.flatnonzero((steps[1:] != steps[:-1]) | (lengths[2:] != lengths[1:-1])) + 2
     cuts = np.union1d(cuts, np.flatnonzero(lengths[1:] != lengths[:-1]) + 1)
     out: list[Any] = []
     bounds = [0, *cuts.tolist(), n]
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         length, start = int(lengths[a]), int(dests[a])
         stride = int(dests[a + 1] - dests[a]) if b - a > 1 else 0
         if b - a > 2 and stride >= length:
             out += list(np.lib.stride_tricks.as_strided(flat[start:], shape=(b - a, length), strides=(stride, 1)))
         else:
-            out += [flat[d:d + m] for d, m in zip(dests[a:b].tolist(), lengths[a:b].tolist())]
+            out += [flat[d:d + m] for d, m in zip(dests[a:b].tolist(), lengths[a:b].tolist(), strict=True)]
     return out
 
 
-def _check_out(plan: ParamReadPlan, out: np.ndarray) -> None:
+def _check_out(plan: AnyParamReadPlan, out: np.ndarray) -> None:
     if out.shape != plan.shape or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"out must be a writeable C-contiguous array of shape {list(plan.shape)}, got "
                          f"{list(out.shape)}")

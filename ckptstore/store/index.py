@@ -63,7 +63,7 @@ def common_folder(paths: Sequence[str], fallback: str) -> tuple[str, dict[str, s
         rest = [p.split("/", 3)[3] for p in paths]
         root = posixpath.commonpath([posixpath.dirname(r) for r in rest]) if rest else ""
         cut = len(root) + 1 if root else 0
-        return (f"{head}/{root}" if root else head), {p: r[cut:] for p, r in zip(paths, rest)}
+        return (f"{head}/{root}" if root else head), {p: r[cut:] for p, r in zip(paths, rest, strict=True)}
     real = {p: os.path.realpath(p) for p in paths}
     root = os.path.commonpath([os.path.dirname(r) for r in real.values()])
     return root, {p: os.path.relpath(r, root) for p, r in real.items()}

@@ -102,7 +102,7 @@ class ParamManifest:
     shape: tuple[int, ...]
     chunk_shape: tuple[int, ...]
     chunks: ChunkTable
-    codec: dict[str, Any] | None = None
+    codec: Mapping[str, Any] | None = None
     value: str | None = None
     layout: str = "chunks"
     data_offset: int = 0
@@ -121,7 +121,7 @@ class ParamManifest:
 
     @cached_property
     def grid(self) -> tuple[int, ...]:
-        return tuple(-(-s // c) for s, c in zip(self.shape, self.chunk_shape))
+        return tuple(-(-s // c) for s, c in zip(self.shape, self.chunk_shape, strict=True))
 
     @cached_property
     def _grid_strides(self) -> tuple[int, ...]:
@@ -130,7 +130,7 @@ class ParamManifest:
     def chunk_sizes(self) -> np.ndarray:
         """Element count of every chunk, in C order over the grid (edge chunks may be smaller)."""
         sizes = np.ones((), dtype=np.int64)
-        for n, k, g in zip(self.shape, self.chunk_shape, self.grid):
+        for n, k, g in zip(self.shape, self.chunk_shape, self.grid, strict=True):
             extent = np.minimum(k, n - np.arange(g, dtype=np.int64) * k)
             sizes = np.multiply.outer(sizes, extent)
         return sizes.reshape(-1)
@@ -162,26 +162,27 @@ class ParamManifest:
     def chunk_box(self, index: int) -> Box:
         """The global box of chunk ``index`` (C order over the grid)."""
         if len(self.shape) == 1:  # a vector (a converter's row of chunks) needs no grid
-            start = index * self.chunk_shape[0]
-            return Box((start,), (min(start + self.chunk_shape[0], self.shape[0]),))
+            first = index * self.chunk_shape[0]
+            return Box((first,), (min(first + self.chunk_shape[0], self.shape[0]),))
         if not index:  # the first (often the only) chunk needs no grid
             stop = tuple(map(min, self.chunk_shape, self.shape))
             return Box((0,) * len(stop), stop)
-        start = tuple((index // st) % g * k for st, g, k in zip(self._grid_strides, self.grid, self.chunk_shape))
-        stop = tuple(min(s + k, n) for s, k, n in zip(start, self.chunk_shape, self.shape))
+        start = tuple((index // st) % g * k
+                      for st, g, k in zip(self._grid_strides, self.grid, self.chunk_shape, strict=True))
+        stop = tuple(min(s + k, n) for s, k, n in zip(start, self.chunk_shape, self.shape, strict=True))
         return Box(start, stop)
 
     def chunks_overlapping(self, box: Box) -> list[int]:
         """Indices of the chunks that intersect the global ``box``."""
-        if all(k >= n for n, k in zip(self.shape, self.chunk_shape)):
+        if all(k >= n for n, k in zip(self.shape, self.chunk_shape, strict=True)):
             return [0]  # one chunk (or a scalar): nothing to search
         if len(self.shape) == 1:
             k, lo, hi = self.chunk_shape[0], box.start[0], box.stop[0]
             return list(range(lo // k, -(-hi // k))) if hi > lo else []
         ranges = [range(lo // k, -(-hi // k)) if hi > lo else range(0)
-                  for lo, hi, k in zip(box.start, box.stop, self.chunk_shape)]
+                  for lo, hi, k in zip(box.start, box.stop, self.chunk_shape, strict=True)]
         strides = self._grid_strides
-        return [sum(c * st for c, st in zip(coords, strides)) for coords in itertools.product(*ranges)]
+        return [sum(c * st for c, st in zip(coords, strides, strict=True)) for coords in itertools.product(*ranges)]
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": self.path, "dtype": self.dtype, "shape": list(self.shape)}
@@ -194,7 +195,7 @@ class ParamManifest:
         return d
 
     @classmethod
-    def from_json(cls, name: str, d: Any) -> "ParamManifest":
+    def from_json(cls, name: str, d: Any) -> ParamManifest:
         """Parse and validate one parameter's entry; raises :class:`StoreCorruptError` naming it."""
         return _ParamParser(name).parse(d)
 
@@ -220,7 +221,7 @@ class StoreManifest:
                 "params": {n: p.to_json() for n, p in self.params.items()}}
 
     @classmethod
-    def from_json(cls, d: Any, *, where: str) -> "StoreManifest":
+    def from_json(cls, d: Any, *, where: str) -> StoreManifest:
         """Parse and validate a whole manifest; raises :class:`StoreCorruptError` naming ``where``."""
         if not isinstance(d, Mapping) or d.get("format") != FORMAT_NAME:
             raise StoreCorruptError(f"{where} is not a ckptstore store (no 'ckptstore' manifest)")
@@ -257,8 +258,11 @@ def _kind(d: Mapping[str, Any], where: str) -> str:
     return kind
 
 
-def dtype_label(dtype: np.dtype | str) -> str:
-    """The dtype name written in manifests (``"str"`` for string values)."""
+def dtype_label(dtype: np.dtype | str | None) -> str:
+    """The dtype name written in manifests (``"str"`` for string values, whose dtype a save plan
+    gives as ``None``)."""
+    if dtype is None:
+        return "str"
     return dtype if isinstance(dtype, str) else dtype_name(dtype)
 
 
@@ -334,7 +338,7 @@ class _ParamParser:
             raise self.fail("'chunks' is not a JSON object")
         if any(c == 0 for c in chunk_shape):
             raise self.fail(f"chunk shape {list(chunk_shape)} has a zero entry")
-        n = product([-(-s // c) for s, c in zip(shape, chunk_shape)], MAX_CHUNKS, "chunk grid", self.fail)
+        n = product([-(-s // c) for s, c in zip(shape, chunk_shape, strict=True)], MAX_CHUNKS, "chunk grid", self.fail)
         names = t.get("files")
         if not isinstance(names, list) or len(names) > MAX_CHUNKS:
             raise self.fail("'files' is not a list of file names")
@@ -402,8 +406,8 @@ class _ParamParser:
     def _no_overlap(self, p: ParamManifest) -> None:
         t = p.chunks
         spans = [(f, o, o + m) for i in range(len(t)) for f, o, m in t.chunk_pieces(i)] if t.pieces else \
-            list(zip(t.files, t.offsets, (o + m for o, m in zip(t.offsets, t.nbytes))))
-        if len(spans) < 2 or all(a[0] == b[0] and a[2] <= b[1] for a, b in zip(spans, spans[1:])):
+            list(zip(t.files, t.offsets, (o + m for o, m in zip(t.offsets, t.nbytes, strict=True)), strict=True))
+        if len(spans) < 2 or all(a[0] == b[0] and a[2] <= b[1] for a, b in zip(spans, spans[1:], strict=False)):
             return  # the common case: chunks one after another in one file
         ids = {f: i for i, f in enumerate(dict.fromkeys(s[0] for s in spans))}
         file_id = np.array([ids[s[0]] for s in spans], dtype=np.int64)

@@ -13,11 +13,9 @@ Given a parameter's manifest and the global box a rank needs, :func:`plan_param`
   the overlap into the destination.
 
 Each group's ranges are then cut into *requests* priced by the source's
-:class:`~ckptstore.io.base.ReadCost` (:func:`plan_requests`): per file, the planner compares
-exact ranges (one request per run contiguous in the file), merged spans (one request also
-reads a gap shorter than what a request's latency would transfer) and whole spans (one request
-per file region up to the source's limits, every gap read), and keeps the one of least
-modelled time. A request's gaps are over-read into bounded scratch (a local file's discard
+:class:`~ckptstore.io.base.ReadCost` (:func:`~ckptstore.store.requests.plan_requests`, the
+request coalescing: exact ranges, merged spans or whole spans per file, whichever costs the least
+modelled time). A request's gaps are over-read into bounded scratch (a local file's discard
 buffer, an object's stream) and dropped. The executor (:mod:`ckptstore.store.executor`) sends
 exactly these requests, so :attr:`ParamReadPlan.nbytes` (bytes wanted),
 :attr:`ParamReadPlan.fetched` (bytes the requests transfer), :attr:`ParamReadPlan.requests` and
@@ -25,22 +23,18 @@ exactly these requests, so :attr:`ParamReadPlan.nbytes` (bytes wanted),
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from ckptstore.boxes import Box, paired_runs
 from ckptstore.io.base import LOCAL_COST, ReadCost
 from ckptstore.store.manifest import ParamManifest, Piece
+from ckptstore.store.requests import Columns, check_coalesce, plan_requests
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-#: Up to this many ranges, :func:`plan_requests` works with plain ints.
-FEW_RANGES = 32
-_ONE = np.array([0, 1], dtype=np.int64)
-_ONE.flags.writeable = False
-#: How a file's ranges become requests (:func:`plan_requests`); ``"auto"`` picks per file.
-STRATEGIES = ("exact", "merged", "whole")
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,7 +144,8 @@ class ParamReadPlan:
         into a scratch buffer first (compressed, checksummed or converted chunks).
         """
         for g in self.groups:
-            for f, o, n, d in zip(g.files.tolist(), g.offsets.tolist(), g.lengths.tolist(), g.dests.tolist()):
+            columns = (g.files.tolist(), g.offsets.tolist(), g.lengths.tolist(), g.dests.tolist())
+            for f, o, n, d in zip(*columns, strict=True):
                 yield self.keys[f], o, n, (d if g.into_destination else None)
 
 
@@ -188,17 +183,17 @@ class ReadPlan:
 
 
 def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np.dtype | None = None,
-               verify: bool = False, cost: ReadCost | None = None, strategy: str = "auto") -> ParamReadPlan:
+               verify: bool = False, cost: ReadCost | None = None, coalesce: str = "auto") -> ParamReadPlan:
     """The reads that fill global ``box`` (whole tensor when ``None``) of one parameter.
 
     ``out_dtype`` is the destination's dtype (the stored one when ``None``); ``verify`` reads
     every touched chunk whole to check its CRC-32C. ``cost`` prices requests and bytes (the
     source's :meth:`~ckptstore.io.base.ByteSource.read_cost`; a local file's when ``None``) and
-    ``strategy`` is ``"auto"`` (per file, the least modelled time) or one of :data:`STRATEGIES`
-    for every file. Raises ``ValueError`` when ``box`` is not inside the tensor.
+    ``coalesce`` is ``"auto"`` (per file, the least modelled time) or one of
+    :data:`~ckptstore.store.requests.COALESCE_MODES` for every file. Raises ``ValueError`` when
+    ``box`` is not inside the tensor.
     """
-    if strategy != "auto" and strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be 'auto' or one of {', '.join(STRATEGIES)}, not {strategy!r}")
+    check_coalesce(coalesce)
     cost = LOCAL_COST if cost is None else cost
     full = Box.full(manifest.shape)
     box = full if box is None else box
@@ -234,20 +229,21 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
         cols = _runs(overlap, container, pieces, frame, item, keys)
         within = {(_key_id(keys, f), o, o + n) for f, o, n in pieces}
         if cast:
-            *cols, cuts = plan_requests(cols, cost, strategy, within)
-            groups.append(ReadGroup(frame, overlap, *cols, into_destination=False, chunk=i, cuts=cuts))
+            files, offsets, lengths, dests, cuts = plan_requests(cols, cost, coalesce, within)
+            groups.append(ReadGroup(frame, overlap, files, offsets, lengths, dests, into_destination=False, chunk=i,
+                                    cuts=cuts))
         else:
             direct.extend(cols)
             extents |= within
     if direct:
-        *cols, cuts = plan_requests(_coalesce(direct.arrays()), cost, strategy, extents)
-        groups.insert(0, ReadGroup(box, box, *cols, into_destination=True, cuts=cuts))
+        files, offsets, lengths, dests, cuts = plan_requests(_coalesce(direct.arrays()), cost, coalesce, extents)
+        groups.insert(0, ReadGroup(box, box, files, offsets, lengths, dests, into_destination=True, cuts=cuts))
     return ParamReadPlan(manifest.name, manifest.np_dtype, box, tuple(keys), tuple(groups), manifest.codec,
                          tuple(i for i, _ in touched), tuple(o for _, o in touched))
 
 
 def plan_ranges(name: str, keys: Sequence[str], files: Sequence[int], offsets: Sequence[int],
-                lengths: Sequence[int]) -> "ByteRangesPlan":
+                lengths: Sequence[int]) -> ByteRangesPlan:
     """The plan that reads byte ranges back to back into a flat ``uint8`` destination.
 
     ``files`` (indices into ``keys``), ``offsets`` and ``lengths`` give one range per row, in
@@ -265,7 +261,7 @@ def plan_ranges(name: str, keys: Sequence[str], files: Sequence[int], offsets: S
     c_lengths: list[int] = []
     c_dests: list[int] = []
     dest = 0
-    for f, offset, length in zip(files, offsets, lengths):
+    for f, offset, length in zip(files, offsets, lengths, strict=True):
         if c_files and c_files[-1] == f and c_offsets[-1] + c_lengths[-1] == offset:
             c_lengths[-1] += length  # continues the previous range in the file and the destination
         else:
@@ -321,8 +317,9 @@ class ByteRangesPlan:
         """The plan as :class:`ParamReadPlan` states it: one group straight into the destination."""
         if self._groups is None:
             box = self.box
-            cols = np.array((self.range_files, self.offsets, self.lengths, self.dests), dtype=np.int64).reshape(4, -1)
-            self._groups = (ReadGroup(box, box, *cols, into_destination=True),)
+            files, offsets, lengths, dests = np.array((self.range_files, self.offsets, self.lengths, self.dests),
+                                                      dtype=np.int64).reshape(4, -1)
+            self._groups = (ReadGroup(box, box, files, offsets, lengths, dests, into_destination=True),)
         return self._groups
 
     @property
@@ -332,7 +329,7 @@ class ByteRangesPlan:
 
     def ranges(self) -> Iterator[tuple[str, int, int, int | None]]:
         """Every ``(file, offset, length, dest_offset)`` byte range, in execution order."""
-        for f, o, n, d in zip(self.range_files, self.offsets, self.lengths, self.dests):
+        for f, o, n, d in zip(self.range_files, self.offsets, self.lengths, self.dests, strict=True):
             yield self.keys[f], o, n, d
 
 
@@ -340,7 +337,7 @@ class _Columns:
     """Range columns collected in order: single ranges as Python ints (cheap), runs as arrays."""
 
     def __init__(self) -> None:
-        self._parts: list[tuple[np.ndarray, ...]] = []
+        self._parts: list[Columns] = []
         self._rows: list[tuple[int, int, int, int]] = []
 
     def __bool__(self) -> bool:
@@ -349,16 +346,17 @@ class _Columns:
     def add(self, f: int, offset: int, length: int, dest: int) -> None:
         self._rows.append((f, offset, length, dest))
 
-    def extend(self, cols: tuple[np.ndarray, ...]) -> None:
+    def extend(self, cols: Columns) -> None:
         self._flush()
         self._parts.append(cols)
 
     def _flush(self) -> None:
         if self._rows:
-            self._parts.append(tuple(np.array(c, dtype=np.int64) for c in zip(*self._rows)))
+            files, offsets, lengths, dests = (np.array(c, dtype=np.int64) for c in zip(*self._rows, strict=True))
+            self._parts.append((files, offsets, lengths, dests))
             self._rows = []
 
-    def arrays(self) -> list[tuple[np.ndarray, ...]]:
+    def arrays(self) -> list[Columns]:
         self._flush()
         return self._parts
 
@@ -396,7 +394,7 @@ def _whole_group(manifest: ParamManifest, i: int, cbox: Box, overlap: Box, keys:
 
 
 def _runs(overlap: Box, container: Box, pieces: Sequence[Piece], frame: Box, item: int,
-          keys: dict[str, int]) -> tuple[np.ndarray, ...]:
+          keys: dict[str, int]) -> Columns:
     """Byte ranges copying ``overlap`` from ``container`` (stored as ``pieces``) into ``frame``."""
     src, dst, run = paired_runs(overlap, container, frame)
     src, dst, n = src * item, dst * item, run * item
@@ -411,18 +409,19 @@ def _runs(overlap: Box, container: Box, pieces: Sequence[Piece], frame: Box, ite
     ids = np.array([_key_id(keys, f) for f, _, _ in pieces], dtype=np.int64)
     bases = np.array([o for _, o, _ in pieces], dtype=np.int64)
     cols: list[list[int]] = [[], [], [], []]
-    for s, d in zip(src.tolist(), dst.tolist()):
+    for s, d in zip(src.tolist(), dst.tolist(), strict=True):
         left = n
         k = int(np.searchsorted(starts, s, side="right")) - 1
         while left:
             take = min(left, int(starts[k + 1]) - s)
-            for col, v in zip(cols, (int(ids[k]), int(bases[k]) + s - int(starts[k]), take, d)):
+            for col, v in zip(cols, (int(ids[k]), int(bases[k]) + s - int(starts[k]), take, d), strict=True):
                 col.append(v)
             s, d, left, k = s + take, d + take, left - take, k + 1
-    return tuple(np.array(c, dtype=np.int64) for c in cols)
+    files, offsets, lengths, dests = (np.array(c, dtype=np.int64) for c in cols)
+    return files, offsets, lengths, dests
 
 
-def _coalesce(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+def _coalesce(parts: list[Columns]) -> Columns:
     """Concatenate range columns and merge neighbours contiguous in the same file and the destination."""
     if len(parts) == 1:
         files, offsets, lengths, dests = parts[0]
@@ -438,154 +437,5 @@ def _coalesce(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
     return files[heads], offsets[heads], np.add.reduceat(lengths, heads), dests[heads]
 
 
-def plan_requests(cols: Sequence[np.ndarray], cost: ReadCost, strategy: str = "auto",
-                  within: Iterable[tuple[int, int, int]] | None = None) -> tuple[np.ndarray, ...]:
-    """``(files, offsets, lengths, dests, cuts)``: the ranges ``cols`` cut to the source's request
-    size and sorted by file and offset, and the request boundaries ``cuts`` (request ``k`` reads
-    ranges ``cuts[k]:cuts[k + 1]`` in one call, see :attr:`ReadGroup.cuts`).
-
-    ``within`` are the ``(file, start, end)`` extents a request may read (the chunks the ranges
-    come from; ``None``: the ranges only): a gap is read only inside one of them, so no request
-    reads a byte of another parameter, a header, or a chunk the plan does not need.
-
-    Every strategy respects the source's limits on one request (its length, its buffers, its
-    longest gap: see :class:`~ckptstore.io.base.ReadCost`); within them, ``"exact"`` starts a
-    request at every gap, ``"merged"`` at gaps longer than :attr:`ReadCost.gap_bytes` and
-    ``"whole"`` only where a limit says so. ``"auto"`` takes, per file, the strategy of least
-    :meth:`ReadCost.seconds` (a tie goes to the one fetching fewer bytes: exact, merged, whole).
-    """
-    if len(cols[0]) == 1 and int(cols[2][0]) <= cost.max_request_bytes:  # most parameters: one range
-        return (*cols, _ONE)
-    if len(cols[0]) <= FEW_RANGES and int(cols[2].max(initial=0)) <= cost.max_request_bytes:
-        return _plan_few(cols, cost, strategy, within)
-    files, offsets, lengths, dests = _split_long(*cols, cost.max_request_bytes)
-    n = len(files)
-    if n == 0:
-        return files, offsets, lengths, dests, np.zeros(1, dtype=np.int64)
-    if n > 1 and not (np.all(files[1:] >= files[:-1]) and np.all((files[1:] > files[:-1]) | (offsets[1:] > offsets[:-1]))):
-        order = np.lexsort((offsets, files))
-        files, offsets, lengths, dests = files[order], offsets[order], lengths[order], dests[order]
-    ends = offsets + lengths
-    gaps = offsets[1:] - ends[:-1]
-    hard = (files[1:] != files[:-1]) | (gaps < 0)  # another file; (overlapping ranges: never in one request)
-    size = cost.max_request_bytes
-    hard |= (offsets[1:] // size) != (offsets[:-1] // size)  # a request spans at most about its size
-    if cost.max_gap_bytes is not None:
-        hard |= gaps > cost.max_gap_bytes
-    if within is None:
-        hard |= gaps > 0
-    else:
-        region = _regions(files, offsets, within)
-        hard |= region[1:] != region[:-1]
-    if cost.max_buffers is not None:  # each range takes a buffer, each gap before it another
-        used = np.cumsum(np.concatenate([[1], 1 + (gaps > 0)]))
-        slot = (used - 1) // max(2, cost.max_buffers)
-        hard |= slot[1:] != slot[:-1]
-    starts = {"exact": hard | (gaps != 0), "merged": hard | (gaps > cost.gap_bytes), "whole": hard}
-    if strategy != "auto":
-        breaks = starts[strategy]
-    else:
-        nfiles = int(files.max()) + 1
-        times = []
-        for name in STRATEGIES:
-            first = np.flatnonzero(np.concatenate([[True], starts[name]]))
-            last = np.concatenate([first[1:], [n]]) - 1
-            f = files[first]
-            count = np.bincount(f, minlength=nfiles)
-            fetched = np.bincount(f, weights=ends[last] - offsets[first], minlength=nfiles)
-            times.append(count * cost.request_seconds / cost.in_flight + fetched / cost.bytes_per_second)
-        best = np.argmin(np.stack(times), axis=0)  # per file; argmin keeps the first of equals
-        choice = best[files[1:]]
-        breaks = np.choose(choice, [starts[name] for name in STRATEGIES])
-    cuts = np.concatenate([[0], np.flatnonzero(breaks) + 1, [n]]).astype(np.int64)
-    return files, offsets, lengths, dests, cuts
-
-
-def _plan_few(cols: Sequence[np.ndarray], cost: ReadCost, strategy: str,
-              within: Iterable[tuple[int, int, int]] | None) -> tuple[np.ndarray, ...]:
-    """:func:`plan_requests` for a few ranges none longer than a request, with plain ints (numpy's
-    cost per call would be most of the work): the same rules, the same result."""
-    order = sorted(range(len(cols[0])), key=lambda i: (int(cols[0][i]), int(cols[1][i])))
-    files, offsets, lengths, dests = ([int(c[i]) for i in order] for c in cols)
-    extents = None if within is None else _merged(within)
-    size, gap_ok, max_gap, most = cost.max_request_bytes, cost.gap_bytes, cost.max_gap_bytes, cost.max_buffers
-    used = [1]  # buffers, gaps included, up to each range (as the numpy rule counts them)
-    region = []
-    for i in range(len(files)):
-        if i:
-            used.append(used[-1] + 1 + (offsets[i] > offsets[i - 1] + lengths[i - 1]))
-        if extents is not None:  # the file's last extent starting at or before the range (else its first)
-            mine = [j for j, (f, _, _) in enumerate(extents) if f == files[i]]
-            before = [j for j in mine if extents[j][1] <= offsets[i]]
-            region.append(before[-1] if before else mine[0] if mine else -1)
-    starts: dict[str, list[bool]] = {s: [] for s in STRATEGIES}
-    for i in range(1, len(files)):
-        gap = offsets[i] - offsets[i - 1] - lengths[i - 1]
-        hard = (files[i] != files[i - 1] or gap < 0 or offsets[i] // size != offsets[i - 1] // size
-                or (max_gap is not None and gap > max_gap) or (extents is None and gap > 0)
-                or (extents is not None and region[i] != region[i - 1])
-                or (most is not None and (used[i] - 1) // max(2, most) != (used[i - 1] - 1) // max(2, most)))
-        starts["exact"].append(hard or gap != 0)
-        starts["merged"].append(hard or gap > gap_ok)
-        starts["whole"].append(hard)
-    if strategy == "auto":
-        best: dict[int, tuple[float, str]] = {}
-        for name in STRATEGIES:
-            per_file: dict[int, list[int]] = {}
-            first = 0
-            for i in range(1, len(files) + 1):
-                if i == len(files) or starts[name][i - 1]:
-                    t = per_file.setdefault(files[first], [0, 0])
-                    t[0] += 1
-                    t[1] += offsets[i - 1] + lengths[i - 1] - offsets[first]
-                    first = i
-            for f, (count, fetched) in per_file.items():
-                seconds = count * cost.request_seconds / cost.in_flight + fetched / cost.bytes_per_second
-                if f not in best or seconds < best[f][0]:
-                    best[f] = (seconds, name)
-        breaks = [starts[best[files[i]][1]][i - 1] for i in range(1, len(files))]
-    else:
-        breaks = starts[strategy]
-    cuts = [0, *(i + 1 for i, b in enumerate(breaks) if b), len(files)]
-    return (*(np.array(c, dtype=np.int64) for c in (files, offsets, lengths, dests)), np.array(cuts, dtype=np.int64))
-
-
-def _merged(within: Iterable[tuple[int, int, int]]) -> list[list[int]]:
-    """``within``'s extents sorted, those touching or overlapping in one file joined."""
-    merged: list[list[int]] = []
-    for f, a, b in sorted(within):
-        if merged and merged[-1][0] == f and a <= merged[-1][2]:
-            merged[-1][2] = max(merged[-1][2], b)
-        else:
-            merged.append([f, a, b])
-    return merged
-
-
-def _regions(files: np.ndarray, offsets: np.ndarray, within: Iterable[tuple[int, int, int]]) -> np.ndarray:
-    """For each range, the index of the merged extent of ``within`` holding its start (ranges
-    of one index may share a request: the bytes between them belong to the extents)."""
-    merged = _merged(within)
-    if len(merged) == 1:
-        return np.zeros(len(files), dtype=np.int64)
-    out = np.full(len(files), -1, dtype=np.int64)
-    by_file: dict[int, list[int]] = {}
-    for k, (f, _, _) in enumerate(merged):
-        by_file.setdefault(f, []).append(k)
-    for f, ks in by_file.items():  # a plan reads few files: a search per file
-        rows = files == f
-        starts = np.array([merged[k][1] for k in ks], dtype=np.int64)
-        out[rows] = np.asarray(ks, dtype=np.int64)[np.maximum(np.searchsorted(starts, offsets[rows], "right") - 1, 0)]
-    return out
-
-
-def _split_long(files: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray,
-                unit: int) -> tuple[np.ndarray, ...]:
-    """The same ranges, those longer than ``unit`` cut into consecutive pieces of at most ``unit``
-    (several requests, so that several threads or connections share a long run)."""
-    pieces = -(-lengths // unit)
-    if not len(pieces) or pieces.max() <= 1:
-        return files, offsets, lengths, dests
-    index = np.repeat(np.arange(len(pieces)), pieces)
-    step = np.arange(len(index)) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # 0, 1, .. within a range
-    shift = step * unit
-    return files[index], offsets[index] + shift, np.minimum(unit, lengths[index] - shift), dests[index] + shift
+#: A plan the executor runs: the general one, or a converter's byte ranges (the same reading interface).
+AnyParamReadPlan = ParamReadPlan | ByteRangesPlan

@@ -80,7 +80,7 @@ def newest_committed(location: ByteSource) -> tuple[ByteSource | None, list[int]
     if linked:
         warnings.warn(f"ckptstore: {location.url}: {', '.join(linked)} skipped: a symbolic link, not a step folder "
                       "ckptstore saved (it writes and reads no step through a link)", stacklevel=3)
-    pending = []
+    pending: list[int] = []
     for step in steps(location):
         sub = step_source(location, step)
         doc = read_manifest(sub)

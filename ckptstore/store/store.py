@@ -139,14 +139,16 @@ class Store:
         box, squeeze = _index_to_box(index, info.shape, name)
         plan = self.plan(name, box, dtype=None if out is None else out.dtype, verify=verify)
         result = execute(plan, self.data, out=out, workers=workers)
-        return result.reshape([n for n, s in zip(result.shape, squeeze) if not s]) if any(squeeze) else result
+        if not any(squeeze):
+            return result
+        return result.reshape([n for n, s in zip(result.shape, squeeze, strict=True) if not s])
 
     def close(self) -> None:
         self.location.close()
         if self.data is not self.location:
             self.data.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -161,7 +163,7 @@ def _as_box(box: Box | Index, shape: Sequence[int], name: str) -> Box | None:
     pairs = [isinstance(i, (tuple, list)) and len(i) == 2 for i in items]
     if items and all(pairs):
         try:
-            start, stop = zip(*((operator.index(a), operator.index(b)) for a, b in items))
+            start, stop = zip(*((operator.index(a), operator.index(b)) for a, b in items), strict=True)
         except TypeError:
             raise InvalidIndexError(f"box {box!r} for {name!r}: (start, stop) pairs must be integers") from None
         if len(items) != len(shape):
@@ -187,12 +189,16 @@ def _index_to_box(index: Index, shape: Sequence[int], name: str) -> tuple[Box, l
             i = int(item) + n if item < 0 else int(item)
             if not 0 <= i < n:
                 raise InvalidIndexError(f"index {item} is out of bounds for axis {axis} of {name!r} with size {n}")
-            start.append(i), stop.append(i + 1), squeeze.append(True)
+            start.append(i)
+            stop.append(i + 1)
+            squeeze.append(True)
         elif isinstance(item, slice):
             lo, hi, step = item.indices(n)
             if step != 1:
                 raise InvalidIndexError(f"only step-1 slices are supported (axis {axis} of {name!r})")
-            start.append(lo), stop.append(max(lo, hi)), squeeze.append(False)
+            start.append(lo)
+            stop.append(max(lo, hi))
+            squeeze.append(False)
         else:
             raise InvalidIndexError(f"unsupported index {item!r} for {name!r}: use ints and slices")
     return Box(tuple(start), tuple(stop)), squeeze
@@ -223,7 +229,7 @@ def _no_committed_step(location: ByteSource, pending: list[int]) -> str:
             f"step (unfinished: {', '.join(str(n) for n, _ in ours[:5])})")
 
 
-def open(path: str | os.PathLike[str]) -> Store:  # noqa: A001 - the public name is ckptstore.open
+def open(path: str | os.PathLike[str]) -> Store:  # the public name is ckptstore.open
     """Open a store written by ``ckptstore convert`` (or ``ckptstore index``), reading only its metadata.
 
     A folder of saved training steps (``step_<N>`` folders, see :mod:`ckptstore.store.steps`)
@@ -453,7 +459,7 @@ class _PinThenCheck(ReadableFile):
         return self.inner.url
 
     @property
-    def size(self) -> int:  # type: ignore[override]
+    def size(self) -> int:  # type: ignore[override]  # ReadableFile.size is an attribute; the inner file's here
         return self.inner.size
 
     def read_requests(self, requests: Sequence[Request]) -> None:

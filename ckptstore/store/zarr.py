@@ -103,12 +103,12 @@ def array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
     zarr = _zarr(bfloat16=dt.name == "bfloat16")
     store = zarr.storage.MemoryStore()
     if sharded is None:
-        sharded = prod(-(-s // c) for s, c in zip(shape, chunk_shape)) > 1
+        sharded = prod(-(-s // c) for s, c in zip(shape, chunk_shape, strict=True)) > 1
     shards = tuple(shard_shape) if shard_shape is not None else tuple(shape) if sharded else None
     zarr.create_array(store=store, shape=tuple(shape), dtype=dt, chunks=tuple(chunk_shape), shards=shards,
                       compressors=_zarr_codec(codec, dt.itemsize), fill_value=0, zarr_format=3,
                       chunk_key_encoding={"name": "default", "separator": separator})
-    return store._store_dict[ROOT_METADATA].to_bytes()  # noqa: SLF001 (MemoryStore has no sync getter)
+    return store._store_dict[ROOT_METADATA].to_bytes()  # MemoryStore has no sync getter
 
 
 def raw_array_metadata(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int],
@@ -146,14 +146,14 @@ def _group_template() -> str:
     zarr = _zarr()
     store = zarr.storage.MemoryStore()
     zarr.create_group(store=store, attributes={}, zarr_format=3)
-    return store._store_dict[ROOT_METADATA].to_bytes().decode()  # noqa: SLF001
+    return store._store_dict[ROOT_METADATA].to_bytes().decode()
 
 
 def shard_index(offsets: Sequence[int], nbytes: Sequence[int], entries: int | None = None) -> bytes:
     """The sharding codec's index: ``(offset, nbytes)`` uint64 pairs in chunk order, then CRC-32C;
     padded to ``entries`` pairs with empty ones (a shard at the array's edge holds only the
     chunks inside the array, its index has one entry for every chunk of the shard shape)."""
-    pairs = list(zip(offsets, nbytes))
+    pairs = list(zip(offsets, nbytes, strict=True))
     pairs += [(EMPTY_ENTRY, EMPTY_ENTRY)] * ((entries or len(pairs)) - len(pairs))
     raw = b"".join(struct.pack("<QQ", o, n) for o, n in pairs)
     return raw + struct.pack("<I", crc32c.crc32c(raw))

@@ -22,24 +22,24 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 @dataclass(frozen=True, kw_only=True)
-class BFloat16(BaseFloat):  # type: ignore[type-arg]
+class BFloat16(BaseFloat):
     """bfloat16 (the upper 16 bits of an IEEE float32), as ``ml_dtypes.bfloat16``."""
 
-    dtype_cls = type(_BF16)  # type: ignore[assignment]
-    _zarr_v3_name = "bfloat16"  # type: ignore[assignment]
+    dtype_cls = type(_BF16)
+    _zarr_v3_name = "bfloat16"
     _zarr_v2_names: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def from_native_dtype(cls, dtype):  # type: ignore[no-untyped-def, override]
+    def from_native_dtype(cls, dtype):
         if np.dtype(dtype) == _BF16:
             return cls(endianness="little")
         raise DataTypeValidationError(f"Invalid data type: {dtype}. Expected ml_dtypes.bfloat16")
 
-    def to_native_dtype(self):  # type: ignore[no-untyped-def, override]
+    def to_native_dtype(self):
         return _BF16
 
     @classmethod
-    def _check_native_dtype(cls, dtype):  # type: ignore[no-untyped-def, override]
+    def _check_native_dtype(cls, dtype):
         return np.dtype(dtype) == _BF16
 
     @property

@@ -65,7 +65,7 @@ def read_rank_file(path: str | os.PathLike[str], *, in_memory: bool = True) -> d
         if not in_memory and len(entry.pieces) == 1 and entry.nbytes:
             out[name] = np.memmap(path, dtype=entry.dtype, mode="c", offset=entry.pieces[0][0], shape=entry.shape)
         else:
-            out[name] = read_entry(path, entry)
+            out[name] = np.asarray(read_entry(path, entry))
     return out
 
 
@@ -186,6 +186,6 @@ def check_wire_format(tmp: str | os.PathLike[str], specs: Sequence[Any]) -> None
         for n, a in zeros.items():
             w.add(n, a)
     write_sparse_file(tmp / "sparse_small.ckpt", rank_records(specs, strategy, rank, small))
-    for a, b in (("ms.ckpt", "sparse.ckpt"), ("writer.ckpt", "sparse_small.ckpt")):
-        if (tmp / a).read_bytes() != (tmp / b).read_bytes():
-            raise AssertionError(f"the sparse writer's {b} differs from {a} (the wire format changed?)")
+    for written, sparse in (("ms.ckpt", "sparse.ckpt"), ("writer.ckpt", "sparse_small.ckpt")):
+        if (tmp / written).read_bytes() != (tmp / sparse).read_bytes():
+            raise AssertionError(f"the sparse writer's {sparse} differs from {written} (the wire format changed?)")

@@ -30,7 +30,7 @@ def write_hf_folder(path: str | Path, tensors: Mapping[str, np.ndarray], *, shar
     for i, group in enumerate(groups):
         file = "model.safetensors" if shards == 1 else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
         arrays = [np.require(tensors[n], requirements="C") for n in group]  # ascontiguousarray makes 0-d 1-d
-        head, _ = build_header([(n, a.dtype, a.shape) for n, a in zip(group, arrays)], {"format": "pt"})
+        head, _ = build_header([(n, a.dtype, a.shape) for n, a in zip(group, arrays, strict=True)], {"format": "pt"})
         with open(root / file, "wb") as f:
             f.write(head)
             for a in arrays:

@@ -104,14 +104,14 @@ def profile_cprofile(src_dir: str, strategy: str, out: str) -> dict[str, Any]:
             finally:
                 prof.disable()
 
-        IndexWriter.write_param = write_param  # type: ignore[method-assign]
+        IndexWriter.write_param = write_param  # type: ignore[method-assign]  # profiled for this run, put back after
     except (ImportError, AttributeError):
         pass
     prof = cProfile.Profile()
     prof.enable()
     ckptstore.index(src_dir, out, strategy=[strategy])
     prof.disable()
-    texts = {"worker_calls": len(threads)}
+    texts: dict[str, int | str] = {"worker_calls": len(threads)}
     for key in ("tottime", "cumulative"):
         buf = io.StringIO()
         stats = pstats.Stats(prof, stream=buf)

@@ -17,11 +17,11 @@ The process kills itself with signal 9, as an OOM killer or a pre-empted node wo
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ckptstore.store.kinds import manifest_files
 
@@ -37,7 +37,7 @@ def kill_before_manifest() -> None:
     from ckptstore.io.s3_sink import S3Sink
 
     for cls in (LocalSink, S3Sink, MemorySink):
-        setattr(cls, "put", _before(cls.put, lambda key: key in manifest_files()))
+        setattr(cls, "put", _before(cls.put, lambda key: key in manifest_files()))  # noqa: B010  (mypy refuses assigning a method)
 
 
 def _before(put: Callable[..., Any], when: Callable[[str], bool]) -> Callable[..., Any]:
@@ -60,7 +60,7 @@ def kill_after_chunks(n: int) -> None:
         if written and self.chunks_written >= n:
             _die()
 
-    setattr(ChunkCopier, "count", counted)
+    setattr(ChunkCopier, "count", counted)  # noqa: B010  (mypy refuses assigning a method)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -105,9 +105,14 @@ def run_cli(*args: str | os.PathLike[str], kill_at: str | None = None, env: Mapp
 
     from ckptstore.cli import main as cli
 
-    with contextlib.chdir(cwd if cwd is not None else os.getcwd()):
+    # (contextlib.chdir is Python 3.11+; the package supports 3.10)
+    back = os.getcwd()
+    os.chdir(cwd if cwd is not None else back)
+    try:
         result = CliRunner().invoke(cli, argv, env={"GLOG_v": "3", **(env or {})}, prog_name="ckptstore",
                                     catch_exceptions=False)
+    finally:
+        os.chdir(back)
     return subprocess.CompletedProcess(["ckptstore", *argv], result.exit_code, result.stdout, result.stderr)
 
 

@@ -45,13 +45,13 @@ class LatencyProxy:
         self._ready.wait(10)
         if self._server is None:
             raise RuntimeError("the latency proxy did not start")
-        self.port = self._server.sockets[0].getsockname()[1]
+        self.port: int = self._server.sockets[0].getsockname()[1]
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "LatencyProxy":
+    def __enter__(self) -> LatencyProxy:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -80,7 +80,8 @@ class LatencyProxy:
         self._loop.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader = up_writer = None
+        up_reader: asyncio.StreamReader | None = None
+        up_writer: asyncio.StreamWriter | None = None
         try:
             while True:
                 head = await _read_head(reader)
@@ -91,7 +92,7 @@ class LatencyProxy:
                 self.requests += 1
                 if self.delay:
                     await asyncio.sleep(self.delay)
-                if up_writer is None:
+                if up_reader is None or up_writer is None:
                     up_reader, up_writer = await asyncio.open_connection(*self.upstream)
                 up_writer.write(head + body)
                 await up_writer.drain()

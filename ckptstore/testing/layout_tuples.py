@@ -19,7 +19,7 @@ import json
 import os
 from math import prod
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -37,7 +37,7 @@ def flatten_layout(dev_matrix: Sequence[int], tensor_map: NestedMap,
     flat_map: list[int] = []
     flat_shape: list[int] = []
     n = len(dev_matrix)
-    for entry, size in zip(tensor_map, shape):
+    for entry, size in zip(tensor_map, shape, strict=True):
         axes = _axes(entry)
         outer = [int(dev_matrix[n - 1 - m]) for m in axes[:-1]]
         flat_map += axes
@@ -61,7 +61,7 @@ def write_layout_tuple_strategies(folder, dev_matrix: Sequence[int],
     folder.mkdir(parents=True, exist_ok=True)
     smap = pb2.ParallelStrategyMap()
     smap.current_stage = 1
-    doc: dict[str, object] = {"current_stage": 1, "parallel_strategy_item": {}, "parallel_layout_item": {}}
+    doc: dict[str, Any] = {"current_stage": 1, "parallel_strategy_item": {}, "parallel_layout_item": {}}
     n = len(dev_matrix)
     for i, (name, (shape, tmap)) in enumerate(layouts.items()):
         splits = [prod(int(dev_matrix[n - 1 - m]) for m in _axes(e) if m != -1) for e in tmap]
@@ -70,7 +70,7 @@ def write_layout_tuple_strategies(folder, dev_matrix: Sequence[int],
         item.node_name = node
         item.parallel_strategys.stage = 0
         item.parallel_strategys.parallel_strategy.add().dim.extend(splits)
-        doc["parallel_strategy_item"][node] = {"stage": 0, "parallel_strategy": [splits]}  # type: ignore[index]
+        doc["parallel_strategy_item"][node] = {"stage": 0, "parallel_strategy": [splits]}
         lay = smap.parallel_layout_item.add()
         lay.param_name = name
         pl = lay.parallel_layouts
@@ -79,7 +79,7 @@ def write_layout_tuple_strategies(folder, dev_matrix: Sequence[int],
             for e in tmap:
                 pl.tensor_map.add().dim.extend(_axes(e))
         else:
-            pl.tensor_map.add().dim.extend(int(e) for e in tmap)  # type: ignore[arg-type]
+            pl.tensor_map.add().dim.extend(e for e in tmap if isinstance(e, int))  # (all are, see above)
         pl.param_split_shape.add()
         pl.indices_offset.add()
         step, size = (opt_shard or {}).get(name, (0, 0))
@@ -87,7 +87,7 @@ def write_layout_tuple_strategies(folder, dev_matrix: Sequence[int],
         pl.opt_weight_shard_step = step
         pl.opt_weight_shard_size = size
         flat_map, flat_shape = flatten_layout(dev_matrix, tmap, shape)
-        doc["parallel_layout_item"][name] = {  # type: ignore[index]
+        doc["parallel_layout_item"][name] = {
             "dev_matrix": [int(d) for d in dev_matrix], "tensor_map": flat_map, "tensor_shape": flat_shape,
             "field": 0, "opt_weight_shard_step": step, "opt_weight_shard_size": size}
     nested = folder / "nested.ckpt"

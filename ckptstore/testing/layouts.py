@@ -83,7 +83,7 @@ def layout_specs(kind: str) -> tuple[list[ParamSpec], int, int]:
       float64, int8/16/32/64, uint8/16/32/64 and bool parameters.
     """
     if kind == "mp_rows":
-        d = (8,)
+        d: tuple[int, ...] = (8,)
         specs = [
             ParamSpec("layer0.w", (64, 32), dev_matrix=d, tensor_map=(0, -1)),
             ParamSpec("layer0.b", (64,), dev_matrix=d, tensor_map=(0,)),
@@ -123,7 +123,8 @@ def layout_specs(kind: str) -> tuple[list[ParamSpec], int, int]:
             # replicated on all 8 ranks: step 1, size -1 (= 8)
             ParamSpec("layernorm.gamma", (64,), dev_matrix=d, tensor_map=(-1,), opt_shard_step=1, opt_shard_size=-1),
             # replicated on all 8 ranks, explicit size 2: groups {0,1},{2,3},...: step 1
-            ParamSpec("embedding.table", (64, 16), dev_matrix=d, tensor_map=(-1, -1), opt_shard_step=1, opt_shard_size=2),
+            ParamSpec("embedding.table", (64, 16), dev_matrix=d, tensor_map=(-1, -1), opt_shard_step=1,
+                      opt_shard_size=2),
             # dp4 x mp2, cols split by 2; 4 replicas {r, r+2, r+4, r+6}, explicit size 2: step 2
             ParamSpec("layer2.w", (16, 8), dev_matrix=(4, 2), tensor_map=(-1, 0), opt_shard_step=2, opt_shard_size=2),
             # below the parallel optimizer threshold: not sharded
@@ -137,7 +138,8 @@ def layout_specs(kind: str) -> tuple[list[ParamSpec], int, int]:
             ParamSpec("embedding.table", (40, 16), dev_matrix=d, tensor_map=(-1, -1), stage=0),
             ParamSpec("layer0.w", (16, 16), dev_matrix=d, tensor_map=(0, -1), stage=0),
             ParamSpec("layer0.b", (16,), dev_matrix=d, tensor_map=(0,), stage=0),
-            ParamSpec("layer1.w", (16, 16), dev_matrix=d, tensor_map=(-1, 0), opt_shard_step=2, opt_shard_size=-1, stage=1),
+            ParamSpec("layer1.w", (16, 16), dev_matrix=d, tensor_map=(-1, 0), opt_shard_step=2, opt_shard_size=-1,
+                      stage=1),
             ParamSpec("head.w", (8, 16), dev_matrix=d, tensor_map=(-1, -1), stage=1),
         ]
         specs = _with_adam(specs, ["layer0.w", "layer1.w"])
@@ -146,7 +148,8 @@ def layout_specs(kind: str) -> tuple[list[ParamSpec], int, int]:
         d = (2, 4)
         specs = [
             ParamSpec("bf16.w", (32, 16), "bfloat16", dev_matrix=d, tensor_map=(0, -1)),
-            ParamSpec("bf16.opt", (16, 8), "bfloat16", dev_matrix=d, tensor_map=(-1, 0), opt_shard_step=4, opt_shard_size=-1),
+            ParamSpec("bf16.opt", (16, 8), "bfloat16", dev_matrix=d, tensor_map=(-1, 0), opt_shard_step=4,
+                      opt_shard_size=-1),
             ParamSpec("bf16.norm", (16,), "bfloat16", dev_matrix=d, tensor_map=(-1,)),
             ParamSpec("fp16.w", (16, 32), "float16", dev_matrix=d, tensor_map=(-1, 0)),
             ParamSpec("fp64.w", (8, 8), "float64", dev_matrix=d, tensor_map=(1, 0)),
@@ -370,8 +373,12 @@ class SampleLayouts:
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
         target_file = None
+        dst: Path | list[Path] | None
+        strategy: Any
         if case.mode == "file":
-            specs = case.target(layout.specs)
+            specs = case.target(layout.specs) if case.target is not None else None
+            if specs is None:
+                raise ValueError(f"case {case_id!r} gives its target as a file but names no target specs")
             if case.json:
                 target_file = write_strategy_json(root / "target_strategy.json", specs)
             else:

@@ -58,7 +58,7 @@ class MotoServer:
                     break
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("moto server did not start (is moto[server] installed?)")
+                    raise RuntimeError("moto server did not start (is moto[server] installed?)") from None
                 time.sleep(0.1)
 
     @property
@@ -128,7 +128,7 @@ class SeaweedServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         # weed reads master.toml from its working folder first
         (self.data / "master.toml").write_text("[master.volume_growth]\ncopy_1 = 1\n")
-        self._log = open(self.data / "weed.log", "wb")  # noqa: SIM115 -- closed by stop()
+        self._log = open(self.data / "weed.log", "wb")  # closed by stop()
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, cwd=self.data, preexec_fn=_die_with_parent)
         try:
@@ -157,7 +157,8 @@ class SeaweedServer:
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     tail = (self.data / "weed.log").read_bytes()[-2000:].decode(errors="replace")
-                    raise RuntimeError(f"SeaweedFS did not start (exit {self.proc.poll()}); its log ends:\n{tail}")
+                    raise RuntimeError(
+                        f"SeaweedFS did not start (exit {self.proc.poll()}); its log ends:\n{tail}") from None
                 time.sleep(0.2)
 
     def create_bucket(self, name: str) -> None:
@@ -192,7 +193,7 @@ class SeaweedServer:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
-Server = Union[SeaweedServer, MotoServer]
+Server = SeaweedServer | MotoServer
 
 
 def start_server() -> Server:

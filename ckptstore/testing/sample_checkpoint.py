@@ -279,7 +279,7 @@ def mindspore_rank_slice(spec: ParamSpec, global_array: np.ndarray, rank: int) -
         NumpyHolder(global_array), list(exp_dev), list(exp_map), list(exp_shape), rank_id=rank
     )
     strategy = _get_tensor_strategy(dev, tmap)
-    local = [int(g) // int(k) for g, k in zip(spec.shape, strategy)]
+    local = [int(g) // int(k) for g, k in zip(spec.shape, strategy, strict=True)]
     if step != 0 and size != 0:
         local[0] //= int(size)
     return np.array(chunk, copy=True, order="C").reshape(local)

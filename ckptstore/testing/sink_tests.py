@@ -73,6 +73,12 @@ class ByteSinkTests:
         assert sink.keys() == ["other", "w/done/a.json", "w/done/b/c.json", "w/plan.json"]
         assert sink.keys("absent") == []
 
+    def test_files_lists_keys_below_a_folder_with_their_sizes(self, sink: ByteSink) -> None:
+        sink.put("w/done/a.json", b"1")
+        sink.put("w/done/b/c.json", b"22")
+        sink.put("other", b"333")
+        assert [(key, size) for key, size, _ in sink.files("w/done")] == [("w/done/a.json", 1), ("w/done/b/c.json", 2)]
+
     def test_delete_removes_files_and_ignores_missing_ones(self, sink: ByteSink) -> None:
         sink.put("w/a", b"1")
         sink.put("w/b", b"2")

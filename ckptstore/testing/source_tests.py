@@ -91,7 +91,7 @@ class ByteSourceTests:
             requests.append((offset, memoryview(arena)[at:at + n]))
             at += n
         source.open("big").read_requests(requests)
-        for (offset, n), (_, buf) in zip(spans, requests):
+        for (offset, n), (_, buf) in zip(spans, requests, strict=True):
             assert bytes(buf) == data[offset:offset + n], (offset, n)
 
     def test_readv_fills_buffers_in_turn_from_one_offset(self, source: ByteSource) -> None:

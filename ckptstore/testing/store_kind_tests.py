@@ -119,6 +119,7 @@ class StoreKindTests:
         with ckptstore.open(self.make(sample_layouts, "mixed_dtypes")) as store:
             for name, value in layout.tensors.items():
                 got = store.read(name)
+                assert isinstance(got, np.ndarray), name
                 assert got.dtype == np.asarray(value).dtype and got.tobytes() == np.asarray(value).tobytes(), name
 
     def test_export_writes_what_transform_checkpoints_writes(self, sample_layouts: SampleLayouts,

@@ -76,7 +76,8 @@ class ChunkCopier:
     def _reader(self, path: str, entry: CkptEntry, start: int) -> Callable[[int, memoryview], None]:
         return lambda offset, view: self.files.read(path, entry, start + offset, view)
 
-    def batches(self, chunks: Sequence[ChunkSource], *, fresh: bool = False) -> Iterator[tuple[ChunkSource, memoryview | None]]:
+    def batches(self, chunks: Sequence[ChunkSource], *,
+                fresh: bool = False) -> Iterator[tuple[ChunkSource, memoryview | None]]:
         """Each of ``chunks`` in order, with its bytes when it is at most a block
         (:data:`~ckptstore.store.checksum.BLOCK`), else ``None`` (read it a block at a time with
         :meth:`copy`, :meth:`blocks` or :meth:`checksum`).
@@ -165,7 +166,7 @@ class ChunkCopier:
         if not self.verify_replicas:
             return
         sl = chunk.slice
-        for rank, entry, path in zip(sl.ranks[1:], sl.entries[1:], sl.paths[1:]):
+        for rank, entry, path in zip(sl.ranks[1:], sl.entries[1:], sl.paths[1:], strict=True):
             if crc32c_read(self._reader(path, entry, chunk.byte_start), chunk.nbytes) != crc:
                 raise ReplicaMismatchError(
                     f"parameter {entry.name!r}: rank {rank} ({path}) holds different bytes "
@@ -253,7 +254,7 @@ def stream_zarr_param(plan: ParamPlan, sink: ByteSink, path: str, copier: ChunkC
                 crc = [0]
                 yield from copier.blocks(chunk, crc)
                 crc_value, nbytes = crc[0], chunk.nbytes
-            elif copier.codec is None:
+            elif copier.codec is None and raw is not None:
                 crc_value, nbytes = copier.streamed(chunk, raw), chunk.nbytes
                 yield raw
             else:
@@ -292,11 +293,11 @@ def dense_rows(plan: ParamPlan, copier: ChunkCopier) -> Any:
     cuts = sorted({0, shape[0], *starts, *stops})
     step = max(1, ROW_BLOCK // max(1, row_bytes))
     crcs = {c.index: 0 for c in chunks}
-    for lo, hi in zip(cuts[:-1], cuts[1:]):
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
         for r0 in range(lo, hi, step):
             r1 = min(hi, r0 + step)
             block = np.empty((r1 - r0, *shape[1:], item), dtype=np.uint8)
-            for c, c0, c1 in zip(chunks, starts, stops):
+            for c, c0, c1 in zip(chunks, starts, stops, strict=True):
                 if c1 <= r0 or c0 >= r1:
                     continue
                 inner = (c.box.shape[1:] if p.shape else ())
@@ -304,8 +305,9 @@ def dense_rows(plan: ParamPlan, copier: ChunkCopier) -> Any:
                 part = bytearray((r1 - r0) * chunk_row)
                 copier.files.read(c.path, c.entry, c.byte_start + (r0 - c0) * chunk_row, memoryview(part))
                 crcs[c.index] = crc32c.crc32c(part, crcs[c.index])
-                where = tuple(slice(a, b) for a, b in zip(c.box.start[1:], c.box.stop[1:])) if p.shape else ()
-                block[(slice(None), *where)] = np.frombuffer(part, dtype=np.uint8).reshape((r1 - r0, *inner, item))
+                where = (tuple(slice(a, b) for a, b in zip(c.box.start[1:], c.box.stop[1:], strict=True))
+                         if p.shape else ())
+                block[(slice(None),) + where] = np.frombuffer(part, dtype=np.uint8).reshape((r1 - r0, *inner, item))
             copier.progress.add(block.nbytes)
             yield block.reshape(-1)
     for c in chunks:

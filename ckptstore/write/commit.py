@@ -53,7 +53,7 @@ def my_share(writer: StoreWriter, plans: Sequence[ParamPlan], part: Part) -> lis
         return list(plans)
     units = writer.units(plans)
     owner = assign([sum(p.nbytes for p in u) or 1 for u in units], part.count)
-    return [p for u, o in zip(units, owner) if o == part.index for p in u]
+    return [p for u, o in zip(units, owner, strict=True) if o == part.index for p in u]
 
 
 def write_plan(sink: ByteSink, fmt: str, names: Sequence[str], header: Mapping[str, Any],

@@ -60,7 +60,7 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
             include: Sequence[str] = (), exclude: Sequence[str] = (), drop_optimizer: bool = False,
             compress: str | None = None, chunk_mb: int | None = None, workers: int = 4,
             verify_replicas: bool = False, verify_crc: bool = False, overwrite: bool = False,
-            quiet: bool = True, format: str | None = None, check_layout: bool = True,  # noqa: A002
+            quiet: bool = True, format: str | None = None, check_layout: bool = True,
             src_format: str | None = None, on_wait: Callable[[str], None] | None = None,
             part: str | Part | None = None, epoch: int | None = None, dec_key: bytes | None = None,
             dec_mode: str | None = None) -> ConvertSummary:
@@ -71,24 +71,26 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     largest chunk in MiB, like ``--chunk-mb`` (default 256, or 16 when compressed).
 
     ``src`` is a folder of ``rank_<i>/`` subfolders of ``.ckpt`` or MindSpore ``.safetensors``
-    files (the newest checkpoint every rank holds unless ``step``/``epoch``/``prefix``/``src_format``
-    pick another; the summary's ``chosen`` says what was taken when rank folders held several)
-    with the ``strategy`` file(s) (or a folder of them) that laid it out, or a single checkpoint
-    file. ``include``/``exclude`` are name globs; ``drop_optimizer`` removes optimizer state
+    files (the newest checkpoint every rank holds unless
+    ``step``/``epoch``/``prefix``/``src_format`` pick another; the summary's ``chosen`` says
+    what was taken when rank folders held several) with the ``strategy`` file(s) (or a folder of
+    them) that laid it out, or a single checkpoint file. ``include``/``exclude`` are name globs;
+    ``drop_optimizer`` removes optimizer state
     (:func:`~ckptstore.store.chunking.optimizer_state`); they apply before the checks of the
     files against the strategy. Parameters the strategy lays out but no rank file holds were not
-    saved (MindFormers filters its saves): they are skipped and named in the summary's ``unsaved``. ``compress`` is ``None``, ``"zstd"``
-    or ``"blosc"``. Replicated slices are read and written once; ``verify_replicas`` also reads
-    every replica and fails on a mismatch; ``check_layout=False`` skips the sampled check that
-    the strategy describes the files. If another conversion holds ``out``, this one waits for it
-    (``on_wait`` is told who holds it). A complete store of the same conversion is left as is;
-    an unfinished one is resumed; anything else in ``out`` needs ``overwrite``. ``src``,
-    ``strategy`` and ``out`` may be ``s3://``/``obs://`` URLs. ``part`` (``"I/N"`` or ``"auto"``)
-    converts only this process's share; the last part to finish commits the store
-    (:mod:`ckptstore.write.parts`). ``dec_key`` (bytes) reads rank files saved with ``enc_key``,
-    decrypting them block by block as ``load_checkpoint(dec_key=, dec_mode=)`` does (``dec_mode``:
-    ``"AES-GCM"``, ``"AES-CBC"`` or ``"SM4-CBC"``; by default the one the files name); the store is
-    plain. Returns a :class:`ConvertSummary`.
+    saved (MindFormers filters its saves): they are skipped and named in the summary's
+    ``unsaved``. ``compress`` is ``None``, ``"zstd"`` or ``"blosc"``. Replicated slices are read
+    and written once; ``verify_replicas`` also reads every replica and fails on a mismatch;
+    ``check_layout=False`` skips the sampled check that the strategy describes the files. If
+    another conversion holds ``out``, this one waits for it (``on_wait`` is told who holds it).
+    A complete store of the same conversion is left as is; an unfinished one is resumed;
+    anything else in ``out`` needs ``overwrite``. ``src``, ``strategy`` and ``out`` may be
+    ``s3://``/``obs://`` URLs. ``part`` (``"I/N"`` or ``"auto"``) converts only this process's
+    share; the last part to finish commits the store (:mod:`ckptstore.write.parts`). ``dec_key``
+    (bytes) reads rank files saved with ``enc_key``, decrypting them block by block as
+    ``load_checkpoint(dec_key=, dec_mode=)`` does (``dec_mode``: ``"AES-GCM"``, ``"AES-CBC"`` or
+    ``"SM4-CBC"``; by default the one the files name); the store is plain. Returns a
+    :class:`ConvertSummary`.
     """
     decryption = None
     if dec_key is not None:
@@ -104,8 +106,9 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     return _run(src, out, fmt, part=chosen, codec=codec, chunk_bytes=chunk_bytes, checksum=True, workers=workers,
                 verify_replicas=verify_replicas, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
                 select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
-                choose={"step": step, "epoch": epoch, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
-                        "src_format": src_format, "strategy": strategy, "decryption": decryption})
+                choose={"step": step, "epoch": epoch, "prefix": prefix, "verify_crc": verify_crc,
+                        "check_layout": check_layout, "src_format": src_format, "strategy": strategy,
+                        "decryption": decryption})
 
 
 #: The options of :func:`index` that choose or check rank files: a Hugging Face folder has none.
@@ -152,11 +155,11 @@ def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     chosen = parse_part(part)
     if chosen is None:
         return _no_part(out)
-    return _run(src, out, "index", part=chosen, codec=None, chunk_bytes=MAX_TENSOR_BYTES, checksum=checksum, workers=workers,
-                verify_replicas=False, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
+    return _run(src, out, "index", part=chosen, codec=None, chunk_bytes=MAX_TENSOR_BYTES, checksum=checksum,
+                workers=workers, verify_replicas=False, overwrite=overwrite, quiet=quiet, on_wait=on_wait,
                 select={"include": include, "exclude": exclude, "drop_optimizer": drop_optimizer},
-                choose={"step": step, "epoch": epoch, "prefix": prefix, "verify_crc": verify_crc, "check_layout": check_layout,
-                        "src_format": src_format, "strategy": strategy})
+                choose={"step": step, "epoch": epoch, "prefix": prefix, "verify_crc": verify_crc,
+                        "check_layout": check_layout, "src_format": src_format, "strategy": strategy})
 
 
 def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, part: Part, codec: dict | None,
@@ -190,7 +193,8 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                 order = sorted(mine, key=lambda p: -p.nbytes)  # big first: workers finish together
                 with ThreadPoolExecutor(workers) as pool:
                     try:
-                        done = dict(zip((p.param.name for p in order), pool.map(writer.write_param, order)))
+                        names = [p.param.name for p in order]
+                        done = dict(zip(names, pool.map(writer.write_param, order), strict=True))
                     except BaseException:  # Ctrl-C or a failed parameter: stop now, not after the queue
                         pool.shutdown(wait=True, cancel_futures=True)
                         raise
@@ -331,8 +335,9 @@ def _fingerprint(source: DistributedSource, plans: Sequence[ParamPlan], codec: M
     time of a local file; an object's ETag): an edit in place changes the status-change time even
     when it restores the modification time, so a rerun never mixes bytes of two versions of a
     file. The device number does not count: a shared filesystem (NFS) has another one on each
-    host that mounts it, and parts of one conversion run on several hosts. It does not depend on the number of parts: every part
-    computes the same one, and the store is the same, byte for byte, however it was split.
+    host that mounts it, and parts of one conversion run on several hosts. It does not depend on
+    the number of parts: every part computes the same one, and the store is the same, byte for
+    byte, however it was split.
     The strategy counts with its parsed layouts (in name order, so the order of its files does
     not matter): a strategy that gives the same files' slices to other ranks makes other global
     tensors, so its part must not join this conversion's store.
@@ -352,8 +357,8 @@ def _identity(path: str) -> tuple[Any, ...]:
         source = open_location(path.rsplit("/", 1)[0])
         st = source.stat(path.rsplit("/", 1)[1])
         return (path, st.size, st.mtime_ns, st.version) if st else (path,)
-    st = os.stat(path)
-    return (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+    local = os.stat(path)
+    return (os.path.abspath(path), local.st_size, local.st_mtime_ns, local.st_ino, local.st_ctime_ns)
 
 
 def _source_header(source: DistributedSource, step: int | None) -> dict[str, Any]:

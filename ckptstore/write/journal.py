@@ -2,9 +2,10 @@
 
 While a parameter's file is being written (``<file>.partial``), each chunk that has reached it
 is recorded as one JSON line in ``<file>.journal`` *after* its bytes were written (both through
-the output's :class:`~ckptstore.io.sink.ByteSink`). A rerun trusts a journalled chunk only if its bytes on disk still match the recorded CRC-32C, drops
-anything after the last good chunk, and carries on from there; finished parameters (whose
-final file exists, with a done record in the work directory) are skipped whole.
+the output's :class:`~ckptstore.io.sink.ByteSink`). A rerun trusts a journalled chunk only if its
+bytes on disk still match the recorded CRC-32C, drops anything after the last good chunk, and
+carries on from there; finished parameters (whose final file exists, with a done record in the
+work directory) are skipped whole.
 """
 from __future__ import annotations
 

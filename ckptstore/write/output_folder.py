@@ -221,7 +221,8 @@ def _refuse_running_parts(sink: ByteSink, noun: str = "part") -> None:
 def _start_attempt(sink: ByteSink, fingerprint: str, part: Part, writer: str, step: int | None) -> None:
     """Record the attempt (once, by the first part to claim) and drop this part's marker of an
     earlier run (under the folder's lock, so no part deciding to commit counts it)."""
-    doc = {"attempt": fingerprint, "parts": part.count, "writer": writer, **({"step": step} if step is not None else {})}
+    doc = {"attempt": fingerprint, "parts": part.count, "writer": writer,
+           **({"step": step} if step is not None else {})}
     if not sink.put_if_absent(ATTEMPT_FILE, json.dumps(doc).encode()) and read_attempt(sink.source) is None:
         sink.put(ATTEMPT_FILE, json.dumps(doc).encode())  # torn by a power loss: written again
     if sink.size(part.marker) is not None:

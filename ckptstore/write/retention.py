@@ -317,7 +317,7 @@ def _is_lock(key: str) -> bool:
 def _hold_work_locks(sink: ByteSink, keys: list[str]) -> list[Any] | None:
     """Every lock of the step's work folder, held (``None``, none held, if one is taken: a rank
     is saving or committing the step now)."""
-    held = []
+    held: list[Any] = []
     for key in keys:
         if _is_lock(key):
             lock = sink.lock(key.rpartition("/")[2], wait=False)

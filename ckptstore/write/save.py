@@ -87,7 +87,7 @@ def step_location(root: str | os.PathLike[str], step: int) -> str:
 
 
 def save_rank(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
-              rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),  # noqa: A002
+              rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),
               exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None) -> SaveSummary:
     """Save this rank's local slices as step ``step`` of the store folder ``root``; every rank calls it.
 
@@ -125,7 +125,7 @@ def skipped_in_scheduler(root: str | os.PathLike[str], step: int) -> SaveSummary
 
 
 def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
-                 rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),  # noqa: A002
+                 rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),
                  exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None) -> "SaveJob":
     """Work out what :func:`save_rank` writes (nothing is copied or written yet)."""
     if format != "zarr":
@@ -284,7 +284,7 @@ class SaveJob:
         step = max(self.piece_bytes, 1)
         for p in self.plan.params:
             if p.chunks:
-                flat = _bytes_of(self.arrays[p.name])  # type: ignore[arg-type]
+                flat = _bytes_of(self.arrays[p.name])  # type: ignore[arg-type]  # chunks: a tensor, not a str
                 for offset in range(0, p.nbytes, step):
                     yield p, offset, flat[p.local_start + offset:p.local_start + min(offset + step, p.nbytes)]
 
@@ -404,6 +404,6 @@ def _file_bytes(p: SaveParam, data: Any, rest: Iterator[Piece], crcs: dict[int, 
 
 def _bytes_of(array: np.ndarray | LazyArray) -> memoryview:
     host = array.load() if isinstance(array, LazyArray) else np.asarray(array, order="C")
-    return memoryview(host.reshape(-1).view(np.uint8))
+    return host.reshape(-1).view(np.uint8).data
 
 

@@ -36,7 +36,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ckptstore.boxes import Box
-from ckptstore.checkpoint.strategy import Layout, Strategy
+from ckptstore.checkpoint.layout import Layout
+from ckptstore.checkpoint.strategy import Strategy
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError, StrategyError
 from ckptstore.store.chunking import chunk_shape_for
 from ckptstore.store.zarr import SEPARATOR, array_path, grid_key
@@ -104,7 +105,7 @@ class SaveParam:
         array's edge holds fewer; the others are empty entries)."""
         if self.shard_shape is None:
             return 1
-        return prod(s // c for s, c in zip(self.shard_shape, self.chunk_shape))
+        return prod(s // c for s, c in zip(self.shard_shape, self.chunk_shape, strict=True))
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,8 @@ def _boxes(name: str, value: np.ndarray, layout: Layout | None, devices: int,
         shape = layout.global_shape(local_shape)
         boxes = [layout.box(i, shape) for i in range(devices)]
     except StrategyError as e:
-        raise LayoutMismatchError(f"parameter {name!r} of local shape {list(local_shape)} on rank {rank}: {e}") from None
+        raise LayoutMismatchError(f"parameter {name!r} of local shape {list(local_shape)} on rank {rank}: "
+                                  f"{e}") from None
     mine = boxes[rank % devices]
     if mine.shape != local_shape:
         raise LayoutMismatchError(f"parameter {name!r} on rank {rank} has shape {list(local_shape)} but the strategy "
@@ -306,23 +308,24 @@ def _param(name: str, value: np.ndarray, shape: tuple[int, ...], box: Box, slice
     local_start = 0
     if mine:
         piece = mine[0]
-        grid = tuple(s // c for s, c in zip(shape, chunk_shape))
+        grid = tuple(s // c for s, c in zip(shape, chunk_shape, strict=True))
         grid_strides = [prod(grid[a + 1:]) for a in range(len(grid))]
         local_strides = [prod(box.shape[a + 1:]) for a in range(len(box.shape))]
         # where the piece starts in the local slice (pieces are cut along the first axis only)
-        lead = tuple(p - b for p, b in zip(piece.start, box.start))
-        local_start = sum(i * st for i, st in zip(lead, local_strides)) * item
-        per_axis = [range(n // c) for n, c in zip(piece.shape, chunk_shape)]
+        lead = tuple(p - b for p, b in zip(piece.start, box.start, strict=True))
+        local_start = sum(i * st for i, st in zip(lead, local_strides, strict=True)) * item
+        per_axis = [range(n // c) for n, c in zip(piece.shape, chunk_shape, strict=True)]
         file_shape = shard_shape or chunk_shape
-        key = _chunk_key(name, tuple(s // c for s, c in zip(piece.start, file_shape)))  # the piece's one file
+        # the piece's one file
+        key = _chunk_key(name, tuple(s // c for s, c in zip(piece.start, file_shape, strict=True)))
         nbytes = prod(chunk_shape) * item
         for local in itertools.product(*per_axis):
-            start = tuple(p + i * c for p, i, c in zip(piece.start, local, chunk_shape))
-            coords = tuple(s // c for s, c in zip(start, chunk_shape))
-            index = sum(c * st for c, st in zip(coords, grid_strides))
-            first = sum(i * c * st for i, c, st in zip(local, chunk_shape, local_strides))
-            chunks.append(SaveChunk(index, key, Box(start, tuple(s + c for s, c in zip(start, chunk_shape))),
-                                    first * item, nbytes))
+            start = tuple(p + i * c for p, i, c in zip(piece.start, local, chunk_shape, strict=True))
+            coords = tuple(s // c for s, c in zip(start, chunk_shape, strict=True))
+            index = sum(c * st for c, st in zip(coords, grid_strides, strict=True))
+            first = sum(i * c * st for i, c, st in zip(local, chunk_shape, local_strides, strict=True))
+            stop = tuple(s + c for s, c in zip(start, chunk_shape, strict=True))
+            chunks.append(SaveChunk(index, key, Box(start, stop), first * item, nbytes))
     return SaveParam(name, array_path(name), value.dtype, shape, chunk_shape, replicas, tuple(chunks),
                      shard_shape=shard_shape, local_start=local_start)
 

@@ -99,14 +99,15 @@ def _param_manifest(name: str, m: Mapping[str, Any], where: str) -> ParamManifes
         raise IncompleteStoreError(f"{where}: no rank wrote parameter {name!r}; every rank of the stage that holds "
                                    "it (stage 0 for values outside the strategy) must pass it to save_rank")
     chunk_shape = tuple(m["chunk_shape"])
-    n = prod(-(-s // c) for s, c in zip(shape, chunk_shape))
+    n = prod(-(-s // c) for s, c in zip(shape, chunk_shape, strict=True))
     chunks = m["chunks"]
     if sorted(chunks) != list(range(n)):
         lost = next(i for i in range(n) if i not in chunks)
         raise IncompleteStoreError(f"{where}: chunk {lost} of parameter {name!r} was written by no rank; every rank "
                                    "must save its slices of the same parameters")
     rows = [chunks[i] for i in range(n)]
-    table = ChunkTable(*(tuple(r[k] for r in rows) for k in range(6)))
+    files, offsets, nbytes, crcs, ranks, replicas = (tuple(r[k] for r in rows) for k in range(6))
+    table = ChunkTable(files, offsets, nbytes, crcs, ranks, replicas)
     manifest = ParamManifest(name, m["path"], m["dtype"], shape, chunk_shape, table)
     manifest.validate()
     return manifest

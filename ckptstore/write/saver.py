@@ -125,7 +125,7 @@ class StoreSaver:
         else:  # the loop failed: let the save in progress end, but raise the loop's error
             try:
                 self._async.wait()
-            except Exception:  # noqa: BLE001 (the loop's error is the one to see)
+            except Exception:  # the loop's error is the one to see
                 pass
 
     def _check_first(self, step: int) -> None:

@@ -169,7 +169,7 @@ def _collect(sink: ByteSink, plan: Mapping[str, Any], known: Mapping[str, ParamM
             found[n] = None
     todo = [n for n in todo if n not in found]
     with ThreadPoolExecutor(sink.record_workers) as pool:
-        found.update(zip(todo, pool.map(lambda n: load_done(sink, n), todo)))
+        found.update(zip(todo, pool.map(lambda n: load_done(sink, n), todo), strict=True))
     lost = [n for n, m in found.items() if m is None]
     if lost:
         raise IncompleteStoreError(_unfinished(sink, int(plan.get("parts") or 1), lost, len(names)))

@@ -67,7 +67,7 @@ class StoreKind:
     label: str
     manifest_file: str = MANIFEST
     manifest_in: Callable[[dict[str, Any]], Any] = _whole
-    open_data: Callable[[ByteSource, "StoreManifest"], ByteSource] | None = None
+    open_data: Callable[[ByteSource, StoreManifest], ByteSource] | None = None
     convert: bool = True
     #: Whether ``compress=`` applies (chunks are stored encoded).
     compressible: bool = False
@@ -85,7 +85,7 @@ class StoreKind:
         """The writer class (imported now when ``writer`` names it)."""
         if isinstance(self.writer, str):
             module, _, attr = self.writer.partition(":")
-            return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+            return getattr(importlib.import_module(module), attr)
         return self.writer
 
 

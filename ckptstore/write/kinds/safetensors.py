@@ -11,7 +11,7 @@ from ckptstore.store import safetensors as sb
 from ckptstore.store import zarr as zb
 from ckptstore.store.chunking import ParamPlan
 from ckptstore.store.manifest import ParamManifest, StoreManifest
-from ckptstore.io.sink import partial_key
+from ckptstore.io.sink import ByteSink, partial_key
 from ckptstore.write.output_folder import Claim
 from ckptstore.write.chunk_writer import ChunkCopier, dense_manifest, dense_rows, write_dense_param
 from ckptstore.write.store_writer import StoreWriter, done_key
@@ -70,7 +70,7 @@ class SafetensorsWriter(StoreWriter):
         with self._lock:
             job = self._uploads.get(name)
             mine = job is None
-            if mine:
+            if job is None:
                 job = self._uploads[name] = Future()
         if mine:
             try:

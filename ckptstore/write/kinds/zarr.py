@@ -27,7 +27,7 @@ class ZarrWriter(StoreWriter):
 
     def _still_there(self, finished: ParamManifest) -> bool:
         sizes: dict[str, int] = {}
-        for f, o, n in zip(finished.chunks.files, finished.chunks.offsets, finished.chunks.nbytes):
+        for f, o, n in zip(finished.chunks.files, finished.chunks.offsets, finished.chunks.nbytes, strict=True):
             sizes[f] = max(sizes.get(f, 0), o + n)
         return all((self.sink.size(f) or 0) >= n for f, n in sizes.items())
 
