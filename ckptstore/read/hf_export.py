@@ -129,7 +129,7 @@ def export_hf(store: StoreLike, out: str | os.PathLike[str], *,
         sink.make_root()
         claim_export_folder(sink, keys, overwrite=overwrite, entry_points=(INDEX_FILE, SINGLE_FILE))
         files, weight_map, read = [], {}, [0]
-        for key, shard in zip(keys, shards, strict=True):
+        for key, shard in zip(keys, shards, strict=False):  # keys also name the index and config
             head, _ = build_header([(t.hf_name, t.dtype, t.shape) for t in shard], {"format": "pt"})
             sink.put_stream(key, _shard_pieces(st, head, shard, window_bytes, read))
             files.append(sink.key_url(key))
