@@ -192,3 +192,24 @@ def test_a_conversion_crashed_at_a_sink_call_resumes_to_the_same_store(saved_lay
     summary = ckptstore.convert(layout.root, sink, strategy=layout.strategy_files, format=fmt, workers=1)
     assert summary.chunks_resumed + summary.chunks_written == summary.chunks and summary.chunks_resumed > 0
     assert {k: bytes(v) for k, v in sink.files.items()} == store_files(tmp_path / "reference")
+
+
+def test_a_parent_of_a_local_sink_swapped_for_a_link_is_refused_and_its_target_untouched(tmp_path):
+    from ckptstore.errors import UnsafePathError
+
+    (tmp_path / "shared").mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    sink = LocalSink(tmp_path / "shared" / "out")
+    (tmp_path / "shared").rmdir()  # swapped before the sink's first write
+    (tmp_path / "shared").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(UnsafePathError, match=f"^{tmp_path / 'shared'} on the way to the output .* is a symbolic link"):
+        sink.put("a.json", b"{}")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_local_sink_makes_its_missing_parents_one_by_one(tmp_path):
+    sink = LocalSink(tmp_path / "a" / "b" / "out")
+    sink.put("x/y.json", b"{}")
+    sink.close()
+    assert (tmp_path / "a" / "b" / "out" / "x" / "y.json").read_bytes() == b"{}"

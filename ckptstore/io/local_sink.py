@@ -8,9 +8,11 @@ removed first: unlinking a link never touches its target); files that are reopen
 partial file, a journal, the lock file) with ``O_NOFOLLOW``; renames and links go from one
 folder descriptor to another. A symbolic link where ckptstore would write, lock or descend is
 refused with :class:`~ckptstore.errors.UnsafePathError` naming it, before anything is written
-through it. The root itself is the user's choice and may be reached through links; its
+through it. The root's own path is walked the same way, from ``/`` (or the working folder) with
+no link followed: a parent folder swapped for a link just before a run is refused, naming the
+link (a user whose output path holds a link of their own names the real path instead). Its
 descriptor is opened once (made if needed) and held for the sink's life, so a parent folder
-swapped for a link during a run changes nothing. A step folder (:meth:`LocalSink.folder`) is
+swapped for a link during a run changes nothing either. A step folder (:meth:`LocalSink.folder`) is
 reached from its root's descriptor like any other folder: a planted link there is refused. A
 file that is reopened but shares its inode with another name (link count above 1: a ``cp -al``
 or ``rsync --link-dest`` snapshot, or a planted hard link) is never written through: a resumed
@@ -112,14 +114,51 @@ class LocalSink(ByteSink):
             parent, name = self._within
             fd = parent._folder(name.split("/"), create=create)
         else:
-            try:
-                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.makedirs(self.root, exist_ok=True)
-                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = self._open_path(create=create)
         return fd
+
+    def _open_path(self, *, create: bool) -> int:
+        """Open (and make, if ``create``) the root's path one component at a time from ``/`` (or
+        the working folder), following no link: a parent folder swapped for a link before the
+        root is held would otherwise send every file of the run into the link's target."""
+        absolute = self.root.is_absolute()
+        fd = os.open("/" if absolute else ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        parts = self.root.parts[1:] if absolute else self.root.parts
+        try:
+            for i, part in enumerate(parts):
+                try:
+                    sub = os.open(part, _DIR, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass  # made meanwhile (or planted: the open says)
+                    sub = self._open_path_part(fd, part, parts[:i + 1])
+                except OSError as e:
+                    raise self._path_refusal(e, fd, part, parts[:i + 1]) from None
+                os.close(fd)
+                fd = sub
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _open_path_part(self, fd: int, part: str, reached: Sequence[str]) -> int:
+        try:
+            return os.open(part, _DIR, dir_fd=fd)
+        except OSError as e:
+            raise self._path_refusal(e, fd, part, reached) from None
+
+    def _path_refusal(self, e: OSError, dfd: int, name: str, reached: Sequence[str]) -> OSError | UnsafePathError:
+        """An ``UnsafePathError`` when ``name`` on the way to the root is a link, else ``e``."""
+        if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and _is_link(dfd, name):
+            link = Path(*reached) if not self.root.is_absolute() else Path("/", *reached)
+            return UnsafePathError(f"{link} on the way to the output {self.root} is a symbolic link; ckptstore "
+                                   "follows no link to a folder it writes (one swapped in would send the files "
+                                   f"elsewhere): if the link is yours, name the real path {os.path.realpath(self.root)}")
+        return e
 
     def close(self) -> None:
         self._held_root.drop()
