@@ -64,7 +64,8 @@ MAX_MATCHED_NAME = 256
 _SHIPPED = "name_maps"
 
 _REF = re.compile(r"\\(?:g<(\d+)>|(\d+))")
-_TOP_KEYS = {"format", "version", "description", "unmatched", "renames", "fusions"}
+_TOP_KEYS = {"format", "version", "description", "unmatched", "renames", "fusions", "tensor_parallel"}
+_TP_KEYS = {"split_rows", "split_columns", "first_stage", "comment"}
 _RENAME_KEYS = {"pattern", "target", "reverse", "comment"}
 _FUSION_KEYS = {"pattern", "sources", "target", "axis", "interleave", "blocks", "num_heads", "num_kv_heads",
                 "head_dim", "reverse", "comment"}
@@ -400,6 +401,20 @@ def segment_gcd(sizes: Sequence[int], groups: int) -> int:
 
 
 @dataclass(frozen=True)
+class TensorParallel:
+    """How the targets of a rule set are split for tensor parallelism (``tensor_parallel`` in a
+    rule file): a target matching a ``split_rows`` pattern is cut along axis 0 (a column-parallel
+    linear, a vocabulary-parallel embedding), one matching ``split_columns`` along axis 1 (a
+    row-parallel linear); any other is whole on every rank. With pipeline stages, a target with
+    ``layers.<i>.`` in its name goes to its layer's stage, one matching ``first_stage`` to the
+    first, any other to the last. Used by ``ckptstore strategy``."""
+
+    split_rows: tuple[re.Pattern[str], ...]
+    split_columns: tuple[re.Pattern[str], ...]
+    first_stage: tuple[re.Pattern[str], ...]
+
+
+@dataclass(frozen=True)
 class NameMap:
     """A parsed rule file (:func:`load_name_map`)."""
 
@@ -408,6 +423,7 @@ class NameMap:
     fusions: tuple[Fusion, ...]
     unmatched: str = "keep"
     description: str = ""
+    tensor_parallel: TensorParallel | None = None
 
     def fail(self, problem: str, rule: str | None = None) -> NameMapError:
         return NameMapError(problem, path=self.path, rule=rule)
@@ -654,7 +670,21 @@ def parse_name_map(doc: Any, path: str) -> NameMap:
         lists[key] = v
     renames = tuple(_rename(r, f"renames[{i}]", path) for i, r in enumerate(lists["renames"]))
     fusions = tuple(_fusion(r, f"fusions[{i}]", path) for i, r in enumerate(lists["fusions"]))
-    return NameMap(path, renames, fusions, unmatched, description)
+    tp = _tensor_parallel(doc["tensor_parallel"], path) if "tensor_parallel" in doc else None
+    return NameMap(path, renames, fusions, unmatched, description, tp)
+
+
+def _tensor_parallel(doc: Any, path: str) -> TensorParallel:
+    fail = _rule_fail(path, "tensor_parallel")
+    if not isinstance(doc, Mapping) or set(doc) - _TP_KEYS:
+        raise fail(f"'tensor_parallel' must be an object with keys among {sorted(_TP_KEYS - {'comment'})}")
+    lists = []
+    for key in ("split_rows", "split_columns", "first_stage"):
+        v = doc.get(key, [])
+        if not isinstance(v, list) or len(v) > MAX_RULES:
+            raise fail(f"'{key}' is not a list of at most {MAX_RULES} patterns")
+        lists.append(tuple(_compile(p, fail, f"{key}[{i}]") for i, p in enumerate(v)))
+    return TensorParallel(*lists)
 
 
 def _rule_fail(path: str, rule: str) -> Any:
