@@ -213,3 +213,16 @@ def test_a_local_sink_makes_its_missing_parents_one_by_one(tmp_path):
     sink.put("x/y.json", b"{}")
     sink.close()
     assert (tmp_path / "a" / "b" / "out" / "x" / "y.json").read_bytes() == b"{}"
+
+
+def test_removing_a_local_sinks_root_follows_no_link_on_its_path(tmp_path):
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "elsewhere" / "out").mkdir(parents=True)
+    sink = LocalSink(tmp_path / "shared" / "out")
+    sink.make_root()
+    sink.close()
+    (tmp_path / "shared" / "out").rmdir()
+    (tmp_path / "shared").rmdir()
+    (tmp_path / "shared").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    LocalSink(tmp_path / "shared" / "out").remove_root()
+    assert (tmp_path / "elsewhere" / "out").is_dir()

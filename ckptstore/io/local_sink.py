@@ -260,8 +260,15 @@ class LocalSink(ByteSink):
                 parent, name = self._within
                 with parent.parent_folder(name, create=False) as (dfd, last):
                     os.rmdir(last, dir_fd=dfd)
+            elif self.root.name not in ("", ".", ".."):
+                parent = LocalSink(self.root.parent)  # reached as a root is: no link followed
+                try:
+                    with parent.parent_folder(self.root.name, create=False) as (dfd, last):
+                        os.rmdir(last, dir_fd=dfd)
+                finally:
+                    parent.close()
             else:
-                os.rmdir(self.root)
+                return
         except (OSError, UnsafePathError):
             return  # not empty (files ckptstore did not write), gone already, or a link (not ours)
         self._held_root.drop()
