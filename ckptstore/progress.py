@@ -51,6 +51,7 @@ class Progress:
     def __init__(self, total_bytes: int, total_items: int, *, desc: str, quiet: bool = False,
                  stream: TextIO | None = None, interval: float = 10.0, count_bytes: bool = True) -> None:
         self._stream = stream or sys.stderr
+        quiet = quiet or self._stream is None  # started with file descriptor 2 closed: no stderr at all
         self._lock = threading.Lock()
         self.total_bytes, self.total_items = total_bytes, total_items
         self.done_bytes = self.done_items = 0

@@ -92,3 +92,11 @@ def test_a_log_whose_reader_went_away_stops_reporting_and_never_fails_the_job():
         progress.close()
         assert (progress.done_bytes, progress.done_items) == (3 * MIB, 3)
 
+
+
+def test_a_process_without_stderr_reports_nothing_and_never_fails_the_job(monkeypatch):
+    monkeypatch.setattr("sys.stderr", None)  # what Python sets when started with file descriptor 2 closed
+    progress = Progress(MIB, 1, desc="convert", interval=0)
+    progress.add(MIB, 1)
+    progress.close()
+    assert progress.done_items == 1
