@@ -176,6 +176,7 @@ def test_the_progress_line_counts_every_parameter(saved_layout, tmp_path, comman
     assert ("MiB/s" in last) == (command == "convert"), last
 
 
+@pytest.mark.slow  # the real script, its stderr a pipe with no reader
 def test_convert_whose_stderr_reader_went_away_completes_the_store(saved_layout, tmp_path):
     """Issue 37 item 10: the progress line written to a closed pipe ended the run with the store
     incomplete and exit 0."""

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from convert_fixtures import run_cli
+
+pytestmark = pytest.mark.slow  # each runs the CLI in a process with a timeout (a hang must fail, not block)
 
 
 def _convert_with_key(tmp_path, key_file):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import ckptstore
 from ckptstore.testing.sample_checkpoint import ParamSpec, write_strategy_json
@@ -16,6 +17,7 @@ from ckptstore.testing.sample_checkpoint import ParamSpec, write_strategy_json
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # a fresh interpreter: nothing imported MindSpore before
 def test_plan_and_read_rank_of_a_store_do_not_import_mindspore(tmp_path):
     weight = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
     ckptstore.save_rank({"w": weight, "b": np.ones(32, np.float32)}, tmp_path / "run", step=1)
