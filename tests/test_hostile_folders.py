@@ -211,6 +211,7 @@ def test_export_into_the_folder_of_the_store_itself_is_refused(saved_layout, tmp
 
 def test_a_parent_of_the_output_swapped_for_a_link_is_refused_and_nothing_lands_in_its_target(saved_layout, tmp_path):
     layout, victim = saved_layout("dp2_mp4"), _victim(tmp_path)
+    tmp_path.chmod(0o777)  # a folder others can write into: one of them swapped 'shared' for a link
     (tmp_path / "shared").symlink_to(victim.parent, target_is_directory=True)
     r = _convert(layout, tmp_path / "shared" / "s.zarr")
     _one_line_error(r, "UnsafePathError")

@@ -8,9 +8,10 @@ removed first: unlinking a link never touches its target); files that are reopen
 partial file, a journal, the lock file) with ``O_NOFOLLOW``; renames and links go from one
 folder descriptor to another. A symbolic link where ckptstore would write, lock or descend is
 refused with :class:`~ckptstore.errors.UnsafePathError` naming it, before anything is written
-through it. The root's own path is walked the same way, from ``/`` (or the working folder) with
-no link followed: a parent folder swapped for a link just before a run is refused, naming the
-link (a user whose output path holds a link of their own names the real path instead). Its
+through it. The root's own path is walked the same way, from ``/`` (or the working folder): a
+link on it is followed only when no one but the user (or root) can have put it there (theirs,
+in a folder of theirs that others cannot change, or a sticky one), so a parent folder someone
+else swapped for a link just before a run is refused, naming the link. Its
 descriptor is opened once (made if needed) and held for the sink's life, so a parent folder
 swapped for a link during a run changes nothing either. A step folder (:meth:`LocalSink.folder`) is
 reached from its root's descriptor like any other folder: a planted link there is refused. A
@@ -118,25 +119,21 @@ class LocalSink(ByteSink):
 
     def _open_path(self, *, create: bool) -> int:
         """Open (and make, if ``create``) the root's path one component at a time from ``/`` (or
-        the working folder), following no link: a parent folder swapped for a link before the
-        root is held would otherwise send every file of the run into the link's target."""
+        the working folder): a parent folder someone else swapped for a link before the root is
+        held would otherwise send every file of the run into the link's target. A link on the way
+        is followed only when it cannot be someone else's (:func:`_trusted_link`); its target is
+        walked the same way."""
         absolute = self.root.is_absolute()
         fd = os.open("/" if absolute else ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         parts = self.root.parts[1:] if absolute else self.root.parts
+        return self._walk_path(fd, Path("/") if absolute else Path(), parts, create=create, links=[0])
+
+    def _walk_path(self, fd: int, base: Path, parts: Sequence[str], *, create: bool, links: list[int]) -> int:
+        """Descend from folder ``fd`` (shown as ``base``; consumed) through ``parts``."""
         try:
-            for i, part in enumerate(parts):
-                try:
-                    sub = os.open(part, _DIR, dir_fd=fd)
-                except FileNotFoundError:
-                    if not create:
-                        raise
-                    try:
-                        os.mkdir(part, 0o755, dir_fd=fd)
-                    except FileExistsError:
-                        pass  # made meanwhile (or planted: the open says)
-                    sub = self._open_path_part(fd, part, parts[:i + 1])
-                except OSError as e:
-                    raise self._path_refusal(e, fd, part, parts[:i + 1]) from None
+            for part in parts:
+                base = base / part
+                sub = self._path_step(fd, part, base, create=create, links=links)
                 os.close(fd)
                 fd = sub
             return fd
@@ -144,20 +141,36 @@ class LocalSink(ByteSink):
             os.close(fd)
             raise
 
-    def _open_path_part(self, fd: int, part: str, reached: Sequence[str]) -> int:
+    def _path_step(self, fd: int, part: str, shown: Path, *, create: bool, links: list[int]) -> int:
+        """A descriptor of folder ``part`` of folder ``fd`` (made if ``create``), a link followed
+        only when trusted."""
         try:
             return os.open(part, _DIR, dir_fd=fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass  # made meanwhile (or planted: the next step says)
+            return self._path_step(fd, part, shown, create=False, links=links)
         except OSError as e:
-            raise self._path_refusal(e, fd, part, reached) from None
-
-    def _path_refusal(self, e: OSError, dfd: int, name: str, reached: Sequence[str]) -> OSError | UnsafePathError:
-        """An ``UnsafePathError`` when ``name`` on the way to the root is a link, else ``e``."""
-        if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and _is_link(dfd, name):
-            link = Path(*reached) if not self.root.is_absolute() else Path("/", *reached)
-            return UnsafePathError(f"{link} on the way to the output {self.root} is a symbolic link; ckptstore "
-                                   "follows no link to a folder it writes (one swapped in would send the files "
-                                   f"elsewhere): if the link is yours, name the real path {os.path.realpath(self.root)}")
-        return e
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) or not _is_link(fd, part):
+                raise
+            if not _trusted_link(fd, part):
+                raise UnsafePathError(
+                    f"{shown} on the way to the output {self.root} is a symbolic link in a folder others can "
+                    "change; ckptstore follows no link someone else may have swapped in (it would send the "
+                    f"files elsewhere): name the real path {os.path.realpath(self.root)} if the link is yours"
+                ) from None
+            links[0] += 1
+            if links[0] > _MAX_LINKS:
+                raise
+            target = Path(os.readlink(part, dir_fd=fd))
+            start = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if target.is_absolute() else os.dup(fd)
+            rest = target.parts[1:] if target.is_absolute() else target.parts
+            return self._walk_path(start, Path("/") if target.is_absolute() else shown.parent, rest, create=False,
+                                   links=links)
 
     def close(self) -> None:
         self._held_root.drop()
@@ -585,6 +598,23 @@ def _exists(dfd: int, name: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+#: Links followed on the way to a root, at most (the kernel's own limit, ``ELOOP``).
+_MAX_LINKS = 40
+
+
+def _trusted_link(dfd: int, name: str) -> bool:
+    """Whether link ``name`` of folder ``dfd`` is one only this user or root can have put there:
+    the link and the folder are theirs, and no one else may rename entries of the folder (it is
+    not writable by group or others, or it is sticky, as ``/tmp``). Such a link is the user's
+    own choice (``/home`` on a cluster's shared file system, a link in their home folder);
+    any other may have been swapped in by whoever can write that folder."""
+    me = os.geteuid()
+    link, folder = os.stat(name, dir_fd=dfd, follow_symlinks=False), os.fstat(dfd)
+    if link.st_uid not in (0, me) or folder.st_uid not in (0, me):
+        return False
+    return not folder.st_mode & (stat_mod.S_IWGRP | stat_mod.S_IWOTH) or bool(folder.st_mode & stat_mod.S_ISVTX)
 
 
 def _is_link(dfd: int, name: str) -> bool:
