@@ -817,5 +817,32 @@ def _export_hf(store: str, out: str, fmt: str, name_map: str | None, max_shard_s
                f"{_fmt_bytes(summary.bytes_read)} from the store")
 
 
+@main.command()
+@click.argument("store")
+@click.option("--name-map", required=True, metavar="llama|llama-concat|qwen2|mcore|RULES.json",
+              help="The rule set the store's names come from; its 'tensor_parallel' section says which "
+                   "parameters are cut along rows, which along columns, and which stay whole.")
+@click.option("--tp", type=int, required=True, help="Cards each pipeline stage cuts a parameter over.")
+@click.option("--pp", type=int, default=1, show_default=True,
+              help="Pipeline stages: layers split evenly in order, the embedding on the first, the rest on the last.")
+@click.option("--out", required=True, help="The strategy file (*.json); with --pp above 1, a folder of stage_<s>.json.")
+@click.option("--overwrite", is_flag=True, help="Replace strategy files that exist.")
+@_friendly_errors()
+def strategy(store: str, name_map: str, tp: int, pp: int, out: str, overwrite: bool) -> None:
+    """Write a strategy file to load STORE (an index of a Hugging Face folder) on --tp cards.
+
+    The file is in MindSpore's JSON strategy form: give it as --strategy to 'ckptstore plan' and
+    'export', as strategy= to load_rank / load_into_net, or to mindspore.transform_checkpoints.
+    Each rank of the target layout then reads only its cut of each parameter.
+    """
+    from ckptstore.checkpoint.tp_strategy import write_tp_strategy
+
+    with open_store(store) as st:
+        shapes = {name: st.info(name).shape for name in st.names()}
+    files = write_tp_strategy(shapes, out, name_map=name_map, tp=tp, pp=pp, overwrite=overwrite)
+    click.echo(f"wrote {', '.join(files)}: {len(shapes)} parameters for {tp * pp} card(s) "
+               f"(tp {tp} x pp {pp}) by the tensor_parallel rules of {name_map}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -44,12 +44,14 @@ class Progress:
     On a terminal with a width it draws a tqdm bar (MiB done, MiB/s, ETA, items done);
     otherwise (not a terminal, or a terminal of zero columns) it prints a line at most every
     ``interval`` seconds and one at the end, so logs stay readable; ``quiet=True`` prints
-    nothing. With ``count_bytes=False`` only items are shown.
+    nothing. With ``count_bytes=False`` only items are shown. A log whose stream fails ends
+    the report, never the job (tqdm already ignores a terminal that fails).
     """
 
     def __init__(self, total_bytes: int, total_items: int, *, desc: str, quiet: bool = False,
                  stream: TextIO | None = None, interval: float = 10.0, count_bytes: bool = True) -> None:
         self._stream = stream or sys.stderr
+        quiet = quiet or self._stream is None  # started with file descriptor 2 closed: no stderr at all
         self._lock = threading.Lock()
         self.total_bytes, self.total_items = total_bytes, total_items
         self.done_bytes = self.done_items = 0
@@ -102,7 +104,18 @@ class Progress:
         else:
             done, total = self.done_items, self.total_items
         pct = 100.0 * done / total if total else 100.0
-        print(f"{self._desc}: {self._figures()} ({pct:.0f}%)", file=self._stream, flush=True)
+        self._write(f"{self._desc}: {self._figures()} ({pct:.0f}%)\n")
+
+    def _write(self, line: str) -> None:
+        """Write ``line``; when the stream fails (its reader went away: a broken pipe; a full
+        non-blocking pipe; a full disk), stop reporting instead of failing the job: a convert
+        whose stderr reader exited (``| head``, a harness that timed out) used to leave its store
+        incomplete, with exit 0 when its last line failed, exit 1 when a worker's line did."""
+        try:
+            self._stream.write(line)
+            self._stream.flush()
+        except (OSError, ValueError):  # ValueError: the stream was closed
+            self._quiet = True
 
     def close(self, *, finished: bool = True) -> None:
         """End the report: a bar is closed; a log prints its last line only for a job that

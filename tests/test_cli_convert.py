@@ -173,3 +173,26 @@ def test_the_progress_line_counts_every_parameter(saved_layout, tmp_path, comman
     assert last.startswith(f"{command}: {params}/{params} params"), last
     # an index without --checksum reads no slice: no byte rate
     assert ("MiB/s" in last) == (command == "convert"), last
+
+
+@pytest.mark.slow  # the real script, its stderr a pipe with no reader
+def test_convert_whose_stderr_reader_went_away_completes_the_store(saved_layout, tmp_path):
+    """Issue 37 item 10: the progress line written to a closed pipe ended the run with the store
+    incomplete and exit 0."""
+    import os
+    import subprocess
+
+    from convert_fixtures import cli_command, expected_values, strategy_args
+
+    layout = saved_layout("dp2_mp4")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run([*cli_command(), "convert", str(layout.root), *map(str, strategy_args(layout)), "--out",
+                            str(tmp_path / "s")], stderr=write_end, stdout=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert r.returncode == 0 and r.stdout.startswith(f"wrote {tmp_path / 's'}: "), r.stdout
+    with ckptstore.open(tmp_path / "s") as store:
+        for name, value in expected_values(layout).items():
+            assert_same_array(store.read(name), value)

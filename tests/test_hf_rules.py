@@ -233,6 +233,30 @@ def test_a_malformed_rule_file_is_refused_naming_the_file_and_the_rule(bad, mess
         parse_name_map({**rules_doc(), **bad}, "r.json")
 
 
+@pytest.mark.parametrize("pattern, message", [
+    (r"(a+)+b", r"has a quantifier inside another quantifier's repeated part"),
+    (r"(?:x*y)*z", r"has a quantifier inside another quantifier's repeated part"),
+    (r"(a|aa)+b", r"has an alternation inside a quantifier's repeated part"),
+    (r"(\d+)\.\1", r"has a backreference"),
+    (r"(.*)\.(.*)\.(.*)\.(.*)x", r"has 4 quantifiers \(at most 3\)"),
+], ids=["nested", "nested-in-group", "alternation", "backreference", "four-quantifiers"])
+def test_a_pattern_that_backtracks_is_refused_when_the_rule_file_is_parsed(pattern, message):
+    with pytest.raises(NameMapError, match=r"rule file r\.json.*rule renames\[0\]: 'pattern' .* " + message):
+        parse_name_map(rules_doc(renames=[{"pattern": pattern, "target": "t"}]), "r.json")
+
+
+def test_the_shipped_rule_sets_pass_the_cost_check():
+    assert all(load_name_map(name).renames for name in shipped_name_maps())
+
+
+def test_a_tensor_name_longer_than_a_name_map_matches_is_refused_before_any_rule_runs():
+    rm = parse_name_map(rules_doc(renames=[{"pattern": r"(.*)\.(.*)\.(.*)x", "target": r"\1"}]), "r.json")
+    name = "a." * 129  # 258 characters
+    with pytest.raises(NameMapError, match=r"r\.json: tensor name 'a\.a\..*'\.\.\. is 258 characters; a name map "
+                                           r"matches names of at most 256"):
+        rm.apply({name: (1,)})
+
+
 def test_a_fusion_whose_source_is_missing_names_the_rule_and_the_tensor():
     fusion = {"pattern": r"l(\d)\.a", "sources": [r"l\1.a", r"l\1.b"], "target": r"l\1.ab"}
     rm = parse_name_map(rules_doc(fusions=[fusion]), "r.json")

@@ -208,3 +208,13 @@ def test_export_into_the_folder_of_the_store_itself_is_refused(saved_layout, tmp
     before = store_files(out)
     _one_line_error(run_cli("export", out, tmp_path), "StoreExistsError")
     assert store_files(out) == before
+
+
+def test_a_parent_of_the_output_swapped_for_a_link_is_refused_and_nothing_lands_in_its_target(saved_layout, tmp_path):
+    layout, victim = saved_layout("dp2_mp4"), _victim(tmp_path)
+    tmp_path.chmod(0o777)  # a folder others can write into: one of them swapped 'shared' for a link
+    (tmp_path / "shared").symlink_to(victim.parent, target_is_directory=True)
+    r = _convert(layout, tmp_path / "shared" / "s.zarr")
+    _one_line_error(r, "UnsafePathError")
+    assert f"{tmp_path / 'shared'} on the way to the output" in r.stderr
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["victim.txt"]

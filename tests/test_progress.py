@@ -73,3 +73,30 @@ def test_quiet_prints_nothing():
     progress.add(MIB, 1)
     progress.close()
     assert stream.getvalue() == ""
+
+
+def _unbuffered(fd: int) -> io.TextIOWrapper:
+    """A text stream on ``fd`` that keeps nothing back (so closing it flushes nothing that failed)."""
+    return io.TextIOWrapper(io.FileIO(fd, "w"), write_through=True)
+
+
+def test_a_log_whose_reader_went_away_stops_reporting_and_never_fails_the_job():
+    """Issue 37 item 10: a broken pipe on stderr used to raise out of ``add`` (on a worker thread:
+    a traceback, the conversion stopped) or ``close`` (the store left incomplete, exit 0)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with _unbuffered(write_end) as stream:
+        progress = Progress(3 * MIB, 3, desc="convert", stream=stream, interval=0)
+        for _ in range(3):
+            progress.add(MIB, 1)
+        progress.close()
+        assert (progress.done_bytes, progress.done_items) == (3 * MIB, 3)
+
+
+
+def test_a_process_without_stderr_reports_nothing_and_never_fails_the_job(monkeypatch):
+    monkeypatch.setattr("sys.stderr", None)  # what Python sets when started with file descriptor 2 closed
+    progress = Progress(MIB, 1, desc="convert", interval=0)
+    progress.add(MIB, 1)
+    progress.close()
+    assert progress.done_items == 1

@@ -192,3 +192,66 @@ def test_a_conversion_crashed_at_a_sink_call_resumes_to_the_same_store(saved_lay
     summary = ckptstore.convert(layout.root, sink, strategy=layout.strategy_files, format=fmt, workers=1)
     assert summary.chunks_resumed + summary.chunks_written == summary.chunks and summary.chunks_resumed > 0
     assert {k: bytes(v) for k, v in sink.contents.items()} == store_files(tmp_path / "reference")
+
+
+def test_a_parent_of_a_local_sink_swapped_for_a_link_is_refused_and_its_target_untouched(tmp_path):
+    from ckptstore.errors import UnsafePathError
+
+    tmp_path.chmod(0o777)  # a folder others can write into: whoever can may swap its entries
+    (tmp_path / "shared").mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    sink = LocalSink(tmp_path / "shared" / "out")
+    (tmp_path / "shared").rmdir()  # swapped before the sink's first write
+    (tmp_path / "shared").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(UnsafePathError, match=f"^{tmp_path / 'shared'} on the way to the output .* is a symbolic link "
+                                              "in a folder others can change"):
+        sink.put("a.json", b"{}")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_link_of_the_users_own_in_a_folder_only_they_can_change_is_followed(tmp_path):
+    tmp_path.chmod(0o700)  # a home folder: only its owner changes its entries
+    (tmp_path / "real").mkdir()
+    (tmp_path / "mine").symlink_to(tmp_path / "real", target_is_directory=True)  # /home -> /gpfs/home, say
+    sink = LocalSink(tmp_path / "mine" / "out")
+    sink.put("a.json", b"{}")
+    sink.close()
+    assert (tmp_path / "real" / "out" / "a.json").read_bytes() == b"{}"
+
+
+def test_a_link_of_the_users_own_in_a_sticky_shared_folder_is_followed_but_not_a_link_in_its_target(tmp_path):
+    from ckptstore.errors import UnsafePathError
+
+    tmp_path.chmod(0o1777)  # as /tmp: others write here, but cannot rename or remove this user's entries
+    (tmp_path / "real" / "open").mkdir(parents=True)
+    (tmp_path / "real" / "open").chmod(0o777)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "real" / "open" / "swapped").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "mine").symlink_to("real/open", target_is_directory=True)
+    LocalSink(tmp_path / "mine" / "out").make_root()  # through the trusted link: made in real/open
+    assert (tmp_path / "real" / "open" / "out").is_dir()
+    with pytest.raises(UnsafePathError, match="swapped on the way to the output"):
+        LocalSink(tmp_path / "mine" / "swapped" / "out").make_root()
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_local_sink_makes_its_missing_parents_one_by_one(tmp_path):
+    sink = LocalSink(tmp_path / "a" / "b" / "out")
+    sink.put("x/y.json", b"{}")
+    sink.close()
+    assert (tmp_path / "a" / "b" / "out" / "x" / "y.json").read_bytes() == b"{}"
+
+
+def test_removing_a_local_sinks_root_follows_no_link_on_its_path(tmp_path):
+    tmp_path.chmod(0o777)
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "elsewhere" / "out").mkdir(parents=True)
+    sink = LocalSink(tmp_path / "shared" / "out")
+    sink.make_root()
+    sink.close()
+    (tmp_path / "shared" / "out").rmdir()
+    (tmp_path / "shared").rmdir()
+    (tmp_path / "shared").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    LocalSink(tmp_path / "shared" / "out").remove_root()
+    assert (tmp_path / "elsewhere" / "out").is_dir()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 import tempfile
 import threading
@@ -43,13 +44,34 @@ def check_key(key: bytes, mode: str | None) -> None:
         raise InvalidOptionError(f"unknown decryption mode {mode!r}; choose one of {', '.join(MODES)}")
 
 
+#: The largest key file read: the longest key and a trailing newline.
+KEY_FILE_MAX = max(_KEY_LENGTHS) + 1
+
+
 def read_key_file(path: str | os.PathLike[str]) -> bytes:
-    """The key in ``path``: its bytes, less one trailing newline when that makes a valid key length."""
-    with open(path, "rb") as f:
-        key = f.read(64)
+    """The key in ``path``: its bytes, less one trailing newline when that makes a valid key length.
+    ``path`` must be a regular file of at most :data:`KEY_FILE_MAX` bytes, checked before it is
+    opened and again on the descriptor (opened non-blocking, so a FIFO or a device swapped in
+    between cannot hang the run); anything else is an :class:`~ckptstore.errors.InvalidOptionError`."""
+    _check_key_file(path, os.stat(path))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        _check_key_file(path, os.fstat(fd))
+        key = os.read(fd, KEY_FILE_MAX + 1)
+    finally:
+        os.close(fd)
     if len(key) - 1 in _KEY_LENGTHS and key.endswith(b"\n"):
         key = key[:-1]
     return key
+
+
+def _check_key_file(path: str | os.PathLike[str], st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidOptionError(f"--dec-key-file {os.fspath(path)} is not a regular file; give the file that "
+                                 "holds the key")
+    if st.st_size > KEY_FILE_MAX:
+        raise InvalidOptionError(f"--dec-key-file {os.fspath(path)} is {st.st_size} bytes; a key file holds the "
+                                 f"16, 24 or 32 bytes of the key (and at most one newline)")
 
 
 #: MindSpore's own log lines of a block that does not decrypt (crypto.cc, pipeline_py.cc), which

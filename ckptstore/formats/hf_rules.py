@@ -26,6 +26,15 @@ key (``"a|b"``: the first present). The same rules read backwards name an export
 (:meth:`NameMap.reverse`): a pattern made of literal text and groups inverts by itself; any
 other needs ``"reverse": {"pattern": ..., "target": ...}`` in its rule.
 
+Tensor names come from a downloaded folder, so what a rule may cost is bounded: a pattern holds
+at most :data:`MAX_QUANTIFIERS` quantifiers (``*``, ``+``, ``{m,n}`` with ``n > 1``), none inside
+another's repeated part, no alternation inside a repeated part and no backreference (the forms
+that make Python's backtracking matcher take time exponential in the name's length:
+``(a+)+b`` against 24 characters took 0.5 s here, doubling with each more), and a name longer
+than :data:`MAX_MATCHED_NAME` characters is refused before any rule is tried. What is left costs at
+most the name's length to the power of the quantifier count: 4 ms for three ``(.*)`` against a
+hostile 256-character name here.
+
 This module is pure (no I/O but reading the rule file): it parses and validates rule files and
 computes, from tensor names and shapes, what each target is made of (:func:`fused_segments`).
 Errors are :class:`~ckptstore.errors.NameMapError` naming the rule file and the rule.
@@ -51,10 +60,14 @@ UNMATCHED = ("keep", "error", "drop")
 MAX_RULE_FILE_BYTES = 1 << 20
 MAX_RULES = 10_000
 MAX_SOURCES = 64
+#: Most quantifiers in one pattern, and the longest tensor name matched (see the module docstring).
+MAX_QUANTIFIERS = 3
+MAX_MATCHED_NAME = 256
 _SHIPPED = "name_maps"
 
 _REF = re.compile(r"\\(?:g<(\d+)>|(\d+))")
-_TOP_KEYS = {"format", "version", "description", "unmatched", "renames", "fusions"}
+_TOP_KEYS = {"format", "version", "description", "unmatched", "renames", "fusions", "tensor_parallel"}
+_TP_KEYS = {"split_rows", "split_columns", "first_stage", "comment"}
 _RENAME_KEYS = {"pattern", "target", "reverse", "comment"}
 _FUSION_KEYS = {"pattern", "sources", "target", "axis", "interleave", "blocks", "num_heads", "num_kv_heads",
                 "head_dim", "reverse", "comment"}
@@ -238,9 +251,61 @@ def _compile(text: Any, fail: Any, what: str = "pattern") -> re.Pattern[str]:
     if not isinstance(text, str) or not text or len(text) > 4096:
         raise fail(f"'{what}' is not a non-empty string of at most 4096 characters")
     try:
-        return re.compile(text)
+        compiled = re.compile(text)
     except re.error as e:
         raise fail(f"'{what}' {text!r} is not a regular expression: {e}") from None
+    costly = _backtracking(text)
+    if costly is not None:
+        raise fail(f"'{what}' {text!r} {costly}, whose matching time can grow exponentially (or as a high power) "
+                   "with a tensor name's length; write it with fewer, unnested quantifiers")
+    return compiled
+
+
+_REPEATS = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+
+
+def _backtracking(text: str) -> str | None:
+    """What makes ``text`` (a valid pattern) costly to match by backtracking, or ``None``: a
+    quantifier inside another's repeated part, an alternation inside a repeated part, a
+    backreference, or more than :data:`MAX_QUANTIFIERS` quantifiers."""
+    import importlib
+
+    # the stdlib's own (private, untyped) parse of the pattern: no second parser to disagree with re
+    parser: Any = importlib.import_module("re._parser")
+
+    count = 0
+
+    def walk(items: Any, repeated: bool) -> str | None:
+        nonlocal count
+        for op, av in items:
+            name = str(op)
+            if name in _REPEATS and av[1] > 1:
+                if repeated:
+                    return "has a quantifier inside another quantifier's repeated part"
+                count += 1
+                found = walk(av[2], True)
+            elif name in _REPEATS:
+                found = walk(av[2], repeated)
+            elif name == "SUBPATTERN":
+                found = walk(av[3], repeated)
+            elif name == "BRANCH":
+                if repeated:
+                    return "has an alternation inside a quantifier's repeated part"
+                found = next((f for f in (walk(b, repeated) for b in av[1]) if f is not None), None)
+            elif name in ("ASSERT", "ASSERT_NOT"):
+                found = walk(av[1], repeated)
+            elif name in ("GROUPREF", "GROUPREF_EXISTS"):
+                return "has a backreference"
+            else:
+                continue
+            if found is not None:
+                return found
+        return None
+
+    found = walk(parser.parse(text), False)
+    if found is None and count > MAX_QUANTIFIERS:
+        return f"has {count} quantifiers (at most {MAX_QUANTIFIERS})"
+    return found
 
 
 def _template(text: Any, fail: Any, what: str) -> Template:
@@ -338,6 +403,20 @@ def segment_gcd(sizes: Sequence[int], groups: int) -> int:
 
 
 @dataclass(frozen=True)
+class TensorParallel:
+    """How the targets of a rule set are split for tensor parallelism (``tensor_parallel`` in a
+    rule file): a target matching a ``split_rows`` pattern is cut along axis 0 (a column-parallel
+    linear, a vocabulary-parallel embedding), one matching ``split_columns`` along axis 1 (a
+    row-parallel linear); any other is whole on every rank. With pipeline stages, a target with
+    ``layers.<i>.`` in its name goes to its layer's stage, one matching ``first_stage`` to the
+    first, any other to the last. Used by ``ckptstore strategy``."""
+
+    split_rows: tuple[re.Pattern[str], ...]
+    split_columns: tuple[re.Pattern[str], ...]
+    first_stage: tuple[re.Pattern[str], ...]
+
+
+@dataclass(frozen=True)
 class NameMap:
     """A parsed rule file (:func:`load_name_map`)."""
 
@@ -346,9 +425,17 @@ class NameMap:
     fusions: tuple[Fusion, ...]
     unmatched: str = "keep"
     description: str = ""
+    tensor_parallel: TensorParallel | None = None
 
     def fail(self, problem: str, rule: str | None = None) -> NameMapError:
         return NameMapError(problem, path=self.path, rule=rule)
+
+    def _check_lengths(self, names: Mapping[str, Any], what: str) -> None:
+        """Refuse a name longer than :data:`MAX_MATCHED_NAME` before any rule is tried on it."""
+        for name in names:
+            if len(name) > MAX_MATCHED_NAME:
+                raise self.fail(f"{what} name {name[:64]!r}... is {len(name)} characters; a name map matches names "
+                                f"of at most {MAX_MATCHED_NAME}")
 
     # ---- forward: Hugging Face names -> targets
 
@@ -362,6 +449,7 @@ class NameMap:
         join, two targets of one name, or (``unmatched: error``) a name no rule matches.
         """
         config = config or {}
+        self._check_lengths(shapes, "tensor")
         used: dict[str, str] = {}
         targets: list[Target] = []
         for fu in self.fusions:
@@ -477,6 +565,7 @@ class NameMap:
         no rule reads back is kept under its name (``unmatched: keep``), dropped or refused.
         """
         config = config or {}
+        self._check_lengths(shapes, "parameter")
         out: list[Target] = []
         for name, shape in shapes.items():
             found = self._reverse_one(name, tuple(shape), config)
@@ -583,7 +672,21 @@ def parse_name_map(doc: Any, path: str) -> NameMap:
         lists[key] = v
     renames = tuple(_rename(r, f"renames[{i}]", path) for i, r in enumerate(lists["renames"]))
     fusions = tuple(_fusion(r, f"fusions[{i}]", path) for i, r in enumerate(lists["fusions"]))
-    return NameMap(path, renames, fusions, unmatched, description)
+    tp = _tensor_parallel(doc["tensor_parallel"], path) if "tensor_parallel" in doc else None
+    return NameMap(path, renames, fusions, unmatched, description, tp)
+
+
+def _tensor_parallel(doc: Any, path: str) -> TensorParallel:
+    fail = _rule_fail(path, "tensor_parallel")
+    if not isinstance(doc, Mapping) or set(doc) - _TP_KEYS:
+        raise fail(f"'tensor_parallel' must be an object with keys among {sorted(_TP_KEYS - {'comment'})}")
+    lists = []
+    for key in ("split_rows", "split_columns", "first_stage"):
+        v = doc.get(key, [])
+        if not isinstance(v, list) or len(v) > MAX_RULES:
+            raise fail(f"'{key}' is not a list of at most {MAX_RULES} patterns")
+        lists.append(tuple(_compile(p, fail, f"{key}[{i}]") for i, p in enumerate(v)))
+    return TensorParallel(*lists)
 
 
 def _rule_fail(path: str, rule: str) -> Callable[[str], NameMapError]:

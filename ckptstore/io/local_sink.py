@@ -8,9 +8,12 @@ removed first: unlinking a link never touches its target); files that are reopen
 partial file, a journal, the lock file) with ``O_NOFOLLOW``; renames and links go from one
 folder descriptor to another. A symbolic link where ckptstore would write, lock or descend is
 refused with :class:`~ckptstore.errors.UnsafePathError` naming it, before anything is written
-through it. The root itself is the user's choice and may be reached through links; its
+through it. The root's own path is walked the same way, from ``/`` (or the working folder): a
+link on it is followed only when no one but the user (or root) can have put it there (theirs,
+in a folder of theirs that others cannot change, or a sticky one), so a parent folder someone
+else swapped for a link just before a run is refused, naming the link. Its
 descriptor is opened once (made if needed) and held for the sink's life, so a parent folder
-swapped for a link during a run changes nothing. A step folder (:meth:`LocalSink.folder`) is
+swapped for a link during a run changes nothing either. A step folder (:meth:`LocalSink.folder`) is
 reached from its root's descriptor like any other folder: a planted link there is refused. A
 file that is reopened but shares its inode with another name (link count above 1: a ``cp -al``
 or ``rsync --link-dest`` snapshot, or a planted hard link) is never written through: a resumed
@@ -22,26 +25,25 @@ saving rank renames its files at once and fsyncs them together, concurrently, wi
 :meth:`LocalSink.make_durable` before it says it has finished); the folders that changed
 (renames, new folders) are remembered and fsynced by :meth:`LocalSink.sync`, which a commit
 calls once before it writes the manifest. The lock is an ``flock`` on a file of the work folder (see
-:class:`FolderLock`).
+:class:`~ckptstore.io.local_lock.FolderLock`).
 """
 from __future__ import annotations
 
 import errno
-import fcntl
 import itertools
 import os
-import socket
 import stat as stat_mod
 import threading
-import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ckptstore.errors import StoreExistsError, UnsafePathError
 from ckptstore.io.base import check_key
 from ckptstore.io.local import HeldDescriptor, LocalFile, LocalSource
+from ckptstore.io.local_lock import FolderLock, temp_name
 from ckptstore.io.schemes import PATH, Scheme
 from ckptstore.io.sink import ByteSink, SinkFile, partial_key, write_error
 
@@ -112,14 +114,63 @@ class LocalSink(ByteSink):
             parent, name = self._within
             fd = parent._folder(name.split("/"), create=create)
         else:
-            try:
-                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.makedirs(self.root, exist_ok=True)
-                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = self._open_path(create=create)
         return fd
+
+    def _open_path(self, *, create: bool) -> int:
+        """Open (and make, if ``create``) the root's path one component at a time from ``/`` (or
+        the working folder): a parent folder someone else swapped for a link before the root is
+        held would otherwise send every file of the run into the link's target. A link on the way
+        is followed only when it cannot be someone else's (:func:`_trusted_link`); its target is
+        walked the same way."""
+        absolute = self.root.is_absolute()
+        fd = os.open("/" if absolute else ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        parts = self.root.parts[1:] if absolute else self.root.parts
+        return self._walk_path(fd, Path("/") if absolute else Path(), parts, create=create, links=[0])
+
+    def _walk_path(self, fd: int, base: Path, parts: Sequence[str], *, create: bool, links: list[int]) -> int:
+        """Descend from folder ``fd`` (shown as ``base``; consumed) through ``parts``."""
+        try:
+            for part in parts:
+                base = base / part
+                sub = self._path_step(fd, part, base, create=create, links=links)
+                os.close(fd)
+                fd = sub
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _path_step(self, fd: int, part: str, shown: Path, *, create: bool, links: list[int]) -> int:
+        """A descriptor of folder ``part`` of folder ``fd`` (made if ``create``), a link followed
+        only when trusted."""
+        try:
+            return os.open(part, _DIR, dir_fd=fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass  # made meanwhile (or planted: the next step says)
+            return self._path_step(fd, part, shown, create=False, links=links)
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) or not _is_link(fd, part):
+                raise
+            if not _trusted_link(fd, part):
+                raise UnsafePathError(
+                    f"{shown} on the way to the output {self.root} is a symbolic link in a folder others can "
+                    "change; ckptstore follows no link someone else may have swapped in (it would send the "
+                    f"files elsewhere): name the real path {os.path.realpath(self.root)} if the link is yours"
+                ) from None
+            links[0] += 1
+            if links[0] > _MAX_LINKS:
+                raise
+            target = Path(os.readlink(part, dir_fd=fd))
+            start = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if target.is_absolute() else os.dup(fd)
+            rest = target.parts[1:] if target.is_absolute() else target.parts
+            return self._walk_path(start, Path("/") if target.is_absolute() else shown.parent, rest, create=False,
+                                   links=links)
 
     def close(self) -> None:
         self._held_root.drop()
@@ -167,9 +218,19 @@ class LocalSink(ByteSink):
         return e
 
     def _parent(self, key: str, *, create: bool = True) -> tuple[int, str]:
-        """``(descriptor of the folder of key, file name)``."""
+        """``(descriptor of the folder of key, file name)``; the caller closes the descriptor."""
         parts = check_key(key, str(self.root)).split("/")
         return self._folder(parts[:-1], create=create), parts[-1]
+
+    @contextmanager
+    def parent_folder(self, key: str, *, create: bool = True) -> Iterator[tuple[int, str]]:
+        """``(descriptor of the folder of key, file name)`` for the ``with`` block, the folder
+        reached from the root without following links (made if ``create``) and closed after."""
+        dfd, name = self._parent(key, create=create)
+        try:
+            yield dfd, name
+        finally:
+            os.close(dfd)
 
     def _touch(self, folder: str) -> None:
         with self._lock:
@@ -210,13 +271,17 @@ class LocalSink(ByteSink):
         try:
             if self._within is not None:
                 parent, name = self._within
-                dfd, last = parent._parent(name, create=False)
-                try:
+                with parent.parent_folder(name, create=False) as (dfd, last):
                     os.rmdir(last, dir_fd=dfd)
+            elif self.root.name not in ("", ".", ".."):
+                parent = LocalSink(self.root.parent)  # reached as a root is: no link followed
+                try:
+                    with parent.parent_folder(self.root.name, create=False) as (dfd, last):
+                        os.rmdir(last, dir_fd=dfd)
                 finally:
-                    os.close(dfd)
+                    parent.close()
             else:
-                os.rmdir(self.root)
+                return
         except (OSError, UnsafePathError):
             return  # not empty (files ckptstore did not write), gone already, or a link (not ours)
         self._held_root.drop()
@@ -225,13 +290,10 @@ class LocalSink(ByteSink):
 
     def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
         try:
-            dfd, name = self._parent(key)
-            try:
+            with self.parent_folder(key) as (dfd, name):
                 # one temporary name per file, which a rerun reuses: a killed writer leaves no litter
                 tmp = self._write_temp(dfd, name, partial_key(name), data, durable)
                 os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            finally:
-                os.close(dfd)
         except OSError as e:
             raise write_error(e, self.key_url(key)) from e
         if durable:
@@ -239,8 +301,7 @@ class LocalSink(ByteSink):
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         try:
-            dfd, name = self._parent(key)
-            try:
+            with self.parent_folder(key) as (dfd, name):
                 if _exists(dfd, name):
                     # another writer's (or planted: not ours either way). Looked up first, so that
                     # the writers that lose (every part but one) write and fsync no file of their
@@ -256,14 +317,12 @@ class LocalSink(ByteSink):
                     os.unlink(tmp, dir_fd=dfd)
                 os.fsync(dfd)
                 return True
-            finally:
-                os.close(dfd)
         except OSError as e:
             raise write_error(e, self.key_url(key)) from e
 
     def _write_temp(self, dfd: int, name: str, tmp: str, data: bytes, durable: bool) -> str:
         """A new file ``tmp`` of ``data``, created exclusively (a leftover is replaced); returns ``tmp``."""
-        fd = self._open_in(dfd, tmp, resume=False, where=self.root / name)
+        fd = self.open_in_folder(dfd, tmp, resume=False, where=self.root / name)
         try:
             view, done = memoryview(data).cast("B"), 0
             while done < len(view):
@@ -305,9 +364,8 @@ class LocalSink(ByteSink):
 
     def _open_file(self, key: str, name: str, *, resume: bool, truncate: bool) -> LocalSinkFile:
         try:
-            dfd, _ = self._parent(key)
-            try:
-                fd = self._open_in(dfd, name, resume=resume, where=self._beside(key, name))
+            with self.parent_folder(key) as (dfd, _):
+                fd = self.open_in_folder(dfd, name, resume=resume, where=self._beside(key, name))
                 st = os.fstat(fd)
                 if not stat_mod.S_ISREG(st.st_mode):
                     os.close(fd)
@@ -319,8 +377,6 @@ class LocalSink(ByteSink):
                     fd = _own_copy(dfd, name, fd, 0 if truncate else st.st_size)
                 elif truncate and st.st_size:
                     os.ftruncate(fd, 0)
-            finally:
-                os.close(dfd)
         except OSError as e:
             raise write_error(e, self.key_url(key)) from e
         folder = key[:len(key) - len(key.rsplit("/", 1)[-1])]
@@ -330,7 +386,10 @@ class LocalSink(ByteSink):
         """The path of file ``name`` in the folder of ``key`` (for messages)."""
         return (self.root / key).parent / name
 
-    def _open_in(self, dfd: int, name: str, *, resume: bool, where: Path) -> int:
+    def open_in_folder(self, dfd: int, name: str, *, resume: bool, where: Path) -> int:
+        """A descriptor of file ``name`` of folder ``dfd``, read-write, no link followed (a link
+        is an ``UnsafePathError`` naming ``where``): reopened if ``resume`` (made if missing),
+        else created anew (a leftover of that name replaced)."""
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         if resume:
             try:
@@ -353,17 +412,10 @@ class LocalSink(ByteSink):
 
     def _publish(self, key: str, durable: bool) -> None:
         try:
-            dfd, name = self._parent(key, create=False)
-            try:
+            with self.parent_folder(key, create=False) as (dfd, name):
                 if durable:
-                    fd = os.open(partial_key(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
+                    _fsync_file(dfd, partial_key(name))
                 os.rename(partial_key(name), name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            finally:
-                os.close(dfd)
         except OSError as e:
             raise write_error(e, self.key_url(key)) from e
         if durable:
@@ -371,11 +423,8 @@ class LocalSink(ByteSink):
 
     def unpublish(self, key: str) -> None:
         try:
-            dfd, name = self._parent(key, create=False)
-            try:
+            with self.parent_folder(key, create=False) as (dfd, name):
                 os.rename(name, partial_key(name), src_dir_fd=dfd, dst_dir_fd=dfd)
-            finally:
-                os.close(dfd)
         except OSError as e:
             raise write_error(e, self.key_url(key)) from e
 
@@ -383,15 +432,10 @@ class LocalSink(ByteSink):
 
     def size(self, key: str) -> int | None:
         try:
-            dfd, name = self._parent(key, create=False)
+            with self.parent_folder(key, create=False) as (dfd, name):
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        finally:
-            os.close(dfd)
         return st.st_size if stat_mod.S_ISREG(st.st_mode) else None
 
     def keys(self, prefix: str = "") -> list[str]:
@@ -406,16 +450,11 @@ class LocalSink(ByteSink):
         out = []
         for key in self.keys(prefix):
             try:
-                dfd, name = self._parent(key, create=False)
+                with self.parent_folder(key, create=False) as (dfd, name):
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             except (OSError, UnsafePathError):
                 continue  # removed meanwhile
-            try:
-                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                out.append((key, st.st_size, st.st_mtime_ns))
-            except OSError:
-                continue
-            finally:
-                os.close(dfd)
+            out.append((key, st.st_size, st.st_mtime_ns))
         return out
 
     def _walk(self, fd: int, prefix: str) -> Iterator[str]:
@@ -439,17 +478,15 @@ class LocalSink(ByteSink):
         following links). ``False`` when the folder or the file is missing; any other failure is
         a :class:`~ckptstore.errors.StoreWriteError` naming the key."""
         try:
-            dfd, name = self._parent(key, create=False)
+            with self.parent_folder(key, create=False) as (dfd, name):
+                try:
+                    op(dfd, name)
+                except FileNotFoundError:
+                    return False
+                except OSError as e:
+                    raise write_error(e, self.key_url(key)) from e
         except (FileNotFoundError, NotADirectoryError):
-            return False
-        try:
-            op(dfd, name)
-        except FileNotFoundError:
-            return False
-        except OSError as e:
-            raise write_error(e, self.key_url(key)) from e
-        finally:
-            os.close(dfd)
+            return False  # the folder is missing
         return True
 
     def delete(self, keys: Sequence[str]) -> None:
@@ -527,16 +564,11 @@ def _fsync_all(fsync: Callable[[str], None], names: Sequence[str]) -> None:
         list(pool.map(fsync, names))
 
 
-def _temp_name(name: str) -> str:
-    """A name beside ``name`` that no other writer uses (created exclusively)."""
-    return f"{name}.{os.getpid()}-{next(_unique)}.tmp"
-
-
 def _own_copy(dfd: int, name: str, fd: int, nbytes: int) -> int:
     """Replace file ``name`` (open as ``fd``, which other names share) by a new file of its first
     ``nbytes`` bytes and return the new file's descriptor (``fd`` is closed): the shared file is
     left as it was, and only the name now points elsewhere."""
-    tmp = _temp_name(name)
+    tmp = temp_name(name)
     new = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
     try:
         done = 0
@@ -568,6 +600,23 @@ def _exists(dfd: int, name: str) -> bool:
     return True
 
 
+#: Links followed on the way to a root, at most (the kernel's own limit, ``ELOOP``).
+_MAX_LINKS = 40
+
+
+def _trusted_link(dfd: int, name: str) -> bool:
+    """Whether link ``name`` of folder ``dfd`` is one only this user or root can have put there:
+    the link and the folder are theirs, and no one else may rename entries of the folder (it is
+    not writable by group or others, or it is sticky, as ``/tmp``). Such a link is the user's
+    own choice (``/home`` on a cluster's shared file system, a link in their home folder);
+    any other may have been swapped in by whoever can write that folder."""
+    me = os.geteuid()
+    link, folder = os.stat(name, dir_fd=dfd, follow_symlinks=False), os.fstat(dfd)
+    if link.st_uid not in (0, me) or folder.st_uid not in (0, me):
+        return False
+    return not folder.st_mode & (stat_mod.S_IWGRP | stat_mod.S_IWOTH) or bool(folder.st_mode & stat_mod.S_ISVTX)
+
+
 def _is_link(dfd: int, name: str) -> bool:
     try:
         return stat_mod.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
@@ -588,141 +637,6 @@ def _fsync_file(dfd: int, name: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-class FolderLock:
-    """An exclusive ``flock`` on the lock file ``key`` of a :class:`LocalSink`.
-
-    A conversion in one process holds the folder's lock (``lock``) for its whole run; a
-    conversion in parts holds it only while it decides and while it commits, and a lock of its
-    own part (``lock.part-<i>``) for its run (see :mod:`ckptstore.write.output_folder`).
-    Every rank of a job often runs the same script, so several processes may start on one
-    output at once (on a shared filesystem, from several hosts). The kernel drops the lock when
-    its holder dies, even by ``kill -9``, so a crash never leaves the folder locked. The lock
-    file lives in the work folder, which a committing holder deletes: a waiter that then gets
-    the lock on the deleted file notices (the name no longer names its file) and locks a fresh
-    one. The file is opened without following links (a planted link is refused), and holds a
-    line saying who holds it, for the messages of waiting processes.
-    """
-
-    def __init__(self, sink: LocalSink, key: str, *, on_wait: Callable[[str], None] | None = None) -> None:
-        self.sink, self.key, self.on_wait = sink, key, on_wait
-        self.path = sink.root / key
-        self._fd = -1
-
-    def acquire(self) -> "FolderLock":
-        """Block until this process holds the lock."""
-        held = self._take(wait=True)
-        if held is None:  # waiting always ends holding the lock
-            raise RuntimeError(f"could not lock {self.path}")
-        return held
-
-    def try_acquire(self) -> "FolderLock | None":
-        """Take the lock if no one holds it; ``None`` if someone does."""
-        return self._take(wait=False)
-
-    def _take(self, *, wait: bool) -> "FolderLock | None":
-        while True:
-            fd = self._open()
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if not wait:
-                    os.close(fd)
-                    return None
-                if self.on_wait is not None:
-                    self.on_wait(self._holder(fd))
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            if self._still_named(fd):
-                self._fd = self._own_file(fd)
-                self._describe_self()
-                return self
-            os.close(fd)  # the holder committed and removed the file: lock a fresh one
-
-    def release(self) -> None:
-        """Give the lock up (closing the file drops the ``flock``)."""
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
-
-    def __enter__(self) -> "FolderLock":
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    def _open(self) -> int:
-        while True:
-            try:
-                dfd, name = self.sink._parent(self.key)
-            except FileNotFoundError:
-                continue  # a committing holder removed a folder while it was being made
-            except OSError as e:
-                raise write_error(e, f"the lock file {self.path}") from e
-            try:
-                return self.sink._open_in(dfd, name, resume=True, where=self.path)
-            except FileNotFoundError:
-                continue  # a committing holder removed the folder between the two calls
-            except OSError as e:
-                raise write_error(e, f"the lock file {self.path}") from e
-            finally:
-                os.close(dfd)
-
-    def _own_file(self, fd: int) -> int:
-        """``fd`` (held, locked), or when other names share the lock file (a snapshot made with
-        ``cp -al``, or a planted link) a new file locked before it replaces the name: the holder's
-        line is never written into a file another name shows, and a process that opens the name
-        meanwhile waits on the new file while the old one is still held."""
-        if os.fstat(fd).st_nlink <= 1:
-            return fd
-        try:
-            dfd, name = self.sink._parent(self.key, create=False)
-        except OSError as e:
-            os.close(fd)
-            raise write_error(e, f"the lock file {self.path}") from e
-        tmp, new = _temp_name(name), -1
-        try:
-            new = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
-            fcntl.flock(new, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: no one else can hold it
-            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except OSError as e:
-            if new >= 0:
-                os.close(new)
-                os.unlink(tmp, dir_fd=dfd)
-            raise write_error(e, f"the lock file {self.path}") from e
-        finally:
-            os.close(dfd)
-            os.close(fd)
-        return new
-
-    def _still_named(self, fd: int) -> bool:
-        try:
-            dfd, name = self.sink._parent(self.key, create=False)
-        except OSError:
-            return False
-        try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        finally:
-            os.close(dfd)
-        mine = os.fstat(fd)
-        return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
-
-    def _describe_self(self) -> None:
-        info = f"pid {os.getpid()} on host {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
-        try:
-            os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, info.encode(), 0)
-        except OSError:
-            pass  # only a courtesy for the messages of waiting processes
-
-    def _holder(self, fd: int) -> str:
-        try:
-            who = os.pread(fd, 256, 0).decode("utf-8", "replace").strip()
-        except OSError:
-            who = ""
-        return who or "another process"
 
 
 #: Plain paths are written on the local (or a shared) file system.

@@ -14,6 +14,7 @@ resume, also with ``initial_epoch``).
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import Any, Sequence
 
@@ -122,8 +123,30 @@ def training_step(cb: Any, initial_step: int = 0, *, before: bool = False, count
     ``before``: at the start of training (before any step ran)."""
     param = _global_step(cb) if counter is _UNKNOWN else counter
     if param is not None:
-        return int(param.asnumpy().reshape(-1)[0])
+        return step_value(param.asnumpy(), f"the training network's {getattr(param, 'name', 'global_step')}")
     return initial_step + (0 if before else int(cb.cur_step_num))
+
+
+def step_value(value: Any, what: str) -> int:
+    """The step ``value`` (an array read from a ``global_step`` Parameter, ``what``) holds: one
+    finite, integral, non-negative number (an integer or a float such as 4.0). Anything else (empty,
+    several values, a bool, NaN, inf, 3.7, a negative number) is an
+    :class:`~ckptstore.errors.InvalidOptionError` naming the value: a step saved under a number
+    rounded or picked from it would be resumed from the wrong place without a word."""
+    import numpy as np
+
+    array = np.asarray(value)
+    shown = np.array2string(array.reshape(-1)[:8], separator=", ") + (" ..." if array.size > 8 else "")
+    refusal = InvalidOptionError(f"{what} is {shown} (dtype {array.dtype}); ckptstore names a saved step by one "
+                                 "finite integral value >= 0: set the Parameter to one such value")
+    if array.size != 1 or array.dtype.kind not in "iuf":
+        raise refusal
+    item = array.reshape(-1)[0].item()
+    if isinstance(item, float) and not (math.isfinite(item) and item.is_integer()):
+        raise refusal
+    if item < 0:
+        raise refusal
+    return int(item)
 
 
 def _global_step(cb: Any) -> Any:
