@@ -102,7 +102,7 @@ def test_an_exported_partial_file_planted_as_a_link_is_not_written_through(saved
     convert_layout(layout, store)
     (out / "rank_1").mkdir(parents=True)
     (out / "rank_1" / "checkpoint_1.ckpt.partial").symlink_to(victim)
-    r = run_cli("export", store, out, "--ranks", "1")
+    r = run_cli("export", store, out, "--ranks", "1", "--overwrite")
     assert r.returncode == 0, r.stderr
     assert victim.read_bytes() == SECRET
     assert not (out / "rank_1" / "checkpoint_1.ckpt").is_symlink()
