@@ -192,3 +192,9 @@ class StaleStepError(StoreExistsError):
     """A training save whose step is not newer than the newest committed step of its folder (a
     resumed job counting steps from 1 again): retention would delete it, ``open(ROOT)`` would
     never return it. Resume from the newest step, or pass ``replace=True``."""
+
+
+class CooperativeLoadError(CkptStoreError, RuntimeError):
+    """A cooperative load (``cooperative=``) failed on another rank of the group, or its collectives
+    failed: every rank of the group raises it (the failing rank its own error), none waits for bytes
+    that will not come. The message names the failing rank and what it said."""

@@ -33,6 +33,7 @@ from ckptstore.launcher import process_rank
 from ckptstore.progress import Progress, binary_size
 from ckptstore.store.store import Store, StoreLike, store_argument
 from ckptstore.checkpoint.strategy import Strategy, load_strategy, strategy_from_summary
+from ckptstore.read.group_load import Cooperative, exchange_for, load_together
 
 StrategyLike = Strategy | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None
 
@@ -520,7 +521,7 @@ def rank_view(store: Store, strategy: StrategyLike = None, rank: int | None = No
 def read_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
               include: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
               workers: int | None = None, allow_whole: bool = False, quiet: bool = True,
-              names: str | Sequence[str] | None = None) -> dict[str, np.ndarray | str]:
+              names: str | Sequence[str] | None = None, cooperative: Cooperative = None) -> dict[str, np.ndarray | str]:
     """The slices rank ``rank`` of ``strategy`` holds, read from ``store`` as numpy arrays (no MindSpore).
 
     ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`;
@@ -533,9 +534,59 @@ def read_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     ``load_rank`` gives, as ordinary numpy arrays (``str`` for text values); parameters the
     target does not describe come whole. Everything is read at once, through one
     pool of ``workers`` threads.
+
+    ``cooperative`` (in a MindSpore job, after ``mindspore.communication.init()``; every rank of the
+    group calls at once): ``"replicas"`` (the ranks holding the same slices), ``"node"`` (the ranks of
+    this host) or a list of global ranks read each distinct byte once in the group and send it to
+    the ranks that need it (:mod:`ckptstore.read.group_load`); the values are the same, bit for bit,
+    and :func:`ckptstore.io_counts` counts only what this rank fetched from storage.
     """
     include = include_globs(include, names)
+    if cooperative is not None:
+        with store_argument(store) as st:
+            return read_together(st, strategy, rank, cooperative, names=include, dtype=dtype, verify=verify,
+                                 workers=workers, allow_whole=allow_whole)
     with store_argument(store) as st:
         view = rank_view(st, strategy, rank, names=include, dtype=dtype, verify=verify, workers=workers,
                          allow_whole=allow_whole, quiet=quiet)
         return view.read_many(view.names())
+
+
+def read_together(store: Store, strategy: StrategyLike, rank: int | None, cooperative: Cooperative, *,
+                  names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
+                  workers: int | None = None, allow_whole: bool = False) -> dict[str, np.ndarray | str]:
+    """:func:`read_rank` with ``cooperative=``: this rank's slices, read together with its group.
+
+    A rank that cannot plan (a wrong strategy, a missing file) says so to the group before any data
+    moves, and every rank raises. Only ``"replicas"`` needs the target layout to know the group: a
+    rank that cannot even read the layout raises at once, and the others' first collective fails
+    (MindSpore's collectives time out after about 30 s).
+    """
+    view: RankView | None = None
+    error: BaseException | None = None
+    try:
+        view = rank_view(store, strategy, rank, names=names, dtype=dtype, verify=verify, workers=workers,
+                         allow_whole=allow_whole)
+    except Exception as e:
+        if cooperative == "replicas":
+            raise
+        error = e
+    patterns = name_patterns(names)
+    target = resolve_target(store, strategy) if view is not None else None
+    exchange = exchange_for(cooperative, store, target, view.rank if view is not None else -1, patterns)
+    plans, outs, out = None, None, {}
+    if view is not None:
+        try:
+            plans, outs = {}, {}
+            for name in view.names():
+                info = store.info(name)
+                if info.is_str:
+                    out[name] = info.value or ""
+                    continue
+                plans[name] = view.plan_for(name)
+                check_extents(plans[name], store.data)
+                outs[name] = empty(plans[name].shape, view.dtype_of(name))
+        except Exception as e:
+            error, plans, outs = e, None, None
+    load_together(exchange, store, plans, outs, error=error, workers=1 if view is None else view.workers)
+    return {name: (out[name] if name in out else outs[name]) for name in view.names()}  # type: ignore[union-attr,index]

@@ -1,0 +1,249 @@
+"""Run a cooperative load: each byte read once per group, sent only to the ranks that need it.
+
+Each rank of the group has planned its own reads (the :class:`~ckptstore.store.read_plan.ParamReadPlan`
+of every parameter it loads, as a solo load would run them) and has a destination array for each.
+:func:`load_together` then
+
+1. agrees that every rank planned without error (:meth:`Exchange.agree`), gathers every rank's wanted
+   byte ranges (small: file keys and offsets) and computes the same
+   :class:`~ckptstore.read.cooperative.GroupPlan` on every rank;
+2. if the ranks share little, each runs its own plans alone (no more collectives);
+3. else, window by window: the owner of each piece reads it from storage through the normal
+   executor and the store's byte source (counted in :func:`ckptstore.io_counts`), every rank agrees
+   that those reads succeeded, owners broadcast each message (pieces of one owner for one set of
+   ranks) to exactly that set, and each rank runs its own plans against the bytes it now holds (a
+   :class:`HeldBytes` source; not counted as I/O), so its values are what a solo load gives, bit for bit.
+
+Memory: the destination arrays plus one window of held pieces.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+from typing import TYPE_CHECKING, Mapping, Sequence, Union
+
+import numpy as np
+
+from ckptstore.errors import CooperativeLoadError, InvalidOptionError, ShortReadError
+from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request
+from ckptstore.read.cooperative import GroupPlan, Need, Piece, Window, plan_group, transfers
+from ckptstore.read.exchange import Exchange
+from ckptstore.store.executor import Executor, IOStats
+from ckptstore.store.read_plan import ParamReadPlan, plan_ranges
+from ckptstore.store.store import Store
+
+if TYPE_CHECKING:
+    from ckptstore.checkpoint.strategy import Strategy
+
+#: What ``cooperative=`` takes: ``"replicas"`` (the ranks holding the same slices), ``"node"`` (the
+#: ranks of this host), a list of global ranks, an :class:`Exchange` (its ranks), or ``None`` (read alone).
+Cooperative = Union[str, Sequence[int], Exchange, None]
+
+#: What :func:`load_together` did last in this process: the group plan (a test and ``plan`` hook).
+LAST_PLAN: list[GroupPlan] = []
+
+
+def wanted_ranges(plans: Mapping[str, ParamReadPlan]) -> list[tuple[str, str, int, int]]:
+    """``(param, key, start, end)`` of every byte range the plans read (gaps of merged requests not included)."""
+    return [(name, key, offset, offset + length) for name, plan in plans.items()
+            for key, offset, length, _ in plan.ranges()]
+
+
+def load_together(exchange: Exchange, store: Store, plans: Mapping[str, ParamReadPlan] | None,
+                  outs: Mapping[str, np.ndarray] | None, *, error: BaseException | None = None, workers: int = 1,
+                  window_bytes: int | None = None, piece_bytes: int | None = None) -> GroupPlan:
+    """Fill ``outs[name]`` with ``plans[name]``'s bytes on every rank of ``exchange``'s group.
+
+    ``error`` is what went wrong on this rank while planning (``plans`` then ``None``): every rank
+    raises. Returns the group plan that ran (``cooperative`` False when each rank read alone).
+    """
+    exchange.agree(error, "planning")
+    if plans is None or outs is None:
+        raise CooperativeLoadError(f"rank {exchange.rank}: nothing was planned, yet no error was said")
+    mine = json.dumps(wanted_ranges(plans), separators=(",", ":")).encode()
+    needs = [Need(rank, *row) for rank, blob in zip(exchange.ranks, exchange.gather_bytes(mine))
+             for row in json.loads(blob)]
+    sizes = {k: v for k, v in (("window_bytes", window_bytes), ("piece_bytes", piece_bytes)) if v is not None}
+    group = plan_group(exchange.ranks, needs, cost=store.data.read_cost(), **sizes)
+    LAST_PLAN[:] = [group]
+    if not group.cooperative:
+        Executor(store.data, workers=workers).run([(plans[n], outs[n]) for n in plans])
+        return group
+    pending: BaseException | None = None
+    for window in group.windows:
+        held: dict[str, list[tuple[int, int, np.ndarray]]] = {}
+        messages: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+        try:
+            if pending is None:
+                messages = _read_owned(store, group, window, exchange.rank, held, workers)
+        except Exception as e:  # said on every rank by the agreement below
+            pending = e
+        exchange.agree(pending, "reading from storage")
+        for owner, needers, pieces in transfers(group, window):
+            if exchange.rank not in needers:
+                continue
+            buffer = messages[(owner, needers)] if owner == exchange.rank else \
+                np.empty(sum(p.nbytes for p in pieces), dtype=np.uint8)
+            try:
+                exchange.broadcast(buffer, owner, needers)
+            except CooperativeLoadError:
+                raise
+            except Exception as e:
+                raise CooperativeLoadError(f"cooperative load: rank {exchange.rank} could not receive from rank "
+                                           f"{owner} ({e}); a rank of the group failed or is gone") from e
+            if owner != exchange.rank:
+                _hold(held, pieces, buffer)
+        try:
+            _place(HeldBytes(store.data, held), plans, outs, window)
+        except Exception as e:
+            pending = e
+    exchange.agree(pending, "placing the received bytes")
+    return group
+
+
+def _read_owned(store: Store, group: GroupPlan, window: Window, rank: int,
+                held: dict[str, list[tuple[int, int, np.ndarray]]], workers: int
+                ) -> dict[tuple[int, tuple[int, ...]], np.ndarray]:
+    """Read the pieces ``rank`` owns in ``window`` from storage into one buffer, laid out message by
+    message (each message a contiguous slice, sent without a copy); return the messages."""
+    ordered: list[tuple[tuple[int, tuple[int, ...]] | None, Piece]] = []
+    for owner, needers, pieces in transfers(group, window):
+        if owner == rank:
+            ordered += [((owner, needers), p) for p in pieces]
+    ordered += [(None, p) for p in group.pieces[window.first:window.stop] if p.owner == rank and len(p.needers) == 1]
+    if not ordered:
+        return {}
+    keys = sorted({p.key for _, p in ordered})
+    index = {k: i for i, k in enumerate(keys)}
+    plan = plan_ranges(f"cooperative pieces of {', '.join(window.params[:3])}", keys,
+                       [index[p.key] for _, p in ordered], [p.start for _, p in ordered],
+                       [p.nbytes for _, p in ordered])
+    flat = np.empty(plan.nbytes, dtype=np.uint8)
+    Executor(store.data, workers=workers).run([(plan, flat)])  # counted in io_counts(): fetched from storage
+    messages: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+    at = 0
+    for message, p in ordered:
+        _hold(held, [p], flat[at:at + p.nbytes])
+        if message is not None:
+            span = messages.setdefault(message, [at, at])
+            span[1] = at + p.nbytes
+        at += p.nbytes
+    return {m: flat[a:b] for m, (a, b) in messages.items()}
+
+
+def _hold(held: dict[str, list[tuple[int, int, np.ndarray]]], pieces: Sequence[Piece], buffer: np.ndarray) -> None:
+    at = 0
+    for p in pieces:
+        held.setdefault(p.key, []).append((p.start, p.end, buffer[at:at + p.nbytes]))
+        at += p.nbytes
+
+
+def _place(source: "HeldBytes", plans: Mapping[str, ParamReadPlan], outs: Mapping[str, np.ndarray],
+           window: Window) -> None:
+    """Run this rank's plans of ``window``'s parameters against the bytes it holds (not counted as I/O)."""
+    jobs = [(plans[n], outs[n]) for n in window.params if n in plans]
+    if jobs:
+        Executor(source, workers=1, stats=IOStats()).run(jobs)
+
+
+class HeldBytes(ByteSource):
+    """The bytes of a window a rank holds (read or received), served as files of the store's keys.
+
+    A request for bytes it does not hold is a bug of the group plan: :class:`ShortReadError`.
+    """
+
+    def __init__(self, store_source: ByteSource, held: Mapping[str, list[tuple[int, int, np.ndarray]]]) -> None:
+        self.inner = store_source
+        self.files = {key: _HeldFile(key, sorted(segments, key=lambda s: s[0]), store_source.key_url(key))
+                      for key, segments in held.items()}
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    def open(self, key: str) -> ReadableFile:
+        found = self.files.get(key)
+        if found is None:
+            raise ShortReadError(f"{self.inner.key_url(key)}: no bytes of it were received in this window")
+        return found
+
+    def stat(self, key: str) -> FileStat | None:
+        return None
+
+    def read_bytes(self, key: str, *, limit: int) -> bytes | None:
+        return None
+
+    def list(self, prefix: str = "") -> tuple[list[str], list[str]]:
+        return [], sorted(self.files)
+
+
+class _HeldFile(ReadableFile):
+    def __init__(self, key: str, segments: list[tuple[int, int, np.ndarray]], url: str) -> None:
+        self.key, self.segments, self._url = key, segments, url
+        self.starts = [s for s, _, _ in segments]
+        self.size = max(e for _, e, _ in segments)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def read_requests(self, requests: Sequence[Request]) -> None:
+        for offset, buf in requests:
+            view = memoryview(buf).cast("B")
+            at, end = offset, offset + len(view)
+            while at < end:
+                i = bisect.bisect_right(self.starts, at) - 1
+                # segments of one key may overlap (two parameters' pieces); any that holds `at` will do
+                while i >= 0 and self.segments[i][1] <= at:
+                    i -= 1
+                if i < 0:
+                    raise ShortReadError(f"{self._url}: bytes at {at} were not received (a cooperative plan bug)")
+                start, stop, data = self.segments[i]
+                n = min(stop, end) - at
+                view[at - offset:at - offset + n] = data[at - start:at - start + n].data
+                at += n
+
+    def read_span(self, requests: Sequence[Request]) -> None:
+        self.read_requests(requests)  # only the wanted ranges: the gaps were never fetched
+
+
+def replica_ranks(store: Store, target: "Strategy | None", rank: int, world: int,
+                  names: Sequence[str] | None = None) -> tuple[int, ...]:
+    """The ranks of a ``world``-rank job that hold exactly the boxes ``rank`` holds of ``target`` (itself
+    included): with whole tensors (no target, or a one-rank target), every rank of the job."""
+    from ckptstore.read.loader import target_boxes
+
+    if target is None or target.world_size == 1:
+        return tuple(range(world))
+    mine = target_boxes(store, target, rank, names)
+    return tuple(r for r in range(min(world, target.world_size))
+                 if r == rank or target_boxes(store, target, r, names) == mine)
+
+
+def group_ranks(cooperative: Cooperative, store: Store, target: "Strategy | None", rank: int,
+                names: Sequence[str] | None = None) -> tuple[int, ...]:
+    """The global ranks ``cooperative`` names for this process (see :data:`Cooperative`), pure where it
+    can be: ``"replicas"`` from the target layout, ``"node"`` from MindSpore's local rank size."""
+    if isinstance(cooperative, Exchange):
+        return cooperative.ranks
+    from ckptstore.mindspore.exchange import communication, local_ranks
+
+    _, world = communication()
+    if cooperative == "replicas":
+        return replica_ranks(store, target, rank, world, names)
+    if cooperative == "node":
+        return local_ranks()
+    if isinstance(cooperative, str) or not isinstance(cooperative, Sequence) \
+            or not all(isinstance(r, int) and not isinstance(r, bool) for r in cooperative):
+        raise InvalidOptionError(f"cooperative must be 'replicas', 'node' or a list of ranks, not {cooperative!r}")
+    return tuple(sorted(set(cooperative)))
+
+
+def exchange_for(cooperative: Cooperative, store: Store, target: "Strategy | None", rank: int,
+                 names: Sequence[str] | None = None) -> Exchange:
+    """The :class:`Exchange` of the group ``cooperative`` names: itself when it is one, else MindSpore's collectives."""
+    if isinstance(cooperative, Exchange):
+        return cooperative
+    from ckptstore.mindspore.exchange import MindSporeExchange
+
+    return MindSporeExchange(group_ranks(cooperative, store, target, rank, names))
