@@ -545,7 +545,7 @@ def read_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     if cooperative is not None:
         with store_argument(store) as st:
             return read_together(st, strategy, rank, cooperative, names=include, dtype=dtype, verify=verify,
-                                 workers=workers, allow_whole=allow_whole)
+                                 workers=workers, allow_whole=allow_whole)[1]
     with store_argument(store) as st:
         view = rank_view(st, strategy, rank, names=include, dtype=dtype, verify=verify, workers=workers,
                          allow_whole=allow_whole, quiet=quiet)
@@ -554,8 +554,8 @@ def read_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
 
 def read_together(store: Store, strategy: StrategyLike, rank: int | None, cooperative: Cooperative, *,
                   names: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
-                  workers: int | None = None, allow_whole: bool = False) -> dict[str, np.ndarray | str]:
-    """:func:`read_rank` with ``cooperative=``: this rank's slices, read together with its group.
+                  workers: int | None = None, allow_whole: bool = False) -> tuple[RankView, dict[str, np.ndarray | str]]:
+    """:func:`read_rank` with ``cooperative=``: this rank's view and slices, read together with its group.
 
     A rank that cannot plan (a wrong strategy, a missing file) says so to the group before any data
     moves, and every rank raises. Only ``"replicas"`` needs the target layout to know the group: a
@@ -589,4 +589,5 @@ def read_together(store: Store, strategy: StrategyLike, rank: int | None, cooper
         except Exception as e:
             error, plans, outs = e, None, None
     load_together(exchange, store, plans, outs, error=error, workers=1 if view is None else view.workers)
-    return {name: (out[name] if name in out else outs[name]) for name in view.names()}  # type: ignore[union-attr,index]
+    return view, {name: (out[name] if name in out else outs[name])  # type: ignore[union-attr,index]
+                  for name in view.names()}  # type: ignore[union-attr]

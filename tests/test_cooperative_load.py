@@ -1,0 +1,128 @@
+"""Cooperative loads among threads of one process (ckptstore.testing.exchange): the ranks of a group
+read each distinct byte of a real MindSpore-saved store once, every rank's values equal its solo
+read_rank bit for bit, and an error on one rank is raised on every rank."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
+
+import ckptstore  # noqa: E402
+import mindspore_fixtures as T  # noqa: E402
+from ckptstore.errors import CooperativeLoadError, LayoutMismatchError, StoreUnavailableError  # noqa: E402
+from ckptstore.io.base import ReadableFile, SourceWrapper  # noqa: E402
+from ckptstore.read.group_load import LAST_PLAN, replica_ranks  # noqa: E402
+from ckptstore.store.executor import IO_STATS  # noqa: E402
+from ckptstore.testing.exchange import run_group  # noqa: E402
+
+# dp2 x mp2 on 4 ranks: "w" rows split in 2 (each half held by 2 ranks), "emb" whole on every rank
+SPECS = [T.ParamSpec("w", (64, 32), dev_matrix=(2, 2), tensor_map=(0, -1)),
+         T.ParamSpec("emb", (48, 32), dev_matrix=(2, 2), tensor_map=(-1, -1)),
+         T.ParamSpec("step", (1,), dtype="int32")]
+MP4 = [T.ParamSpec("w", (64, 32), dev_matrix=(4,), tensor_map=(-1, 0)),
+       T.ParamSpec("emb", (48, 32), dev_matrix=(4,), tensor_map=(-1, -1))]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("coop")
+    T.save_distributed(root / "ckpt", SPECS, T.make_global_tensors(SPECS, seed=5), world_size=4)
+    ckptstore.convert(root / "ckpt", root / "store", strategy=root / "ckpt" / "strategy.ckpt")
+    T.write_strategy(root / "mp4.ckpt", MP4)
+    return root
+
+
+def same(a: object, b: object) -> bool:
+    return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype \
+        and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def solo(root: Path, strategy: Path | None, rank: int) -> dict:
+    return ckptstore.read_rank(root / "store", strategy, rank)
+
+
+def test_replicas_of_dp2_mp2_each_read_half_and_get_their_solo_values(store):
+    strategy = store / "ckpt" / "strategy.ckpt"
+    st = ckptstore.open(store / "store")
+    target = __import__("ckptstore.checkpoint.strategy", fromlist=["load_strategy"]).load_strategy(strategy)
+    groups = sorted({replica_ranks(st, target, r, 4) for r in range(4)})
+    assert groups == [(0, 2), (1, 3)]
+    expected = {r: solo(store, strategy, r) for r in range(4)}
+    IO_STATS.reset()
+    got: dict[int, dict] = {}
+    distinct = 0
+    for group in groups:
+        got.update(run_group(group, lambda ex: ckptstore.read_rank(store / "store", strategy, ex.rank,
+                                                                   cooperative=ex)))
+        assert LAST_PLAN[0].cooperative
+        distinct += LAST_PLAN[0].distinct_bytes
+    for r in range(4):
+        assert list(got[r]) == list(expected[r]) and all(same(got[r][n], expected[r][n]) for n in got[r]), r
+    slices = sum(v.nbytes for r in range(4) for v in expected[r].values())
+    assert IO_STATS.bytes_read == distinct == slices // 2
+
+
+def test_a_changed_layout_shares_what_is_shared_and_reads_it_once(store):
+    strategy = store / "mp4.ckpt"
+    expected = {r: solo(store, strategy, r) for r in range(4)}
+    IO_STATS.reset()
+    got = run_group(range(4), lambda ex: ckptstore.read_rank(store / "store", strategy, ex.rank, cooperative=ex))
+    plan = LAST_PLAN[0]
+    for r in range(4):
+        assert all(same(got[r][n], expected[r][n]) for n in expected[r]), r
+    emb = 48 * 32 * 4
+    assert plan.cooperative and plan.independent_bytes == 4 * emb + 64 * 32 * 4 + 4 * 4
+    assert IO_STATS.bytes_read == plan.distinct_bytes == emb + 64 * 32 * 4 + 4
+
+
+def test_a_rank_that_cannot_plan_makes_every_rank_raise(store):
+    strategy, wrong = store / "ckpt" / "strategy.ckpt", store / "wrong.ckpt"
+    T.write_strategy(wrong, [T.ParamSpec("w", (64, 32), dev_matrix=(3,), tensor_map=(0, -1)),
+                             T.ParamSpec("emb", (48, 32), dev_matrix=(3,), tensor_map=(-1, -1))])
+
+    def load(ex):
+        return ckptstore.read_rank(store / "store", wrong if ex.rank == 2 else strategy, ex.rank % 2, cooperative=ex)
+
+    out = run_group((0, 2), load, raise_errors=False)
+    assert isinstance(out[2], LayoutMismatchError)
+    assert isinstance(out[0], CooperativeLoadError)
+    assert str(out[0]).startswith("cooperative load (planning) failed on rank 2 of the group [0, 2], so rank 0 "
+                                  "stops too: rank 2: LayoutMismatchError: parameter 'w'")
+
+
+class _Failing(ReadableFile):
+    def __init__(self, inner: ReadableFile) -> None:
+        self.inner, self.key, self.size = inner, inner.key, inner.size
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    def read_requests(self, requests) -> None:
+        raise StoreUnavailableError(f"{self.url}: the server did not answer")
+
+
+class FailingReads(SourceWrapper):
+    """Opens (and sizes) files as the store does, but every read fails: a store gone mid-load."""
+
+    def open(self, key: str) -> ReadableFile:
+        return _Failing(self.inner.open(key))
+
+
+def test_a_rank_whose_reads_fail_midway_makes_every_rank_raise(store):
+    strategy = store / "ckpt" / "strategy.ckpt"
+
+    def load(ex):
+        st = ckptstore.open(store / "store")
+        if ex.rank == 1:
+            st.data = FailingReads(st.data)
+        return ckptstore.read_rank(st, strategy, ex.rank, cooperative=ex)
+
+    out = run_group((1, 3), load, raise_errors=False)
+    assert isinstance(out[1], StoreUnavailableError)
+    assert isinstance(out[3], CooperativeLoadError)
+    assert "(reading from storage) failed on rank 1 of the group [1, 3], so rank 3 stops too" in str(out[3])
