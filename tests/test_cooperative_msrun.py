@@ -40,6 +40,12 @@ from ckptstore.errors import StoreUnavailableError
 store_path, mode = sys.argv[1], sys.argv[2]
 targets = [None if s == "none" else s for s in sys.argv[3:]]
 rank = get_rank()
+if mode == "ok":  # the exchange conformance checks, on MindSpore's collectives among all the workers
+    from ckptstore.mindspore.exchange import MindSporeExchange
+    from ckptstore.mindspore.exchange import communication
+    from ckptstore.testing.exchange_tests import run_checks
+
+    print("CHECKS", rank, len(run_checks(MindSporeExchange(range(communication()[1])))), flush=True)
 
 
 class Failing(ReadableFile):
@@ -113,6 +119,7 @@ def test_four_workers_get_their_solo_values_and_each_group_fetches_the_distinct_
     code, logs = msrun(tmp_path, str(job / "job.py"), str(job / "store"), "ok", strategy, "none",
                        str(job / "mp4.ckpt"), workers=4)
     assert code == 0, "\n".join(logs.values())[-3000:]
+    assert sorted(lines(logs, "CHECKS")) == [f"CHECKS {r} 6" for r in range(4)]
     results = [json.loads(line.split(" ", 1)[1]) for line in lines(logs, "RESULT")]
     assert len(results) == 12 and all(r["same"] and r["params_same"] for r in results)
     for target in (strategy, None):  # replica groups (0, 2) and (1, 3): each fetches its slices once
