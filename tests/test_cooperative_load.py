@@ -15,7 +15,8 @@ import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
 from ckptstore.errors import CooperativeLoadError, LayoutMismatchError, StoreUnavailableError  # noqa: E402
 from ckptstore.io.base import ReadableFile, SourceWrapper  # noqa: E402
-from ckptstore.read.group_load import LAST_PLAN, replica_ranks  # noqa: E402
+from ckptstore.read.group_load import LAST_PLAN  # noqa: E402
+from ckptstore.read.loader import replica_ranks  # noqa: E402
 from ckptstore.store.executor import IO_STATS  # noqa: E402
 from ckptstore.testing.exchange import run_group  # noqa: E402
 

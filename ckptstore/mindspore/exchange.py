@@ -14,7 +14,8 @@ workers once one exits abnormally.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ def communication() -> tuple[int, int]:
 
     try:
         return int(get_rank()), int(get_group_size())
-    except Exception as e:  # MindSpore raises RuntimeError/ValueError when init() was not called
+    except Exception as e:  # noqa: BLE001 - MindSpore raises RuntimeError or ValueError before init()
         raise InvalidOptionError("a cooperative load (cooperative=...) runs in a MindSpore job: call "
                                  f"mindspore.communication.init() first ({e})") from None
 
@@ -70,7 +71,7 @@ class MindSporeExchange(Exchange):
 
     def __init__(self, ranks: Sequence[int]) -> None:
         self.rank, world = communication()
-        self.ranks = tuple(sorted(set(int(r) for r in ranks)))
+        self.ranks = tuple(sorted({int(r) for r in ranks}))
         if self.rank not in self.ranks or not all(0 <= r < world for r in self.ranks):
             raise InvalidOptionError(f"cooperative group {list(self.ranks)}: it must hold this rank ({self.rank}) and "
                                      f"only ranks of the job's {world}")
@@ -107,8 +108,7 @@ class _collective:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, error: Any, tb: Any) -> bool:
-        if error is not None and isinstance(error, RuntimeError) and not isinstance(error, CooperativeLoadError):
+    def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
+        if isinstance(error, RuntimeError) and not isinstance(error, CooperativeLoadError):
             raise CooperativeLoadError(f"cooperative load: the {self.what} failed ({str(error).splitlines()[0][:200]}); "
                                        "a rank of the group failed or is gone") from error
-        return False

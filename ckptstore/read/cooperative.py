@@ -18,8 +18,8 @@ is ``False`` and each rank reads alone, which :attr:`GroupPlan.reason` says.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 from ckptstore.io.base import LOCAL_COST, ReadCost
 
@@ -265,5 +265,18 @@ def heaviest_load(plan: GroupPlan, cost: ReadCost = LOCAL_COST) -> float:
     return max(loads, default=0.0)
 
 
-__all__ = ["Need", "Piece", "Window", "GroupPlan", "plan_group", "union_pieces", "assign_owners", "owned_runs",
-           "transfers", "heaviest_load", "PIECE_BYTES", "WINDOW_BYTES", "SHARED_MIN"]
+__all__ = [
+    "PIECE_BYTES",
+    "SHARED_MIN",
+    "WINDOW_BYTES",
+    "GroupPlan",
+    "Need",
+    "Piece",
+    "Window",
+    "assign_owners",
+    "heaviest_load",
+    "owned_runs",
+    "plan_group",
+    "transfers",
+    "union_pieces",
+]

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import bisect
 import json
-from typing import TYPE_CHECKING, Mapping, Sequence, Union
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ckptstore.errors import CooperativeLoadError, InvalidOptionError, ShortReadError
+from ckptstore.errors import CooperativeLoadError, InvalidOptionError
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request
 from ckptstore.read.cooperative import GroupPlan, Need, Piece, Window, plan_group, transfers
 from ckptstore.read.exchange import Exchange
@@ -32,12 +32,9 @@ from ckptstore.store.executor import Executor, IOStats
 from ckptstore.store.read_plan import ParamReadPlan, plan_ranges
 from ckptstore.store.store import Store
 
-if TYPE_CHECKING:
-    from ckptstore.checkpoint.strategy import Strategy
-
 #: What ``cooperative=`` takes: ``"replicas"`` (the ranks holding the same slices), ``"node"`` (the
 #: ranks of this host), a list of global ranks, an :class:`Exchange` (its ranks), or ``None`` (read alone).
-Cooperative = Union[str, Sequence[int], Exchange, None]
+Cooperative = str | Sequence[int] | Exchange | None
 
 #: What :func:`load_together` did last in this process: the group plan (a test and ``plan`` hook).
 LAST_PLAN: list[GroupPlan] = []
@@ -76,7 +73,7 @@ def load_together(exchange: Exchange, store: Store, plans: Mapping[str, ParamRea
         try:
             if pending is None:
                 messages = _read_owned(store, group, window, exchange.rank, held, workers)
-        except Exception as e:  # said on every rank by the agreement below
+        except Exception as e:  # noqa: BLE001 - any error: said on every rank by the agreement below
             pending = e
         exchange.agree(pending, "reading from storage")
         for owner, needers, pieces in transfers(group, window):
@@ -95,7 +92,7 @@ def load_together(exchange: Exchange, store: Store, plans: Mapping[str, ParamRea
                 _hold(held, pieces, buffer)
         try:
             _place(HeldBytes(store.data, held), plans, outs, window)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any error: said on every rank at the next agreement
             pending = e
     exchange.agree(pending, "placing the received bytes")
     return group
@@ -119,7 +116,8 @@ def _read_owned(store: Store, group: GroupPlan, window: Window, rank: int,
                        [index[p.key] for _, p in ordered], [p.start for _, p in ordered],
                        [p.nbytes for _, p in ordered])
     flat = np.empty(plan.nbytes, dtype=np.uint8)
-    Executor(store.data, workers=workers).run([(plan, flat)])  # counted in io_counts(): fetched from storage
+    # counted in io_counts(): fetched from storage (a ByteRangesPlan runs as a ParamReadPlan does)
+    Executor(store.data, workers=workers).run([(plan, flat)])  # type: ignore[list-item]
     messages: dict[tuple[int, tuple[int, ...]], list[int]] = {}
     at = 0
     for message, p in ordered:
@@ -138,7 +136,7 @@ def _hold(held: dict[str, list[tuple[int, int, np.ndarray]]], pieces: Sequence[P
         at += p.nbytes
 
 
-def _place(source: "HeldBytes", plans: Mapping[str, ParamReadPlan], outs: Mapping[str, np.ndarray],
+def _place(source: HeldBytes, plans: Mapping[str, ParamReadPlan], outs: Mapping[str, np.ndarray],
            window: Window) -> None:
     """Run this rank's plans of ``window``'s parameters against the bytes it holds (not counted as I/O)."""
     jobs = [(plans[n], outs[n]) for n in window.params if n in plans]
@@ -149,7 +147,7 @@ def _place(source: "HeldBytes", plans: Mapping[str, ParamReadPlan], outs: Mappin
 class HeldBytes(ByteSource):
     """The bytes of a window a rank holds (read or received), served as files of the store's keys.
 
-    A request for bytes it does not hold is a bug of the group plan: :class:`ShortReadError`.
+    A request for bytes it does not hold is a bug of the group plan: :class:`CooperativeLoadError`.
     """
 
     def __init__(self, store_source: ByteSource, held: Mapping[str, list[tuple[int, int, np.ndarray]]]) -> None:
@@ -164,7 +162,8 @@ class HeldBytes(ByteSource):
     def open(self, key: str) -> ReadableFile:
         found = self.files.get(key)
         if found is None:
-            raise ShortReadError(f"{self.inner.key_url(key)}: no bytes of it were received in this window")
+            raise CooperativeLoadError(f"{self.inner.key_url(key)}: no bytes of it were received in this window "
+                                       "(a cooperative plan bug)")
         return found
 
     def stat(self, key: str) -> FileStat | None:
@@ -197,7 +196,7 @@ class _HeldFile(ReadableFile):
                 while i >= 0 and self.segments[i][1] <= at:
                     i -= 1
                 if i < 0:
-                    raise ShortReadError(f"{self._url}: bytes at {at} were not received (a cooperative plan bug)")
+                    raise CooperativeLoadError(f"{self._url}: bytes at {at} were not received (a cooperative plan bug)")
                 start, stop, data = self.segments[i]
                 n = min(stop, end) - at
                 view[at - offset:at - offset + n] = data[at - start:at - start + n].data
@@ -207,43 +206,29 @@ class _HeldFile(ReadableFile):
         self.read_requests(requests)  # only the wanted ranges: the gaps were never fetched
 
 
-def replica_ranks(store: Store, target: "Strategy | None", rank: int, world: int,
-                  names: Sequence[str] | None = None) -> tuple[int, ...]:
-    """The ranks of a ``world``-rank job that hold exactly the boxes ``rank`` holds of ``target`` (itself
-    included): with whole tensors (no target, or a one-rank target), every rank of the job."""
-    from ckptstore.read.loader import target_boxes
-
-    if target is None or target.world_size == 1:
-        return tuple(range(world))
-    mine = target_boxes(store, target, rank, names)
-    return tuple(r for r in range(min(world, target.world_size))
-                 if r == rank or target_boxes(store, target, r, names) == mine)
-
-
-def group_ranks(cooperative: Cooperative, store: Store, target: "Strategy | None", rank: int,
-                names: Sequence[str] | None = None) -> tuple[int, ...]:
-    """The global ranks ``cooperative`` names for this process (see :data:`Cooperative`), pure where it
-    can be: ``"replicas"`` from the target layout, ``"node"`` from MindSpore's local rank size."""
+def group_ranks(cooperative: Cooperative, replicas: Callable[[int], tuple[int, ...]]) -> tuple[int, ...]:
+    """The global ranks ``cooperative`` names for this process (see :data:`Cooperative`): ``"replicas"``
+    from ``replicas(job_size)`` (the target layout's replica group), ``"node"`` from MindSpore's local
+    rank size."""
     if isinstance(cooperative, Exchange):
         return cooperative.ranks
     from ckptstore.mindspore.exchange import communication, local_ranks
 
     _, world = communication()
     if cooperative == "replicas":
-        return replica_ranks(store, target, rank, world, names)
+        return replicas(world)
     if cooperative == "node":
         return local_ranks()
     if isinstance(cooperative, str) or not isinstance(cooperative, Sequence) \
             or not all(isinstance(r, int) and not isinstance(r, bool) for r in cooperative):
         raise InvalidOptionError(f"cooperative must be 'replicas', 'node' or a list of ranks, not {cooperative!r}")
-    return tuple(sorted(set(cooperative)))
+    return tuple(sorted({int(r) for r in cooperative}))
 
 
-def exchange_for(cooperative: Cooperative, store: Store, target: "Strategy | None", rank: int,
-                 names: Sequence[str] | None = None) -> Exchange:
+def exchange_for(cooperative: Cooperative, replicas: Callable[[int], tuple[int, ...]]) -> Exchange:
     """The :class:`Exchange` of the group ``cooperative`` names: itself when it is one, else MindSpore's collectives."""
     if isinstance(cooperative, Exchange):
         return cooperative
     from ckptstore.mindspore.exchange import MindSporeExchange
 
-    return MindSporeExchange(group_ranks(cooperative, store, target, rank, names))
+    return MindSporeExchange(group_ranks(cooperative, replicas))

@@ -23,7 +23,8 @@ import numpy as np
 
 from ckptstore.boxes import Box
 from ckptstore.dtypes import is_float, lookup
-from ckptstore.errors import ForeignStrategyError, InvalidOptionError, LayoutMismatchError, StrategyError
+from ckptstore.errors import (CooperativeLoadError, ForeignStrategyError, InvalidOptionError, LayoutMismatchError,
+                              StrategyError)
 from ckptstore.store.memory import empty
 from ckptstore.store.read_plan import ParamReadPlan, ReadPlan, plan_param
 from ckptstore.store.executor import Executor, Job, check_extents
@@ -573,8 +574,11 @@ def read_together(store: Store, strategy: StrategyLike, rank: int | None, cooper
         error = e
     patterns = name_patterns(names)
     target = resolve_target(store, strategy) if view is not None else None
-    exchange = exchange_for(cooperative, store, target, view.rank if view is not None else -1, patterns)
-    plans, outs, out = None, None, {}
+    me = view.rank if view is not None else -1
+    exchange = exchange_for(cooperative, lambda world: replica_ranks(store, target, me, world, patterns))
+    plans: dict[str, ParamReadPlan] | None = None
+    outs: dict[str, np.ndarray] | None = None
+    out: dict[str, np.ndarray | str] = {}
     if view is not None:
         try:
             plans, outs = {}, {}
@@ -586,8 +590,21 @@ def read_together(store: Store, strategy: StrategyLike, rank: int | None, cooper
                 plans[name] = view.plan_for(name)
                 check_extents(plans[name], store.data)
                 outs[name] = empty(plans[name].shape, view.dtype_of(name))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any error: said to the group, then raised on every rank
             error, plans, outs = e, None, None
     load_together(exchange, store, plans, outs, error=error, workers=1 if view is None else view.workers)
-    return view, {name: (out[name] if name in out else outs[name])  # type: ignore[union-attr,index]
-                  for name in view.names()}  # type: ignore[union-attr]
+    if view is None or outs is None:  # (load_together raised already)
+        raise CooperativeLoadError("cooperative load: this rank planned nothing")
+    out.update(outs)
+    return view, {name: out[name] for name in view.names()}
+
+
+def replica_ranks(store: Store, target: Strategy | None, rank: int, world: int,
+                  names: Sequence[str] | None = None) -> tuple[int, ...]:
+    """The ranks of a ``world``-rank job that hold exactly the boxes ``rank`` holds of ``target`` (itself
+    included): with whole tensors (no target, or a one-rank target), every rank of the job."""
+    if target is None or target.world_size == 1:
+        return tuple(range(world))
+    mine = target_boxes(store, target, rank, names)
+    return tuple(r for r in range(min(world, target.world_size))
+                 if r == rank or target_boxes(store, target, r, names) == mine)

@@ -137,9 +137,9 @@ def plan_cooperative(store: StoreLike, strategy: StrategyLike = None, rank: int 
     ranks) of ``strategy``'s layout fetches loading together, worked out from metadata alone (no
     collectives: every rank's plan is computed here, as the group would compute it)."""
     from ckptstore.read.cooperative import plan_group
-    from ckptstore.read.group_load import replica_ranks, wanted_ranges
     from ckptstore.read.cooperative import Need
-    from ckptstore.read.loader import name_patterns, resolve_target
+    from ckptstore.read.group_load import wanted_ranges
+    from ckptstore.read.loader import name_patterns, replica_ranks, resolve_target
 
     with store_argument(store) as st:
         first = rank_view(st, strategy, rank, names=include, dtype=dtype, allow_whole=allow_whole)
@@ -151,7 +151,7 @@ def plan_cooperative(store: StoreLike, strategy: StrategyLike = None, rank: int 
             base = first.rank - first.rank % ranks_per_node
             ranks = tuple(range(base, min(world, base + ranks_per_node)))
         else:
-            ranks = tuple(sorted(set(int(r) for r in cooperative)))  # type: ignore[union-attr]
+            ranks = tuple(sorted({int(r) for r in cooperative}))  # type: ignore[union-attr]
         needs, requests = [], 0
         for r in ranks:
             view = first if r == first.rank else rank_view(st, strategy, r, names=include, dtype=dtype,

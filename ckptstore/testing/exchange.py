@@ -8,8 +8,9 @@ collectives raise when a peer is gone, so a broken test fails instead of hanging
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

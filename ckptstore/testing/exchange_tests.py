@@ -7,7 +7,7 @@ when the exchange misbehaves. ``tests/test_exchange.py`` runs them on threads
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
