@@ -78,6 +78,9 @@ def test_a_changed_layout_shares_what_is_shared_and_reads_it_once(store):
     emb = 48 * 32 * 4
     assert plan.cooperative and plan.independent_bytes == 4 * emb + 64 * 32 * 4 + 4 * 4
     assert IO_STATS.bytes_read == plan.distinct_bytes == emb + 64 * 32 * 4 + 4
+    # each rank's column slice of w is 64 runs of 32 bytes; its owner reads them as one request with the
+    # gaps between them, as a solo plan would, so the group sends what its plan says
+    assert IO_STATS.requests == sum(plan.requests_by(r) for r in range(4)) <= 8
 
 
 def test_a_rank_that_cannot_plan_makes_every_rank_raise(store):
@@ -127,3 +130,31 @@ def test_a_rank_whose_reads_fail_midway_makes_every_rank_raise(store):
     assert isinstance(out[1], StoreUnavailableError)
     assert isinstance(out[3], CooperativeLoadError)
     assert "(reading from storage) failed on rank 1 of the group [1, 3], so rank 3 stops too" in str(out[3])
+
+
+def plan_cli(*args: object) -> str:
+    from click.testing import CliRunner
+
+    from ckptstore.cli import main
+
+    done = CliRunner().invoke(main, ["plan", *map(str, args)], catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    return done.output
+
+
+def test_plan_cooperative_shows_each_replica_fetching_half_and_the_group_the_distinct_bytes_once(store):
+    out = plan_cli(store / "store", "-s", store / "ckpt" / "strategy.ckpt", "--rank", 2, "--cooperative", "replicas")
+    assert out.splitlines() == [
+        f"group [0, 2] from {store / 'store'}: cooperative (10,244 distinct bytes of 20,488 needed (50%): each read "
+        "once)",
+        "  rank 0: fetches 6.0 KiB (6,144 bytes) in 1 requests, receives 4.0 KiB; needs 10.0 KiB",
+        "  rank 2: fetches 4.0 KiB (4,100 bytes) in 2 requests, receives 6.0 KiB; needs 10.0 KiB",
+        "  group: fetches 10,244 bytes (1.00x the 10,244 distinct) in 3 requests vs 20,488 bytes in 6 requests "
+        "reading alone"]
+
+
+def test_plan_cooperative_says_when_the_group_would_read_alone(store):
+    out = plan_cli(store / "store", "-s", store / "mp4.ckpt", "--rank", 0, "--cooperative", "0,1", "--include", "w")
+    assert out.splitlines()[0] == (f"group [0, 1] from {store / 'store'}: each rank reads alone (the ranks share "
+                                   "little: 4,096 distinct bytes of 4,096 needed (100% > 95%))")
+    assert out.splitlines()[1] == "  rank 0: fetches 2.0 KiB (2,048 bytes) in its own requests, receives 0 B; needs 2.0 KiB"

@@ -85,6 +85,7 @@ class GroupPlan:
     needed: Mapping[int, int]
     cooperative: bool
     reason: str
+    cost: ReadCost = LOCAL_COST
 
     @property
     def distinct_bytes(self) -> int:
@@ -103,11 +104,11 @@ class GroupPlan:
         return sum(p.nbytes for p in self.pieces if p.owner == rank)
 
     def requests_by(self, rank: int) -> int:
-        """Requests ``rank`` sends to storage for its pieces: one per run of its pieces contiguous in a file
-        (0 here when the group does not cooperate: each rank's own plan counts its requests)."""
+        """Requests ``rank`` sends to storage for its pieces, window by window (:func:`owned_requests`;
+        0 here when the group does not cooperate: each rank's own plan counts its requests)."""
         if not self.cooperative:
             return 0
-        return len(owned_runs(self.pieces, rank))
+        return sum(len(owned_requests(self.pieces[w.first:w.stop], rank, self.cost)) for w in self.windows)
 
     def received_by(self, rank: int) -> int:
         """Bytes ``rank`` receives from the others."""
@@ -120,15 +121,27 @@ class GroupPlan:
         return sum(p.nbytes for p in self.pieces[window.first:window.stop] if rank in p.needers)
 
 
-def owned_runs(pieces: Iterable[Piece], rank: int) -> list[tuple[str, int, int]]:
-    """``(key, start, end)`` runs of the pieces ``rank`` owns, neighbours in a file joined."""
-    runs: list[tuple[str, int, int]] = []
-    for p in sorted((p for p in pieces if p.owner == rank), key=lambda p: (p.key, p.start)):
-        if runs and runs[-1][0] == p.key and runs[-1][2] == p.start:
-            runs[-1] = (p.key, runs[-1][1], p.end)
+def owned_requests(pieces: Iterable[Piece], rank: int, cost: ReadCost = LOCAL_COST) -> list[tuple[str, list[Piece]]]:
+    """The requests ``rank`` sends to storage for the pieces it owns: ``(key, pieces)`` each, the pieces
+    sorted by offset and not overlapping. Neighbours in a file share a request while the gap between
+    them is at most what a request's latency would transfer (:attr:`ReadCost.gap_bytes`, read and
+    dropped) and the request stays within the source's limits, as the read planner merges a solo
+    rank's ranges."""
+    out: list[tuple[str, list[Piece]]] = []
+    end = first = buffers = 0
+    for p in sorted((p for p in pieces if p.owner == rank), key=lambda p: (p.key, p.start, p.param)):
+        gap = p.start - end
+        joined = bool(out) and out[-1][0] == p.key and 0 <= gap <= cost.gap_bytes \
+            and p.end - first <= cost.max_request_bytes \
+            and (cost.max_buffers is None or buffers + 1 + (gap > 0) <= cost.max_buffers)
+        if joined:
+            out[-1][1].append(p)
+            buffers += 1 + (gap > 0)
         else:
-            runs.append((p.key, p.start, p.end))
-    return runs
+            out.append((p.key, [p]))
+            first, buffers = p.start, 1
+        end = p.end
+    return out
 
 
 def union_pieces(needs: Iterable[Need], piece_bytes: int = PIECE_BYTES) -> list[tuple[str, str, int, int, tuple[int, ...]]]:
@@ -216,11 +229,11 @@ def plan_group(ranks: Sequence[int], needs: Iterable[Need], *, cost: ReadCost = 
         cooperative, reason = False, "nothing to read"
     elif distinct > shared_min * total:
         cooperative, reason = False, (f"the ranks share little: {distinct:,} distinct bytes of {total:,} needed "
-                                      f"({distinct / total:.0%} > {shared_min:.0%}); each rank reads alone")
+                                      f"({distinct / total:.0%} > {shared_min:.0%})")
     else:
         cooperative, reason = True, (f"{distinct:,} distinct bytes of {total:,} needed "
                                      f"({distinct / total:.0%}): each read once")
-    return GroupPlan(group, tuple(pieces), tuple(windows), needed, cooperative, reason)
+    return GroupPlan(group, tuple(pieces), tuple(windows), needed, cooperative, reason, cost)
 
 
 def _windows(pieces: Sequence[Piece], window_bytes: int) -> list[Window]:
@@ -275,7 +288,7 @@ __all__ = [
     "Window",
     "assign_owners",
     "heaviest_load",
-    "owned_runs",
+    "owned_requests",
     "plan_group",
     "transfers",
     "union_pieces",

@@ -21,15 +21,16 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ckptstore.errors import CooperativeLoadError, InvalidOptionError
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request
-from ckptstore.read.cooperative import GroupPlan, Need, Piece, Window, plan_group, transfers
+from ckptstore.read.cooperative import GroupPlan, Need, Piece, Window, owned_requests, plan_group, transfers
 from ckptstore.read.exchange import Exchange
-from ckptstore.store.executor import Executor, IOStats
-from ckptstore.store.read_plan import ParamReadPlan, plan_ranges
+from ckptstore.store.executor import IO_STATS, Executor, IOStats
+from ckptstore.store.read_plan import ParamReadPlan
 from ckptstore.store.store import Store
 
 #: What ``cooperative=`` takes: ``"replicas"`` (the ranks holding the same slices), ``"node"`` (the
@@ -102,7 +103,12 @@ def _read_owned(store: Store, group: GroupPlan, window: Window, rank: int,
                 held: dict[str, list[tuple[int, int, np.ndarray]]], workers: int
                 ) -> dict[tuple[int, tuple[int, ...]], np.ndarray]:
     """Read the pieces ``rank`` owns in ``window`` from storage into one buffer, laid out message by
-    message (each message a contiguous slice, sent without a copy); return the messages."""
+    message (each message a contiguous slice, sent without a copy); return the messages.
+
+    The requests are :func:`~ckptstore.read.cooperative.owned_requests` (what the group plan counted),
+    up to ``workers`` at once through the store's byte source, and count in :func:`ckptstore.io_counts`
+    as a solo load's do: this is what the rank fetches from storage.
+    """
     ordered: list[tuple[tuple[int, tuple[int, ...]] | None, Piece]] = []
     for owner, needers, pieces in transfers(group, window):
         if owner == rank:
@@ -110,22 +116,31 @@ def _read_owned(store: Store, group: GroupPlan, window: Window, rank: int,
     ordered += [(None, p) for p in group.pieces[window.first:window.stop] if p.owner == rank and len(p.needers) == 1]
     if not ordered:
         return {}
-    keys = sorted({p.key for _, p in ordered})
-    index = {k: i for i, k in enumerate(keys)}
-    plan = plan_ranges(f"cooperative pieces of {', '.join(window.params[:3])}", keys,
-                       [index[p.key] for _, p in ordered], [p.start for _, p in ordered],
-                       [p.nbytes for _, p in ordered])
-    flat = np.empty(plan.nbytes, dtype=np.uint8)
-    # counted in io_counts(): fetched from storage (a ByteRangesPlan runs as a ParamReadPlan does)
-    Executor(store.data, workers=workers).run([(plan, flat)])  # type: ignore[list-item]
+    flat = np.empty(sum(p.nbytes for _, p in ordered), dtype=np.uint8)
+    where: dict[Piece, np.ndarray] = {}
     messages: dict[tuple[int, tuple[int, ...]], list[int]] = {}
     at = 0
     for message, p in ordered:
-        _hold(held, [p], flat[at:at + p.nbytes])
+        where[p] = flat[at:at + p.nbytes]
+        _hold(held, [p], where[p])
         if message is not None:
             span = messages.setdefault(message, [at, at])
             span[1] = at + p.nbytes
         at += p.nbytes
+    requests = owned_requests(group.pieces[window.first:window.stop], rank, group.cost)
+
+    def fetch(request: tuple[str, list[Piece]]) -> None:
+        key, pieces = request
+        f = store.data.open(key)
+        f.read_span([(p.start, where[p].data) for p in pieces])
+        IO_STATS.add(sum(p.nbytes for p in pieces), len(pieces), 1, [f.url], pieces[-1].end - pieces[0].start)
+
+    if workers > 1 and len(requests) > 1:
+        with ThreadPoolExecutor(min(workers, len(requests)), thread_name_prefix="ckptstore-coop") as pool:
+            list(pool.map(fetch, requests))
+    else:
+        for request in requests:
+            fetch(request)
     return {m: flat[a:b] for m, (a, b) in messages.items()}
 
 
