@@ -1,5 +1,5 @@
 """Cooperative loads in real msrun jobs on the CPU wheel (mccl collectives): every rank's values equal
-its solo read_rank bit for bit, each replica group fetches the distinct bytes once (io_counts() on
+its solo read_rank bit for bit (read_rank, load_rank and load_into_net), each replica group fetches the distinct bytes once (io_counts() on
 each rank counts only what it fetched), a rank whose reads fail makes every rank raise, and a worker
 killed mid-exchange ends the job non-zero within 60 s. Each test starts an msrun job: slow tier."""
 from __future__ import annotations
@@ -92,6 +92,19 @@ for strategy in targets:
                                                  and v.tobytes() == solo[n].tobytes()) for n, v in got.items())
     params = ckptstore.load_rank(store_path, strategy, cooperative="replicas")
     built = all(params[n].asnumpy().tobytes() == solo[n].tobytes() for n in solo)
+    import mindspore as ms
+
+    class Net(ms.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            for n, v in solo.items():
+                setattr(self, n, ms.Parameter(ms.Tensor(np.zeros_like(v)), name=n))
+
+    if strategy is not None:  # (load_into_net's strategy=None means the network's own layout, not the store's)
+        net = Net()
+        missing = ckptstore.load_into_net(net, store_path, strategy, cooperative="replicas")
+        built = built and missing == ([], []) and all(
+            getattr(net, n).asnumpy().tobytes() == solo[n].tobytes() for n in solo)
     print("RESULT", json.dumps({"rank": rank, "strategy": strategy, "same": same, "params_same": built,
                                 "fetched": fetched, "solo": sum(v.nbytes for v in solo.values())}), flush=True)
 '''
