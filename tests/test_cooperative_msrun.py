@@ -73,6 +73,15 @@ if mode == "kill" and rank == 1:
         os.kill(os.getpid(), 9)
     exchange.MindSporeExchange.broadcast = die
 
+if mode == "s3":  # only the cooperative read talks to the server; the test compares digests with a solo read
+    import hashlib
+
+    got = ckptstore.read_rank(store_path, targets[0], cooperative="replicas")
+    digests = {n: hashlib.sha256(v.tobytes()).hexdigest() for n, v in got.items()}
+    print("RESULT", json.dumps({"rank": rank, "digests": digests, "fetched": ckptstore.io_counts().bytes_read}),
+          flush=True)
+    sys.exit(0)
+
 for strategy in targets:
     solo = ckptstore.read_rank(store_path, strategy)
     store = ckptstore.open(store_path)
@@ -163,3 +172,34 @@ def test_a_worker_killed_mid_exchange_ends_the_job_non_zero_within_60_s(job, tmp
     assert code != 0 and len(killed) == 1 and started < killed[0] < ended
     assert ended - killed[0] < 60
     assert not lines(logs, "RESULT")
+
+
+def test_from_an_s3_server_each_replica_group_gets_each_byte_once(job, tmp_path):
+    """2 workers holding the same slices (dp2): the server sends the store's payload once in all, each
+    rank fetches about half (io_counts), and each rank's values equal a solo read's."""
+    import hashlib
+
+    from ckptstore.testing import s3_server as S
+
+    servers = S.iter_servers()
+    server, proxy = next(servers)
+    try:
+        server.create_bucket("coop")
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in S.env_for(proxy.url).items():
+                mp.setenv(k, v)
+            S.upload(job / "store", "s3://coop/store")
+            proxy.reset()
+            code, logs = msrun(tmp_path, str(job / "job.py"), "s3://coop/store", "s3", str(job / "dp2.ckpt"),
+                               workers=2, env=S.env_for(proxy.url))
+        assert code == 0, "\n".join(logs.values())[-3000:]
+        payload = [s for s in proxy.requests("GET") if s.range is not None]
+    finally:
+        servers.close()
+    results = {r["rank"]: r for r in (json.loads(line.split(" ", 1)[1]) for line in lines(logs, "RESULT"))}
+    distinct = (64 * 32 + 48 * 32 + 1) * 4
+    assert sum(s.nbytes for s in payload) == distinct == results[0]["fetched"] + results[1]["fetched"]
+    assert 0 < results[0]["fetched"] < distinct and 0 < results[1]["fetched"] < distinct
+    for r in (0, 1):
+        solo = ckptstore.read_rank(job / "store", job / "dp2.ckpt", r)
+        assert results[r]["digests"] == {n: hashlib.sha256(v.tobytes()).hexdigest() for n, v in solo.items()}
