@@ -40,6 +40,7 @@ from ckptstore.errors import StoreUnavailableError
 store_path, mode = sys.argv[1], sys.argv[2]
 targets = [None if s == "none" else s for s in sys.argv[3:]]
 rank = get_rank()
+group = os.environ.get("COOP_GROUP", "replicas")
 if mode == "ok":  # the exchange conformance checks, on MindSpore's collectives among all the workers
     from ckptstore.mindspore.exchange import MindSporeExchange
     from ckptstore.mindspore.exchange import communication
@@ -90,7 +91,7 @@ for strategy in targets:
     before = ckptstore.io_counts()
     started = time.time()
     try:
-        got = ckptstore.read_rank(store, strategy, cooperative="replicas")
+        got = ckptstore.read_rank(store, strategy, cooperative=group)
     except Exception as e:
         print("RAISED", rank, type(e).__name__, round(time.time() - started, 1), str(e).splitlines()[0][:300],
               flush=True)
@@ -99,7 +100,7 @@ for strategy in targets:
     same = list(got) == list(solo) and all(
         isinstance(v, str) and v == solo[n] or (v.dtype == solo[n].dtype and v.shape == solo[n].shape
                                                  and v.tobytes() == solo[n].tobytes()) for n, v in got.items())
-    params = ckptstore.load_rank(store_path, strategy, cooperative="replicas")
+    params = ckptstore.load_rank(store_path, strategy, cooperative=group)
     built = all(params[n].asnumpy().tobytes() == solo[n].tobytes() for n in solo)
     import mindspore as ms
 
@@ -111,7 +112,7 @@ for strategy in targets:
 
     if strategy is not None:  # (load_into_net's strategy=None means the network's own layout, not the store's)
         net = Net()
-        missing = ckptstore.load_into_net(net, store_path, strategy, cooperative="replicas")
+        missing = ckptstore.load_into_net(net, store_path, strategy, cooperative=group)
         built = built and missing == ([], []) and all(
             getattr(net, n).asnumpy().tobytes() == solo[n].tobytes() for n in solo)
     print("RESULT", json.dumps({"rank": rank, "strategy": strategy, "same": same, "params_same": built,
@@ -203,3 +204,24 @@ def test_from_an_s3_server_each_replica_group_gets_each_byte_once(job, tmp_path)
     for r in (0, 1):
         solo = ckptstore.read_rank(job / "store", job / "dp2.ckpt", r)
         assert results[r]["digests"] == {n: hashlib.sha256(v.tobytes()).hexdigest() for n, v in solo.items()}
+
+
+DP2_MP4 = [T.ParamSpec("w", (256, 128), dev_matrix=(2, 4), tensor_map=(0, -1)),
+           T.ParamSpec("v", (128, 256), dev_matrix=(2, 4), tensor_map=(-1, 0)),
+           T.ParamSpec("emb", (512, 64), dev_matrix=(2, 4), tensor_map=(-1, -1)),
+           T.ParamSpec("step", (1,), dtype="int32")]
+
+
+def test_eight_workers_of_a_dp2_mp4_store_load_its_own_layout_with_the_node_reading_each_byte_once(job, tmp_path):
+    """strategy=None (the store's own dp2 x mp4 layout), cooperative="node": the 8 ranks share the
+    replicated emb and each dp pair its slices of w and v, so the node fetches the model once."""
+    T.save_distributed(tmp_path / "ckpt", DP2_MP4, T.make_global_tensors(DP2_MP4, seed=9), world_size=8)
+    ckptstore.convert(tmp_path / "ckpt", tmp_path / "store", strategy=tmp_path / "ckpt" / "strategy.ckpt")
+    code, logs = msrun(tmp_path, str(job / "job.py"), str(tmp_path / "store"), "ok", "none", workers=8,
+                       env={"COOP_GROUP": "node"})
+    assert code == 0, "\n".join(logs.values())[-3000:]
+    results = [json.loads(line.split(" ", 1)[1]) for line in lines(logs, "RESULT")]
+    assert sorted(r["rank"] for r in results) == list(range(8))
+    assert all(r["same"] and r["params_same"] for r in results)
+    model = (256 * 128 + 128 * 256 + 512 * 64 + 1) * 4
+    assert sum(r["fetched"] for r in results) == model < sum(r["solo"] for r in results) == 8 * 196612
