@@ -158,3 +158,31 @@ def test_plan_cooperative_says_when_the_group_would_read_alone(store):
     assert out.splitlines()[0] == (f"group [0, 1] from {store / 'store'}: each rank reads alone (the ranks share "
                                    "little: 4,096 distinct bytes of 4,096 needed (100% > 95%))")
     assert out.splitlines()[1] == "  rank 0: fetches 2.0 KiB (2,048 bytes) in its own requests, receives 0 B; needs 2.0 KiB"
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["in place", "checked chunks"])
+def test_small_windows_cut_parameters_between_windows_and_values_stay_bit_identical(store, verify):
+    """Windows of 1,000 bytes and pieces of 300: a slice read in place is cut between windows (its
+    ranges copied as far as each window holds them); one read through checked chunks stays whole."""
+    from ckptstore.read.group_load import load_together
+    from ckptstore.read.loader import rank_view
+    from ckptstore.store.memory import empty
+
+    strategy = store / "ckpt" / "strategy.ckpt"
+
+    def load(ex):
+        st = ckptstore.open(store / "store")
+        view = rank_view(st, strategy, ex.rank, verify=verify)
+        plans = {n: view.plan_for(n) for n in view.names()}
+        outs = {n: empty(p.shape, p.dtype) for n, p in plans.items()}
+        load_together(ex, st, plans, outs, window_bytes=1000, piece_bytes=300)
+        return outs
+
+    got = run_group((0, 2), load)
+    plan = LAST_PLAN[0]
+    split = [n for n in ("w", "emb") if sum(n in w.params for w in plan.windows) > 1]
+    assert split == ([] if verify else ["w", "emb"])
+    assert len(plan.windows) >= (3 if verify else 10)
+    for r in (0, 2):
+        expected = solo(store, strategy, r)
+        assert all(same(got[r][n], expected[n]) for n in expected), r

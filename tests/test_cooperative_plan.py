@@ -77,17 +77,20 @@ def test_replicas_share_the_reading_so_that_no_piece_could_move_to_a_less_loaded
         assert all(load[p.owner] - cost <= load[r] + 1e-12 for r in replicas)
 
 
-@settings(max_examples=100, deadline=None)
-@given(needs(), st.integers(1, 100))
-def test_windows_hold_whole_parameters_in_order_and_under_the_budget(ns, window_bytes):
-    plan = plan_group(RANKS, ns, piece_bytes=10, window_bytes=window_bytes, shared_min=1.0)
-    assert [w.first for w in plan.windows][:1] in ([], [0])
-    for w, nxt in zip(plan.windows, plan.windows[1:]):
-        assert w.stop == nxt.first and not set(w.params) & set(nxt.params)
+@settings(max_examples=200, deadline=None)
+@given(needs(), st.integers(1, 100), st.sets(st.sampled_from(["a", "b", "c"])))
+def test_windows_cover_the_pieces_in_order_under_the_budget_and_never_cut_a_whole_parameter(ns, window_bytes, whole):
+    plan = plan_group(RANKS, ns, piece_bytes=10, window_bytes=window_bytes, shared_min=1.0, whole=whole)
+    assert [(w.first, w.stop) for w in plan.windows] == list(zip([0] + [w.stop for w in plan.windows[:-1]],
+                                                                 [w.stop for w in plan.windows]))
+    assert (plan.windows[-1].stop if plan.windows else 0) == len(plan.pieces)
     for w in plan.windows:
-        assert {p.param for p in plan.pieces[w.first:w.stop]} == set(w.params)
-        if len(w.params) > 1:
-            assert all(plan.window_bytes(w, r) <= window_bytes for r in RANKS)
+        assert w.params == tuple(dict.fromkeys(p.param for p in plan.pieces[w.first:w.stop]))
+        pieces = plan.pieces[w.first:w.stop]
+        alone = len(pieces) == 1 or (len(w.params) == 1 and w.params[0] in whole)
+        assert alone or all(plan.window_bytes(w, r) <= window_bytes for r in RANKS)
+    for name in whole:
+        assert sum(name in w.params for w in plan.windows) <= 1
 
 
 def test_replicas_of_one_slice_split_its_reading_evenly():

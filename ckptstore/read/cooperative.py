@@ -8,8 +8,8 @@ split, so that the reading of one large shared slice can be spread over its hold
 gets one owner among the ranks that need it, largest piece first onto the least-loaded of them,
 loads priced by the store's :class:`~ckptstore.io.base.ReadCost` (a request's latency and the
 bytes). The owner reads the piece from storage and sends it to the other ranks that need it and
-to no one else. Pieces are then grouped into *windows* of whole parameters, each holding at most
-``window_bytes`` of received bytes per rank (a larger parameter is a window of its own), so that
+to no one else. Pieces are then grouped, in order, into *windows* holding at most ``window_bytes``
+per rank (a parameter read through whole scratch chunks is never cut between windows), so that
 memory stays bounded: a window is read, exchanged, placed and dropped before the next.
 
 When the ranks share little (the distinct bytes are more than :data:`SHARED_MIN` of the sum of
@@ -19,6 +19,7 @@ is ``False`` and each rank reads alone, which :attr:`GroupPlan.reason` says.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from ckptstore.io.base import LOCAL_COST, ReadCost
@@ -63,7 +64,7 @@ class Piece:
 
 @dataclass(frozen=True)
 class Window:
-    """Pieces exchanged together: ``pieces[first:stop]`` of the plan, filling the parameters ``params``."""
+    """Pieces exchanged together: ``pieces[first:stop]`` of the plan, filling (parts of) the parameters ``params``."""
 
     params: tuple[str, ...]
     first: int
@@ -205,11 +206,12 @@ def assign_owners(pieces: Sequence[tuple[str, str, int, int, tuple[int, ...]]],
 
 def plan_group(ranks: Sequence[int], needs: Iterable[Need], *, cost: ReadCost = LOCAL_COST,
                piece_bytes: int = PIECE_BYTES, window_bytes: int = WINDOW_BYTES,
-               shared_min: float = SHARED_MIN) -> GroupPlan:
+               shared_min: float = SHARED_MIN, whole: Iterable[str] = ()) -> GroupPlan:
     """The group plan of ``ranks`` (global ranks) for their ``needs``; see the module docstring.
 
     Deterministic: every rank of the group, given the same needs in any order, computes the same
-    plan. A need of a rank outside ``ranks`` is a :class:`ValueError` (a bug, not bad input).
+    plan. ``whole`` names parameters that must not be cut between windows (:func:`_windows`). A need of
+    a rank outside ``ranks`` is a :class:`ValueError` (a bug, not bad input).
     """
     group = tuple(sorted(set(ranks)))
     needs = list(needs)
@@ -221,7 +223,7 @@ def plan_group(ranks: Sequence[int], needs: Iterable[Need], *, cost: ReadCost = 
     raw = union_pieces(needs, piece_bytes)
     owners = assign_owners(raw, cost)
     pieces = [Piece(param, key, s, e, owner, needers) for (param, key, s, e, needers), owner in zip(raw, owners)]
-    windows = _windows(pieces, window_bytes)
+    windows = _windows(pieces, window_bytes, frozenset(whole))
     distinct, total = sum(p.nbytes for p in pieces), sum(needed.values())
     if len(group) < 2:
         cooperative, reason = False, "a group of one rank reads alone"
@@ -236,28 +238,39 @@ def plan_group(ranks: Sequence[int], needs: Iterable[Need], *, cost: ReadCost = 
     return GroupPlan(group, tuple(pieces), tuple(windows), needed, cooperative, reason, cost)
 
 
-def _windows(pieces: Sequence[Piece], window_bytes: int) -> list[Window]:
-    """Whole parameters (pieces sorted by parameter) grouped while every rank holds at most ``window_bytes``."""
+def _windows(pieces: Sequence[Piece], window_bytes: int, whole: AbstractSet[str] = frozenset()) -> list[Window]:
+    """Pieces (sorted by parameter) grouped in order while every rank holds at most ``window_bytes``.
+
+    A parameter of ``whole`` (one that some rank reads through scratch chunks: checked, decoded or
+    converted whole) stays in one window; any other may be cut between two pieces. A window holds
+    more than ``window_bytes`` only when one piece or one such parameter does.
+    """
     out: list[Window] = []
     held: dict[int, int] = {}
-    params: list[str] = []
     first = i = 0
+
+    def close(stop: int) -> None:
+        nonlocal first
+        if stop > first:
+            out.append(Window(tuple(dict.fromkeys(p.param for p in pieces[first:stop])), first, stop))
+            held.clear()
+            first = stop
+
     while i < len(pieces):
-        j = i
+        j = i + 1
+        if pieces[i].param in whole:
+            while j < len(pieces) and pieces[j].param == pieces[i].param:
+                j += 1
         mine: dict[int, int] = {}
-        while j < len(pieces) and pieces[j].param == pieces[i].param:
-            for r in pieces[j].needers:
-                mine[r] = mine.get(r, 0) + pieces[j].nbytes
-            j += 1
-        if params and any(held.get(r, 0) + mine.get(r, 0) > window_bytes for r in {*held, *mine}):
-            out.append(Window(tuple(params), first, i))
-            held, params, first = {}, [], i
+        for p in pieces[i:j]:
+            for r in p.needers:
+                mine[r] = mine.get(r, 0) + p.nbytes
+        if any(held.get(r, 0) + mine.get(r, 0) > window_bytes for r in {*held, *mine}):
+            close(i)
         for r, b in mine.items():
             held[r] = held.get(r, 0) + b
-        params.append(pieces[i].param)
         i = j
-    if params:
-        out.append(Window(tuple(params), first, len(pieces)))
+    close(len(pieces))
     return out
 
 

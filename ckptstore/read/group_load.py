@@ -58,16 +58,18 @@ def load_together(exchange: Exchange, store: Store, plans: Mapping[str, ParamRea
     exchange.agree(error, "planning")
     if plans is None or outs is None:
         raise CooperativeLoadError(f"rank {exchange.rank}: nothing was planned, yet no error was said")
-    mine = json.dumps(wanted_ranges(plans), separators=(",", ":")).encode()
-    needs = [Need(rank, *row) for rank, blob in zip(exchange.ranks, exchange.gather_bytes(mine))
-             for row in json.loads(blob)]
+    mine = json.dumps({"ranges": wanted_ranges(plans), "whole": whole_params(plans)}, separators=(",", ":")).encode()
+    stated = [json.loads(blob) for blob in exchange.gather_bytes(mine)]
+    needs = [Need(rank, *row) for rank, said in zip(exchange.ranks, stated) for row in said["ranges"]]
+    whole = {name for said in stated for name in said["whole"]}
     sizes = {k: v for k, v in (("window_bytes", window_bytes), ("piece_bytes", piece_bytes)) if v is not None}
-    group = plan_group(exchange.ranks, needs, cost=store.data.read_cost(), **sizes)
+    group = plan_group(exchange.ranks, needs, cost=store.data.read_cost(), whole=whole, **sizes)
     LAST_PLAN[:] = [group]
     if not group.cooperative:
         Executor(store.data, workers=workers).run([(plans[n], outs[n]) for n in plans])
         return group
     pending: BaseException | None = None
+    placed: dict[str, int] = {}
     for window in group.windows:
         held: dict[str, list[tuple[int, int, np.ndarray]]] = {}
         messages: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
@@ -92,9 +94,13 @@ def load_together(exchange: Exchange, store: Store, plans: Mapping[str, ParamRea
             if owner != exchange.rank:
                 _hold(held, pieces, buffer)
         try:
-            _place(HeldBytes(store.data, held), plans, outs, window)
+            _place(HeldBytes(store.data, held), plans, outs, window, whole, placed)
         except Exception as e:  # noqa: BLE001 - any error: said on every rank at the next agreement
             pending = e
+    short = [n for n in plans if n not in whole and placed.get(n, 0) != plans[n].nbytes]
+    if pending is None and short:  # a bug of the group plan, never to pass as values
+        pending = CooperativeLoadError(f"rank {exchange.rank}: parameter {short[0]!r} got {placed.get(short[0], 0):,} "
+                                       f"of its {plans[short[0]].nbytes:,} bytes (a cooperative plan bug)")
     exchange.agree(pending, "placing the received bytes")
     return group
 
@@ -152,11 +158,35 @@ def _hold(held: dict[str, list[tuple[int, int, np.ndarray]]], pieces: Sequence[P
 
 
 def _place(source: HeldBytes, plans: Mapping[str, ParamReadPlan], outs: Mapping[str, np.ndarray],
-           window: Window) -> None:
-    """Run this rank's plans of ``window``'s parameters against the bytes it holds (not counted as I/O)."""
-    jobs = [(plans[n], outs[n]) for n in window.params if n in plans]
+           window: Window, whole: set[str], placed: dict[str, int]) -> None:
+    """Put the bytes this rank holds in ``window`` where its plans put them (not counted as I/O).
+
+    Ranges read straight into a destination are copied from the held pieces, as far as this window
+    holds them (a parameter may span windows); a parameter read through scratch chunks (checked,
+    decoded or converted) lies in one window and its plan runs whole against the held bytes.
+    ``placed`` counts the bytes copied per parameter (a parameter cut between windows must add up).
+    """
+    jobs = []
+    for name in window.params:
+        plan = plans.get(name)
+        if plan is None:
+            continue
+        if name in whole:
+            jobs.append((plan, outs[name]))
+            continue
+        flat = outs[name].reshape(-1).view(np.uint8)
+        for g in plan.groups:  # (every group goes into the destination: the parameter is not in `whole`)
+            for f, offset, length, dest in zip(g.files.tolist(), g.offsets.tolist(), g.lengths.tolist(),
+                                               g.dests.tolist()):
+                placed[name] = placed.get(name, 0) + source.copy_held(plan.keys[f], offset, flat[dest:dest + length])
     if jobs:
         Executor(source, workers=1, stats=IOStats()).run(jobs)
+
+
+def whole_params(plans: Mapping[str, ParamReadPlan]) -> list[str]:
+    """The parameters whose plans read through scratch chunks (a chunk checked, decoded or converted as a
+    whole): they must not be cut between windows."""
+    return [name for name, plan in plans.items() if any(not g.into_destination for g in plan.groups)]
 
 
 class HeldBytes(ByteSource):
@@ -173,6 +203,12 @@ class HeldBytes(ByteSource):
     @property
     def url(self) -> str:
         return self.inner.url
+
+    def copy_held(self, key: str, offset: int, out: np.ndarray) -> int:
+        """Copy the bytes of ``[offset, offset + len(out))`` of ``key`` that this window holds into ``out``
+        (the rest belongs to other windows); return how many were copied."""
+        found = self.files.get(key)
+        return 0 if found is None else found.copy_held(offset, out)
 
     def open(self, key: str) -> ReadableFile:
         found = self.files.get(key)
@@ -219,6 +255,20 @@ class _HeldFile(ReadableFile):
 
     def read_span(self, requests: Sequence[Request]) -> None:
         self.read_requests(requests)  # only the wanted ranges: the gaps were never fetched
+
+    def copy_held(self, offset: int, out: np.ndarray) -> int:
+        end, at, copied = offset + len(out), offset, 0  # bytes before `at` are done (no byte counted twice)
+        i = max(0, bisect.bisect_right(self.starts, offset) - 1)
+        while i > 0 and self.segments[i - 1][1] > offset:  # an earlier, longer segment may reach in
+            i -= 1
+        for start, stop, data in self.segments[i:]:
+            if start >= end:
+                break
+            lo, hi = max(start, at), min(stop, end)
+            if lo < hi:
+                out[lo - offset:hi - offset] = data[lo - start:hi - start]
+                copied, at = copied + hi - lo, hi
+        return copied
 
 
 def group_ranks(cooperative: Cooperative, replicas: Callable[[int], tuple[int, ...]]) -> tuple[int, ...]:
