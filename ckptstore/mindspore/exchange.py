@@ -24,6 +24,8 @@ from ckptstore.mindspore._import import mindspore as _ms
 from ckptstore.read.exchange import Exchange
 
 _CREATED: set[str] = set()
+#: The largest part of a message one broadcast sends (mccl stages a copy of it).
+BROADCAST_BYTES = 4 << 20
 
 
 def communication() -> tuple[int, int]:
@@ -88,15 +90,21 @@ class MindSporeExchange(Exchange):
             return [o.asnumpy().copy() for o in outs]
 
     def broadcast(self, buffer: np.ndarray, root: int, ranks: Sequence[int]) -> None:
+        """See :meth:`Exchange.broadcast`; sent in parts of at most :data:`BROADCAST_BYTES` (mccl holds a
+        copy of what it sends: a message of a whole window would cost another window of memory)."""
         ms = _ms()
         from mindspore.mint import distributed as dist
 
-        tensor: Any = ms.Tensor.from_numpy(buffer)  # shares the buffer: the bytes land in place
-        with _collective(f"broadcast from rank {root}"):
-            dist.broadcast(tensor, src=int(root), group=group_name(ranks))
-            received = tensor.asnumpy()  # waits for the collective (and surfaces its error)
-        if received.__array_interface__["data"][0] != buffer.__array_interface__["data"][0]:
-            buffer[...] = received.reshape(buffer.shape)
+        group = group_name(ranks)
+        flat = buffer.reshape(-1)
+        for at in range(0, len(flat), BROADCAST_BYTES):
+            part = flat[at:at + BROADCAST_BYTES]
+            tensor: Any = ms.Tensor.from_numpy(part)  # shares the buffer: the bytes land in place
+            with _collective(f"broadcast from rank {root}"):
+                dist.broadcast(tensor, src=int(root), group=group)
+                received = tensor.asnumpy()  # waits for the collective (and surfaces its error)
+            if received.__array_interface__["data"][0] != part.__array_interface__["data"][0]:
+                part[...] = received.reshape(part.shape)
 
 
 class _collective:
