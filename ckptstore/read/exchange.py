@@ -69,3 +69,17 @@ class Exchange(ABC):
         raise CooperativeLoadError(
             f"cooperative load ({what}) failed on rank{'s' if len(failed) > 1 else ''} "
             f"{', '.join(map(str, failed))} of the group {list(self.ranks)}, so rank {self.rank} stops too: {said}")
+
+
+class SoloExchange(Exchange):
+    """A group of one rank: nothing to exchange (no collective is called)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.ranks = rank, (rank,)
+
+    def gather(self, array: np.ndarray) -> list[np.ndarray]:
+        return [np.array(array, copy=True)]
+
+    def broadcast(self, buffer: np.ndarray, root: int, ranks: Sequence[int]) -> None:
+        if tuple(ranks) != self.ranks or root != self.rank:
+            raise ValueError(f"broadcast among {list(ranks)} from {root} in a group of rank {self.rank} alone")

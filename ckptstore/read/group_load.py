@@ -28,7 +28,7 @@ import numpy as np
 from ckptstore.errors import CooperativeLoadError, InvalidOptionError
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request
 from ckptstore.read.cooperative import GroupPlan, Need, Piece, Window, owned_requests, plan_group, transfers
-from ckptstore.read.exchange import Exchange
+from ckptstore.read.exchange import Exchange, SoloExchange
 from ckptstore.store.executor import IO_STATS, Executor, IOStats
 from ckptstore.store.read_plan import ParamReadPlan
 from ckptstore.store.store import Store
@@ -294,6 +294,10 @@ def exchange_for(cooperative: Cooperative, replicas: Callable[[int], tuple[int, 
     """The :class:`Exchange` of the group ``cooperative`` names: itself when it is one, else MindSpore's collectives."""
     if isinstance(cooperative, Exchange):
         return cooperative
-    from ckptstore.mindspore.exchange import MindSporeExchange
+    from ckptstore.mindspore.exchange import MindSporeExchange, communication
 
-    return MindSporeExchange(group_ranks(cooperative, replicas))
+    ranks = group_ranks(cooperative, replicas)
+    me, _ = communication()
+    if ranks == (me,):  # a rank with no replica (or a list of itself) reads alone, calling no collective
+        return SoloExchange(me)
+    return MindSporeExchange(ranks)
