@@ -8,26 +8,35 @@ of every parameter it loads, as a solo load would run them) and has a destinatio
    byte ranges (small: file keys and offsets) and computes the same
    :class:`~ckptstore.read.cooperative.GroupPlan` on every rank;
 2. if the ranks share little, each runs its own plans alone (no more collectives);
-3. else, window by window: the owner of each piece reads it from storage through the normal
-   executor and the store's byte source (counted in :func:`ckptstore.io_counts`), every rank agrees
-   that those reads succeeded, owners broadcast each message (pieces of one owner for one set of
-   ranks) to exactly that set, and each rank runs its own plans against the bytes it now holds (a
-   :class:`HeldBytes` source; not counted as I/O), so its values are what a solo load gives, bit for bit.
+3. else, window by window: the owner of each piece reads it from storage through the store's byte
+   source (counted in :func:`ckptstore.io_counts`), every rank agrees that those reads succeeded,
+   owners broadcast each message (pieces of one owner for one set of ranks) to exactly that set while
+   the next window is read, and each rank puts the bytes it now holds where its own plans put them
+   (:class:`HeldBytes`; not counted as I/O), so its values are what a solo load gives, bit for bit.
 
-Memory: the destination arrays plus one window of held pieces.
+Memory: the destination arrays plus two half-windows of held pieces (one exchanged, one read).
 """
 from __future__ import annotations
 
 import bisect
 import json
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from ckptstore.errors import CooperativeLoadError, InvalidOptionError
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, Request
-from ckptstore.read.cooperative import GroupPlan, Need, Piece, Window, owned_requests, plan_group, transfers
+from ckptstore.read.cooperative import (
+    WINDOW_BYTES,
+    GroupPlan,
+    Need,
+    Piece,
+    Window,
+    owned_requests,
+    plan_group,
+    transfers,
+)
 from ckptstore.read.exchange import Exchange, SoloExchange
 from ckptstore.store.executor import IO_STATS, Executor, IOStats
 from ckptstore.store.read_plan import ParamReadPlan
@@ -62,7 +71,10 @@ def load_together(exchange: Exchange, store: Store, plans: Mapping[str, ParamRea
     stated = [json.loads(blob) for blob in exchange.gather_bytes(mine)]
     needs = [Need(rank, *row) for rank, said in zip(exchange.ranks, stated) for row in said["ranges"]]
     whole = {name for said in stated for name in said["whole"]}
-    sizes = {k: v for k, v in (("window_bytes", window_bytes), ("piece_bytes", piece_bytes)) if v is not None}
+    # two windows are held at once (one exchanged and placed while the next is read): each gets half
+    sizes = {"window_bytes": WINDOW_BYTES // 2 if window_bytes is None else window_bytes}
+    if piece_bytes is not None:
+        sizes["piece_bytes"] = piece_bytes
     group = plan_group(exchange.ranks, needs, cost=store.data.read_cost(), whole=whole, **sizes)
     LAST_PLAN[:] = [group]
     if not group.cooperative:
@@ -70,39 +82,62 @@ def load_together(exchange: Exchange, store: Store, plans: Mapping[str, ParamRea
         return group
     pending: BaseException | None = None
     placed: dict[str, int] = {}
-    for window in group.windows:
-        held: dict[str, list[tuple[int, int, np.ndarray]]] = {}
-        messages: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
-        try:
-            if pending is None:
-                messages = _read_owned(store, group, window, exchange.rank, held, workers)
-        except Exception as e:  # noqa: BLE001 - any error: said on every rank by the agreement below
-            pending = e
-        exchange.agree(pending, "reading from storage")
-        for owner, needers, pieces in transfers(group, window):
-            if exchange.rank not in needers:
-                continue
-            buffer = messages[(owner, needers)] if owner == exchange.rank else \
-                np.empty(sum(p.nbytes for p in pieces), dtype=np.uint8)
+    with ThreadPoolExecutor(1, thread_name_prefix="ckptstore-coop-ahead") as ahead:
+        reading = _read_ahead(ahead, store, group, 0, exchange.rank, workers)
+        for k, window in enumerate(group.windows):
+            held, messages = {}, {}
             try:
-                exchange.broadcast(buffer, owner, needers)
-            except CooperativeLoadError:
-                raise
-            except Exception as e:
-                raise CooperativeLoadError(f"cooperative load: rank {exchange.rank} could not receive from rank "
-                                           f"{owner} ({e}); a rank of the group failed or is gone") from e
-            if owner != exchange.rank:
-                _hold(held, pieces, buffer)
-        try:
-            _place(HeldBytes(store.data, held), plans, outs, window, whole, placed)
-        except Exception as e:  # noqa: BLE001 - any error: said on every rank at the next agreement
-            pending = e
+                held, messages = reading.result()  # type: ignore[union-attr]
+            except Exception as e:  # noqa: BLE001 - any error: said on every rank by the agreement below
+                pending = pending or e
+            exchange.agree(pending, "reading from storage")
+            reading = _read_ahead(ahead, store, group, k + 1, exchange.rank, workers)
+            _receive(exchange, group, window, held, messages)
+            try:
+                _place(HeldBytes(store.data, held), plans, outs, window, whole, placed)
+            except Exception as e:  # noqa: BLE001 - any error: said on every rank at the next agreement
+                pending = e
     short = [n for n in plans if n not in whole and placed.get(n, 0) != plans[n].nbytes]
     if pending is None and short:  # a bug of the group plan, never to pass as values
         pending = CooperativeLoadError(f"rank {exchange.rank}: parameter {short[0]!r} got {placed.get(short[0], 0):,} "
                                        f"of its {plans[short[0]].nbytes:,} bytes (a cooperative plan bug)")
     exchange.agree(pending, "placing the received bytes")
     return group
+
+
+Held = dict[str, list[tuple[int, int, np.ndarray]]]
+Messages = dict[tuple[int, tuple[int, ...]], np.ndarray]
+
+
+def _read_ahead(pool: ThreadPoolExecutor, store: Store, group: GroupPlan, k: int, rank: int,
+                workers: int) -> Future[tuple[Held, Messages]] | None:
+    """Start reading window ``k``'s owned pieces (while the caller exchanges the window before it)."""
+    if k >= len(group.windows):
+        return None
+
+    def read() -> tuple[Held, Messages]:
+        held: Held = {}
+        return held, _read_owned(store, group, group.windows[k], rank, held, workers)
+
+    return pool.submit(read)
+
+
+def _receive(exchange: Exchange, group: GroupPlan, window: Window, held: Held, messages: Messages) -> None:
+    """Send this rank's messages of ``window`` and receive those meant for it (into ``held``)."""
+    for owner, needers, pieces in transfers(group, window):
+        if exchange.rank not in needers:
+            continue
+        buffer = messages[(owner, needers)] if owner == exchange.rank else \
+            np.empty(sum(p.nbytes for p in pieces), dtype=np.uint8)
+        try:
+            exchange.broadcast(buffer, owner, needers)
+        except CooperativeLoadError:
+            raise
+        except Exception as e:
+            raise CooperativeLoadError(f"cooperative load: rank {exchange.rank} could not receive from rank "
+                                       f"{owner} ({e}); a rank of the group failed or is gone") from e
+        if owner != exchange.rank:
+            _hold(held, pieces, buffer)
 
 
 def _read_owned(store: Store, group: GroupPlan, window: Window, rank: int,
