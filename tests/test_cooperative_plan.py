@@ -4,6 +4,7 @@ nothing else, owners are balanced, windows hold whole parameters under the budge
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -126,4 +127,4 @@ def test_an_owner_sends_each_of_its_pieces_in_one_request_of_sorted_pieces_and_s
         assert sorted(sent, key=id) == sorted((p for p in plan.pieces if p.owner == rank), key=id)
         for key, ps in requests:
             assert all(p.key == key for p in ps) and ps[-1].end - ps[0].start <= max(100, ps[0].nbytes)
-            assert all(0 <= b.start - a.end <= cost.gap_bytes for a, b in zip(ps, ps[1:]))
+            assert all(0 <= b.start - a.end <= cost.gap_bytes for a, b in pairwise(ps))
