@@ -45,6 +45,7 @@ def test_msrun_converts_in_parts_through_the_ckptstore_script_file(tmp_path, sou
 
 
 SAVE_WITHOUT_INIT = '''
+import sys
 import numpy as np
 import ckptstore
 
