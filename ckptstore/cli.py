@@ -628,9 +628,12 @@ def commit(store: str) -> None:
 @click.option("--allow-whole", is_flag=True,
               help="Plan even when the target strategy lays out few of the store's parameters (they come whole).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+@click.option("--cooperative", "cooperative", default=None, metavar="GROUP",
+              help="Plan a cooperative load (load_rank(..., cooperative=GROUP)): 'replicas', 'node' or ranks like "
+                   "0,2; shows bytes and requests from storage per rank and per group.")
 @_friendly_errors
 def plan(store: str, strategies: tuple[str, ...], rank: int | None, include: tuple[str, ...], dtype: str | None,
-         allow_whole: bool, as_json: bool) -> None:
+         allow_whole: bool, as_json: bool, cooperative: str | None = None) -> None:
     """What loading one rank of a target layout from STORE will read, before anything is read.
 
     Bytes, files (or objects), read requests and peak memory of load_rank / read_rank for that
@@ -639,6 +642,9 @@ def plan(store: str, strategies: tuple[str, ...], rank: int | None, include: tup
     """
     from ckptstore.read.rank_plan import plan_rank
 
+    if cooperative is not None:
+        _plan_cooperative(store, strategies, rank, include, dtype, allow_whole, as_json, cooperative)
+        return
     result = plan_rank(store, list(strategies) or None, rank, include=list(include) or None, dtype=dtype,
                        allow_whole=allow_whole)
     if as_json:
@@ -654,6 +660,31 @@ def plan(store: str, strategies: tuple[str, ...], rank: int | None, include: tup
     click.echo(f"  peak memory {_fmt_bytes(result.peak_bytes)}: {_fmt_bytes(result.result_bytes)} of arrays"
                + (f" + at most {_fmt_bytes(result.scratch_bytes)} of chunks read whole" if result.scratch_bytes
                   else ", every byte read in place") + f" ({result.workers} reading threads)")
+
+
+def _plan_cooperative(store: str, strategies: tuple[str, ...], rank: int | None, include: tuple[str, ...],
+                      dtype: str | None, allow_whole: bool, as_json: bool, cooperative: str) -> None:
+    """``plan --cooperative``: per rank and per group, what a cooperative load fetches from storage."""
+    from ckptstore.read.rank_plan import plan_cooperative
+
+    group: str | list[int] = cooperative
+    if cooperative not in ("replicas", "node"):
+        group = list(_parse_ranks(cooperative) or [])
+    result = plan_cooperative(store, list(strategies) or None, rank, cooperative=group, include=list(include) or None,
+                              dtype=dtype, allow_whole=allow_whole)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    click.echo(f"group {list(result.ranks)} from {result.store}: "
+               + ("cooperative" if result.cooperative else "each rank reads alone") + f" ({result.reason})")
+    for r in result.per_rank:
+        requests = f"{r.requests:,} requests" if r.requests >= 0 else "its own requests"
+        click.echo(f"  rank {r.rank}: fetches {_fmt_bytes(r.fetched_bytes)} ({r.fetched_bytes:,} bytes) in {requests}"
+                   f", receives {_fmt_bytes(r.received_bytes)}; needs {_fmt_bytes(r.needed_bytes)}")
+    ratio = result.fetched_bytes / result.distinct_bytes if result.distinct_bytes else 1.0
+    click.echo(f"  group: fetches {result.fetched_bytes:,} bytes ({ratio:.2f}x the {result.distinct_bytes:,} distinct) "
+               + (f"in {result.requests:,} requests " if result.cooperative else "")
+               + f"vs {result.independent_bytes:,} bytes in {result.independent_requests:,} requests reading alone")
 
 
 def _parse_ranks(value: str | None) -> Iterable[int] | None:

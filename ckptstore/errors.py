@@ -198,3 +198,9 @@ class EndpointRedirectError(ObjectStoreConfigError):
     """The object store's endpoint redirects requests for a bucket (to another host, or with no
     place to go): a wrong or hostile ``AWS_ENDPOINT_URL``, never a damaged store. Set it to the
     endpoint that serves the bucket."""
+
+
+class CooperativeLoadError(CkptStoreError, RuntimeError):
+    """A cooperative load (``cooperative=``) failed on another rank of the group, or its collectives
+    failed: every rank of the group raises it (the failing rank its own error), none waits for bytes
+    that will not come. The message names the failing rank and what it said."""

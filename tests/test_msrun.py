@@ -8,10 +8,7 @@ msrun exits 0. Each test starts a 2-worker msrun job (10-40 s here): slow tier.
 """
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,26 +19,10 @@ pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
 import ckptstore  # noqa: E402
 import mindspore_fixtures as T  # noqa: E402
 from convert_fixtures import assert_same_array  # noqa: E402
+from msrun_helpers import VENV_BIN, msrun  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-VENV_BIN = Path(sys.executable).parent
 SPECS = [T.ParamSpec("w", (8, 4), dev_matrix=(2,), tensor_map=(0, -1)),
          T.ParamSpec("emb", (6, 4), dev_matrix=(2,), tensor_map=(-1, -1))]
-
-
-def msrun(tmp_path: Path, *command: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, str]]:
-    """Run ``msrun --worker_num=2 --local_worker_num=2 <command>``; its exit code and logs by name."""
-    full = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO), "GLOG_v": "3",
-            **(env or {})}
-    for var in ("RANK_ID", "RANK_SIZE", "MS_ROLE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
-        if env is None or var not in env:
-            full.pop(var, None)
-    port = 20000 + (os.getpid() * 7 + len(str(tmp_path))) % 20000
-    logs = tmp_path / "logs"
-    done = subprocess.run([str(VENV_BIN / "msrun"), "--worker_num=2", "--local_worker_num=2",
-                           f"--master_port={port}", f"--log_dir={logs}", "--join=True", *command],
-                          env=full, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    return done.returncode, {p.stem: p.read_text() for p in sorted(logs.glob("*.log"))}
 
 
 @pytest.fixture

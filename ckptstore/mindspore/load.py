@@ -18,7 +18,17 @@ from ckptstore.errors import InvalidOptionError, LayoutMismatchError
 from ckptstore.mindspore._import import mindspore as _ms
 from ckptstore.mindspore.layouts import net_strategy
 from ckptstore.progress import Progress
-from ckptstore.read.loader import StrategyLike, check_workers, float_dtype, resolve_rank, resolve_target, target_boxes
+from ckptstore.read.exchange import Exchange
+from ckptstore.read.group_load import Cooperative, exchange_for, load_together
+from ckptstore.read.loader import (
+    StrategyLike,
+    check_workers,
+    float_dtype,
+    replica_ranks,
+    resolve_rank,
+    resolve_target,
+    target_boxes,
+)
 from ckptstore.store.executor import Executor, check_extents
 from ckptstore.store.read_plan import plan_param
 from ckptstore.store.store import Store, StoreLike, as_store
@@ -27,7 +37,7 @@ from ckptstore.store.store import Store, StoreLike, as_store
 def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
                   rank: int | None = None, *, strict: bool = False, dtype: Any = None,
                   verify: bool = False, workers: int | None = None,
-                  quiet: bool = True) -> tuple[list[str], list[str]]:
+                  quiet: bool = True, cooperative: Cooperative = None) -> tuple[list[str], list[str]]:
     """Load this rank's slices from a store into a MindSpore Cell, as ``load_param_into_net`` would.
 
     The target layout is ``strategy`` when given, else the network's own layouts when it was
@@ -43,7 +53,9 @@ def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
     ``mindspore.load_param_into_net``. ``strict=True`` asks for an exact match instead: names as
     they are, dtypes as they are, and every network parameter found (else an error). Each slice
     must have the network parameter's shape. ``quiet=False`` shows progress (a bar on a
-    terminal, log lines otherwise).
+    terminal, log lines otherwise). ``cooperative`` (``"replicas"``, ``"node"`` or a list of ranks;
+    every rank of the group calls at once, after ``mindspore.communication.init()``) reads each
+    distinct byte once in the group, as :func:`ckptstore.read_rank` does.
     """
     exact = strict
     st = as_store(store)
@@ -72,7 +84,12 @@ def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
     if strict and param_not_load:
         raise LayoutMismatchError(f"{len(param_not_load)} network parameters are not in the store {st.location.url}: "
                                   + ", ".join(param_not_load[:10]) + (" ..." if len(param_not_load) > 10 else ""))
-    _NetLoader(st, available, float_dtype(dtype), verify, exact, check_workers(workers, st)).load(loads, rank, quiet)
+    loader = _NetLoader(st, available, float_dtype(dtype), verify, exact, check_workers(workers, st))
+    if cooperative is None:
+        loader.load(loads, rank, quiet)
+    else:
+        exchange = exchange_for(cooperative, lambda world: replica_ranks(st, resolved, rank, world))
+        loader.load_together(loads, rank, exchange)
     return param_not_load, ckpt_not_load
 
 
@@ -127,12 +144,28 @@ class _NetLoader:
                 for _, target, _, job in pending:
                     job.wait()
                     progress.add(target.nbytes, 1)
-            for param, target, in_place, _ in pending:
-                if not in_place:
-                    target = target.reshape(tuple(param.shape))  # a [1] value of a [] parameter, or the reverse
-                    param.set_data(_ms().Tensor.from_numpy(target), getattr(param, "sliced", False))
-                if hasattr(param, "init_param") and not param.init_param:
-                    param.init_param = True
+            _hand_over([(param, target, in_place) for param, target, in_place, _ in pending])
+
+    def load_together(self, loads: dict[str, tuple[str, Any]], rank: int, exchange: Exchange) -> None:
+        """:meth:`load` with the ranks of ``exchange``'s group (:func:`~ckptstore.read.group_load.load_together`):
+        a shape, dtype or extent error on any rank is raised on every rank before a byte moves."""
+        error: BaseException | None = None
+        plans: dict[str, Any] | None = {}
+        outs: dict[str, np.ndarray] | None = {}
+        ready = []
+        try:
+            for key, (_, param) in loads.items():
+                if self.store.info(key).is_str:
+                    continue
+                plan = self._plan(key, param, rank)
+                check_extents(plan, self.store.data)
+                target, in_place = self._destination(param, plan)
+                plans[key], outs[key] = plan, target  # type: ignore[index]
+                ready.append((param, target, in_place))
+        except Exception as e:  # noqa: BLE001 - any error: said to the group, then raised on every rank
+            error, plans, outs = e, None, None
+        load_together(exchange, self.store, plans, outs, error=error, workers=self.workers)
+        _hand_over(ready)
 
     def _plan(self, key: str, param: Any, rank: int) -> Any:
         info = self.store.info(key)
@@ -174,6 +207,16 @@ class _NetLoader:
                     and host.size == prod(plan.shape)):
                 return host.reshape(plan.shape), True  # a view (C-contiguous): the same memory
         return empty(plan.shape, want_dtype), False
+
+
+def _hand_over(filled: Sequence[tuple[Any, np.ndarray, bool]]) -> None:
+    """Give each Parameter its filled array (those read in place already hold it)."""
+    for param, target, in_place in filled:
+        if not in_place:
+            target = target.reshape(tuple(param.shape))  # a [1] value of a [] parameter, or the reverse
+            param.set_data(_ms().Tensor.from_numpy(target), getattr(param, "sliced", False))
+        if hasattr(param, "init_param") and not param.init_param:
+            param.init_param = True
 
 
 def same_but_trailing_ones(net_shape: Sequence[int], stored_shape: Sequence[int]) -> bool:

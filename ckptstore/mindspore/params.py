@@ -19,7 +19,8 @@ import numpy as np
 
 from ckptstore.mindspore._import import mindspore as _ms
 from ckptstore.mindspore._import import ms_dtype as _ms_dtype
-from ckptstore.read.loader import RankView, StrategyLike, include_globs, rank_view
+from ckptstore.read.group_load import Cooperative
+from ckptstore.read.loader import RankView, StrategyLike, include_globs, rank_view, read_together
 from ckptstore.store.store import StoreLike, as_store
 
 
@@ -200,7 +201,8 @@ class RankParameters(dict):
 def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
               include: str | Sequence[str] | None = None, dtype: Any = None, copy: bool = True,
               verify: bool = False, workers: int | None = None, allow_whole: bool = False,
-              quiet: bool = True, names: str | Sequence[str] | None = None) -> RankParameters:
+              quiet: bool = True, names: str | Sequence[str] | None = None,
+              cooperative: Cooperative = None) -> RankParameters:
     """The ``mindspore.Parameter``\\ s rank ``rank`` of ``strategy`` holds, built lazily from ``store``.
 
     ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`.
@@ -218,8 +220,19 @@ def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     (:class:`~ckptstore.errors.ForeignStrategyError`) unless ``allow_whole``. The result is a
     ``dict`` that ``mindspore.load_param_into_net`` accepts. ``quiet=False`` shows the progress
     of building many Parameters at once (``items()``, ``values()``, :meth:`~RankParameters.materialize`).
+    ``cooperative`` (``"replicas"``, ``"node"`` or a list of ranks; every rank of the group calls at
+    once, after ``mindspore.communication.init()``) reads everything now, each distinct byte once in the
+    group, as :func:`ckptstore.read_rank` does; the Parameters are built from those values.
     """
     include = include_globs(include, names)
+    if cooperative is not None:
+        st = as_store(store)
+        view, values = read_together(st, strategy, rank, cooperative, names=include, dtype=dtype, verify=verify,
+                                     workers=workers, allow_whole=allow_whole)
+        built = RankParameters(view, copy=copy)
+        for name, value in values.items():
+            dict.__setitem__(built, name, value if isinstance(value, str) else to_parameter(name, value))
+        return built
     view = rank_view(as_store(store), strategy, rank, names=include, dtype=dtype, verify=verify,
                      workers=workers, allow_whole=allow_whole, quiet=quiet)
     return RankParameters(view, copy=copy)

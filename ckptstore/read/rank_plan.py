@@ -90,3 +90,79 @@ def plan_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
                         modelled_seconds=round(cost.seconds(requests, fetched), 6),
                         request_ms=cost.request_seconds * 1e3, bandwidth_mbps=cost.bytes_per_second / 1e6,
                         in_flight=cost.in_flight)
+
+
+@dataclass(frozen=True)
+class GroupRankPlan:
+    """One rank's share of a cooperative load: bytes and requests it sends to storage, bytes it receives."""
+
+    rank: int
+    needed_bytes: int
+    fetched_bytes: int
+    requests: int
+    received_bytes: int
+
+
+@dataclass(frozen=True)
+class CooperativePlan:
+    """What a group loading together (``cooperative=``) fetches from storage, per rank and in all,
+    against what its ranks would fetch reading alone; ``cooperative`` False (and ``reason``) when the
+    group would read alone."""
+
+    store: str
+    ranks: tuple[int, ...]
+    cooperative: bool
+    reason: str
+    per_rank: tuple[GroupRankPlan, ...]
+    distinct_bytes: int
+    independent_bytes: int
+    independent_requests: int
+
+    @property
+    def fetched_bytes(self) -> int:
+        return sum(r.fetched_bytes for r in self.per_rank)
+
+    @property
+    def requests(self) -> int:
+        return sum(r.requests for r in self.per_rank)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "fetched_bytes": self.fetched_bytes, "requests": self.requests}
+
+
+def plan_cooperative(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
+                     cooperative: str | Sequence[int] = "replicas", include: str | Sequence[str] | None = None,
+                     dtype: Any = None, allow_whole: bool = False, ranks_per_node: int = 8) -> CooperativePlan:
+    """What the group of ``rank`` (``"replicas"``, ``"node"`` of ``ranks_per_node`` ranks, or a list of
+    ranks) of ``strategy``'s layout fetches loading together, worked out from metadata alone (no
+    collectives: every rank's plan is computed here, as the group would compute it)."""
+    from ckptstore.read.cooperative import plan_group
+    from ckptstore.read.cooperative import Need
+    from ckptstore.read.group_load import wanted_ranges
+    from ckptstore.read.loader import name_patterns, replica_ranks, resolve_target
+
+    with store_argument(store) as st:
+        first = rank_view(st, strategy, rank, names=include, dtype=dtype, allow_whole=allow_whole)
+        target = resolve_target(st, strategy)
+        world = first.world_size
+        if cooperative == "replicas":
+            ranks = replica_ranks(st, target, first.rank, world, name_patterns(include))
+        elif cooperative == "node":
+            base = first.rank - first.rank % ranks_per_node
+            ranks = tuple(range(base, min(world, base + ranks_per_node)))
+        else:
+            ranks = tuple(sorted({int(r) for r in cooperative}))
+        needs, requests = [], 0
+        for r in ranks:
+            view = first if r == first.rank else rank_view(st, strategy, r, names=include, dtype=dtype,
+                                                           allow_whole=allow_whole)
+            plans = {n: view.plan_for(n) for n in view.names() if not st.info(n).is_str}
+            requests += sum(p.requests for p in plans.values())
+            needs += [Need(r, *row) for row in wanted_ranges(plans)]
+        group = plan_group(ranks, needs, cost=st.data.read_cost())
+        alone = {r: sum(n.end - n.start for n in needs if n.rank == r) for r in ranks}
+        per_rank = tuple(GroupRankPlan(r, alone[r], group.fetched_by(r) if group.cooperative else alone[r],
+                                       group.requests_by(r) if group.cooperative else -1, group.received_by(r))
+                         for r in ranks)
+        return CooperativePlan(st.location.url, ranks, group.cooperative, group.reason, per_rank,
+                               group.distinct_bytes, group.independent_bytes, requests)
