@@ -1,7 +1,8 @@
 """Cooperative loads in real msrun jobs on the CPU wheel (mccl collectives): every rank's values equal
 its solo read_rank bit for bit (read_rank, load_rank and load_into_net), each replica group fetches the
 distinct bytes once (io_counts() on each rank counts only what it fetched), a rank whose reads fail
-makes every rank raise, and a worker killed mid-exchange ends the job non-zero within 60 s. Each test starts an msrun job: slow tier."""
+makes every rank raise, and a worker killed mid-exchange ends the job non-zero within 60 s.
+Each test starts an msrun job: slow tier."""
 from __future__ import annotations
 
 import json
