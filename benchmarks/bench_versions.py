@@ -474,13 +474,13 @@ def report_figure(route: str, params: Mapping[str, Any], results_dir: Path = RES
     """REPORT.md's median wall time of this route and the revision it was measured at: the last
     warm record of ``results/load.json`` / ``convert.json`` on the same checkpoint (and, for a
     load, the same target), or None."""
-    from benchmarks.harness import load_results
+    from benchmarks.harness import load_results, raw_path
 
     if route not in REPORT_CONTENDERS:  # bench_save's records are of another shape
         return None
     scenario, contender = REPORT_CONTENDERS[route]
     same = ("size_requested", "src_world", "seed") + (("dst_world", "rank") if scenario == "load" else ())
-    for rec in reversed(load_results(results_dir / f"{scenario}.json")):
+    for rec in reversed(load_results(raw_path(results_dir, f"{scenario}.json"))):
         if rec.get("cache") == "warm" and all(rec["params"].get(k) == params.get(k) for k in same) \
                 and contender in rec["summary"]:
             return rec["summary"][contender]["wall_s"]["median"], str(rec["environment"].get("git"))

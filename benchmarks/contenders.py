@@ -26,8 +26,8 @@ import numpy as np
 
 def write_names_file(path: Path, store: str | os.PathLike[str], strategy: str | os.PathLike[str], rank: int) -> Path:
     """``[name, shape, dtype, in_strategy]`` of every tensor rank ``rank`` of ``strategy`` holds
-    (:func:`ckptstore.testing.benchmark_fixtures.rank_tensors`)."""
-    from ckptstore.testing.benchmark_fixtures import rank_tensors
+    (:func:`benchmarks.fixtures.rank_tensors`)."""
+    from benchmarks.fixtures import rank_tensors
 
     rows = rank_tensors(store, strategy, rank)
     path.parent.mkdir(parents=True, exist_ok=True)

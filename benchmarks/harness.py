@@ -4,8 +4,9 @@ A *contender* is a Python callable named by module and function, with JSON keywo
 Each measurement runs it in a new ``python -m benchmarks.worker`` process, so no contender
 inherits another's heap, page-table state or imports. Rounds alternate the order (A B C, C B A,
 A B C, ...) because this machine's speed drifts over minutes: a fixed order would charge the
-drift to whoever runs last. Results go to ``benchmarks/results/<name>.json``, the latest run of
-each scenario (:func:`append_result`).
+drift to whoever runs last. Records go to ``benchmarks/results/raw/<name>.json``, the latest run
+of each scenario (:func:`append_result`): the ``raw/`` folders are not in git (``.gitignore``),
+only the Markdown summaries beside them are.
 """
 from __future__ import annotations
 
@@ -29,6 +30,14 @@ from benchmarks import procfs
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
+#: The subfolder of a results folder that holds the raw records (JSON) and plots (PNG): ignored by
+#: git, so the repository keeps the Markdown summaries and not megabytes of data that each run rewrites.
+RAW = "raw"
+
+
+def raw_path(results_dir: str | os.PathLike[str], filename: str) -> Path:
+    """Where a benchmark keeps a raw record or plot of ``results_dir``: ``results_dir/raw/filename``."""
+    return Path(results_dir) / RAW / filename
 
 #: Set in every worker. numpy's madvise(MADV_HUGEPAGE) makes large allocations fault in huge
 #: pages whose zeroing cost swings timings up to 10x here; GLOG_v=3 silences MindSpore's logging.
@@ -308,7 +317,7 @@ def run_benchmark(
     ``keep_going`` a failing contender is recorded under ``failed`` (with its error) and the
     others go on; contenders marked ``unavailable`` are recorded under ``unavailable``.
     ``params`` (sizes, seeds, paths) are stored with the record. The record is added to
-    ``results_dir/<name>.json`` (replacing the earlier one of its scenario) unless ``results_dir`` is None.
+    ``results_dir/raw/<name>.json`` (replacing the earlier one of its scenario) unless ``results_dir`` is None.
     """
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cold_method = None
@@ -451,11 +460,11 @@ def _tail(path: str) -> str:
 
 
 def append_result(name: str, record: Mapping[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
-    """Add ``record`` to ``results_dir/<name>.json`` (``{"runs": [...]}``), atomically, in place
-    of the earlier record of the same scenario (:func:`scenario_key`): the results in git are
-    the latest of each scenario, not every run ever made (the reports cite their commands)."""
-    results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / f"{name}.json"
+    """Add ``record`` to ``results_dir/raw/<name>.json`` (``{"runs": [...]}``), atomically, in place
+    of the earlier record of the same scenario (:func:`scenario_key`): the records kept are the
+    latest of each scenario, not every run ever made (the reports cite their commands)."""
+    path = raw_path(results_dir, f"{name}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     runs = latest_per_scenario([*load_results(path), dict(record)])
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"runs": runs}, indent=1) + "\n", encoding="utf-8")
