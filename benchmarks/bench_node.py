@@ -96,11 +96,7 @@ def _group(contenders: Sequence[Contender]) -> dict[str, list[Contender]]:
 
 
 def mem_available() -> int:
-    text = Path("/proc/meminfo").read_text()
-    for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    return procfs.mem_available()
 
 
 def probe(route: list[Contender], log: Callable[[str], None]) -> tuple[dict[str, Any] | None, str | None]:
@@ -276,12 +272,45 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_node", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="0.5GB")
-    ap.add_argument("--src-world", default="8")
-    ap.add_argument("--dst-world", default="8")
+    ap.add_argument("--src-world", help="source ranks or DPxMP (default 8; with --sparse 16x8)")
+    ap.add_argument("--dst-world", help="target ranks or DPxMP (default 8; with --sparse 1x128)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    sparse = ap.add_argument_group("one node of the sparse 130B index (benchmarks/node_sparse.py)")
+    sparse.add_argument("--sparse", metavar="MODEL", help=("130B (or quick): the sparse checkpoint bench_index "
+                                                           "builds, on --src-world ranks, indexed"))
+    sparse.add_argument("--ranks", default="0-7", help="the node's target ranks, e.g. 0-7")
+    sparse.add_argument("--layers", type=int, default=72, help=("load the weights of the first N blocks (and the "
+                                                                "embeddings) so the node's slices fit this machine"))
+    sparse.add_argument("--keep-free-gib", type=float, default=4.0, help=("refuse the run unless this much memory "
+                                                                          "stays available; the workers are killed "
+                                                                          "below half of it"))
     return ap.parse_args(argv)
+
+
+def _ranks(text: str) -> list[int]:
+    first, _, last = text.partition("-")
+    return list(range(int(first), int(last or first) + 1))
+
+
+def main_sparse(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """``--sparse``: the node proof on the sparse index (:mod:`benchmarks.node_sparse`)."""
+    from benchmarks import node_sparse
+    from benchmarks.harness import run_and_publish
+    from benchmarks.synth import parse_mesh
+
+    src = parse_mesh(args.src_world or "16x8", source=True)
+    dst = parse_mesh(args.dst_world or "1x128", source=False)
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True))
+
+    def make() -> dict[str, Any]:
+        node = node_sparse.make_node(args.sparse, src, dst, _ranks(args.ranks), args.layers, log=log)
+        return node_sparse.run(node, reps=args.reps, command=command_line("benchmarks.bench_node", argv),
+                               results_dir=args.results_dir, keep_free=int(args.keep_free_gib * 2**30), log=log)
+
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    return run_and_publish(make, node_sparse.render, args.results_dir, node_sparse.NAME)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -289,8 +318,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks.synth import parse_mesh, synth
 
     args = parse_args(argv)
-    s = synth(parse_size(args.size), parse_mesh(args.src_world, source=True), args.seed)
-    node = make_setup(s, parse_mesh(args.dst_world, source=False))
+    if args.sparse:
+        return main_sparse(args, argv)
+    s = synth(parse_size(args.size), parse_mesh(args.src_world or "8", source=True), args.seed)
+    node = make_setup(s, parse_mesh(args.dst_world or "8", source=False))
     record = run(node, reps=args.reps, command=command_line("benchmarks.bench_node", argv),
                  results_dir=args.results_dir)
     return publish(render(record), args.results_dir, NAME)

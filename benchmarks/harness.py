@@ -399,8 +399,37 @@ def collect_checks(samples: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
     return out
 
 
+class MemoryGuard(threading.Thread):
+    """Kills the given processes when ``MemAvailable`` falls below ``floor`` bytes (polled every
+    ``period`` s): a benchmark that holds most of a shared machine's memory stops itself before the
+    kernel has to kill anything. ``tripped`` is the ``MemAvailable`` seen when it fired, else 0."""
+
+    def __init__(self, pids: Sequence[int], floor: int, *, period: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.pids, self.floor, self.period = list(pids), floor, period
+        self.tripped = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            avail = procfs.mem_available()
+            if 0 < avail < self.floor:
+                self.tripped = avail
+                for pid in self.pids:
+                    try:
+                        os.kill(pid, 9)
+                    except OSError:
+                        pass  # already gone
+                return
+            self._stop_event.wait(self.period)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+
 def run_concurrent(contenders: Sequence[Contender], *, timeout: float | None = None,
-                   sample_period: float = 0.02) -> dict[str, Any]:
+                   sample_period: float = 0.02, min_available: int = 0) -> dict[str, Any]:
     """Run ``contenders`` at the same time, one worker each, their measured calls started together.
 
     Each worker does its imports, then waits at a barrier; when all are ready they are released
@@ -408,11 +437,14 @@ def run_concurrent(contenders: Sequence[Contender], *, timeout: float | None = N
     measurements, the time from the first measured call's start to the last one's end, and the
     largest *simultaneous* sum of the workers' memory above their start (sampled every
     ``sample_period`` s; the processes they start too if a contender has ``track_children``). Raises :class:`BenchmarkError` if any worker fails
-    (the others are killed).
+    (the others are killed). Every worker is made the kernel's first choice should memory run out
+    (``oom_score_adj`` 1000); with ``min_available`` they are all killed (and a
+    :class:`BenchmarkError` raised) as soon as ``MemAvailable`` falls below that many bytes.
     """
     with tempfile.TemporaryDirectory(prefix="ckptstore_node_") as tmp:
         go = os.path.join(tmp, "go")
         procs = []
+        guard = None
         try:
             for i, c in enumerate(contenders):
                 if c.unavailable:
@@ -420,6 +452,10 @@ def run_concurrent(contenders: Sequence[Contender], *, timeout: float | None = N
                 barrier = {"ready": os.path.join(tmp, f"ready{i}"), "go": go}
                 path = os.path.join(tmp, f"result{i}.json")
                 procs.append((c, _popen(c, _spec(c, barrier), path), path, barrier["ready"]))
+                procfs.make_first_oom_victim(procs[-1][1].pid)
+            if min_available:
+                guard = MemoryGuard([p.pid for _, p, *_ in procs], min_available)
+                guard.start()
             deadline = time.monotonic() + (timeout or 600)
             while not all(os.path.exists(r) for *_, r in procs):
                 dead = [(c, p) for c, p, *_ in procs if p.poll() is not None]
@@ -436,9 +472,16 @@ def run_concurrent(contenders: Sequence[Contender], *, timeout: float | None = N
                 pass
             try:
                 samples = [_finish(c, p, path, timeout) for c, p, path, _ in procs]
+            except BenchmarkError as e:
+                if guard is not None and guard.tripped:
+                    raise BenchmarkError(f"stopped: MemAvailable fell to {guard.tripped / 2**30:.1f} GiB, below the "
+                                         f"{min_available / 2**30:.1f} GiB kept free; every worker was killed") from e
+                raise
             finally:
                 sampler.stop()
         finally:
+            if guard is not None:
+                guard.stop()
             for _, p, *_ in procs:
                 if p.poll() is None:
                     p.kill()

@@ -76,3 +76,13 @@ def test_git_ignores_raw_records_and_plots_and_holds_none():
     tracked = _git("ls-files", "benchmarks/results").stdout.split()
     assert tracked and [f for f in tracked if f.endswith((".json", ".png"))] == []
 
+
+def test_memory_guard_kills_the_workers_when_memory_runs_low():
+    from benchmarks.harness import MemoryGuard
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    guard = MemoryGuard([proc.pid], floor=1 << 62)  # more than any machine has: fires at once
+    guard.start()
+    assert proc.wait(timeout=10) == -9
+    guard.stop()
+    assert guard.tripped > 0
