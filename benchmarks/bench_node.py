@@ -286,7 +286,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     sparse.add_argument("--keep-free-gib", type=float, default=4.0, help=("refuse the run unless this much memory "
                                                                           "stays available; the workers are killed "
                                                                           "below half of it"))
+    coop = ap.add_argument_group("cooperative load under msrun (benchmarks/node_coop.py; UNTESTED until "
+                                 "load_rank(cooperative=) lands)")
+    coop.add_argument("--cooperative", metavar="GROUP", help="replicas, node or a rank list: load_rank(..., "
+                      "cooperative=GROUP) against solo reads, from SeaweedFS")
+    coop.add_argument("--coop-workers", type=int, default=4, help="msrun workers (target dpN×mp1)")
+    coop.add_argument("--latency-ms", type=float, default=20.0, help="per request, through the latency proxy")
     return ap.parse_args(argv)
+
+
+def main_cooperative(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """``--cooperative``: the solo and cooperative rounds under msrun (:mod:`benchmarks.node_coop`)."""
+    from benchmarks import node_coop
+    from benchmarks.data import parse_size
+    from benchmarks.harness import run_and_publish
+
+    def make() -> dict[str, Any]:
+        return node_coop.run(parse_size(args.size), args.cooperative, workers=args.coop_workers,
+                             latency_ms=args.latency_ms, command=command_line("benchmarks.bench_node", argv),
+                             results_dir=args.results_dir, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+
+    return run_and_publish(make, node_coop.render, args.results_dir, node_coop.NAME)
 
 
 def _ranks(text: str) -> list[int]:
@@ -320,6 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.sparse:
         return main_sparse(args, argv)
+    if args.cooperative:
+        return main_cooperative(args, argv)
     s = synth(parse_size(args.size), parse_mesh(args.src_world or "8", source=True), args.seed)
     node = make_setup(s, parse_mesh(args.dst_world or "8", source=False))
     record = run(node, reps=args.reps, command=command_line("benchmarks.bench_node", argv),
