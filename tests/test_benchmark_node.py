@@ -43,3 +43,16 @@ def test_a_node_whose_slices_would_not_fit_is_refused_before_any_loader_starts(t
     record, report = _run(tmp_path, "--keep-free-gib", "100000")
     assert record["samples"] == [] and record["refused"].startswith("not run: the 2 slices need about")
     assert f"**{record['refused']}**" in report
+
+
+def test_the_node_loads_from_seaweedfs_the_values_it_loads_locally(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_node", "--size", "8MB", "--src-world", "4",
+                           "--dst-world", "1x2", "--reps", "1", "--routes", "ckptstore", "--s3-latency-ms", "0,20",
+                           "--results-dir", str(tmp_path)], cwd=REPO, env={**os.environ, "GLOG_v": "3"},
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    record = json.loads((tmp_path / "raw" / "node.json").read_text(encoding="utf-8"))["runs"][-1]
+    s3 = ["ckptstore.load_rank, s3:// at 0 ms", "ckptstore.load_rank, s3:// at 20 ms"]
+    assert sorted(record["summary"]) == ["ckptstore.load_rank", *s3]
+    for name in s3:
+        assert record["checks"][name]["same_as_ckptstore"] == record["checks"][name]["ranks"] == 2
