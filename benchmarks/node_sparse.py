@@ -98,12 +98,12 @@ class SparseNode:
                            "include": self.include, "dtype": DTYPE}, preimport=("ckptstore", "numpy"),
                           check="check_slice") for r in self.ranks]
 
-    def memory(self, layers: int) -> Contender:
-        """One loader alone (the first blocks up to ``layers``), its memory split into the manifest,
-        the rest of ckptstore, and the slice."""
+    def memory(self, layers: int, dtype: str) -> Contender:
+        """One loader alone (the first ``layers`` blocks, read as ``dtype``), its memory split into the
+        manifest, the rest of ckptstore, and the slice."""
         return Contender("where one loader's memory goes", MODULE, "ckptstore_rank_memory",
                          {"store": str(self.sparse.index_store), "strategy": self.strategy, "rank": self.ranks[0],
-                          "include": weight_globs(layers, self.sparse.model.layers), "dtype": DTYPE},
+                          "include": weight_globs(layers, self.sparse.model.layers), "dtype": dtype},
                          preimport=("ckptstore", "numpy"))
 
     def planner(self) -> Contender:
@@ -173,14 +173,16 @@ def run(node: SparseNode, *, reps: int, command: str, results_dir: Path | None, 
         log(f"  round {rnd} makespan {s['makespan_s']:.2f} s  Σpeak+ {format_bytes(s['sum_peak_above_start'])}"
             f"  = {s['sum_peak_above_start'] / sum(slices):.4f}× Σ slices")
     memory: dict[str, Any] = {}
-    for layers in sorted({node.layers, node.sparse.model.layers}) if samples else ():
-        # one process alone, so all the weights fit even when the node's 8 slices would not
-        if procfs.mem_available() < 2 * max(slices) * node.sparse.model.layers / node.layers + keep_free:
+    # one process alone, so all the weights fit even when the node's 8 slices would not; and the
+    # node's blocks without the fp16 conversion (float32: the bytes land in place, no scratch)
+    alone = [(node.layers, DTYPE), (node.sparse.model.layers, DTYPE), (node.layers, "float32")]
+    for layers, dtype in dict.fromkeys(alone) if samples else ():
+        if procfs.mem_available() < 4 * max(slices) * node.sparse.model.layers / node.layers + keep_free:
             continue
-        m = run_contender(node.memory(layers), timeout=1800)["returned"]
-        memory[str(layers)] = m
-        log(f"  one loader alone, {layers} blocks: open +{format_bytes(m['open_rss'])}, peak above start "
-            f"{format_bytes(m['peak_above_start'])} = {m['peak_above_start'] / m['held']:.4f}× its slice of "
+        m = run_contender(node.memory(layers, dtype), timeout=1800)["returned"]
+        memory[f"{layers} {dtype}"] = m
+        log(f"  one loader alone, {layers} blocks as {dtype}: open +{format_bytes(m['open_rss'])}, peak above "
+            f"start {format_bytes(m['peak_above_start'])} = {m['peak_above_start'] / m['held']:.4f}× its slice of "
             f"{format_bytes(m['held'])}")
     info = node.sparse.info()
     record = {
@@ -217,8 +219,9 @@ def s3_unavailable(info: Mapping[str, Any], plans: Mapping[str, Any], ranks: Seq
             f"full size (S3 has no sparse objects; the index records each one's size and ETag): "
             f"{format_bytes(info['rank_file_bytes'])} for all of them, up to {files} × "
             f"{format_bytes(info['largest_rank_file'])} for those read here, against "
-            f"{format_bytes(shutil.disk_usage(root).free)} of free disk on this machine. Loads from SeaweedFS at 0 "
-            "and 20 ms are measured on real bytes by bench_s3 instead.")
+            f"{format_bytes(shutil.disk_usage(root).free)} of free disk on this machine. The node from SeaweedFS "
+            "at 0 and 20 ms is measured on the synthetic checkpoint's real bytes instead (`bench_node "
+            "--s3-latency-ms 0,20`: results/node-s3/node.md).")
 
 
 def _sample(rnd: int, res: Mapping[str, Any]) -> dict[str, Any]:
@@ -272,12 +275,13 @@ def render(record: Mapping[str, Any]) -> str:
     if record.get("memory"):
         lines += ["", (f"Where one loader's memory goes (rank {ranks[0]} alone, in its own process: `ckptstore.open` "
                        "of the index, then `read_rank` on it):"), "",
-                  ("| blocks | slice | opened index (manifest of all parameters) | planning and reading, more at "
-                   "the peak | planned read calls | conversion scratch (`plan_rank`) | peak ÷ slice |"),
+                  ("| blocks, read as | slice | opened index (manifest of all parameters) | planning and reading, "
+                   "more at the peak | planned read calls | conversion scratch (`plan_rank`) | peak ÷ slice |"),
                   "|---|---|---|---|---|---|---|"]
-        for layers, m in record["memory"].items():
+        for key, m in record["memory"].items():
             rest = m["peak_above_start"] - m["held"] - m["open_rss"]
-            lines.append(f"| {layers} of {p['model_layers']} | {format_bytes(m['held'])} | "
+            layers, dtype = key.split()
+            lines.append(f"| {layers} of {p['model_layers']}, {dtype} | {format_bytes(m['held'])} | "
                          f"{format_bytes(m['open_rss'])} | {format_bytes(rest)} | {m['requests']:,} | "
                          f"{format_bytes(m['scratch_bytes'])} | {m['peak_above_start'] / m['held']:.4f}× |")
     lines += ["", "Not run:", ""]
