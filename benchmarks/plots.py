@@ -55,6 +55,7 @@ def plot_scaling(points: Sequence[Mapping[str, Any]], out_dir: Path) -> tuple[li
             fig.suptitle(title[axis])
             fig.tight_layout(rect=(0, 0.06 + 0.035 * ((len(labels) + 1) // 2), 1, 1))
             path = Path(out_dir) / f"scaling_{scenario}_{axis}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(path, dpi=110)
             plt.close(fig)
             files.append(path)

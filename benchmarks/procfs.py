@@ -101,6 +101,25 @@ def machine_info() -> dict[str, object]:
     }
 
 
+def mem_available() -> int:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes: what the kernel can give without swapping (0 if unknown)."""
+    for line in _read_text("/proc/meminfo").splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def make_first_oom_victim(pid: int) -> bool:
+    """Set ``/proc/<pid>/oom_score_adj`` to 1000, so that if memory runs out anyway the kernel kills
+    this benchmark process first, not another user's; ``False`` when the kernel refused."""
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w", encoding="ascii") as f:
+            f.write("1000")
+        return True
+    except OSError:
+        return False
+
+
 def _read_text(path: str) -> str:
     with open(path, encoding="ascii", errors="replace") as f:
         return f.read()

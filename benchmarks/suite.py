@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from benchmarks import bench_convert, bench_index, bench_load, bench_node, targets
-from benchmarks.harness import append_result, environment
+from benchmarks.harness import RAW, append_result, environment, raw_path
 from benchmarks.report import format_bytes, format_seconds, machine_line
 from benchmarks.synth import Mesh, source_mesh, synth
 
@@ -179,7 +179,7 @@ def run_scaling(cfg: SuiteConfig, command: str, log: Callable[[str], None]) -> d
         results.append(point)
     from benchmarks.plots import plot_scaling
 
-    files, why = plot_scaling(results, Path(cfg.out))
+    files, why = plot_scaling(results, raw_path(cfg.out, ""))
     rec = {"name": "scaling", "date": _now(), "command": command, "environment": environment(),
            "dst": {"dp": cfg.dst.dp, "mp": cfg.dst.mp}, "rank": cfg.rank, "reps": cfg.scaling_reps, "points": results,
            "plots": [f.name for f in files], "plots_missing": why}
@@ -235,7 +235,7 @@ def report(records: Mapping[str, Any], cfg: SuiteConfig, command: str) -> str:
         lines += [_demote(bench_index.render(records["index"], standalone=False)), ""]
     if "scaling" in records:
         lines += _scaling_section(records["scaling"])
-    elif (Path(cfg.out) / "scaling" / "scaling.json").exists():
+    elif raw_path(Path(cfg.out) / "scaling", "scaling.json").exists():
         lines += _linked_scaling(Path(cfg.out) / "scaling")
     for name, tb in records.get("errors", {}).items():
         lines += [f"## Scenario `{name}` failed", "", "```", tb.rstrip(), "```", ""]
@@ -332,7 +332,7 @@ def _scaling_section(rec: Mapping[str, Any]) -> list[str]:
                   + "; ".join(f"{h}: {format_bytes(p['rank_nbytes'])} / {format_bytes(p['rank_file_bytes'])}"
                               for h, p in zip(head, pts, strict=False)), ""]
     for f in rec.get("plots", []):
-        lines += [f"![{f}]({f})", ""]
+        lines += [f"![{f}]({RAW}/{f})", ""]
     if rec.get("plots_missing"):
         lines += [f"No plots: {rec['plots_missing']}.", ""]
     not_run = {k: v for p in rec["points"] for k, v in p.get("not_run", {}).items()}
@@ -347,7 +347,7 @@ def rebuild_report(out: Path) -> Path:
 
     records: dict[str, Any] = {}
     for name in (*SCENARIOS, bench_load.COLD_NAME, "scaling"):
-        runs = load_results(Path(out) / f"{name}.json")
+        runs = load_results(raw_path(out, f"{name}.json"))
         if runs:
             records[name] = runs[-1]
     if not records:
@@ -355,7 +355,7 @@ def rebuild_report(out: Path) -> Path:
     main = next(iter(records.values()))
     quick = bool(main.get("params", {}).get("quick"))
     command = main.get("command", "")
-    suite_runs = load_results(Path(out) / "suite.json")
+    suite_runs = load_results(raw_path(out, "suite.json"))
     if suite_runs and suite_runs[-1]["command"] == command:
         records["seconds"] = suite_runs[-1]["seconds"]
     cfg = SuiteConfig(out=Path(out), quick=quick, scaling="scaling" in records)
@@ -368,14 +368,14 @@ def _linked_scaling(folder: Path) -> list[str]:
     """The scaling section of an earlier ``--scaling`` run written to ``folder`` (plots linked)."""
     from benchmarks.harness import load_results
 
-    runs = load_results(folder / "scaling.json")
+    runs = load_results(raw_path(folder, "scaling.json"))
     if not runs:
         return []
     rec = runs[-1]
     lines = _scaling_section({**rec, "plots": []})
     lines[0] = "## Scaling"
     lines[1:1] = ["", f"From an earlier run: `{rec['command']}` ({rec['date']}), results in `{folder.name}/`."]
-    lines += [f"![{f}]({folder.name}/{f})" for f in rec.get("plots", [])] + [""]
+    lines += [f"![{f}]({folder.name}/{RAW}/{f})" for f in rec.get("plots", [])] + [""]
     return lines
 
 

@@ -39,7 +39,7 @@ def test_quick_run_races_every_route_on_the_same_bytes(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_s3", "--quick", "--results-dir", str(tmp_path)],
                           cwd=REPO, env={**os.environ, "GLOG_v": "3"}, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    runs = json.loads((tmp_path / "s3.json").read_text(encoding="utf-8"))["runs"]
+    runs = json.loads((tmp_path / "raw" / "s3.json").read_text(encoding="utf-8"))["runs"]
     assert [r["params"]["latency_ms"] for r in runs[-2:]] == [0, 20]  # the default races: direct, then 20 ms
     record = runs[-2]
     report = (tmp_path / "s3.md").read_text(encoding="utf-8")

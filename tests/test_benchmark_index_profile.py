@@ -1,10 +1,10 @@
-"""``bench_index --profile``'s phase timers (``ckptstore.testing.index_profile``) name ckptstore's
+"""``bench_index --profile``'s phase timers (``benchmarks.index_profile``) name ckptstore's
 internal functions: every one of them must still exist, or the profile of a slow index fails."""
 from __future__ import annotations
 
 import importlib
 
-from ckptstore.testing.index_profile import PHASES
+from benchmarks.index_profile import PHASES
 
 
 def test_every_phase_names_a_function_that_exists() -> None:

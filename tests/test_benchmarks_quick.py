@@ -26,7 +26,7 @@ def test_quick_suite_writes_a_well_formed_report(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     for scenario in SCENARIOS:
-        record = _last_run(tmp_path / f"{scenario}.json")
+        record = _last_run(tmp_path / "raw" / f"{scenario}.json")
         assert record["params"]["quick"] is True
         declared = [c["name"] for c in record["contenders"]]
         assert declared, f"{scenario}: no contenders"
@@ -60,7 +60,7 @@ def _check_load_scenario(out: Path, report: str) -> None:
     """The load scenario: its ckptstore rows, the workers curve, setup times, warm/cold stated."""
     from benchmarks import bench_load
 
-    record = _last_run(out / "load.json")
+    record = _last_run(out / "raw" / "load.json")
     assert record["cache"] == "warm" and "warm page cache" in report
     summary, checks = record["summary"], record["checks"]
     default = record["params"]["default_workers"]
@@ -89,7 +89,7 @@ def _check_index_rows(out: Path, report: str) -> None:
     from benchmarks import bench_convert, bench_index, bench_load
 
     assert "Index vs converted store:" in report and "values identical" in report
-    convert = _last_run(out / "convert.json")
+    convert = _last_run(out / "raw" / "convert.json")
     sizes = {s["contender"]: s["returned"] for s in convert["samples"] if isinstance(s.get("returned"), dict)}
     for name in (bench_convert.CKPTSTORE, bench_convert.INDEX, bench_convert.INDEX_CRC):
         assert name in convert["summary"], f"{name} did not run: {convert['failed'].get(name)}"
@@ -98,13 +98,13 @@ def _check_index_rows(out: Path, report: str) -> None:
         assert sizes[name]["output_bytes"] == sizes[name]["metadata_bytes"], name
     assert sizes[bench_convert.INDEX]["output_bytes"] < convert["params"]["rank_file_bytes"] / 100
     assert "store size (output folder" in report and "Index targets (this run)" in report
-    index = _last_run(out / "index.json")
+    index = _last_run(out / "raw" / "index.json")
     p = index["params"]
     assert p["rank_files"] == bench_index.QUICK[1].world and p["allocated_bytes"] < p["rank_file_bytes"] / 100
     assert 0 < p["manifest_bytes"] < p["rank_file_bytes"] / 1000
     for name in (bench_index.INDEX, bench_index.OPEN, bench_index.PLAN):
         assert name in index["summary"], f"{name} did not run: {index['failed'].get(name)}"
-    assert bench_load.INDEX in _last_run(out / "load.json")["summary"]
+    assert bench_load.INDEX in _last_run(out / "raw" / "load.json")["summary"]
 
 
 def _last_run(path: Path) -> dict:

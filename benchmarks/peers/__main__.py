@@ -7,7 +7,7 @@ is also saved once in each peer's own format, from the same rank files, on the s
 layout. Then target rank ``r`` is loaded by each route, every run in a fresh process, rounds in
 alternating order. Before any timing, one run of every route is checked against the expected
 values (global tensors from the seeded generator, cut by MindSpore's own slicing code): a route
-that loads other values stops the benchmark. Writes ``results/peers.json`` (appended) and
+that loads other values stops the benchmark. Writes ``results/raw/peers.json`` (appended) and
 ``results/peers.md``.
 """
 from __future__ import annotations

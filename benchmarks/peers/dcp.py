@@ -3,7 +3,7 @@
 **Save** (once, cached next to the synthetic checkpoint): one process per source rank, a real
 ``gloo`` process group on this machine (``init_method=file://``), each process wrapping the
 local tensors of *its own MindSpore rank file* (read with
-``ckptstore.testing.benchmark_fixtures.read_rank_file``, i.e. the
+``benchmarks.fixtures.read_rank_file``, i.e. the
 slices MindSpore's own code cut) as DTensors on a CPU ``DeviceMesh`` equivalent to the
 MindSpore layout (:mod:`benchmarks.peers.layouts`: ``Shard``/``Replicate`` per tensor-map
 entry, optimizer sharding as a second ``Shard(0)`` after the model-parallel one), then one
@@ -178,7 +178,7 @@ def rank_state(rank: int, rank_file: str, strategy: str, *, in_memory: bool = Fa
     process group initialised (the meshes are built collectively, in the same order on every
     rank). ``in_memory`` reads every tensor into its own memory, as a training job holds its
     weights; otherwise single-piece tensors are private copy-on-write maps of the file."""
-    from ckptstore.testing.benchmark_fixtures import load_layouts, read_rank_file
+    from benchmarks.fixtures import load_layouts, read_rank_file
 
     src = load_layouts(strategy)
     layouts = {n: mesh_layout(st[0]) for n, st in src.layouts.items()}
@@ -230,7 +230,7 @@ def setup_rank(ckpt: str, strategy: str, rank: int, names_file: str) -> dict[str
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from ckptstore.testing.benchmark_fixtures import load_layouts
+    from benchmarks.fixtures import load_layouts
 
     target = load_layouts(strategy)
     if not dist.is_initialized():

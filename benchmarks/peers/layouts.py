@@ -2,7 +2,7 @@
 
 A MindSpore layout (``dev_matrix``, ``tensor_map``, optimizer shard) says which global box each
 rank holds; ckptstore's strategy reader computes it (``Layout.box`` of the layouts
-:func:`ckptstore.testing.benchmark_fixtures.load_layouts` returns), and the tests check
+:func:`benchmarks.fixtures.load_layouts` returns), and the tests check
 that against MindSpore's own slicing. A peer describes the same thing as a device mesh plus one
 *placement* per mesh dimension. :func:`mesh_layout` translates: the mesh is the device matrix
 with its dimensions reordered so that the ones the tensor map uses come first (in tensor-axis
@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ckptstore.testing.benchmark_fixtures import Box
+from benchmarks.fixtures import Box
 
 #: A MindSpore layout of one pipeline stage, as ``load_layouts(...).layouts[name][0]`` gives it.
 Layout = Any

@@ -3,7 +3,7 @@
 **Save** (once, cached next to the synthetic checkpoint): one process with ``world`` virtual
 CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_count=<world>``). Each parameter
 becomes a global ``jax.Array`` whose shard on device ``r`` is the local tensor of MindSpore
-rank file ``r`` (read with ``ckptstore.testing.benchmark_fixtures.read_rank_file``), with a
+rank file ``r`` (read with ``benchmarks.fixtures.read_rank_file``), with a
 ``NamedSharding`` equivalent to
 the MindSpore layout (:mod:`benchmarks.peers.layouts`; checked against ``Layout.box`` for every
 device). ``ocp.StandardCheckpointer().save`` writes it with Orbax's defaults (OCDBT + Zarr via
@@ -113,7 +113,7 @@ def _save(strategy: str, out: str, rank_files: Sequence[str]) -> None:
     import jax
     import orbax.checkpoint as ocp
 
-    from ckptstore.testing.benchmark_fixtures import load_layouts, read_rank_file
+    from benchmarks.fixtures import load_layouts, read_rank_file
 
     world = len(rank_files)
     devices = sorted(jax.devices(), key=lambda d: d.id)
@@ -155,7 +155,7 @@ def _names(names_file: str) -> list[tuple[str, tuple[int, ...], str, bool]]:
 def _abstract_tree(strategy: str, names_file: str, devices: Sequence[Any]) -> dict[str, Any]:
     import jax
 
-    from ckptstore.testing.benchmark_fixtures import load_layouts
+    from benchmarks.fixtures import load_layouts
 
     target = load_layouts(strategy)
     tree = {}

@@ -2,9 +2,10 @@
 
 Run by ``benchmarks.bench_index --profile`` (or when the index misses its target) inside a
 benchmark worker, as ``profile_phases(src_dir, strategy, out)`` / ``profile_cprofile(...)``.
-It wraps ckptstore's internal functions by name, in the process only (never on disk), which is
-why it lives in the test machinery: the benchmarks drive ckptstore through its public API, and
-``tests/test_benchmark_index_profile.py`` keeps :data:`PHASES` pointing at functions that exist.
+It wraps ckptstore's internal functions by name, in the process only (never on disk): one of the two
+modules ``tests/test_benchmarks_public_api.py`` allow-lists below the public API (with
+``fixtures``), and ``tests/test_benchmark_index_profile.py`` keeps :data:`PHASES` pointing at
+functions that exist. It serves only the benchmarks, so it is not part of the installed package.
 """
 from __future__ import annotations
 
@@ -126,6 +127,6 @@ def _trim_profile(text: str) -> str:
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if "ncalls" in ln), 0)
     head = [ln.strip() for ln in lines[:start] if "function calls" in ln]
-    repo = str(Path(__file__).resolve().parents[2])
+    repo = str(Path(__file__).resolve().parents[1])
     return "\n".join(head + [ln.replace(str(Path(sys.prefix)), "<venv>").replace(repo, "<repo>")
                              for ln in lines[start:] if ln.strip()])

@@ -1,6 +1,8 @@
-"""Fixture machinery of the benchmarks (``benchmarks/``), which drive ckptstore through its public
-API only (``tests/test_benchmarks_public_api.py``): what building their inputs needs of
-ckptstore's internals lives here, where the test suite keeps it working.
+"""Fixture machinery of the benchmarks, which otherwise drive ckptstore through its public API only
+(``tests/test_benchmarks_public_api.py``): what building their inputs needs of ckptstore's
+internals lives here, one of the two modules that test allow-lists (with ``index_profile``), and
+the test suite (``tests/test_benchmark_fixtures.py``, the quick benchmark runs) keeps it working.
+It serves only the benchmarks, so it is not part of the installed package.
 
 * :func:`rank_tensors`: name, local shape, dtype and "in the strategy" of every tensor a target
   rank holds (what a network built for the target layout declares; the peers' state dicts and the
