@@ -25,3 +25,20 @@ def test_a_peer_that_never_comes_is_an_error_not_a_hang():
 @pytest.mark.parametrize("check", CHECKS, ids=[c.__name__ for c in CHECKS])
 def test_solo_exchange_passes(check):
     check(SoloExchange(3))
+
+
+def test_the_read_side_finds_mindspores_collectives_by_name_without_importing_them():
+    pytest.importorskip("mindspore")
+    from ckptstore.mindspore.exchange import MindSporeExchange, communication, local_ranks
+    from ckptstore.read.exchange import collectives
+
+    found = collectives("mindspore")
+    assert (found.whoami, found.node_ranks, found.exchange) == (communication, local_ranks, MindSporeExchange)
+
+
+def test_unknown_collectives_are_an_option_error_naming_the_known_ones():
+    from ckptstore.errors import InvalidOptionError
+    from ckptstore.read.exchange import collectives
+
+    with pytest.raises(InvalidOptionError, match=r"^no job collectives named 'gloo' \(known: mindspore\)$"):
+        collectives("gloo")

@@ -122,9 +122,7 @@ def _all_imports(source: str) -> set[str]:
 #: The one import, at any depth, from outside the MindSpore package into it (besides the package's
 #: own ``ckptstore/__init__.py``, which names it for first use): ``save_rank`` given a Cell or Tensors
 #: hands them to the adapter there, on first use.
-_INTO_MINDSPORE = {("ckptstore.write.values", "ckptstore.mindspore.values"),
-                   # a cooperative read_rank (numpy) talks over the job's collectives, on first use
-                   ("ckptstore.read.group_load", "ckptstore.mindspore.exchange")}
+_INTO_MINDSPORE = {("ckptstore.write.values", "ckptstore.mindspore.values")}
 
 
 def _graph_at_any_depth() -> dict[str, set[str]]:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ckptstore.errors import CooperativeLoadError, InvalidOptionError
 from ckptstore.mindspore._import import mindspore as _ms
-from ckptstore.read.exchange import Exchange
+from ckptstore.read.exchange import Collectives, Exchange
 
 _CREATED: set[str] = set()
 #: The largest part of a message one broadcast sends (mccl stages a copy of it).
@@ -121,3 +121,7 @@ class _collective:
             first = str(error).splitlines()[0][:200]
             raise CooperativeLoadError(f"cooperative load: the {self.what} failed ({first}); "
                                        "a rank of the group failed or is gone") from error
+
+
+#: MindSpore's collectives, as the read side finds them by name (:data:`ckptstore.read.exchange.COLLECTIVES`).
+COLLECTIVES = Collectives("mindspore", communication, local_ranks, MindSporeExchange)

@@ -8,6 +8,11 @@ collectives (:class:`ckptstore.mindspore.exchange.MindSporeExchange`, HCCL on As
 CPU wheel) and threads of one process (:class:`ckptstore.testing.exchange.ThreadExchange`), both
 checked by :mod:`ckptstore.testing.exchange_tests`. Ranks are global ranks of the job.
 
+A job's collectives are a pluggable part (:class:`Collectives`, found in :data:`COLLECTIVES` by
+name, as byte sources are): the read side names ``"mindspore"`` and never imports the MindSpore
+package, which declares the built-in one in :mod:`ckptstore.mindspore.exchange`; another framework's
+collectives can be added under the entry-point group ``ckptstore.collectives``.
+
 :meth:`Exchange.agree` is the rule that keeps an error from becoming a hang: before each data
 collective every rank reports whether what it did so far succeeded (one small gather of a flag);
 if one failed, every rank raises (the failing rank its own error, the others a
@@ -17,11 +22,13 @@ for bytes that will never come.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from ckptstore.errors import CooperativeLoadError
+from ckptstore.errors import CooperativeLoadError, InvalidOptionError
+from ckptstore.registry import Registry
 
 #: Characters of a failed rank's message passed to the others.
 MESSAGE_CHARS = 1000
@@ -83,3 +90,30 @@ class SoloExchange(Exchange):
     def broadcast(self, buffer: np.ndarray, root: int, ranks: Sequence[int]) -> None:
         if tuple(ranks) != self.ranks or root != self.rank:
             raise ValueError(f"broadcast among {list(ranks)} from {root} in a group of rank {self.rank} alone")
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """A job's collectives as a cooperative load uses them: which rank this process is and how
+    large the job is (``whoami``, an :class:`InvalidOptionError` outside a running job), the global
+    ranks of this process's node (``node_ranks``), and an :class:`Exchange` among given ranks
+    (``exchange``), called by exactly those ranks."""
+
+    name: str
+    whoami: Callable[[], tuple[int, int]]
+    node_ranks: Callable[[], tuple[int, ...]]
+    exchange: Callable[[Sequence[int]], Exchange]
+
+
+#: The job collectives ckptstore knows, by name: a module of :mod:`ckptstore.mindspore` declaring
+#: ``COLLECTIVES`` (MindSpore's, imported only when looked up), then plugins' entry points.
+COLLECTIVES: Registry[Collectives] = Registry("job collectives", Collectives, "ckptstore.mindspore", "COLLECTIVES",
+                                              "ckptstore.collectives", lambda c: [c.name])
+
+
+def collectives(name: str = "mindspore") -> Collectives:
+    """The job collectives registered as ``name`` (MindSpore's by default)."""
+    found = COLLECTIVES.get(name)
+    if found is None:
+        raise InvalidOptionError(f"no job collectives named {name!r} (known: {', '.join(COLLECTIVES.names())})")
+    return found

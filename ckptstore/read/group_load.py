@@ -37,7 +37,7 @@ from ckptstore.read.cooperative import (
     plan_group,
     transfers,
 )
-from ckptstore.read.exchange import Exchange, SoloExchange
+from ckptstore.read.exchange import Exchange, SoloExchange, collectives
 from ckptstore.store.executor import IO_STATS, Executor, IOStats
 from ckptstore.store.read_plan import ParamReadPlan
 from ckptstore.store.store import Store
@@ -312,13 +312,12 @@ def group_ranks(cooperative: Cooperative, replicas: Callable[[int], tuple[int, .
     rank size."""
     if isinstance(cooperative, Exchange):
         return cooperative.ranks
-    from ckptstore.mindspore.exchange import communication, local_ranks
-
-    _, world = communication()
+    job = collectives()
+    _, world = job.whoami()
     if cooperative == "replicas":
         return replicas(world)
     if cooperative == "node":
-        return local_ranks()
+        return job.node_ranks()
     if isinstance(cooperative, str) or not isinstance(cooperative, Sequence) \
             or not all(isinstance(r, int) and not isinstance(r, bool) for r in cooperative):
         raise InvalidOptionError(f"cooperative must be 'replicas', 'node' or a list of ranks, not {cooperative!r}")
@@ -326,13 +325,13 @@ def group_ranks(cooperative: Cooperative, replicas: Callable[[int], tuple[int, .
 
 
 def exchange_for(cooperative: Cooperative, replicas: Callable[[int], tuple[int, ...]]) -> Exchange:
-    """The :class:`Exchange` of the group ``cooperative`` names: itself when it is one, else MindSpore's collectives."""
+    """The :class:`Exchange` of the group ``cooperative`` names: itself when it is one, else one over the
+    job's collectives (MindSpore's, found by name: see :data:`~ckptstore.read.exchange.COLLECTIVES`)."""
     if isinstance(cooperative, Exchange):
         return cooperative
-    from ckptstore.mindspore.exchange import MindSporeExchange, communication
-
+    job = collectives()
     ranks = group_ranks(cooperative, replicas)
-    me, _ = communication()
+    me, _ = job.whoami()
     if ranks == (me,):  # a rank with no replica (or a list of itself) reads alone, calling no collective
         return SoloExchange(me)
-    return MindSporeExchange(ranks)
+    return job.exchange(ranks)
