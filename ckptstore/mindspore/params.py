@@ -19,7 +19,7 @@ import numpy as np
 
 from ckptstore.mindspore._import import mindspore as _ms
 from ckptstore.mindspore._import import ms_dtype as _ms_dtype
-from ckptstore.read.loader import RankView, StrategyLike, include_globs, rank_view
+from ckptstore.read.loader import RankView, StrategyLike, include_globs, rank_view, verified_store
 from ckptstore.store.store import StoreLike, as_store
 
 
@@ -200,7 +200,8 @@ class RankParameters(dict):
 def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
               include: str | Sequence[str] | None = None, dtype: Any = None, copy: bool = True,
               verify: bool = False, workers: int | None = None, allow_whole: bool = False,
-              quiet: bool = True, names: str | Sequence[str] | None = None) -> RankParameters:
+              quiet: bool = True, names: str | Sequence[str] | None = None,
+              fallback: bool = False) -> RankParameters:
     """The ``mindspore.Parameter``\\ s rank ``rank`` of ``strategy`` holds, built lazily from ``store``.
 
     ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`.
@@ -218,8 +219,12 @@ def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     (:class:`~ckptstore.errors.ForeignStrategyError`) unless ``allow_whole``. The result is a
     ``dict`` that ``mindspore.load_param_into_net`` accepts. ``quiet=False`` shows the progress
     of building many Parameters at once (``items()``, ``values()``, :meth:`~RankParameters.materialize`).
+    ``fallback=True`` loads the newest committed step of the root ``store`` whose chunks this rank
+    reads verify, the same step on every rank of the job (:func:`~ckptstore.read.loader.verified_store`).
     """
     include = include_globs(include, names)
+    if fallback:
+        store = verified_store(store, strategy, rank, include, workers)
     view = rank_view(as_store(store), strategy, rank, names=include, dtype=dtype, verify=verify,
                      workers=workers, allow_whole=allow_whole, quiet=quiet)
     return RankParameters(view, copy=copy)
