@@ -3,6 +3,7 @@ step whose chunks it reads verify, says in one line which step it skipped and wh
 outage instead of falling back (issue 35, item 2)."""
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -16,6 +17,7 @@ from ckptstore.checkpoint.strategy import Strategy
 from ckptstore.errors import StoreCorruptError, StoreUnavailableError
 from ckptstore.read import loader
 from ckptstore.store.fallback import FAILED, choose_step
+from ckptstore.testing.kill_at import run_cli
 
 #: Two ranks, ``w`` split by rows (rank 0 saves rows 0-1, rank 1 rows 2-3), ``b`` replicated.
 TWO = Strategy({"w": {0: Layout((2,), ((0,), ()))}}, stage_devices=2)
@@ -249,3 +251,30 @@ def test_an_outage_on_one_rank_is_raised_on_both_without_a_hang():
     assert isinstance(out[0], StoreUnavailableError)
     assert isinstance(out[1], ckptstore.errors.CkptStoreError) and "another rank of the job failed" in str(out[1])
     assert FAILED < 0
+
+
+# ---- ckptstore steps ROOT --verify -------------------------------------------------------------------------
+
+
+def test_steps_verify_states_each_committed_step_verified_or_damaged_and_exits_1(tmp_path):
+    _save_steps(tmp_path, (1, 2, 3))
+    ckptstore.save_rank(_values(4, 0), tmp_path, step=4, strategy=TWO, rank=0, attempt="a4")  # rank 1 never saves
+    chunk = _chunk_of(tmp_path, 2, "w", 1)
+    _flip(chunk)
+    r = run_cli("steps", tmp_path, "--verify")
+    assert r.returncode == 1, r.stderr
+    states = [line.split()[:2] for line in r.stdout.splitlines()[1:5]]
+    assert states == [["4", "unfinished"], ["3", "verified"], ["2", "damaged"], ["1", "verified"]]
+    assert r.stdout.splitlines()[5] == (f"step 2 is damaged: parameter 'w': chunk 1: checksum mismatch in {chunk} at "
+                                        f"byte offset 0 ({chunk.stat().st_size} bytes)")
+    doc = json.loads(run_cli("steps", tmp_path, "--verify", "--json").stdout)
+    assert [(s["step"], s["state"], "problem" in s) for s in doc["steps"]] == [
+        (4, "unfinished", False), (3, "verified", False), (2, "damaged", True), (1, "verified", False)]
+
+
+def test_steps_without_verify_reads_no_chunk_and_says_committed(tmp_path):
+    _save_steps(tmp_path)
+    _delete(_chunk_of(tmp_path, 2, "w", 1))
+    r = run_cli("steps", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [line.split()[:2] for line in r.stdout.splitlines()[1:]] == [["2", "committed"], ["1", "committed"]]

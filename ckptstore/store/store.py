@@ -313,18 +313,9 @@ def open_verified(path: str | os.PathLike[str], reads: Reads | None, *, workers:
     opened: dict[int, Store] = {}
 
     def problem(step: int) -> str | None:
-        try:
-            store = open(url_of[step])
-        except CkptStoreError as e:
-            if not fallback.is_damage(e):
-                raise
-            return str(e)
-        found = fallback.first_problem(store.data, store.manifest.params, None if reads is None else reads(store),
-                                       workers=workers)
-        if found is None:
+        store, found = checked_store(url_of[step], reads, workers=workers)
+        if store is not None:
             opened[step] = store
-        else:
-            store.close()
         return found
 
     try:
@@ -340,6 +331,29 @@ def open_verified(path: str | os.PathLike[str], reads: Reads | None, *, workers:
     finally:
         for other in opened.values():
             other.close()
+
+
+def checked_store(path: str | os.PathLike[str], reads: Reads | None = None, *,
+                  workers: int = 1) -> tuple[Store | None, str | None]:
+    """The store at ``path`` opened, if the chunks ``reads`` names (``None``: every chunk) verify;
+    else ``None`` and the first damage found (a manifest or index record that fails, a missing,
+    short or changed chunk: :func:`~ckptstore.store.fallback.chunk_problem`). An outage is raised."""
+    try:
+        store = open(path)
+    except CkptStoreError as e:
+        if not fallback.is_damage(e):
+            raise
+        return None, str(e)
+    try:
+        found = fallback.first_problem(store.data, store.manifest.params, None if reads is None else reads(store),
+                                       workers=workers)
+    except BaseException:
+        store.close()
+        raise
+    if found is not None:
+        store.close()
+        return None, found
+    return store, None
 
 
 #: What every function that takes a store accepts: a ``Store``, a path or an ``s3://``/``obs://`` URL.
