@@ -278,3 +278,44 @@ def test_steps_without_verify_reads_no_chunk_and_says_committed(tmp_path):
     r = run_cli("steps", tmp_path)
     assert r.returncode == 0, r.stderr
     assert [line.split()[:2] for line in r.stdout.splitlines()[1:]] == [["2", "committed"], ["1", "committed"]]
+
+
+# ---- MindSpore: load_rank and the StoreCheckpoint resume path -------------------------------------------
+
+
+@pytest.mark.mindspore
+def test_load_rank_with_fallback_builds_the_parameters_of_the_step_before(tmp_path, caplog):
+    _save_steps(tmp_path)
+    _truncate(_chunk_of(tmp_path, 2, "b", 0))
+    with caplog.at_level("WARNING", logger="ckptstore"):
+        params = ckptstore.load_rank(tmp_path, TWO, 1, fallback=True)
+    assert params.view.store.step == 1
+    assert params["w"].asnumpy().tobytes() == _values(1, 1)["w"].tobytes()
+    assert len(_fallback_lines(caplog)) == 1
+
+
+@pytest.mark.mindspore
+def test_store_checkpoint_resume_loads_the_newest_verified_step_and_removes_the_damaged_one(tmp_path, caplog):
+    import mindspore as ms
+    from mindspore import nn
+
+    class Net(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = ms.Parameter(ms.Tensor(np.zeros((4, 4), np.float32)), name="w")
+            self.b = ms.Parameter(ms.Tensor(np.zeros(3, np.float32)), name="b")
+
+    net = Net()
+    saver = ckptstore.StoreCheckpoint(tmp_path)
+    assert saver.resume(net) is None  # a first run: nothing to load
+    for step in (1, 2):
+        whole = {"w": np.concatenate([_values(step, r)["w"] for r in (0, 1)]), "b": _values(step, 0)["b"]}
+        ckptstore.save_rank(whole, tmp_path, step=step)
+    _flip(_chunk_of(tmp_path, 2, "w", 0))
+    with caplog.at_level("WARNING", logger="ckptstore"):
+        assert saver.resume(net) == 1
+    assert net.b.asnumpy().tobytes() == _values(1, 0)["b"].tobytes()
+    assert net.w.asnumpy()[2:].tobytes() == _values(1, 1)["w"].tobytes()
+    assert len(_fallback_lines(caplog)) == 1
+    assert not (tmp_path / "step_2").exists()  # so the resumed job's save of step 2 is no stale step
+    ckptstore.save_rank({"w": np.ones((4, 4), np.float32), "b": np.ones(3, np.float32)}, tmp_path, step=2)

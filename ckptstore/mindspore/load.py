@@ -21,13 +21,13 @@ from ckptstore.progress import Progress
 from ckptstore.read.loader import StrategyLike, check_workers, float_dtype, resolve_rank, resolve_target, target_boxes
 from ckptstore.store.executor import Executor, check_extents
 from ckptstore.store.read_plan import plan_param
-from ckptstore.store.store import Store, StoreLike, as_store
+from ckptstore.store.store import Store, StoreLike, as_store, open_verified
 
 
 def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
                   rank: int | None = None, *, strict: bool = False, dtype: Any = None,
                   verify: bool = False, workers: int | None = None,
-                  quiet: bool = True) -> tuple[list[str], list[str]]:
+                  quiet: bool = True, fallback: bool = False) -> tuple[list[str], list[str]]:
     """Load this rank's slices from a store into a MindSpore Cell, as ``load_param_into_net`` would.
 
     The target layout is ``strategy`` when given, else the network's own layouts when it was
@@ -43,10 +43,12 @@ def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
     ``mindspore.load_param_into_net``. ``strict=True`` asks for an exact match instead: names as
     they are, dtypes as they are, and every network parameter found (else an error). Each slice
     must have the network parameter's shape. ``quiet=False`` shows progress (a bar on a
-    terminal, log lines otherwise).
+    terminal, log lines otherwise). ``fallback=True`` loads the newest committed step of the root
+    ``store`` whose chunks this rank reads verify, the same on every rank of the job
+    (:func:`verified_store_for_net`).
     """
     exact = strict
-    st = as_store(store)
+    st = verified_store_for_net(net, store, strategy, rank, workers) if fallback else as_store(store)
     resolved = resolve_target(st, strategy) if strategy is not None else net_strategy(net, st)
     target = resolved if resolved is not None else Strategy({}, 1, 1, ())
     rank = resolve_rank(rank, target)
@@ -74,6 +76,22 @@ def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
                                   + ", ".join(param_not_load[:10]) + (" ..." if len(param_not_load) > 10 else ""))
     _NetLoader(st, available, float_dtype(dtype), verify, exact, check_workers(workers, st)).load(loads, rank, quiet)
     return param_not_load, ckpt_not_load
+
+
+def verified_store_for_net(net: Any, store: StoreLike, strategy: StrategyLike = None, rank: int | None = None,
+                           workers: int | None = None) -> Store:
+    """The newest committed step of the root ``store`` whose chunks this rank of ``net``'s layout
+    (``strategy`` when given) reads verify, for every rank of the job when MindSpore's
+    communication is initialised (:func:`~ckptstore.store.store.open_verified`)."""
+    if isinstance(store, Store):
+        raise InvalidOptionError("fallback=True needs the path or URL of the root of steps, not an open Store")
+
+    def reads(st: Store) -> dict[str, Any]:
+        resolved = resolve_target(st, strategy) if strategy is not None else net_strategy(net, st)
+        target = resolved if resolved is not None else Strategy({}, 1, 1, ())
+        return target_boxes(st, target, resolve_rank(rank, target))
+
+    return open_verified(store, reads, workers=workers or 4)
 
 
 def _pipeline_shared(param: Any) -> bool:
