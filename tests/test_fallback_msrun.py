@@ -9,9 +9,9 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
 
-import ckptstore  # noqa: E402
-from test_fallback import TWO, _chunk_of, _flip, _save_steps, _values  # noqa: E402
-from test_msrun import msrun  # noqa: E402
+import ckptstore
+from test_fallback import TWO, _chunk_of, _flip, _save_steps, _values
+from test_msrun import msrun
 
 RESUME = '''
 import os, sys
