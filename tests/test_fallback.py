@@ -148,6 +148,13 @@ def test_one_damaged_store_that_is_no_root_of_steps_has_nothing_to_fall_back_to(
         ckptstore.read_rank(tmp_path / "step_2", TWO, 0, fallback=True)
 
 
+def test_fallback_needs_the_roots_path_not_an_open_store(tmp_path):
+    _save_steps(tmp_path)
+    with ckptstore.open(tmp_path) as store, pytest.raises(ckptstore.errors.InvalidOptionError,
+                                                          match="fallback=True needs the path or URL of the root"):
+        ckptstore.read_rank(store, TWO, 0, fallback=True)
+
+
 # ---- an index: the chunks are the rank files MindSpore saved -------------------------------------
 
 
