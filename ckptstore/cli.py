@@ -777,9 +777,13 @@ def export(store: str, out: str, strategies: tuple[str, ...], ranks: str | None,
               help="Remove the steps older than the newest K committed ones, by the rules of StoreSaver's keep-K "
                    "(only the files ckptstore wrote; a folder it did not save stays whole), then list.")
 @click.option("--dry-run", is_flag=True, help="With --clean or --keep: say what would be removed, remove nothing.")
+@click.option("--verify", is_flag=True,
+              help="Read every chunk of each committed step and list it as verified or damaged (the check a load "
+                   "with fallback=True makes).")
 @_friendly_errors
-def steps(root: str, as_json: bool, clean: bool, keep: int | None, dry_run: bool) -> None:
-    """List the steps saved into ROOT (save_rank, StoreCheckpoint): each step committed or unfinished,
+def steps(root: str, as_json: bool, clean: bool, keep: int | None, dry_run: bool, verify: bool = False) -> None:
+    """List the steps saved into ROOT (save_rank, StoreCheckpoint): each step committed or unfinished
+    (with --verify: verified or damaged, and then exits 1 when a step is damaged, as verify does),
     the ranks an unfinished one waits for, its size and when it was last written."""
     import warnings
 
@@ -794,18 +798,20 @@ def steps(root: str, as_json: bool, clean: bool, keep: int | None, dry_run: bool
             removed.append(remove_unfinished(root, dry_run=dry_run))
         if keep is not None:
             removed.append(prune_steps(root, keep, dry_run=dry_run))
-    found, foreign = list_steps(root), foreign_names(root)
+    found, foreign = list_steps(root, verify=verify), foreign_names(root)
     if as_json:
         click.echo(json.dumps({"root": root, "steps": [f.to_json() for f in found], "not_ckptstores": foreign,
                                **({"dry_run": dry_run, "removed": sorted({s for r in removed for s in r.steps}),
                                    "left": {str(k): v for r in removed for k, v in r.left.items()}}
                                   if removed else {})}, indent=2))
-        return
-    for r in removed:
-        click.echo(f"ckptstore: {r.describe()}")
-    _print_steps(root, found)
-    if foreign:
-        click.echo(f"not ckptstore's, left alone: {', '.join(foreign)}")
+    else:
+        for r in removed:
+            click.echo(f"ckptstore: {r.describe()}")
+        _print_steps(root, found)
+        if foreign:
+            click.echo(f"not ckptstore's, left alone: {', '.join(foreign)}")
+    if any(f.problem is not None for f in found):
+        sys.exit(1)
 
 
 def _print_steps(root: str, found: list[Any]) -> None:
@@ -818,6 +824,7 @@ def _print_steps(root: str, found: list[Any]) -> None:
         click.echo(f"no step folders in {root}")
         return
     click.echo(f"{'step':>8}  {'state':<16} {'ranks missing':<16} {'size':>10}  last written")
+    damaged = [f for f in found if f.problem is not None]
     for f in found:
         missing = "-" if f.state != UNFINISHED else (
             "none finished" if f.world is None else
@@ -825,7 +832,9 @@ def _print_steps(root: str, found: list[Any]) -> None:
             if f.missing else f"none (of {f.world})")
         when = "-" if f.mtime is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.mtime))
         click.echo(f"{f.step:>8}  {f.state:<16} {missing:<16} {_fmt_bytes(f.bytes):>10}  {when}")
-    newest = next((f.step for f in found if f.state == "committed"), None)
+    for f in damaged:
+        click.echo(f"step {f.step} is damaged: {f.problem}")
+    newest = next((f.step for f in found if f.state in ("committed", "verified", "damaged")), None)
     stale = [f.step for f in found if f.state == UNFINISHED and newest is not None and f.step < newest]
     if stale:
         click.echo(f"{len(stale)} unfinished step(s) older than the newest committed step {newest}: remove them with "

@@ -74,6 +74,17 @@ def store_checkpoint_class() -> type:
             self._last: int | None = None  # the training step at the previous step end
             self._counter: Any = _UNKNOWN  # the optimizer's global_step Parameter (None: there is none)
 
+        def resume(self, network: Any, *, strategy: Any = None, rank: int | None = None, dtype: Any = None,
+                   workers: int | None = None) -> int | None:
+            """Load ``network`` (weights, optimizer state, ``global_step``) from the newest committed
+            step of ``root`` whose chunks this rank reads verify, the same step on every rank of the
+            job (``load_into_net(..., fallback=True)``), and return that step; ``None`` when ``root``
+            holds no committed step yet (a first run: nothing is loaded). Steps skipped as damaged are
+            said in one log line, and removed by rank 0 (only the files ckptstore wrote), so the
+            job's next saves can take their numbers. ``strategy`` defaults to the callback's."""
+            return resume_into(network, self.root, strategy=self.saver.strategy if strategy is None else strategy,
+                               rank=self.saver.rank if rank is None else rank, dtype=dtype, workers=workers)
+
         @property
         def summaries(self) -> list[Any]:
             """What each finished save of this rank did, oldest first."""
@@ -114,6 +125,34 @@ def store_checkpoint_class() -> type:
 
 
 _UNKNOWN = object()
+
+
+def resume_into(network: Any, root: str | os.PathLike[str], *, strategy: Any = None, rank: int | None = None,
+                dtype: Any = None, workers: int | None = None) -> int | None:
+    """:meth:`StoreCheckpoint.resume`: the verified step loaded into ``network`` (``None``: no
+    committed step), the newer committed steps that failed verification removed by rank 0."""
+    import logging
+
+    from ckptstore.io.locations import open_location
+    from ckptstore.launcher import process_rank
+    from ckptstore.mindspore.load import load_into_net, verified_store_for_net
+    from ckptstore.store.steps import newest_committed
+    from ckptstore.write.retention import remove_steps, saved_steps
+
+    if newest_committed(open_location(root))[0] is None:
+        return None
+    with verified_store_for_net(network, root, strategy, rank, workers) as store:
+        load_into_net(network, store, strategy, rank, dtype=dtype, workers=workers)
+        step = store.step
+    if step is None:
+        return None
+    skipped = [s for s, done in saved_steps(root) if done and s > step]
+    if skipped and process_rank() in (0, None):
+        removed = remove_steps(root, skipped)
+        # the fallback said which steps it skipped, in its one line; what became of them is detail
+        logging.getLogger("ckptstore").info("ckptstore: %s: resumed from step %d; %s (they failed verification)",
+                                            os.fspath(root), step, removed.describe())
+    return step
 
 
 def training_step(cb: Any, initial_step: int = 0, *, before: bool = False, counter: Any = _UNKNOWN) -> int:

@@ -14,6 +14,7 @@ workers once one exits abnormally.
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -123,5 +124,17 @@ class _collective:
                                        "a rank of the group failed or is gone") from error
 
 
+def in_job() -> bool:
+    """Whether MindSpore's communication is initialised in a job of several ranks, asked without
+    importing MindSpore: a process that never imported it cannot have called ``init()``."""
+    if "mindspore" not in sys.modules:
+        return False
+    from mindspore.communication import GlobalComm
+
+    if not getattr(GlobalComm, "INITED", False):
+        return False
+    return communication()[1] > 1
+
+
 #: MindSpore's collectives, as the read side finds them by name (:data:`ckptstore.read.exchange.COLLECTIVES`).
-COLLECTIVES = Collectives("mindspore", communication, local_ranks, MindSporeExchange)
+COLLECTIVES = Collectives("mindspore", communication, in_job, local_ranks, MindSporeExchange)

@@ -18,7 +18,7 @@ from ckptstore.errors import InvalidOptionError, LayoutMismatchError
 from ckptstore.mindspore._import import mindspore as _ms
 from ckptstore.mindspore.layouts import net_strategy
 from ckptstore.progress import Progress
-from ckptstore.read.exchange import Exchange
+from ckptstore.read.exchange import Exchange, job_agreement
 from ckptstore.read.group_load import Cooperative, exchange_for, load_together
 from ckptstore.read.loader import (
     StrategyLike,
@@ -31,13 +31,14 @@ from ckptstore.read.loader import (
 )
 from ckptstore.store.executor import Executor, check_extents
 from ckptstore.store.read_plan import plan_param
-from ckptstore.store.store import Store, StoreLike, as_store
+from ckptstore.store.store import Store, StoreLike, as_store, open_verified
 
 
 def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
                   rank: int | None = None, *, strict: bool = False, dtype: Any = None,
                   verify: bool = False, workers: int | None = None,
-                  quiet: bool = True, cooperative: Cooperative = None) -> tuple[list[str], list[str]]:
+                  quiet: bool = True, cooperative: Cooperative = None,
+                  fallback: bool = False) -> tuple[list[str], list[str]]:
     """Load this rank's slices from a store into a MindSpore Cell, as ``load_param_into_net`` would.
 
     The target layout is ``strategy`` when given, else the network's own layouts when it was
@@ -55,10 +56,12 @@ def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
     must have the network parameter's shape. ``quiet=False`` shows progress (a bar on a
     terminal, log lines otherwise). ``cooperative`` (``"replicas"``, ``"node"`` or a list of ranks;
     every rank of the group calls at once, after ``mindspore.communication.init()``) reads each
-    distinct byte once in the group, as :func:`ckptstore.read_rank` does.
+    distinct byte once in the group, as :func:`ckptstore.read_rank` does. ``fallback=True`` loads
+    the newest committed step of the root ``store`` whose chunks this rank reads verify, the same
+    on every rank of the job (:func:`verified_store_for_net`).
     """
     exact = strict
-    st = as_store(store)
+    st = verified_store_for_net(net, store, strategy, rank, workers) if fallback else as_store(store)
     resolved = resolve_target(st, strategy) if strategy is not None else net_strategy(net, st)
     target = resolved if resolved is not None else Strategy({}, 1, 1, ())
     rank = resolve_rank(rank, target)
@@ -91,6 +94,22 @@ def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
         exchange = exchange_for(cooperative, lambda world: replica_ranks(st, resolved, rank, world))
         loader.load_together(loads, rank, exchange)
     return param_not_load, ckpt_not_load
+
+
+def verified_store_for_net(net: Any, store: StoreLike, strategy: StrategyLike = None, rank: int | None = None,
+                           workers: int | None = None) -> Store:
+    """The newest committed step of the root ``store`` whose chunks this rank of ``net``'s layout
+    (``strategy`` when given) reads verify, for every rank of the job when MindSpore's
+    communication is initialised (:func:`~ckptstore.store.store.open_verified`)."""
+    if isinstance(store, Store):
+        raise InvalidOptionError("fallback=True needs the path or URL of the root of steps, not an open Store")
+
+    def reads(st: Store) -> dict[str, Any]:
+        resolved = resolve_target(st, strategy) if strategy is not None else net_strategy(net, st)
+        target = resolved if resolved is not None else Strategy({}, 1, 1, ())
+        return target_boxes(st, target, resolve_rank(rank, target))
+
+    return open_verified(store, reads, workers=workers or 4, agree=job_agreement())
 
 
 def _pipeline_shared(param: Any) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 from ckptstore.mindspore._import import mindspore as _ms
 from ckptstore.mindspore._import import ms_dtype as _ms_dtype
 from ckptstore.read.group_load import Cooperative
-from ckptstore.read.loader import RankView, StrategyLike, include_globs, rank_view, read_together
+from ckptstore.read.loader import RankView, StrategyLike, include_globs, rank_view, read_together, verified_store
 from ckptstore.store.store import StoreLike, as_store
 
 
@@ -202,7 +202,7 @@ def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
               include: str | Sequence[str] | None = None, dtype: Any = None, copy: bool = True,
               verify: bool = False, workers: int | None = None, allow_whole: bool = False,
               quiet: bool = True, names: str | Sequence[str] | None = None,
-              cooperative: Cooperative = None) -> RankParameters:
+              cooperative: Cooperative = None, fallback: bool = False) -> RankParameters:
     """The ``mindspore.Parameter``\\ s rank ``rank`` of ``strategy`` holds, built lazily from ``store``.
 
     ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`.
@@ -223,8 +223,12 @@ def load_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     ``cooperative`` (``"replicas"``, ``"node"`` or a list of ranks; every rank of the group calls at
     once, after ``mindspore.communication.init()``) reads everything now, each distinct byte once in the
     group, as :func:`ckptstore.read_rank` does; the Parameters are built from those values.
+    ``fallback=True`` loads the newest committed step of the root ``store`` whose chunks this rank
+    reads verify, the same step on every rank of the job (:func:`~ckptstore.read.loader.verified_store`).
     """
     include = include_globs(include, names)
+    if fallback:
+        store = verified_store(store, strategy, rank, include, workers)
     if cooperative is not None:
         st = as_store(store)
         view, values = read_together(st, strategy, rank, cooperative, names=include, dtype=dtype, verify=verify,

@@ -95,12 +95,14 @@ class SoloExchange(Exchange):
 @dataclass(frozen=True)
 class Collectives:
     """A job's collectives as a cooperative load uses them: which rank this process is and how
-    large the job is (``whoami``, an :class:`InvalidOptionError` outside a running job), the global
-    ranks of this process's node (``node_ranks``), and an :class:`Exchange` among given ranks
-    (``exchange``), called by exactly those ranks."""
+    large the job is (``whoami``, an :class:`InvalidOptionError` outside a running job), whether
+    this process is in a running job of several ranks, asked without importing anything
+    (``active``), the global ranks of this process's node (``node_ranks``), and an
+    :class:`Exchange` among given ranks (``exchange``), called by exactly those ranks."""
 
     name: str
     whoami: Callable[[], tuple[int, int]]
+    active: Callable[[], bool]
     node_ranks: Callable[[], tuple[int, ...]]
     exchange: Callable[[Sequence[int]], Exchange]
 
@@ -117,3 +119,21 @@ def collectives(name: str = "mindspore") -> Collectives:
     if found is None:
         raise InvalidOptionError(f"no job collectives named {name!r} (known: {', '.join(COLLECTIVES.names())})")
     return found
+
+
+def job_agreement(name: str = "mindspore") -> Callable[[int], tuple[int, int]] | None:
+    """The smallest and largest of an int every rank of the job offers (one gather of one int over
+    the job), when this process is in a running job of several ranks; ``None`` otherwise. Every
+    rank must call what it returns the same number of times (a fallback's rounds of agreement)."""
+    found = COLLECTIVES.get(name)
+    if found is None or not found.active():
+        return None
+    job = found
+    _, world = job.whoami()
+    exchange = job.exchange(tuple(range(world)))
+
+    def agree(offer: int) -> tuple[int, int]:
+        offers = [int(a[0]) for a in exchange.gather(np.array([offer], dtype=np.int64))]
+        return min(offers), max(offers)
+
+    return agree

@@ -9,6 +9,7 @@ reads each parameter only when asked, or many at once through one pool of thread
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import mmap
@@ -28,7 +29,8 @@ from ckptstore.store.executor import Executor, Job, check_extents
 from ckptstore.io import LocalFile
 from ckptstore.io.base import ReadCost
 from ckptstore.progress import Progress, binary_size
-from ckptstore.store.store import Store, StoreLike, store_argument
+from ckptstore.store.store import Store, StoreLike, open_verified, store_argument
+from ckptstore.read.exchange import job_agreement
 from ckptstore.read.group_load import Cooperative, exchange_for, load_together
 from ckptstore.read.target import (  # noqa: F401 - target resolution lives in read/target.py; names kept here
     StrategyLike,
@@ -378,7 +380,8 @@ def rank_view(store: Store, strategy: StrategyLike = None, rank: int | None = No
 def read_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
               include: str | Sequence[str] | None = None, dtype: Any = None, verify: bool = False,
               workers: int | None = None, allow_whole: bool = False, quiet: bool = True,
-              names: str | Sequence[str] | None = None, cooperative: Cooperative = None) -> dict[str, np.ndarray | str]:
+              names: str | Sequence[str] | None = None, cooperative: Cooperative = None,
+              fallback: bool = False) -> dict[str, np.ndarray | str]:
     """The slices rank ``rank`` of ``strategy`` holds, read from ``store`` as numpy arrays (no MindSpore).
 
     ``store`` is a path, an ``s3://``/``obs://`` URL or a :class:`~ckptstore.store.store.Store`;
@@ -390,7 +393,9 @@ def read_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     ``quiet=False`` shows progress (a bar on a terminal, log lines otherwise). Values equal what
     ``load_rank`` gives, as ordinary numpy arrays (``str`` for text values); parameters the
     target does not describe come whole. Everything is read at once, through one
-    pool of ``workers`` threads.
+    pool of ``workers`` threads. ``fallback=True`` (``store`` a root of steps) reads the newest
+    committed step whose chunks this rank reads verify, agreed by every rank of the job
+    (:func:`verified_store`).
 
     ``cooperative`` (in a MindSpore job, after ``mindspore.communication.init()``; every rank of the
     group calls at once): ``"replicas"`` (the ranks holding the same slices), ``"node"`` (the ranks of
@@ -399,11 +404,11 @@ def read_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
     and :func:`ckptstore.io_counts` counts only what this rank fetched from storage.
     """
     include = include_globs(include, names)
-    if cooperative is not None:
-        with store_argument(store) as st:
+    opened = verified_store(store, strategy, rank, include, workers) if fallback else None
+    with store_argument(store if opened is None else opened) as st, opened or contextlib.nullcontext():
+        if cooperative is not None:
             return read_together(st, strategy, rank, cooperative, names=include, dtype=dtype, verify=verify,
                                  workers=workers, allow_whole=allow_whole)[1]
-    with store_argument(store) as st:
         view = rank_view(st, strategy, rank, names=include, dtype=dtype, verify=verify, workers=workers,
                          allow_whole=allow_whole, quiet=quiet)
         return view.read_many(view.names())
@@ -454,3 +459,18 @@ def read_together(store: Store, strategy: StrategyLike, rank: int | None, cooper
         raise CooperativeLoadError("cooperative load: this rank planned nothing")
     out.update(outs)
     return view, {name: out[name] for name in view.names()}
+def verified_store(store: StoreLike, strategy: StrategyLike, rank: int | None,
+                   include: str | Sequence[str] | None, workers: int | None) -> Store:
+    """The newest committed step of the root ``store`` whose chunks rank ``rank`` of ``strategy``
+    reads (``include`` globs of them) verify, for every rank of the job when MindSpore's
+    communication is initialised (:func:`~ckptstore.store.store.open_verified`)."""
+    if isinstance(store, Store):
+        raise InvalidOptionError("fallback=True needs the path or URL of the root of steps, not an open Store (it "
+                                 "chooses which step to open)")
+
+    def reads(st: Store) -> Mapping[str, Box | None]:
+        target = resolve_target(st, strategy)
+        return target_boxes(st, target, resolve_rank(rank, target), name_patterns(include))
+
+    return open_verified(store, reads, workers=workers if workers is not None else DEFAULT_WORKERS,
+                         agree=job_agreement())

@@ -1,6 +1,7 @@
 """``ckptstore verify``: re-read a store and prove it is intact (and equal to its source).
 
-Every chunk is read whole and its CRC-32C compared with the manifest. A Zarr store is also
+Every chunk is read whole and its CRC-32C compared with the manifest (the check a load with
+``fallback=True`` makes of the chunks it reads: :func:`~ckptstore.store.fallback.chunk_problem`). A Zarr store is also
 checked the way a Zarr reader (zarr-python, tensorstore) reads it, which is not through the
 manifest: each array's ``zarr.json`` must cut it into the manifest's chunks, each chunk file must
 be where its key says and of the size the manifest gives, and each shard's index (checked by its
@@ -19,7 +20,7 @@ from typing import Sequence
 
 import crc32c as crc32c_lib
 
-from ckptstore.store.checksum import crc32c_of
+from ckptstore.store.fallback import chunk_problem
 from ckptstore.store.chunking import plan_chunks
 from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.store.codecs import decode
@@ -79,10 +80,10 @@ def _verify(store: Store, against: str | os.PathLike[str] | None, strategy: Sequ
         for i in range(len(info.chunks)):
             report.chunks += 1
             if info.chunks.crc32c is None:
-                report.without_checksum += 1
-                continue
-            report.bytes_checked += info.chunks.nbytes[i]
-            problem = _check_chunk(store, info, i)
+                report.without_checksum += 1  # (its bytes are still checked to lie within its files)
+            else:
+                report.bytes_checked += info.chunks.nbytes[i]
+            problem = chunk_problem(store.data, info, i)
             if problem:
                 report.problems.append(problem)
         if store.kind == "zarr" and len(info.chunks):
@@ -93,22 +94,6 @@ def _verify(store: Store, against: str | os.PathLike[str] | None, strategy: Sequ
 
 
 verify_store = verify
-
-
-def _check_chunk(store: Store, info: ParamManifest, i: int) -> str | None:
-    if info.chunks.crc32c is None:
-        return None
-    try:
-        crc = crc32c_of(store.data.open, info.chunk_pieces(i))
-    except (AccessDeniedError, StoreUnavailableError):
-        raise  # the server refused or did not answer: nothing was checked, nothing is known wrong
-    except CkptStoreError as e:
-        return f"parameter {info.name!r}: chunk {i}: {e}"
-    if crc != info.chunks.crc32c[i]:
-        t = info.chunks
-        return (f"parameter {info.name!r}: chunk {i}: checksum mismatch in {store.data.key_url(t.files[i])} at byte "
-                f"offset {t.offsets[i]} ({t.nbytes[i]} bytes)")
-    return None
 
 
 def _zarr_layout_problems(store: Store, info: ParamManifest) -> list[str]:

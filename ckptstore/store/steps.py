@@ -83,11 +83,16 @@ def newest_committed(location: ByteSource) -> tuple[ByteSource | None, list[int]
     pending: list[int] = []
     for step in steps(location):
         sub = step_source(location, step)
-        doc = read_manifest(sub)
-        if isinstance(doc, dict) and doc.get("complete") is True:
+        if is_committed(sub):
             return sub, pending
         pending.append(step)
     return None, pending
+
+
+def is_committed(step: ByteSource) -> bool:
+    """Whether the step folder ``step`` holds a committed store (its manifest says it is complete)."""
+    doc = read_manifest(step)
+    return isinstance(doc, dict) and doc.get("complete") is True
 
 
 def unfinished_ranks(location: ByteSource) -> tuple[list[int], int] | None:

@@ -16,10 +16,11 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ckptstore.store import steps, work
+from ckptstore.store import fallback, steps, work
 from ckptstore.store.kinds import WORK_DIR, find_manifest, manifest_candidates, manifest_files, store_kind, store_kinds
 from ckptstore.boxes import Box
 from ckptstore.errors import (
+    CkptStoreError,
     IncompleteStoreError,
     MissingFileError,
     ShortReadError,
@@ -229,15 +230,21 @@ def _no_committed_step(location: ByteSource, pending: list[int]) -> str:
             f"step (unfinished: {', '.join(str(n) for n, _ in ours[:5])})")
 
 
-def open(path: str | os.PathLike[str]) -> Store:  # the public name is ckptstore.open
+def open(path: str | os.PathLike[str], *, fallback: bool = False) -> Store:  # the public name is ckptstore.open
     """Open a store written by ``ckptstore convert`` (or ``ckptstore index``), reading only its metadata.
 
     A folder of saved training steps (``step_<N>`` folders, see :mod:`ckptstore.store.steps`)
-    opens as its newest committed step. Raises
+    opens as its newest committed step; with ``fallback=True``, as the newest committed step
+    every chunk of which verifies (which reads every chunk of it; a rank's load checks only what
+    it reads: ``read_rank``/``load_rank`` with ``fallback=True``), saying in one log line which
+    steps it skipped and why (:mod:`ckptstore.store.fallback`). Raises
     :class:`~ckptstore.errors.StoreNotFoundError` when there is no store at ``path``,
     :class:`~ckptstore.errors.IncompleteStoreError` for an interrupted conversion, and
-    :class:`~ckptstore.errors.StoreCorruptError` when the manifest fails validation.
+    :class:`~ckptstore.errors.StoreCorruptError` when the manifest fails validation (or, with
+    ``fallback``, when no committed step verifies).
     """
+    if fallback:
+        return open_verified(path, None, agree=None)
     location = open_location(path)
     if isinstance(location, LocalSource) and not location.root.is_dir():
         what = "is a file" if location.root.exists() else "does not exist"
@@ -276,6 +283,76 @@ def open(path: str | os.PathLike[str]) -> Store:  # the public name is ckptstore
         return Store(location, manifest, data if before is None else ReplaceGuard(data, location, before))
     versions = recorded_versions(manifest, where=location.url)
     return Store(location, manifest, None if before is None else ReplaceGuard(location, location, before, versions))
+
+
+#: The part of each parameter a load reads (``None``: the whole parameter), as a store tells it.
+Reads = Callable[[Store], Mapping[str, Box | None]]
+
+
+def open_verified(path: str | os.PathLike[str], reads: Reads | None, *, workers: int = 1,
+                  agree: fallback.Agree | None = None) -> Store:
+    """The newest committed step of the root ``path`` whose chunks that ``reads`` names verify
+    (``reads=None``: every chunk), opened; steps skipped are said in one log line.
+
+    ``path`` may also be one store (a step, a conversion): it is checked the same way, and raises
+    :class:`~ckptstore.errors.StoreCorruptError` when damaged (there is no earlier step). With
+    ``agree`` (the job's agreement, :func:`ckptstore.read.exchange.job_agreement`) every rank of
+    the job must call this, and all load the same step.
+    """
+    location = open_location(path)
+    if isinstance(location, LocalSource) and not location.root.is_dir() or find_manifest(location) is not None:
+        candidates, url_of = [0], {0: location.url}  # one store: nothing earlier to fall back to
+    else:
+        if WORK_DIR in location.list()[0]:
+            raise IncompleteStoreError(_unfinished(location))
+        candidates = [s for s in steps.steps(location) if steps.is_committed(steps.step_source(location, s))]
+        if not candidates:
+            return open(path)  # says why nothing opens
+        url_of = {s: steps.step_source(location, s).url for s in candidates}
+    opened: dict[int, Store] = {}
+
+    def problem(step: int) -> str | None:
+        store, found = checked_store(url_of[step], reads, workers=workers)
+        if store is not None:
+            opened[step] = store
+        return found
+
+    try:
+        chosen, skipped = fallback.choose_step(candidates, problem, agree)
+        if chosen is None:
+            if candidates == [0]:
+                why = skipped[0][1] if skipped else "on another rank"
+                raise StoreCorruptError(f"{location.url} fails verification ({why}); it is one store, not a root of "
+                                        "steps, so there is no earlier step to fall back to")
+            raise fallback.no_step_error(location.url, skipped)
+        fallback.say_skipped(location.url, chosen, skipped)
+        return opened.pop(chosen)
+    finally:
+        for other in opened.values():
+            other.close()
+
+
+def checked_store(path: str | os.PathLike[str], reads: Reads | None = None, *,
+                  workers: int = 1) -> tuple[Store | None, str | None]:
+    """The store at ``path`` opened, if the chunks ``reads`` names (``None``: every chunk) verify;
+    else ``None`` and the first damage found (a manifest or index record that fails, a missing,
+    short or changed chunk: :func:`~ckptstore.store.fallback.chunk_problem`). An outage is raised."""
+    try:
+        store = open(path)
+    except CkptStoreError as e:
+        if not fallback.is_damage(e):
+            raise
+        return None, str(e)
+    try:
+        found = fallback.first_problem(store.data, store.manifest.params, None if reads is None else reads(store),
+                                       workers=workers)
+    except BaseException:
+        store.close()
+        raise
+    if found is not None:
+        store.close()
+        return None, found
+    return store, None
 
 
 #: What every function that takes a store accepts: a ``Store``, a path or an ``s3://``/``obs://`` URL.

@@ -17,6 +17,7 @@ chunks missing; a step whose work folder is locked (a rank is saving it now) is 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -29,7 +30,8 @@ from ckptstore.io.locations import open_location
 from ckptstore.io.sink import ByteSink, open_sink, partial_key
 from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR, find_manifest, read_manifest, store_kind
 from ckptstore.store.manifest import StoreManifest
-from ckptstore.store.steps import STEP_FOLDER, STEP_LIKE, foreign_step_names, step_sink, unfinished_ranks
+from ckptstore.store.steps import STEP_FOLDER, STEP_LIKE, foreign_step_names, step_name, step_sink, unfinished_ranks
+from ckptstore.store.store import checked_store
 from ckptstore.write.save import step_location
 from ckptstore.write.save_records import RECORDS_DIR
 
@@ -40,6 +42,8 @@ _CHUNK_FILE = re.compile(r"^c([./]\d+)*(\.partial|\.journal)?$")
 _LOCK = re.compile(r"^lock(\.part-\d+)?$")
 
 COMMITTED, UNFINISHED, FOREIGN, LINK = "committed", "unfinished", "not ckptstore's", "symbolic link"
+#: The states of a committed step checked by ``ckptstore steps --verify`` (:func:`list_steps` with ``verify=True``).
+VERIFIED, DAMAGED = "verified", "damaged"
 
 
 @dataclass(frozen=True)
@@ -58,16 +62,23 @@ class StepFolder:
     bytes: int
     files: int
     mtime: float | None
+    #: Checked (``--verify``), a committed step is ``"verified"`` or ``"damaged"``: this says the first damage.
+    problem: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The fields as ``ckptstore steps --json`` prints them."""
+        """The fields as ``ckptstore steps --json`` prints them (``problem`` only for a damaged step)."""
         return {"step": self.step, "state": self.state, "world": self.world, "missing_ranks": list(self.missing),
-                "bytes": self.bytes, "files": self.files, "mtime": self.mtime}
+                "bytes": self.bytes, "files": self.files, "mtime": self.mtime,
+                **({"problem": self.problem} if self.problem is not None else {})}
 
 
-def list_steps(root: str | os.PathLike[str]) -> list[StepFolder]:
+def list_steps(root: str | os.PathLike[str], *, verify: bool = False) -> list[StepFolder]:
     """Every ``step_<N>`` of ``root`` (a folder or an ``s3://``/``obs://`` prefix), newest first,
-    with its state, the ranks an unfinished one waits for, its bytes and when it was last written."""
+    with its state, the ranks an unfinished one waits for, its bytes and when it was last written.
+
+    ``verify=True`` reads every chunk of each committed step (bounded blocks) and states it
+    ``"verified"`` or ``"damaged"`` (with its first ``problem``), by the check a load with
+    ``fallback=True`` makes (:func:`~ckptstore.store.store.checked_store`); an outage is raised."""
     sink = open_sink(os.fspath(root))
     try:
         folders = sink.listing()[0]
@@ -82,7 +93,17 @@ def list_steps(root: str | os.PathLike[str]) -> list[StepFolder]:
         m = STEP_FOLDER.match(name)
         if m:
             found.append(StepFolder(int(m.group(1)), LINK, None, (), 0, 0, None))
+    if verify:
+        found = [_verified(f, sink.folder(step_name(f.step))) if f.state == COMMITTED else f for f in found]
     return sorted(found, key=lambda f: f.step, reverse=True)
+
+
+def _verified(folder: StepFolder, sink: ByteSink) -> StepFolder:
+    """``folder`` (a committed step) stated ``"verified"`` or ``"damaged"``."""
+    store, problem = checked_store(sink.url)
+    if store is not None:
+        store.close()
+    return dataclasses.replace(folder, state=VERIFIED if problem is None else DAMAGED, problem=problem)
 
 
 def foreign_names(root: str | os.PathLike[str]) -> list[str]:
