@@ -41,8 +41,8 @@ from ckptstore.checkpoint.source import DistributedSource, SourceParam, resolve_
 from ckptstore.checkpoint.strategy import StrategyPaths
 from ckptstore.formats.ckpt_cipher import check_key
 from ckptstore.io import is_url, open_location
-from ckptstore.store.work import read_attempt, short
-from ckptstore.write.commit import commit, commit_if_last, mark_done, my_share, write_plan, writer_for
+from ckptstore.store.work import CommitPlan, read_attempt, short, write_commit_plan
+from ckptstore.write.commit import commit, commit_if_last, mark_done, my_share, writer_for
 from ckptstore.write.chunk_writer import ChunkCopier
 from ckptstore.limits import MAX_TENSOR_BYTES
 from ckptstore.version import __version__
@@ -182,7 +182,7 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                                 quiet=quiet, count_bytes=fmt != "index" or checksum)
             copier = ChunkCopier(codec, verify_replicas, progress, source.files)
             writer = writer_for(fmt, hold, copier, plans, checksum)
-            write_plan(sink, fmt, [p.param.name for p in plans], header, writer.extra(), part)
+            write_commit_plan(sink, CommitPlan(fmt, tuple(p.param.name for p in plans), header, writer.extra(), part.count))
             mine = my_share(writer, plans, part)
             progress.resize(sum(p.nbytes for p in mine), len(mine))
             with progress:

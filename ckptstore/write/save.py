@@ -44,13 +44,13 @@ from ckptstore.store.chunking import select_params
 from ckptstore.store.kinds import ROOT_METADATA
 from ckptstore.store.manifest import dtype_label
 from ckptstore.store.steps import step_name, step_sink
+from ckptstore.store.work import CommitPlan, save_record_key, write_commit_plan
 from ckptstore.version import __version__
 from ckptstore.write.attempt import save_attempt, say_no_attempt
-from ckptstore.write.commit import commit_if_last, mark_done, write_plan
+from ckptstore.write.commit import commit_if_last, mark_done
 from ckptstore.write.output_folder import claim, complete_manifest
 from ckptstore.write.parts import Part
 from ckptstore.write.save_plan import SaveParam, SavePlan, plan_save
-from ckptstore.write.save_records import record_key
 from ckptstore.write.values import LazyArray, host_values
 
 #: Largest chunk a save writes (a slice bigger than this is cut along its leading axes), as
@@ -302,9 +302,10 @@ class SaveJob:
         try:
             if hold.complete:
                 raise StoreExistsError(self._committed_message())
-            write_plan(sink, "zarr", (), self._header(), {}, self.part, records="ranks")
+            write_commit_plan(sink, CommitPlan("zarr", (), self._header(), {}, self.part.count, records="ranks"))
             crcs, written = self._write_chunks(sink, self.pieces() if pieces is None else pieces)
-            sink.put(record_key(self.part), json.dumps(self._record(crcs)).encode(), durable=False)
+            sink.put(save_record_key(self.part.index, self.part.count), json.dumps(self._record(crcs)).encode(),
+                     durable=False)
             mark_done(sink, self.part, self.fingerprint)
             committed = commit and commit_if_last(hold, self.fingerprint) is not None
         finally:

@@ -4,7 +4,7 @@ step's manifest.
 A conversion's part records whole parameters (:mod:`ckptstore.write.store_writer`); a save rank
 writes *chunks* of parameters that other ranks also hold, so it records, for every parameter it
 holds, the chunks it wrote (index, offset in its slice's file, bytes, CRC-32C) in
-``.ckptstore-work/saved/<rank>-of-<world>.json``. The commit (:meth:`StoreWriter.commit
+``.ckptstore-work/saved/<rank>-of-<world>.json`` (:func:`~ckptstore.store.work.save_record_key`). The commit (:meth:`StoreWriter.commit
 <ckptstore.write.store_writer.StoreWriter.commit>` for a plan whose ``records`` is ``"ranks"``)
 merges the records of one attempt: a record whose header is not the plan's (another attempt,
 another world size, strategy or chunk size) is refused.
@@ -18,16 +18,8 @@ from typing import Any, Mapping, Sequence
 from ckptstore.errors import IncompleteStoreError, LayoutMismatchError
 from ckptstore.io.sink import ByteSink
 from ckptstore.store import zarr as zb
-from ckptstore.store.kinds import WORK_DIR
 from ckptstore.store.manifest import ChunkTable, ParamManifest
-from ckptstore.write.parts import Part
-
-RECORDS_DIR = f"{WORK_DIR}/saved"
-
-
-def record_key(part: Part) -> str:
-    """Where rank ``part.index`` of ``part.count`` records what it wrote."""
-    return f"{RECORDS_DIR}/{part.index}-of-{part.count}.json"
+from ckptstore.store.work import SAVE_RECORDS_DIR, CommitPlan, save_record_key
 
 
 def recorded_files(sink: ByteSink, keys: Sequence[str]) -> list[str]:
@@ -35,7 +27,7 @@ def recorded_files(sink: ByteSink, keys: Sequence[str]) -> list[str]:
     those ranks wrote (a record that does not parse names nothing)."""
     names = []
     for key in keys:
-        if key.startswith(RECORDS_DIR + "/"):
+        if key.startswith(SAVE_RECORDS_DIR + "/"):
             try:
                 record = json.loads(sink.read(key) or b"{}")
                 names += [d["file"] for d in record["params"].values() if isinstance(d, dict) and "file" in d]
@@ -45,12 +37,12 @@ def recorded_files(sink: ByteSink, keys: Sequence[str]) -> list[str]:
     return [n for n in names if isinstance(n, str) and n in present]
 
 
-def read_records(sink: ByteSink, plan: Mapping[str, Any]) -> list[dict[str, Any]]:
+def read_records(sink: ByteSink, plan: CommitPlan) -> list[dict[str, Any]]:
     """Every rank's record, checked to belong to the plan's attempt (its header)."""
-    header, world = plan["source"], int(plan["parts"])
+    header, world = plan.source, plan.parts
     records = []
     for i in range(world):
-        raw = sink.read(record_key(Part(i, world)))
+        raw = sink.read(save_record_key(i, world))
         try:
             record = json.loads(raw) if raw is not None else None
         except (ValueError, RecursionError):

@@ -2,7 +2,8 @@
 
 A :class:`StoreWriter` writes parameters (shared by the worker threads: ``write_param`` per
 parameter) and commits a store of its kind. A parameter finished by an earlier, interrupted run
-is recorded in the work folder (:func:`done_key`, or a part's batch under :data:`PART_RECORDS`)
+is recorded in the work folder (:func:`~ckptstore.store.work.done_key`, or a part's batch under
+:func:`~ckptstore.store.work.part_records_key`)
 and skipped, while its data files are still there at their full size; everything becomes
 readable only at :meth:`StoreWriter.commit`, which collects those records. Each kind's writer is
 one module of :mod:`ckptstore.write.kinds`; the conversion-wide protocol around it (the plan,
@@ -14,7 +15,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
-from ckptstore.store.kinds import MANIFEST, WORK_DIR, store_kind
+from ckptstore.store.kinds import MANIFEST, store_kind
 from ckptstore.store import zarr as zb
 from ckptstore.store.chunking import ParamPlan
 from ckptstore.errors import CkptStoreError, IncompleteStoreError
@@ -22,18 +23,11 @@ from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.store.versions import record_versions
 from ckptstore.io.sink import ByteSink, write_error
 from ckptstore.write.output_folder import Claim, drop_work
-from ckptstore.store.work import unfinished_parts, what_finishes
+from ckptstore.write.parts import Part
+from ckptstore.store.work import (DONE_DIR, PART_RECORDS_DIR, CommitPlan, done_key, part_records_key,
+                                  unfinished_parts, what_finishes)
 from ckptstore.write.chunk_writer import ChunkCopier, str_manifest
 from ckptstore.write.save_records import merge_records, read_records
-
-
-def done_key(name: str) -> str:
-    """Where the manifest of a finished parameter is recorded until the commit."""
-    return f"{WORK_DIR}/done/{zb.array_path(name)}.json"
-
-
-#: Records of a whole part's parameters at once (kinds whose parameters cost nothing to redo).
-PART_RECORDS = f"{WORK_DIR}/done-parts"
 
 
 def load_done(sink: ByteSink, name: str) -> ParamManifest | None:
@@ -46,10 +40,16 @@ def load_done(sink: ByteSink, name: str) -> ParamManifest | None:
         return None
 
 
+def record_part(sink: ByteSink, part: Part, done: Mapping[str, ParamManifest]) -> None:
+    """Record every parameter ``part`` finished at once (made durable with the part's marker)."""
+    doc = {n: m.to_json() for n, m in done.items()}
+    sink.put(part_records_key(part.index, part.count), json.dumps(doc).encode(), durable=False)
+
+
 def _part_records(sink: ByteSink) -> dict[str, Any]:
     """Every parameter recorded by a part's batch record: ``{name: manifest JSON}``."""
     out: dict[str, Any] = {}
-    for key in sink.keys(PART_RECORDS):
+    for key in sink.keys(PART_RECORDS_DIR):
         try:
             doc = json.loads(sink.read(key) or b"{}")
         except (ValueError, RecursionError):
@@ -73,7 +73,7 @@ class StoreWriter:
     def __init__(self, hold: Claim, copier: ChunkCopier, plans: Sequence[ParamPlan], *, checksum: bool = True) -> None:
         self.hold, self.sink, self.copier = hold, hold.sink, copier
         # what earlier runs recorded, listed once (not looked up with one failed open per parameter)
-        self._recorded = set(self.sink.keys(f"{WORK_DIR}/done")) if self.records_each else set()
+        self._recorded = set(self.sink.keys(DONE_DIR)) if self.records_each else set()
 
     def write_param(self, plan: ParamPlan) -> ParamManifest:
         name = plan.param.name
@@ -120,18 +120,15 @@ class StoreWriter:
     def finish_part(self, plans: Sequence[ParamPlan], done: Mapping[str, ParamManifest]) -> None:
         """Make this part's data final (before its marker says it is done)."""
         if not self.records_each and self.hold.part.count > 1:
-            doc = {n: m.to_json() for n, m in done.items()}
-            self.sink.put(f"{PART_RECORDS}/{self.hold.part.index}-of-{self.hold.part.count}.json",
-                          json.dumps(doc).encode(), durable=False)
+            record_part(self.sink, self.hold.part, done)
 
     # --- the commit ----------------------------------------------------------------------------
 
     @classmethod
-    def commit(cls, sink: ByteSink, plan: Mapping[str, Any], known: Mapping[str, ParamManifest]) -> StoreManifest:
+    def commit(cls, sink: ByteSink, plan: CommitPlan, known: Mapping[str, ParamManifest]) -> StoreManifest:
         """Make the store complete: every parameter's record, the data files final and durable,
         then the manifest, last; then drop the work folder."""
-        manifest = StoreManifest(_collect(sink, plan, known), plan["source"], kind=plan["format"],
-                                 extra=plan["extra"])
+        manifest = StoreManifest(_collect(sink, plan, known), dict(plan.source), kind=plan.kind, extra=dict(plan.extra))
         cls.finish_store(sink, manifest)
         sink.sync()  # every data file and folder this process changed is durable before the manifest names them
         manifest = record_versions(sink, manifest)  # objects' ETags, so readers pin them without a request
@@ -152,12 +149,12 @@ class StoreWriter:
         return (kind.manifest_file if kind is not None else MANIFEST), manifest.dumps().encode()
 
 
-def _collect(sink: ByteSink, plan: Mapping[str, Any], known: Mapping[str, ParamManifest]) -> dict[str, ParamManifest]:
+def _collect(sink: ByteSink, plan: CommitPlan, known: Mapping[str, ParamManifest]) -> dict[str, ParamManifest]:
     """Every parameter's manifest, from ``known`` or the records in the work folder (a save's
     ranks' records, merged, when the plan says ``"records": "ranks"``)."""
-    if plan.get("records") == "ranks":
+    if plan.records == "ranks":
         return merge_records(read_records(sink, plan), sink.url)
-    names = plan["names"]
+    names = plan.names
     have = dict(known)
     todo = [n for n in names if n not in have]
     batched = _part_records(sink) if todo else {}
@@ -172,7 +169,7 @@ def _collect(sink: ByteSink, plan: Mapping[str, Any], known: Mapping[str, ParamM
         found.update(zip(todo, pool.map(lambda n: load_done(sink, n), todo)))
     lost = [n for n, m in found.items() if m is None]
     if lost:
-        raise IncompleteStoreError(_unfinished(sink, int(plan.get("parts") or 1), lost, len(names)))
+        raise IncompleteStoreError(_unfinished(sink, plan.parts, lost, len(names)))
     for n, m in found.items():
         if m is not None:
             have[n] = m

@@ -6,15 +6,14 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Mapping, Sequence
 
-from ckptstore.store.kinds import WORK_DIR
 from ckptstore.store import safetensors as sb
-from ckptstore.store import zarr as zb
 from ckptstore.store.chunking import ParamPlan
 from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.io.sink import partial_key
 from ckptstore.write.output_folder import Claim
 from ckptstore.write.chunk_writer import ChunkCopier, dense_manifest, dense_rows, write_dense_param
-from ckptstore.write.store_writer import StoreWriter, done_key
+from ckptstore.store.work import dense_journal_key, done_key
+from ckptstore.write.store_writer import StoreWriter
 
 
 class SafetensorsWriter(StoreWriter):
@@ -48,15 +47,12 @@ class SafetensorsWriter(StoreWriter):
             if not sb.reuse_file(self.sink, f):
                 # a new (zero-filled) data file: nothing recorded for its tensors holds any more
                 self.sink.delete([done_key(slot.name) for slot in f.slots])
-                self.sink.delete([self._journal(slot.name) for slot in f.slots])
-
-    def _journal(self, name: str) -> str:
-        return f"{WORK_DIR}/journal/{zb.array_path(name)}.journal"
+                self.sink.delete([dense_journal_key(slot.name) for slot in f.slots])
 
     def _write(self, plan: ParamPlan) -> ParamManifest:
         slot = self.slots[plan.param.name]
         if self.sink.seekable:
-            return write_dense_param(plan, slot, self.sink, self._journal(slot.name), self.copier)
+            return write_dense_param(plan, slot, self.sink, dense_journal_key(slot.name), self.copier)
         return self._upload(slot.file)[slot.name]
 
     def _still_there(self, finished: ParamManifest) -> bool:
