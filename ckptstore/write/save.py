@@ -31,7 +31,6 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-import crc32c
 import numpy as np
 
 from ckptstore.checkpoint.strategy import Strategy, load_strategy
@@ -48,6 +47,7 @@ from ckptstore.store.work import CommitPlan, save_record_key, write_commit_plan
 from ckptstore.version import __version__
 from ckptstore.write.attempt import save_attempt, say_no_attempt
 from ckptstore.write.commit import commit_if_last, mark_done
+from ckptstore.write.kinds.zarr import Segment, write_zarr_data
 from ckptstore.write.output_folder import claim, complete_manifest
 from ckptstore.write.parts import Part
 from ckptstore.write.save_plan import SaveParam, SavePlan, plan_save
@@ -341,13 +341,11 @@ class SaveJob:
         written = 0
         rest = iter(pieces)
         for p, _, data in rest:
-            mine = crcs.setdefault(p.name, {})
             # written whole and renamed (or uploaded); every file is fsynced below, all at once
-            if len(data) == p.nbytes and not p.sharded:
-                sink.put(p.file, data, durable=False)
-                mine[p.chunks[0].index] = crc32c.crc32c(data)
-            else:
-                sink.put_stream(p.file, _file_bytes(p, data, rest, mine, fresh=not sink.seekable), durable=False)
+            entries = write_zarr_data(sink, p.file, lambda done, p=p, first=data: _segments(p, self.plan.rank, first, rest),
+                                      shard_entries=p.chunks_per_shard if p.sharded else None, durable=False,
+                                      fresh=not sink.seekable)
+            crcs.setdefault(p.name, {}).update((e.index, e.crc) for e in entries)
             unsynced.append(p.file)
             written += p.nbytes
             del data  # a staged copy is freed before the next one is taken
@@ -374,33 +372,30 @@ class SaveJob:
                 "fingerprint": self.fingerprint, "attempt": self.attempt, "created_by": f"ckptstore {__version__}"}
 
 
-def _file_bytes(p: SaveParam, data: Any, rest: Iterator[Piece], crcs: dict[int, int], *,
-                fresh: bool) -> Iterator[Any]:
-    """The bytes of the file of parameter ``p``'s slice: its pieces (the first given, the others
-    taken from ``rest`` as the file is written), then, for a shard, its index. Each chunk's
-    CRC-32C goes to ``crcs``. ``fresh``: hand over copies (a streamed upload may keep a buffer
-    until it is sent, and a staged buffer is reused once the next piece is taken)."""
-    chunks, j, crc, done = p.chunks, 0, 0, 0
+def _segments(p: SaveParam, rank: int, data: Any, rest: Iterator[Piece]) -> Iterator[Segment]:
+    """The chunks of the file of parameter ``p``'s slice, written by ``rank``, as segments of its pieces (the first
+    given, the others taken from ``rest`` as the file is written): a piece may end inside a
+    chunk, or hold many."""
+    chunks, j, done = p.chunks, 0, 0
     left = p.nbytes
     while True:
         view = memoryview(data).cast("B")
         pos = 0
-        while pos < len(view):  # a piece may end inside a chunk, or hold many
+        while pos < len(view):
             take = min(chunks[j].nbytes - done, len(view) - pos)
-            crc = crc32c.crc32c(view[pos:pos + take], crc)
-            pos, done = pos + take, done + take
-            if done == chunks[j].nbytes:
-                crcs[chunks[j].index], j, crc, done = crc, j + 1, 0, 0
-        yield bytes(view) if fresh else view
+            done += take
+            last = done == chunks[j].nbytes
+            yield chunks[j].index, rank, view[pos:pos + take], last
+            pos += take
+            if last:
+                j, done = j + 1, 0
         left -= len(view)
         del view
         if left <= 0:
-            break
+            return
         q, _, data = next(rest)
         if q.name != p.name:  # pieces come parameter by parameter, in the plan's order
             raise RuntimeError(f"pieces of {q.name!r} came before the last of {p.name!r}")
-    if p.sharded:  # a shard at the array's edge holds fewer chunks than its index has entries
-        yield zb.shard_index([c.byte_start for c in chunks], [c.nbytes for c in chunks], p.chunks_per_shard)
 
 
 def _bytes_of(array: np.ndarray | LazyArray) -> memoryview:
