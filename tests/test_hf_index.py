@@ -411,3 +411,12 @@ def test_an_index_interrupted_before_its_manifest_is_completed_by_ckptstore_comm
     ckptstore.commit(tmp_path / "st")
     np.testing.assert_array_equal(ckptstore.open(tmp_path / "st").read("model.norm_out.weight"),
                                   tensors["model.norm.weight"])
+
+
+@pytest.mark.parametrize("option", [{"step": 0}, {"epoch": 0}, {"prefix": ""}], ids=["step-0", "epoch-0", "empty-prefix"])
+def test_a_rank_file_option_given_a_falsy_value_is_still_refused_with_a_name_map(folder, tmp_path, option):
+    hf, _ = folder
+    (name,) = option
+    with pytest.raises(InvalidOptionError, match=f"^{name} do\\(es\\) not apply to a Hugging Face folder"):
+        ckptstore.index(hf, tmp_path / "st", name_map="llama", **option)
+    assert not (tmp_path / "st").exists()

@@ -7,8 +7,15 @@ import json
 import pytest
 
 from ckptstore.io.memory_sink import MemorySink
-from ckptstore.store.work import (COMMIT_PLAN_FILE, CommitPlan, is_lock, locked_part, part_lock, read_commit_plan,
-                                  write_commit_plan)
+from ckptstore.store.work import (
+    COMMIT_PLAN_FILE,
+    CommitPlan,
+    is_lock,
+    locked_part,
+    part_lock,
+    read_commit_plan,
+    write_commit_plan,
+)
 
 
 @pytest.mark.parametrize(("key", "lock"), [
@@ -47,8 +54,8 @@ def test_the_commit_plan_reads_back_as_written():
     assert read_commit_plan(sink) == PLAN
 
 
-@pytest.mark.parametrize("raw", [b"", b'{"format": "zarr"', b'{"format": "nope", "names": [], "source": {}, '
-                                 b'"extra": {}}', b'{"format": "zarr", "names": [1], "source": {}, "extra": {}}',
+@pytest.mark.parametrize("raw", [b"", b'{"format": "zarr"', b'{"format": "nope", "names": [], "source": {}, "extra": {}}',
+                                 b'{"format": "zarr", "names": [1], "source": {}, "extra": {}}',
                                  b'{"format": "zarr", "names": [], "source": {}, "extra": {}, "parts": 0}'],
                          ids=["empty", "torn", "unknown-kind", "name-not-a-string", "no-parts"])
 def test_a_torn_or_foreign_commit_plan_reads_as_none(raw):

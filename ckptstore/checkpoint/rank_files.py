@@ -16,7 +16,7 @@ from typing import Iterable, Mapping, Sequence
 
 from ckptstore.formats.ckpt_cipher import DecryptedFile, Decryption
 from ckptstore.formats.ckpt_reader import CkptIndex, open_file, scan_checkpoint
-from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError
+from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError, check_int
 from ckptstore.limits import MAX_WORLD
 from ckptstore.formats.ms_safetensors import is_safetensors, scan_safetensors
 from ckptstore.io.base import ReadableFile
@@ -79,8 +79,7 @@ def _filtered(folder: str, names: Sequence[str], *, step: int | None, epoch: int
     _check_format(fmt)
     for what, v in (("step", step), ("epoch", epoch)):
         # MindSpore names files -<epoch>_<step> with neither below 0: a negative one names no file
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise InvalidOptionError(f"{what} must be a non-negative integer, not {v!r}")
+        check_int(v, what, least=0, none_ok=True)
     exts = (f".{fmt}",) if fmt else (".ckpt", ".safetensors")
     files = sorted(n for n in names if n.endswith(exts))
     if prefix is not None:

@@ -17,7 +17,7 @@ import queue
 import threading
 from typing import Any, Callable, Iterator
 
-from ckptstore.errors import InvalidOptionError
+from ckptstore.errors import check_int
 from ckptstore.write.save import Piece, SaveJob, SaveSummary
 
 _END = object()
@@ -70,9 +70,7 @@ class AsyncSaver:
 
     def __init__(self, *, memory_budget: int | None = None,
                  on_done: Callable[[SaveSummary], None] | None = None) -> None:
-        if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, int)
-                                          or memory_budget < 1):
-            raise InvalidOptionError(f"memory_budget must be a positive number of bytes, not {memory_budget!r}")
+        check_int(memory_budget, "memory_budget (bytes)", none_ok=True)
         self.memory_budget, self.on_done = memory_budget, on_done
         #: Staging buffers kept between saves, by size: a model saves the same chunks every time,
         #: and a reused buffer costs no page faults (fresh memory made the copy several times

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from ckptstore.store.chunking import ParamPlan, check_even_slices, plan_chunks, select_params
 from ckptstore.store.codecs import CODECS
 from ckptstore.store.kinds import store_kind, store_kinds
-from ckptstore.errors import ConversionInProgressError, IncompleteStoreError, InvalidOptionError, LayoutMismatchError
+from ckptstore.errors import (ConversionInProgressError, IncompleteStoreError, InvalidOptionError, LayoutMismatchError,
+                              check_int)
 from ckptstore.store.manifest import StoreManifest
 from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, lock_output, running_parts
 from ckptstore.io.sink import ByteSink, open_sink
@@ -116,7 +117,13 @@ RANK_FILE_OPTIONS = ("strategy", "step", "epoch", "prefix", "src_format", "part"
 def rank_file_options_given(values: Mapping[str, Any]) -> list[str]:
     """Which of :data:`RANK_FILE_OPTIONS` ``values`` (option name -> value) sets, in that order;
     ``index(name_map=...)`` and ``ckptstore index --name-map`` refuse them."""
-    return [o for o in RANK_FILE_OPTIONS if values.get(o)]
+    return [o for o in RANK_FILE_OPTIONS if _given(values.get(o))]
+
+
+def _given(value: Any) -> bool:
+    """Whether an option holds other than its default (``None``, ``False``, no files): by kind,
+    not truthiness, so ``step=0`` counts (MindSpore numbers steps from 0)."""
+    return not (value is None or value is False or (isinstance(value, (tuple, list)) and not value))
 
 
 def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
@@ -275,9 +282,8 @@ def _options(fmt: str, compress: str | None, chunk_mb: int | None, workers: int,
     if codec is not None and not kind.compressible:
         compressible = " or ".join(k.name for k in store_kinds(convert=True) if k.compressible)
         raise InvalidOptionError(f"{fmt} stores are not compressed; use the {compressible} format for --compress")
-    for what, value in (("workers", workers), ("chunk_mb", 1 if chunk_mb is None else chunk_mb)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidOptionError(f"{what} must be a positive integer, not {value!r}")
+    check_int(workers, "workers")
+    check_int(chunk_mb, "chunk_mb", none_ok=True)
     return codec, (chunk_mb or (DEFAULT_COMPRESSED_CHUNK_MB if codec else DEFAULT_CHUNK_MB)) << 20
 
 

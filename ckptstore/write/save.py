@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from ckptstore.checkpoint.strategy import Strategy, load_strategy
-from ckptstore.errors import InvalidOptionError, StoreExistsError
+from ckptstore.errors import InvalidOptionError, StoreExistsError, check_int
 from ckptstore.io.locations import is_url, join
 from ckptstore.io.sink import ByteSink
 from ckptstore.launcher import is_scheduler, job
@@ -128,11 +128,19 @@ def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strate
                  rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),  # noqa: A002
                  exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None) -> "SaveJob":
     """Work out what :func:`save_rank` writes (nothing is copied or written yet)."""
+    check_int(step, "step", least=0)
+    return save_job(params, root, step=step, strategy=strategy, rank=rank, format=format, include=include,
+                    exclude=exclude, chunk_mb=chunk_mb, attempt=attempt)
+
+
+def save_job(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
+             rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),
+             exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None) -> SaveJob:
+    """:func:`prepare_save` for a ``step`` its caller checked already (a
+    :class:`~ckptstore.write.saver.StoreSaver` checks it before it compares it with the last one)."""
     if format != "zarr":
         raise InvalidOptionError(f"save_rank writes zarr stores only, not {format!r}; convert a saved step with "
                                  "'ckptstore convert' for another format")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise InvalidOptionError(f"step must be a non-negative integer, not {step!r}")
     chunk_bytes = _chunk_bytes(chunk_mb)
     arrays, cell_strategy = host_values(params)
     keep = select_params(list(arrays), include=include, exclude=exclude)
@@ -147,10 +155,7 @@ def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strate
 
 
 def _chunk_bytes(chunk_mb: int | None) -> int:
-    mb = DEFAULT_SAVE_CHUNK_MB if chunk_mb is None else chunk_mb
-    if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
-        raise InvalidOptionError(f"chunk_mb must be a positive integer, not {chunk_mb!r}")
-    return mb << 20
+    return check_int(DEFAULT_SAVE_CHUNK_MB if chunk_mb is None else chunk_mb, "chunk_mb") << 20
 
 
 class _Recent:
@@ -254,10 +259,7 @@ def _place(rank: int | None, world: int | None) -> tuple[int, int]:
             raise InvalidOptionError(f"which rank is this process? The job has {world} ranks but neither MindSpore's "
                                      "communication nor RANK_ID says; pass rank=")
         rank = 0 if rank is None else rank
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
-        raise InvalidOptionError(f"rank must be an integer in 0..{world - 1} (the job has {world} ranks), "
-                                 f"not {rank!r}")
-    return rank, world
+    return check_int(rank, "rank", least=0, most=world - 1), world
 
 
 class SaveJob:
