@@ -17,6 +17,7 @@ from typing import Iterable, Mapping, Sequence
 from ckptstore.formats.ckpt_cipher import DecryptedFile, Decryption
 from ckptstore.formats.ckpt_reader import CkptIndex, open_file, scan_checkpoint
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError, check_int
+from ckptstore.progress import rank_list
 from ckptstore.limits import MAX_WORLD
 from ckptstore.formats.ms_safetensors import is_safetensors, scan_safetensors
 from ckptstore.io.base import ReadableFile
@@ -203,13 +204,7 @@ def rank_folders(src: str | os.PathLike[str]) -> dict[int, RankFolderFiles]:
 
 def _ranks_text(ranks: Sequence[int]) -> str:
     """``rank_0..2, rank_4..7``: runs of three or more consecutive ranks shortened."""
-    out: list[list[int]] = []
-    for r in sorted(ranks):
-        if out and r == out[-1][-1] + 1:
-            out[-1].append(r)
-        else:
-            out.append([r])
-    return ", ".join(f"rank_{g[0]}..{g[-1]}" if len(g) > 2 else ", ".join(f"rank_{r}" for r in g) for g in out)
+    return rank_list(sorted(ranks), most=None, prefix="rank_")
 
 
 def _key_text(key: tuple[int, int]) -> str:

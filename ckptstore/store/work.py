@@ -26,6 +26,7 @@ from ckptstore.errors import CkptStoreError
 from ckptstore.io.base import ByteSource
 from ckptstore.io.sink import ByteSink
 from ckptstore.limits import MAX_WORLD
+from ckptstore.progress import rank_list
 from ckptstore.store.kinds import WORK_DIR, store_kind
 from ckptstore.store.zarr import array_path
 
@@ -183,8 +184,8 @@ def unfinished_parts(source: ByteSource, count: int) -> list[int]:
 
 
 def short(parts: Sequence[int]) -> str:
-    """At most 20 part numbers, for a message."""
-    return ", ".join(map(str, parts[:20])) + (" ..." if len(parts) > 20 else "")
+    """At most 20 part numbers, for a message (:func:`~ckptstore.progress.rank_list`)."""
+    return rank_list(parts)
 
 
 def what_finishes(source: ByteSource, detail: str = "") -> str | None:
