@@ -145,21 +145,39 @@ def check_extents(plan: ParamReadPlan, source: ByteSource) -> None:
                 "the store, or convert again")
 
 
-class _Budget:
-    """A cap on scratch bytes held at once (one oversized request may always proceed alone)."""
+class ByteBudget:
+    """A cap on bytes held at once, shared by threads: the executor's scratch buffers, a
+    background save's staged copies. :meth:`take` waits until ``n`` more bytes fit (one
+    oversized take may always proceed alone; ``limit=None``: unbounded), :meth:`give` returns
+    them; :meth:`stop` ends every wait, after which :meth:`take` returns ``False``. ``on_wait``
+    is called (under the budget's lock) each time a take has to wait. ``peak`` is the most held."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit, self.used = limit, 0
+    def __init__(self, limit: int | None, *, on_wait: Callable[[], None] | None = None) -> None:
+        self.limit, self.used, self.peak = limit, 0, 0
+        self.stopped = False
+        self._on_wait = on_wait
         self._cond = threading.Condition()
 
-    def acquire(self, n: int) -> None:
+    def take(self, n: int) -> bool:
         with self._cond:
-            self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            while not self.stopped and self.limit is not None and self.used and self.used + n > self.limit:
+                if self._on_wait is not None:
+                    self._on_wait()
+                self._cond.wait()
+            if self.stopped:
+                return False
             self.used += n
+            self.peak = max(self.peak, self.used)
+            return True
 
-    def release(self, n: int) -> None:
+    def give(self, n: int) -> None:
         with self._cond:
             self.used -= n
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self.stopped = True
             self._cond.notify_all()
 
 
@@ -197,7 +215,7 @@ class Executor:
         self.workers = max(1, int(workers))
         self.unit_bytes = None if unit_bytes is None else max(1, unit_bytes)
         self.pool_min_bytes = pool_min_bytes
-        self._budget = _Budget(max_inflight)
+        self._budget = ByteBudget(max_inflight)
         self._pool: ThreadPoolExecutor | None = None
 
     def __enter__(self) -> "Executor":
@@ -323,7 +341,7 @@ class Executor:
 
     def _scratch(self, plan: ParamReadPlan, g: ReadGroup, out: np.ndarray) -> None:
         n = g.scratch_nbytes
-        self._budget.acquire(n)
+        self._budget.take(n)
         self.stats.hold(n)
         try:
             buf = np.empty(n, dtype=np.uint8)
@@ -343,7 +361,7 @@ class Executor:
             out[g.overlap.relative_to(plan.box).slices()] = block[g.overlap.relative_to(g.frame).slices()]
         finally:
             self.stats.hold(-n)
-            self._budget.release(n)
+            self._budget.give(n)
 
 
 class Job:
