@@ -26,6 +26,7 @@ from typing import Any, Callable, ContextManager, Iterator, Sequence
 import crc32c
 import numpy as np
 
+from ckptstore.io.counting import Counters
 from ckptstore.store.codecs import decode
 from ckptstore.errors import (AccessDeniedError, FileAccessError, MissingFileError, ShortReadError, StoreCorruptError,
                               StoreUnavailableError)
@@ -48,7 +49,7 @@ CHECKED_ALLOCATION = 64 << 20
 
 
 @dataclass
-class IOStats:
+class IOStats(Counters):
     """What this process's loads read through the executor: a test and benchmark hook (an
     executor given its own ``stats``, such as a converter's reading rank files, counts there).
 
@@ -66,10 +67,11 @@ class IOStats:
     files: set[str] = field(default_factory=set)
     scratch_peak: int = 0
     _scratch_held: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, nbytes: int, reads: int = 1, requests: int = 0, files: Sequence[str] = (),
-            fetched: int | None = None) -> None:
+    def add_read(self, nbytes: int, reads: int = 1, requests: int = 0, files: Sequence[str] = (),
+                 fetched: int | None = None) -> None:
+        """Count ``reads`` planned ranges of ``nbytes`` in ``requests`` calls to ``files``
+        (``fetched`` bytes transferred: ``nbytes`` unless the requests spanned gaps)."""
         with self._lock:
             self.bytes_read += nbytes
             self.reads += reads
@@ -82,12 +84,6 @@ class IOStats:
         with self._lock:
             self._scratch_held += nbytes
             self.scratch_peak = max(self.scratch_peak, self._scratch_held)
-
-    def reset(self) -> None:
-        with self._lock:
-            self.bytes_read = self.reads = self.requests = self.scratch_peak = self._scratch_held = 0
-            self.bytes_fetched = 0
-            self.files = set()
 
 
 IO_STATS = IOStats()
@@ -317,7 +313,7 @@ class Executor:
             # than the read of a small chunk)
             with self._reading_ctx(plan):
                 raise
-        self.stats.add(sum(lengths), hi - lo, len(bounds) - 1, [f.url for f in opened.values()], fetched)
+        self.stats.add_read(sum(lengths), hi - lo, len(bounds) - 1, [f.url for f in opened.values()], fetched)
 
     def _read_byte_ranges(self, plan: ByteRangesPlan, out: np.ndarray) -> None:
         """Run a :class:`~ckptstore.store.read_plan.ByteRangesPlan` here, from its columns as they
@@ -337,7 +333,7 @@ class Executor:
         except Exception:
             with self._reading_ctx(plan):
                 raise
-        self.stats.add(plan.nbytes, len(files), len(files), [f.url for f in opened.values()])
+        self.stats.add_read(plan.nbytes, len(files), len(files), [f.url for f in opened.values()])
 
     def _scratch(self, plan: ParamReadPlan, g: ReadGroup, out: np.ndarray) -> None:
         n = g.scratch_nbytes
