@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterator
 
-from ckptstore.io.counting import Counters
 from ckptstore.errors import CkptStoreError, ObjectStoreConfigError
 from ckptstore.io import s3_redirects
+from ckptstore.io.counting import Counters
 from ckptstore.io.s3_errors import client_error, plain_http_error
 from ckptstore.io.s3_redirects import ENDPOINT_ENV
 from ckptstore.io.urls import redact
