@@ -17,7 +17,7 @@ import click
 
 from ckptstore.progress import binary_size as _fmt_bytes, rank_list
 from ckptstore.read import describe
-from ckptstore.store.chunking import OPTIMIZER_STATE_PREFIXES, TRAINING_COUNTERS
+from ckptstore.checkpoint.selection import OPTIMIZER_STATE_PREFIXES, TRAINING_COUNTERS
 from ckptstore.store.codecs import CODECS
 from ckptstore.store.kinds import StoreKind, store_kind, store_kinds
 from ckptstore.write.convert import convert as convert_store

@@ -29,7 +29,7 @@ from ckptstore.formats.hf_folder import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
 from ckptstore.formats.hf_rules import NameMap, Target, load_name_map
 from ckptstore.formats.safetensors_header import build_header
 from ckptstore.io.sink import open_sink
-from ckptstore.store.chunking import select_params
+from ckptstore.checkpoint.selection import select_params
 from ckptstore.store.store import Store, StoreLike, store_argument
 
 #: Hugging Face's default shard size (``save_pretrained(max_shard_size="5GB")``: decimal units).

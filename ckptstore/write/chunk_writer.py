@@ -1,6 +1,6 @@
 """A conversion's chunks read from the rank files: the source half of a conversion's writers.
 
-A chunk's bytes are a contiguous range of one rank file's entry (see :mod:`ckptstore.store.chunking`).
+A chunk's bytes are a contiguous range of one rank file's entry (see :mod:`ckptstore.write.chunk_plan`).
 :class:`ChunkCopier` reads them a bounded block at a time, or small chunks in batches, through
 the same read plan and executor as a load (:class:`~ckptstore.checkpoint.rank_bytes.RankFiles`),
 counts progress, encodes with the store's codec and checks replicas; the kind writers
@@ -17,7 +17,7 @@ import numpy as np
 
 from ckptstore.store.checksum import BLOCK, crc32c_read
 from ckptstore.store.codecs import numcodecs_codec
-from ckptstore.store.chunking import ChunkSource, ParamPlan
+from ckptstore.write.chunk_plan import ChunkSource, ParamPlan
 from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.errors import ReplicaMismatchError
 from ckptstore.io.sink import SinkFile

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Callable, Mapping, Sequence
 
 from ckptstore.store.kinds import store_kind
-from ckptstore.store.chunking import ParamPlan
+from ckptstore.write.chunk_plan import ParamPlan
 from ckptstore.errors import IncompleteStoreError, InvalidOptionError
 from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.io.sink import ByteSink

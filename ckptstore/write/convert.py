@@ -3,7 +3,7 @@
 Flow: pick the rank files and read the strategy -> scan every file's headers, resolve each
 parameter's global shape and distinct slices and check a sample of their bytes against the
 strategy (:mod:`ckptstore.checkpoint.source`) -> plan chunks aligned to the slices
-(:mod:`ckptstore.store.chunking`) -> claim the output folder (:mod:`ckptstore.write.output_folder`) ->
+(:mod:`ckptstore.write.chunk_plan`) -> claim the output folder (:mod:`ckptstore.write.output_folder`) ->
 stream each chunk's bytes from the one rank file that supplies it into the parameter's data
 file, a bounded block at a time through the load's read plan and executor
 (:mod:`ckptstore.checkpoint.rank_bytes`), checksumming on the way (:mod:`ckptstore.write.chunk_writer`)
@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from ckptstore.store.chunking import ParamPlan, check_even_slices, plan_chunks, select_params
+from ckptstore.checkpoint.selection import select_params
+from ckptstore.write.chunk_plan import ParamPlan, check_even_slices, plan_chunks
 from ckptstore.store.codecs import CODECS
 from ckptstore.store.kinds import store_kind, store_kinds
 from ckptstore.errors import (ConversionInProgressError, IncompleteStoreError, InvalidOptionError, LayoutMismatchError,
@@ -76,7 +77,7 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     pick another; the summary's ``chosen`` says what was taken when rank folders held several)
     with the ``strategy`` file(s) (or a folder of them) that laid it out, or a single checkpoint
     file. ``include``/``exclude`` are name globs; ``drop_optimizer`` removes optimizer state
-    (:func:`~ckptstore.store.chunking.optimizer_state`); they apply before the checks of the
+    (:func:`~ckptstore.checkpoint.selection.optimizer_state`); they apply before the checks of the
     files against the strategy. Parameters the strategy lays out but no rank file holds were not
     saved (MindFormers filters its saves): they are skipped and named in the summary's ``unsaved``. ``compress`` is ``None``, ``"zstd"``
     or ``"blosc"``. Replicated slices are read and written once; ``verify_replicas`` also reads

@@ -30,7 +30,7 @@ from ckptstore.io import open_location
 from ckptstore.io.sink import open_sink
 from ckptstore.store import index as ib
 from ckptstore.store import zarr as zb
-from ckptstore.store.chunking import select_params
+from ckptstore.checkpoint.selection import select_params
 from ckptstore.store.manifest import ChunkTable, ParamManifest, dtype_label
 from ckptstore.store.work import CommitPlan, write_commit_plan
 from ckptstore.version import __version__

@@ -39,7 +39,7 @@ from ckptstore.io.locations import is_url, join
 from ckptstore.io.sink import ByteSink
 from ckptstore.launcher import is_scheduler, job
 from ckptstore.store import zarr as zb
-from ckptstore.store.chunking import select_params
+from ckptstore.checkpoint.selection import select_params
 from ckptstore.store.kinds import ROOT_METADATA
 from ckptstore.store.manifest import dtype_label
 from ckptstore.store.steps import step_name, step_sink

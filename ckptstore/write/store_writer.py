@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from ckptstore.store.kinds import MANIFEST, store_kind
 from ckptstore.store import zarr as zb
-from ckptstore.store.chunking import ParamPlan
+from ckptstore.write.chunk_plan import ParamPlan
 from ckptstore.errors import CkptStoreError, IncompleteStoreError
 from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.store.versions import record_versions

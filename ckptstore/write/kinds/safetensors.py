@@ -15,7 +15,7 @@ import crc32c
 import numpy as np
 
 from ckptstore.store import safetensors as sb
-from ckptstore.store.chunking import ParamPlan
+from ckptstore.write.chunk_plan import ParamPlan
 from ckptstore.store.manifest import ParamManifest, StoreManifest, dtype_label
 from ckptstore.boxes import Box, byte_pieces
 from ckptstore.io.sink import ByteSink, partial_key

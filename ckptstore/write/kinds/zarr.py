@@ -19,7 +19,7 @@ import crc32c
 from ckptstore.io.sink import ByteSink
 from ckptstore.store import zarr as zb
 from ckptstore.store.checksum import read_blocks
-from ckptstore.store.chunking import ParamPlan
+from ckptstore.write.chunk_plan import ParamPlan
 from ckptstore.store.kinds import ROOT_METADATA
 from ckptstore.store.manifest import ParamManifest, StoreManifest, dtype_label
 from ckptstore.write.chunk_writer import ChunkCopier, chunk_table
