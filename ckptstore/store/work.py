@@ -117,7 +117,7 @@ class CommitPlan:
         """The plan in ``raw``, or ``None`` when there is none or it does not parse (a torn write:
         the work folder is untrusted)."""
         try:
-            doc = json.loads(raw) if raw is not None else None
+            doc: Any = json.loads(raw) if raw is not None else None
         except (ValueError, RecursionError):
             return None
         ok = (isinstance(doc, dict) and isinstance(doc.get("format"), str) and store_kind(doc["format"]) is not None

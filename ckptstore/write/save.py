@@ -21,6 +21,7 @@ so :mod:`ckptstore.write.async_save` can copy the bytes to host memory and write
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -33,13 +34,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ckptstore.checkpoint.selection import select_params
 from ckptstore.checkpoint.strategy import Strategy, load_strategy
 from ckptstore.errors import InvalidOptionError, StoreExistsError, check_int
 from ckptstore.io.locations import is_url, join
 from ckptstore.io.sink import ByteSink
 from ckptstore.launcher import is_scheduler, job
 from ckptstore.store import zarr as zb
-from ckptstore.checkpoint.selection import select_params
 from ckptstore.store.kinds import ROOT_METADATA
 from ckptstore.store.manifest import dtype_label
 from ckptstore.store.steps import step_name, step_sink
@@ -344,7 +345,7 @@ class SaveJob:
         rest = iter(pieces)
         for p, _, data in rest:
             # written whole and renamed (or uploaded); every file is fsynced below, all at once
-            entries = write_zarr_data(sink, p.file, lambda done, p=p, first=data: _segments(p, self.plan.rank, first, rest),
+            entries = write_zarr_data(sink, p.file, functools.partial(_segments, p, self.plan.rank, data, rest),
                                       shard_entries=p.chunks_per_shard if p.sharded else None, durable=False,
                                       fresh=not sink.seekable)
             crcs.setdefault(p.name, {}).update((e.index, e.crc) for e in entries)
@@ -374,10 +375,10 @@ class SaveJob:
                 "fingerprint": self.fingerprint, "attempt": self.attempt, "created_by": f"ckptstore {__version__}"}
 
 
-def _segments(p: SaveParam, rank: int, data: Any, rest: Iterator[Piece]) -> Iterator[Segment]:
-    """The chunks of the file of parameter ``p``'s slice, written by ``rank``, as segments of its pieces (the first
-    given, the others taken from ``rest`` as the file is written): a piece may end inside a
-    chunk, or hold many."""
+def _segments(p: SaveParam, rank: int, data: Any, rest: Iterator[Piece], done: int = 0) -> Iterator[Segment]:
+    """The chunks of the file of parameter ``p``'s slice, written by ``rank``, as segments of its
+    pieces (the first given, the others taken from ``rest`` as the file is written): a piece may
+    end inside a chunk, or hold many. ``done`` is 0: a save's file is written whole, never resumed."""
     chunks, j, done = p.chunks, 0, 0
     left = p.nbytes
     while True:

@@ -11,19 +11,26 @@ upload where the sink cannot write at offsets (and for a save, whose files are w
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from math import prod
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import crc32c
 
 from ckptstore.io.sink import ByteSink
 from ckptstore.store import zarr as zb
 from ckptstore.store.checksum import read_blocks
-from ckptstore.write.chunk_plan import ParamPlan
 from ckptstore.store.kinds import ROOT_METADATA
 from ckptstore.store.manifest import ParamManifest, StoreManifest, dtype_label
+from ckptstore.write.chunk_plan import ParamPlan
 from ckptstore.write.chunk_writer import ChunkCopier, chunk_table
-from ckptstore.write.journal import JournalEntry, JournalWriter, good_prefix, journal_key, read_journal
+from ckptstore.write.journal import (
+    JournalEntry,
+    JournalWriter,
+    good_prefix,
+    journal_key,
+    read_journal,
+)
 from ckptstore.write.store_writer import StoreWriter
 
 #: A piece of one chunk's bytes, in the file's order: the chunk's index, the rank it comes from,
