@@ -7,8 +7,8 @@ takes the folder's lock (:data:`LOCK`; a part's own :func:`part_lock` for its ru
 writes :data:`FINGERPRINT_FILE` (what the conversion or save is: its fingerprint) and
 :data:`ATTEMPT_FILE` (that fingerprint as the attempt every writer of this store agrees on, the
 part count, and who writes: ``convert``, ``index`` or ``save_rank``), writes the same
-:class:`CommitPlan` (:data:`COMMIT_PLAN_FILE`), its records (:func:`done_key`, a part's batch
-:func:`part_records_key`, a save rank's :func:`save_record_key`), and says it finished with a
+:class:`CommitPlan` (:data:`COMMIT_PLAN_FILE`), its data (a conversion part notes each finished
+parameter at :func:`done_key` to resume), its record (:func:`record_key`), and says it finished with a
 marker ``parts/<I>-of-<N>`` holding the attempt's fingerprint. :func:`unfinished_parts` is the
 one answer to "which parts have not finished" (the commit, ``ckptstore commit``, ``info`` and
 ``open`` ask it); :func:`what_finishes` says it in words. The write side
@@ -38,12 +38,11 @@ ATTEMPT_FILE = f"{WORK_DIR}/attempt.json"
 FINGERPRINT_FILE = f"{WORK_DIR}/fingerprint"
 #: The :class:`CommitPlan`, written by every part before its data.
 COMMIT_PLAN_FILE = f"{WORK_DIR}/plan.json"
-#: A finished parameter's manifest, one file each (:func:`done_key`).
+#: A finished parameter's manifest, one file each (:func:`done_key`): a running conversion part's
+#: resume state (a rerun skips what it names), not read by the commit.
 DONE_DIR = f"{WORK_DIR}/done"
-#: A part's finished parameters at once, one file per part (:func:`part_records_key`).
-PART_RECORDS_DIR = f"{WORK_DIR}/done-parts"
-#: What a save rank wrote, one file per rank (:func:`save_record_key`).
-SAVE_RECORDS_DIR = f"{WORK_DIR}/saved"
+#: What each part (a conversion's part, a save's rank) wrote, one record per part (:func:`record_key`).
+RECORDS_DIR = f"{WORK_DIR}/records"
 #: The resume journals of a dense (safetensors) parameter (:func:`dense_journal_key`).
 JOURNAL_DIR = f"{WORK_DIR}/journal"
 #: The lock of the whole folder, by its name inside the work folder (what ``ByteSink.lock`` takes).
@@ -76,14 +75,10 @@ def done_key(name: str) -> str:
     return f"{DONE_DIR}/{array_path(name)}.json"
 
 
-def part_records_key(index: int, count: int) -> str:
-    """Where part ``index`` of ``count`` records all its finished parameters at once."""
-    return f"{PART_RECORDS_DIR}/{index}-of-{count}.json"
-
-
-def save_record_key(index: int, count: int) -> str:
-    """Where save rank ``index`` of world size ``count`` records what it wrote."""
-    return f"{SAVE_RECORDS_DIR}/{index}-of-{count}.json"
+def record_key(index: int, count: int) -> str:
+    """Where part ``index`` of ``count`` (a save's rank of its world size) records what it wrote,
+    in the one record form of :mod:`ckptstore.write.records`."""
+    return f"{RECORDS_DIR}/{index}-of-{count}.json"
 
 
 def dense_journal_key(name: str) -> str:

@@ -12,7 +12,8 @@ rest to the writer of the plan's store kind
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+import json
+from typing import Any, Callable, Mapping, Sequence
 
 from ckptstore.store.kinds import store_kind
 from ckptstore.write.chunk_plan import ParamPlan
@@ -20,9 +21,11 @@ from ckptstore.errors import IncompleteStoreError, InvalidOptionError
 from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.io.sink import ByteSink
 from ckptstore.store.steps import step_name, step_source, steps
-from ckptstore.store.work import COMMIT_PLAN_FILE, read_attempt, read_commit_plan, unfinished_parts, what_finishes
+from ckptstore.store.work import (COMMIT_PLAN_FILE, DONE_DIR, RECORDS_DIR, CommitPlan, done_key, read_attempt,
+                                  read_commit_plan, unfinished_parts, what_finishes)
 from ckptstore.write.output_folder import Claim, complete_manifest, drop_idle_work, lock_output
 from ckptstore.write.parts import Part, assign
+from ckptstore.write.records import write_record
 from ckptstore.write.chunk_writer import ChunkCopier
 from ckptstore.write.store_writer import StoreWriter
 
@@ -52,9 +55,14 @@ def my_share(writer: StoreWriter, plans: Sequence[ParamPlan], part: Part) -> lis
     return [p for u, o in zip(units, owner) if o == part.index for p in u]
 
 
-def mark_done(sink: ByteSink, part: Part, fingerprint: str) -> None:
-    """Say that ``part`` has written all its parameters (after making them durable: the part
-    that commits may run on another host); the marker holds the attempt's ``fingerprint``."""
+def mark_done(sink: ByteSink, part: Part, fingerprint: str, header: Mapping[str, Any],
+              entries: Mapping[str, Any]) -> None:
+    """Say that ``part`` has written all it writes: its record (``entries`` by parameter under
+    the plan's ``header``, :func:`~ckptstore.write.records.write_record`), made durable with its
+    data (the part that commits may run on another host), then its marker, which holds the
+    attempt's ``fingerprint``. Every writer ends its part here: conversion parts, save ranks,
+    ``index --name-map``."""
+    write_record(sink, part, header, entries)
     sink.sync()
     sink.put(part.marker, fingerprint.encode())
 
@@ -133,9 +141,24 @@ def commit(sink: ByteSink, known: Mapping[str, ParamManifest] | None = None, *,
         raise IncompleteStoreError(_steps_to_commit(sink) or f"{sink.url} has no unfinished conversion to commit "
                                    f"(no readable {COMMIT_PLAN_FILE}); run 'ckptstore convert' (again) first")
     count = parts or plan.parts
-    # a conversion's records tell which parameters are missing (the message counts them); a
-    # save's ranks each hold some chunks of many parameters: there, the markers tell
-    if (parts or plan.records == "ranks") and unfinished_parts(sink.source, count):
-        raise IncompleteStoreError(what_finishes(sink.source) or f"{sink.url}: some of its {count} parts have not "
-                                   "finished")
+    # the markers tell which parts have not finished; for a conversion the message also counts
+    # the parameters written so far (a save's ranks each hold some chunks of many parameters)
+    if unfinished_parts(sink.source, count):
+        detail = f"{_written(sink, plan)} of {len(plan.names)} parameters written" if plan.names else ""
+        raise IncompleteStoreError(what_finishes(sink.source, detail) or f"{sink.url}: some of its {count} parts "
+                                   "have not finished")
     return writer_class(plan.kind).commit(sink, plan, known or {})
+
+
+def _written(sink: ByteSink, plan: CommitPlan) -> int:
+    """How many of the plan's parameters the parts have written so far: those a finished part's
+    record names, or a running part has noted done."""
+    names = set(plan.names)
+    done = {done_key(n) for n in names} & set(sink.keys(DONE_DIR))
+    recorded: set[str] = set()
+    for key in sink.keys(RECORDS_DIR):
+        try:
+            recorded.update(json.loads(sink.read(key) or b"{}").get("params", {}))
+        except (ValueError, RecursionError, AttributeError, TypeError):
+            continue
+    return len(names & recorded) + len({n for n in names - recorded if done_key(n) in done})

@@ -45,6 +45,7 @@ from ckptstore.formats.ckpt_cipher import check_key
 from ckptstore.io import is_url, open_location
 from ckptstore.store.work import CommitPlan, read_attempt, short, write_commit_plan
 from ckptstore.write.commit import commit, commit_if_last, mark_done, my_share, writer_for
+from ckptstore.write.records import whole_entry
 from ckptstore.write.chunk_writer import ChunkCopier
 from ckptstore.limits import MAX_TENSOR_BYTES
 from ckptstore.version import __version__
@@ -203,7 +204,7 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                         pool.shutdown(wait=True, cancel_futures=True)
                         raise
                 writer.finish_part(mine, done)
-            mark_done(sink, part, fingerprint)
+            mark_done(sink, part, fingerprint, header, {n: whole_entry(m) for n, m in done.items()})
             manifest = commit_if_last(hold, fingerprint, done, on_wait=on_wait)
             return replace(_summary(sink, mine, copier, started, part, source.unsaved, manifest=manifest),
                            chosen=source.chosen)

@@ -36,7 +36,7 @@ from ckptstore.store.work import CommitPlan, write_commit_plan
 from ckptstore.version import __version__
 from ckptstore.write.summary import ConvertSummary
 from ckptstore.write.commit import commit_if_last, mark_done
-from ckptstore.write.store_writer import record_part
+from ckptstore.write.records import whole_entry
 from ckptstore.write.output_folder import claim
 
 #: The manifest's ``source.format`` of an index over a Hugging Face folder.
@@ -131,8 +131,7 @@ def index_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, name_m
     try:
         if not hold.complete:  # the commit protocol of every writer, with nothing to write before the marker
             write_commit_plan(sink, CommitPlan("index", tuple(params), header, extra))
-            record_part(sink, hold.part, params)
-            mark_done(sink, hold.part, fingerprint)
+            mark_done(sink, hold.part, fingerprint, header, {n: whole_entry(p) for n, p in params.items()})
             commit_if_last(hold, fingerprint, params)
     finally:
         hold.release()

@@ -36,7 +36,7 @@ from ckptstore.store.work import (
     short,
 )
 from ckptstore.write.parts import Part
-from ckptstore.write.save_records import recorded_files
+from ckptstore.write.records import recorded_files
 
 __all__ = ["Claim", "claim", "write_error"]
 

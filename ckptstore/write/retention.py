@@ -30,7 +30,7 @@ from ckptstore.io.sink import ByteSink, open_sink, partial_key
 from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR, find_manifest, read_manifest, store_kind
 from ckptstore.store.manifest import StoreManifest
 from ckptstore.store.steps import STEP_FOLDER, step_sink, unfinished_ranks
-from ckptstore.store.work import FINGERPRINT_FILE, SAVE_RECORDS_DIR, is_lock
+from ckptstore.store.work import FINGERPRINT_FILE, RECORDS_DIR, is_lock
 from ckptstore.write.save import step_location
 
 #: A chunk or shard file of a Zarr v3 array as ckptstore writes them (``c``, ``c.0.1``, ``c/0/1``),
@@ -264,7 +264,7 @@ def _recorded_arrays(sink: ByteSink, work: list[str]) -> set[str]:
     """The array folders the ranks' records of an unfinished save name."""
     arrays: set[str] = set()
     for key in work:
-        if not key.startswith(SAVE_RECORDS_DIR + "/"):
+        if not key.startswith(RECORDS_DIR + "/"):
             continue
         raw = sink.read(key)
         try:

@@ -8,7 +8,7 @@ count = world size): each claims the step folder for its part, writes one file p
 was given (the slice's chunk, or a Zarr shard of its chunks, so ranks never share a file,
 locally or in a bucket), makes them durable together (concurrent fsyncs, which a journaling
 file system commits in a few batches, not one after another), records what it wrote in
-``.ckptstore-work/saved/<rank>-of-<world>.json`` (:mod:`ckptstore.write.save_records`), marks
+``.ckptstore-work/records/<rank>-of-<world>.json`` (:mod:`ckptstore.write.records`), marks
 its part done, and the last rank to finish merges the records into the manifest and commits:
 the one commit protocol of :mod:`ckptstore.write.commit`. Every record belongs to one save
 *attempt* (:mod:`ckptstore.write.attempt`): a save that finds the step unfinished by another
@@ -44,7 +44,7 @@ from ckptstore.store import zarr as zb
 from ckptstore.store.kinds import ROOT_METADATA
 from ckptstore.store.manifest import dtype_label
 from ckptstore.store.steps import step_name, step_sink
-from ckptstore.store.work import CommitPlan, save_record_key, write_commit_plan
+from ckptstore.store.work import CommitPlan, write_commit_plan
 from ckptstore.version import __version__
 from ckptstore.write.attempt import save_attempt, say_no_attempt
 from ckptstore.write.commit import commit_if_last, mark_done
@@ -307,9 +307,7 @@ class SaveJob:
                 raise StoreExistsError(self._committed_message())
             write_commit_plan(sink, CommitPlan("zarr", (), self._header(), {}, self.part.count, records="ranks"))
             crcs, written = self._write_chunks(sink, self.pieces() if pieces is None else pieces)
-            sink.put(save_record_key(self.part.index, self.part.count), json.dumps(self._record(crcs)).encode(),
-                     durable=False)
-            mark_done(sink, self.part, self.fingerprint)
+            mark_done(sink, self.part, self.fingerprint, self._header(), self._entries(crcs))
             committed = commit and commit_if_last(hold, self.fingerprint) is not None
         finally:
             hold.release()
@@ -355,19 +353,23 @@ class SaveJob:
         sink.make_durable(unsynced)
         return crcs, written
 
-    def _record(self, crcs: Mapping[str, Mapping[int, int]]) -> dict[str, Any]:
-        """What this rank holds and wrote, for the commit: every parameter it holds, in its order."""
+    def _entries(self, crcs: Mapping[str, Mapping[int, int]]) -> dict[str, Any]:
+        """What this rank holds and wrote, for its record (:mod:`ckptstore.write.records`): every
+        parameter it holds, in its order, each with the rows of the chunks it wrote (in its
+        slice's one file)."""
         params: dict[str, Any] = {}
         for p in self.plan.params:
             if p.is_str:
                 params[p.name] = {"dtype": "str", **({"value": self.arrays[p.name]} if p.writes_value else {})}
                 continue
-            mine = crcs.get(p.name, {})
-            params[p.name] = {"dtype": dtype_label(p.dtype), "shape": list(p.shape), "path": p.path,
-                              "chunk_shape": list(p.chunk_shape), "replicas": p.replicas,
-                              **({"file": p.file} if p.chunks else {}),
-                              "chunks": [[c.index, c.byte_start, c.nbytes, mine[c.index]] for c in p.chunks]}
-        return {"rank": self.plan.rank, "world": self.plan.world, "header": self._header(), "params": params}
+            mine, k = crcs.get(p.name, {}), len(p.chunks)
+            params[p.name] = {"path": p.path, "dtype": dtype_label(p.dtype), "shape": list(p.shape),
+                              "chunk_shape": list(p.chunk_shape), "codec": None, "chunks": {
+                                  "index": [c.index for c in p.chunks], "files": [p.file] if k else [], "file": [0] * k,
+                                  "offset": [c.byte_start for c in p.chunks], "nbytes": [c.nbytes for c in p.chunks],
+                                  "crc32c": [mine[c.index] for c in p.chunks], "rank": [self.plan.rank] * k,
+                                  "replicas": [p.replicas] * k}}
+        return params
 
     def _header(self) -> dict[str, Any]:
         return {"world_size": self.plan.world, "step": self.step, "saved_by": "save_rank",

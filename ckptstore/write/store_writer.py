@@ -2,17 +2,16 @@
 
 A :class:`StoreWriter` writes parameters (shared by the worker threads: ``write_param`` per
 parameter) and commits a store of its kind. A parameter finished by an earlier, interrupted run
-is recorded in the work folder (:func:`~ckptstore.store.work.done_key`, or a part's batch under
-:func:`~ckptstore.store.work.part_records_key`)
-and skipped, while its data files are still there at their full size; everything becomes
-readable only at :meth:`StoreWriter.commit`, which collects those records. Each kind's writer is
+is noted in the work folder (:func:`~ckptstore.store.work.done_key`) and skipped, while its
+data files are still there at their full size. A part that has finished records what it wrote
+in the one record form of save ranks and conversion parts (:mod:`ckptstore.write.records`);
+everything becomes readable only at :meth:`StoreWriter.commit`, which merges those records. Each kind's writer is
 one module of :mod:`ckptstore.write.kinds`; the conversion-wide protocol around it (the plan,
 each part's share and marker, which writer commits) is :mod:`ckptstore.write.commit`.
 """
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
 from ckptstore.store.kinds import MANIFEST, store_kind
@@ -23,11 +22,9 @@ from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.store.versions import record_versions
 from ckptstore.io.sink import ByteSink, write_error
 from ckptstore.write.output_folder import Claim, drop_work
-from ckptstore.write.parts import Part
-from ckptstore.store.work import (DONE_DIR, PART_RECORDS_DIR, CommitPlan, done_key, part_records_key,
-                                  unfinished_parts, what_finishes)
+from ckptstore.store.work import DONE_DIR, CommitPlan, done_key, unfinished_parts, what_finishes
 from ckptstore.write.chunk_writer import ChunkCopier, str_manifest
-from ckptstore.write.save_records import merge_records, read_records
+from ckptstore.write.records import merge_records, read_records
 
 
 def load_done(sink: ByteSink, name: str) -> ParamManifest | None:
@@ -38,25 +35,6 @@ def load_done(sink: ByteSink, name: str) -> ParamManifest | None:
         return None if raw is None else ParamManifest.from_json(name, json.loads(raw))
     except (ValueError, RecursionError, CkptStoreError, OSError):
         return None
-
-
-def record_part(sink: ByteSink, part: Part, done: Mapping[str, ParamManifest]) -> None:
-    """Record every parameter ``part`` finished at once (made durable with the part's marker)."""
-    doc = {n: m.to_json() for n, m in done.items()}
-    sink.put(part_records_key(part.index, part.count), json.dumps(doc).encode(), durable=False)
-
-
-def _part_records(sink: ByteSink) -> dict[str, Any]:
-    """Every parameter recorded by a part's batch record: ``{name: manifest JSON}``."""
-    out: dict[str, Any] = {}
-    for key in sink.keys(PART_RECORDS_DIR):
-        try:
-            doc = json.loads(sink.read(key) or b"{}")
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(doc, dict):
-            out.update(doc)
-    return out
 
 
 class StoreWriter:
@@ -118,9 +96,7 @@ class StoreWriter:
         return {}
 
     def finish_part(self, plans: Sequence[ParamPlan], done: Mapping[str, ParamManifest]) -> None:
-        """Make this part's data final (before its marker says it is done)."""
-        if not self.records_each and self.hold.part.count > 1:
-            record_part(self.sink, self.hold.part, done)
+        """Make this part's data final (before its record and marker say it is done)."""
 
     # --- the commit ----------------------------------------------------------------------------
 
@@ -150,30 +126,19 @@ class StoreWriter:
 
 
 def _collect(sink: ByteSink, plan: CommitPlan, known: Mapping[str, ParamManifest]) -> dict[str, ParamManifest]:
-    """Every parameter's manifest, from ``known`` or the records in the work folder (a save's
-    ranks' records, merged, when the plan says ``"records": "ranks"``)."""
-    if plan.records == "ranks":
-        return merge_records(read_records(sink, plan), sink.url)
-    names = plan.names
+    """Every parameter's manifest, from ``known`` (this process's, in memory) or the parts'
+    records (:mod:`ckptstore.write.records`: the one form of conversion parts and save ranks),
+    in the plan's order (a save's plan names none: its ranks' records give the order)."""
     have = dict(known)
-    todo = [n for n in names if n not in have]
-    batched = _part_records(sink) if todo else {}
-    found: dict[str, ParamManifest | None] = {}
-    for n in [n for n in todo if n in batched]:
-        try:
-            found[n] = ParamManifest.from_json(n, batched[n])
-        except CkptStoreError:
-            found[n] = None
-    todo = [n for n in todo if n not in found]
-    with ThreadPoolExecutor(sink.record_workers) as pool:
-        found.update(zip(todo, pool.map(lambda n: load_done(sink, n), todo)))
-    lost = [n for n, m in found.items() if m is None]
+    if plan.names and all(n in have for n in plan.names):
+        return {n: have[n] for n in plan.names}
+    merged = merge_records(read_records(sink, plan), sink.url, skip=list(have), names=plan.names)
+    if not plan.names:
+        return merged
+    lost = [n for n in plan.names if n not in have and n not in merged]
     if lost:
-        raise IncompleteStoreError(_unfinished(sink, plan.parts, lost, len(names)))
-    for n, m in found.items():
-        if m is not None:
-            have[n] = m
-    return {n: have[n] for n in names}
+        raise IncompleteStoreError(_unfinished(sink, plan.parts, lost, len(plan.names)))
+    return {n: have[n] if n in have else merged[n] for n in plan.names}
 
 
 def _unfinished(sink: ByteSink, count: int, lost: Sequence[str], total: int) -> str:
