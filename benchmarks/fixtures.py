@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ckptstore.boxes import Box
+from ckptstore.formats.ckpt_writer import record_header
 
 __all__ = ["Box", "MINDSPORE_SLICE_BYTES", "check_wire_format", "load_layouts", "rank_records", "rank_tensors",
            "read_rank_file", "record_header", "records_of", "write_sparse_file"]
@@ -93,27 +94,6 @@ def _mindspore_slice_bytes() -> int:
 #: The bytes of one record MindSpore writes at most (``_write_parameter_bytes_data``): a longer
 #: tensor is cut into several consecutive records.
 MINDSPORE_SLICE_BYTES = _mindspore_slice_bytes()
-
-
-def _varint(n: int) -> bytes:
-    from ckptstore.formats.protowire import encode_varint
-
-    return encode_varint(n)
-
-
-def record_header(name: str, dims: Sequence[int], tensor_type: str, content_bytes: int) -> bytes:
-    """The bytes of one ``Checkpoint.value`` record up to its ``tensor_content`` payload.
-
-    ``Checkpoint{value=1: Value{tag=1, tensor=2: TensorProto{dims=1 (one varint each, unpacked, as
-    MindSpore's proto2 schema writes them), tensor_type=2, tensor_content=3}}}``; the payload of
-    ``content_bytes`` follows.
-    """
-    tag, ttype = name.encode(), tensor_type.encode()
-    tensor_prefix = (b"".join(_varint(1 << 3) + _varint(int(d)) for d in dims)
-                     + _varint(2 << 3 | 2) + _varint(len(ttype)) + ttype + _varint(3 << 3 | 2) + _varint(content_bytes))
-    tensor_len = len(tensor_prefix) + content_bytes
-    value_prefix = _varint(1 << 3 | 2) + _varint(len(tag)) + tag + _varint(2 << 3 | 2) + _varint(tensor_len)
-    return _varint(1 << 3 | 2) + _varint(len(value_prefix) + tensor_len) + value_prefix + tensor_prefix
 
 
 def records_of(name: str, shape: Sequence[int], tensor_type: str, nbytes: int,

@@ -28,7 +28,7 @@ PHASES = (
     ("ckptstore.checkpoint.source", "_check_redundancy", "  redundancy check"),
     ("ckptstore.checkpoint.source", "check_against_strategy", "  layout check (sampled bytes, layout_check)"),
     ("ckptstore.write.convert", "select_params", "select parameters"),
-    ("ckptstore.write.convert", "_plan", "chunk plans (store.chunking)"),
+    ("ckptstore.write.convert", "_plan", "chunk plans (write.chunk_plan)"),
     ("ckptstore.write.convert", "_fingerprint", "fingerprint (stat every rank file)"),
     ("ckptstore.write.convert", "claim", "claim the output folder"),
     ("ckptstore.write.kinds.index", "IndexWriter.write_param", "  per-parameter chunk tables (worker threads: summed)"),

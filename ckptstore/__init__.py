@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ckptstore.adapters import set_value_adapter
 from ckptstore.counters import IOCounts, io_counts
 from ckptstore.errors import CkptStoreError
 from ckptstore.read.export import export
@@ -57,6 +58,17 @@ _ON_FIRST_USE = {
     "save_rank": ("ckptstore.write.save", "save_rank"),
     "StoreSaver": ("ckptstore.write.saver", "StoreSaver"),
 }
+
+
+def _mindspore_values(params: Any) -> Any:
+    # the write side's adapter of Cells and Tensors (ckptstore.adapters): MindSpore's side sits
+    # above the write side, so the package, above both, connects them; imported on first use
+    from ckptstore.mindspore.values import host_values
+
+    return host_values(params)
+
+
+set_value_adapter(_mindspore_values)
 
 
 def __getattr__(name: str) -> Any:

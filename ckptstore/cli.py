@@ -15,8 +15,9 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import click
 
+from ckptstore.progress import binary_size as _fmt_bytes, rank_list
 from ckptstore.read import describe
-from ckptstore.store.chunking import OPTIMIZER_STATE_PREFIXES, TRAINING_COUNTERS
+from ckptstore.checkpoint.selection import OPTIMIZER_STATE_PREFIXES, TRAINING_COUNTERS
 from ckptstore.store.codecs import CODECS
 from ckptstore.store.kinds import StoreKind, store_kind, store_kinds
 from ckptstore.write.convert import convert as convert_store
@@ -150,14 +151,6 @@ def main() -> None:
       ckptstore plan model.zarr -s new_strategy.ckpt --rank 3
                                                     what rank 3 of the new layout will read
     """
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def _print_checkpoint(info: dict[str, Any]) -> None:
@@ -828,7 +821,7 @@ def _print_steps(root: str, found: list[Any]) -> None:
     for f in found:
         missing = "-" if f.state != UNFINISHED else (
             "none finished" if f.world is None else
-            f"{', '.join(map(str, f.missing[:8]))}{' ...' if len(f.missing) > 8 else ''} of {f.world}"
+            f"{rank_list(f.missing, most=8)} of {f.world}"
             if f.missing else f"none (of {f.world})")
         when = "-" if f.mtime is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.mtime))
         click.echo(f"{f.step:>8}  {f.state:<16} {missing:<16} {_fmt_bytes(f.bytes):>10}  {when}")

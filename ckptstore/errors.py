@@ -8,6 +8,7 @@ parameter and the byte offset where they are known, and say what to do.
 from __future__ import annotations
 
 import os
+from typing import Literal, overload
 
 
 class CkptStoreError(Exception):
@@ -204,3 +205,27 @@ class CooperativeLoadError(CkptStoreError, RuntimeError):
     """A cooperative load (``cooperative=``) failed on another rank of the group, or its collectives
     failed: every rank of the group raises it (the failing rank its own error), none waits for bytes
     that will not come. The message names the failing rank and what it said."""
+
+
+@overload
+def check_int(value: object, what: str, *, least: int = 1, most: int | None = None,
+              none_ok: Literal[False] = False) -> int: ...
+@overload
+def check_int(value: object, what: str, *, least: int = 1, most: int | None = None,
+              none_ok: Literal[True]) -> int | None: ...
+
+
+def check_int(value: object, what: str, *, least: int = 1, most: int | None = None,
+              none_ok: bool = False) -> int | None:
+    """``value`` if it is an integer (a ``bool`` is not one) in ``least..most``, else an
+    :class:`InvalidOptionError` naming the option ``what`` and the value; ``None`` is accepted
+    when ``none_ok``. The one check of an integer option, so that every one reads the same:
+    "must be a positive integer" (``least=1``), "a non-negative integer" (``least=0``), "an
+    integer in A..B" (with ``most``)."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < least or (most is not None and value > most):
+        kind = (f"an integer in {least}..{most}" if most is not None else "a positive integer" if least == 1
+                else "a non-negative integer" if least == 0 else f"an integer of at least {least}")
+        raise InvalidOptionError(f"{what} must be {kind}, not {value!r}")
+    return value

@@ -2,7 +2,8 @@
 
 Sizes and rates are in binary units throughout (``MiB`` and ``MiB/s``, like every other size
 ckptstore prints). A job whose bytes are not read (an index without checksums only notes where
-slices are) counts parameters only: a byte rate would be meaningless there.
+slices are) counts parameters only: a byte rate would be meaningless there. The two ways
+ckptstore says numbers in a message are here too: :func:`binary_size` and :func:`rank_list`.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import TextIO
 
 MIB = 1 << 20
@@ -25,6 +27,21 @@ def binary_size(nbytes: int) -> str:
             return f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def rank_list(ranks: Sequence[int], *, most: int | None = 20, prefix: str = "") -> str:
+    """Ranks (or part numbers) for a message, in the order given: runs of three or more
+    consecutive ones shortened (``rank_0..3, rank_6``), at most ``most`` of them shown, then
+    ``...``."""
+    shown = list(ranks if most is None else ranks[:most])
+    runs: list[list[int]] = []
+    for r in shown:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    text = ", ".join(f"{prefix}{g[0]}..{g[-1]}" if len(g) > 2 else ", ".join(f"{prefix}{r}" for r in g) for g in runs)
+    return text + (" ..." if len(shown) < len(ranks) else "")
 
 
 def terminal_columns(stream: TextIO) -> int:

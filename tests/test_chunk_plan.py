@@ -1,4 +1,4 @@
-"""Properties of the converter's chunk plan (ckptstore.store.chunking): pure, no MindSpore.
+"""Properties of the converter's chunk plan (ckptstore.write.chunk_plan): pure, no MindSpore.
 
 A parameter is split evenly into source slices (as MindSpore's layouts split it); the plan cuts
 each slice into chunks of at most ``max_chunk_bytes`` that are contiguous byte ranges of the
@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from conftest import examples
 from box_checks import tiles_exactly
 from ckptstore.boxes import Box, even_part
-from ckptstore.store.chunking import chunk_shape_for, plan_chunks, select_params
+from ckptstore.checkpoint.selection import select_params
+from ckptstore.write.chunk_plan import chunk_shape_for, plan_chunks
 from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.checkpoint.params import SourceParam, SourceSlice
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from ckptstore.cli import main
-from ckptstore.store.chunking import OPTIMIZER_STATE_PREFIXES, TRAINING_COUNTERS
+from ckptstore.checkpoint.selection import OPTIMIZER_STATE_PREFIXES, TRAINING_COUNTERS
 from convert_fixtures import cli_command, run_cli
 
 

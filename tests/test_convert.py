@@ -348,7 +348,7 @@ OPTIMIZERS = [
 
 @pytest.mark.parametrize("make_optimizer", OPTIMIZERS)
 def test_drop_optimizer_keeps_exactly_the_network_weights_of_a_mindspore_optimizer(make_optimizer):
-    from ckptstore.store.chunking import select_params
+    from ckptstore.checkpoint.selection import select_params
 
     net = _Dense()
     cell = ms.nn.TrainOneStepCell(ms.nn.WithLossCell(net, ms.nn.MSELoss()), make_optimizer(net.trainable_params()))
@@ -357,7 +357,7 @@ def test_drop_optimizer_keeps_exactly_the_network_weights_of_a_mindspore_optimiz
 
 
 def test_drop_optimizer_keeps_the_weights_of_a_module_named_like_optimizer_state():
-    from ckptstore.store.chunking import select_params
+    from ckptstore.checkpoint.selection import select_params
 
     names = ["linear.weight", "linear.bias", "moment1.linear.weight", "moment1.linear.bias", "global_step"]
     assert select_params(names, drop_optimizer=True) == ["linear.weight", "linear.bias"]

@@ -395,3 +395,33 @@ def test_a_mutated_index_json_gives_a_typed_error_or_a_correct_store(tmp_path_fa
         source = {"model.tok_embeddings.embedding_weight": "model.embed_tokens.weight"}.get(name, name)
         if source in tensors:
             np.testing.assert_array_equal(store.read(name), tensors[source])
+
+
+def test_an_index_interrupted_before_its_manifest_is_completed_by_ckptstore_commit(folder, tmp_path, monkeypatch):
+    # index --name-map follows the commit protocol of every writer (issue 34): commit plan, marker,
+    # then the manifest; an index stopped before its manifest is finished by 'ckptstore commit'
+    from ckptstore.write.kinds.index import IndexWriter
+
+    hf, tensors = folder
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(IndexWriter, "manifest_file", classmethod(stop))
+    with pytest.raises(KeyboardInterrupt):
+        index_hf(hf, tmp_path / "st", name_map="llama")
+    monkeypatch.undo()
+    assert not (tmp_path / "st" / "ckptstore.json").exists()
+    ckptstore.commit(tmp_path / "st")
+    np.testing.assert_array_equal(ckptstore.open(tmp_path / "st").read("model.norm_out.weight"),
+                                  tensors["model.norm.weight"])
+
+
+@pytest.mark.parametrize("option", [{"step": 0}, {"epoch": 0}, {"prefix": ""}],
+                         ids=["step-0", "epoch-0", "empty-prefix"])
+def test_a_rank_file_option_given_a_falsy_value_is_still_refused_with_a_name_map(folder, tmp_path, option):
+    hf, _ = folder
+    (name,) = option
+    with pytest.raises(InvalidOptionError, match=f"^{name} do\\(es\\) not apply to a Hugging Face folder"):
+        ckptstore.index(hf, tmp_path / "st", name_map="llama", **option)
+    assert not (tmp_path / "st").exists()

@@ -227,9 +227,9 @@ def test_an_index_in_a_bucket_refuses_a_rank_object_that_changed(bucket, load_en
 
 
 def test_a_safetensors_store_in_a_bucket_is_the_one_written_to_a_folder(bucket, load_env, tmp_path, monkeypatch):
-    from ckptstore.write import chunk_writer as store_writer
+    from ckptstore.write.kinds import safetensors as dense_writer
 
-    monkeypatch.setattr(store_writer, "ROW_BLOCK", 256)  # many row blocks per tensor: the assembly is exercised
+    monkeypatch.setattr(dense_writer, "ROW_BLOCK", 256)  # many row blocks per tensor: the assembly is exercised
     layout = load_env.saved_layout("mixed_dtypes")
     ckptstore.convert(layout.root, tmp_path / "local", strategy=layout.strategy_files, format="safetensors")
     ckptstore.convert(layout.root, bucket.url("st"), strategy=layout.strategy_files, format="safetensors")

@@ -125,7 +125,7 @@ def test_two_jobs_saving_the_same_step_never_mix(saved_layout, tmp_path, monkeyp
     with pytest.raises(IncompleteStoreError, match=rf"step {STEP} at .* is not committed: rank\(s\) 0, 1 of 4 have "
                                                    "not finished saving it"):
         ckptstore.open(step)
-    assert sorted(p.name for p in (step / ".ckptstore-work" / "saved").iterdir()) == ["2-of-4.json", "3-of-4.json"]
+    assert sorted(p.name for p in (step / ".ckptstore-work" / "records").iterdir()) == ["2-of-4.json", "3-of-4.json"]
     assert _payload(step) == sum(s.bytes_written for s in late)  # job A's files are gone
     assert [_save(layout, tmp_path, job_b, r).committed for r in (0, 1)] == [False, True]
     assert_store_holds(tmp_path, _expected(layout, changed=True))
@@ -228,16 +228,16 @@ def test_a_part_finishing_while_the_other_looks_leaves_the_commit_to_it(saved_la
     part0_may_finish, calls = threading.Event(), []
     real_mark_done = convert_module.mark_done
 
-    def mark_done(sink: Any, part: Part, attempt: str) -> None:
+    def mark_done(sink: Any, part: Part, fingerprint: str, *record: Any) -> None:
         if part.index == 0:
             part0_may_finish.wait(60)
-        real_mark_done(sink, part, attempt)
+        real_mark_done(sink, part, fingerprint, *record)
 
     def looking(sink: Any) -> Any:  # part 1 asks whether the store is complete; on its 2nd look part 0 finishes
         if threading.current_thread().name == "part-1":
             calls.append(1)
             if len(calls) == 2:
-                real_mark_done(open_sink(url), Part(0, 2), sink.read(".ckptstore-work/fingerprint").decode())
+                real_mark_done(open_sink(url), Part(0, 2), sink.read(".ckptstore-work/fingerprint").decode(), {}, {})
         return complete_manifest(sink)
 
     monkeypatch.setattr(convert_module, "mark_done", mark_done)
@@ -329,8 +329,8 @@ def test_a_store_whose_parts_all_finished_says_to_run_commit(saved_layout, tmp_p
     out = tmp_path / "s.zarr"
     real_mark_done = convert_module.mark_done
 
-    def last_dies(sink: Any, part: Any, attempt: str) -> None:  # the last part dies after its marker
-        real_mark_done(sink, part, attempt)
+    def last_dies(sink: Any, part: Any, fingerprint: str, *record: Any) -> None:  # the last part dies after its marker
+        real_mark_done(sink, part, fingerprint, *record)
         raise KeyboardInterrupt
 
     assert not ckptstore.convert(layout.root, out, strategy=layout.strategy_files, part="0/2").committed

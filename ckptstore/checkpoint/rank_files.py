@@ -14,9 +14,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError, UnsafePathError
+from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError, UnsafePathError, check_int
 from ckptstore.formats.ckpt_cipher import DecryptedFile, Decryption
 from ckptstore.formats.ckpt_reader import CkptIndex, open_file, scan_checkpoint
+from ckptstore.progress import rank_list
 from ckptstore.formats.ms_safetensors import is_safetensors, scan_safetensors
 from ckptstore.io.base import ReadableFile
 from ckptstore.io.locations import is_url, open_location
@@ -79,8 +80,7 @@ def _filtered(folder: str, names: Sequence[str], *, step: int | None, epoch: int
     _check_format(fmt)
     for what, v in (("step", step), ("epoch", epoch)):
         # MindSpore names files -<epoch>_<step> with neither below 0: a negative one names no file
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise InvalidOptionError(f"{what} must be a non-negative integer, not {v!r}")
+        check_int(v, what, least=0, none_ok=True)
     exts = (f".{fmt}",) if fmt else (".ckpt", ".safetensors")
     files = sorted(n for n in names if n.endswith(exts))
     if prefix is not None:
@@ -204,13 +204,7 @@ def rank_folders(src: str | os.PathLike[str]) -> dict[int, RankFolderFiles]:
 
 def _ranks_text(ranks: Sequence[int]) -> str:
     """``rank_0..2, rank_4..7``: runs of three or more consecutive ranks shortened."""
-    out: list[list[int]] = []
-    for r in sorted(ranks):
-        if out and r == out[-1][-1] + 1:
-            out[-1].append(r)
-        else:
-            out.append([r])
-    return ", ".join(f"rank_{g[0]}..{g[-1]}" if len(g) > 2 else ", ".join(f"rank_{r}" for r in g) for g in out)
+    return rank_list(sorted(ranks), most=None, prefix="rank_")
 
 
 def _key_text(key: tuple[int, int]) -> str:

@@ -272,22 +272,6 @@ class _Irregular(Exception):
     """The fast path met something it does not handle: the general parser takes the record."""
 
 
-def _uvarint(b: bytes, p: int) -> tuple[int, int]:
-    x = b[p]
-    if x < 0x80:
-        return x, p + 1
-    value, shift = x & 0x7F, 7
-    while True:
-        p += 1
-        x = b[p]
-        value |= (x & 0x7F) << shift
-        if x < 0x80:
-            return value, p + 1
-        shift += 7
-        if shift > 63:
-            raise _Irregular
-
-
 def _fast_record(b: bytes, base: int, size: int) -> _Record:
     """The record at the start of ``b`` (the file's bytes from offset ``base``), when it has the
     shape ``mindspore.save_checkpoint`` writes: name, then a tensor of dims, type and content,
@@ -302,18 +286,18 @@ def _fast_record(b: bytes, base: int, size: int) -> _Record:
     try:
         if b[0] != _VALUE_KEY:
             raise _Irregular
-        length, p = _uvarint(b, 1)
+        length, p = protowire.decode_varint(b, 1)
         end = p + length
         if base + end > size or b[p] != 0x0A:
             raise _Irregular
-        n, p = _uvarint(b, p + 1)
+        n, p = protowire.decode_varint(b, p + 1)
         if n > MAX_NAME_BYTES or p + n > len(b):
             raise _Irregular
         tag = b[p:p + n].decode("utf-8")
         p += n
         if b[p] != 0x12:
             raise _Irregular
-        n, p = _uvarint(b, p + 1)
+        n, p = protowire.decode_varint(b, p + 1)
         if p + n != end:
             raise _Irregular
         rec = _Record(tag=tag)
@@ -321,18 +305,18 @@ def _fast_record(b: bytes, base: int, size: int) -> _Record:
         while True:
             key = b[p]
             if key == 0x08:
-                d, p = _uvarint(b, p + 1)
+                d, p = protowire.decode_varint(b, p + 1)
                 dims.append(d - (1 << 64) if d >= 1 << 63 else d)
                 if len(dims) > MAX_NDIM:
                     raise _Irregular
             elif key == 0x12 and rec.tensor_type is None:
-                n, p = _uvarint(b, p + 1)
+                n, p = protowire.decode_varint(b, p + 1)
                 if n > MAX_NAME_BYTES or p + n > len(b):
                     raise _Irregular
                 rec.tensor_type = b[p:p + n].decode("utf-8")
                 p += n
             elif key == 0x1A:
-                n, p = _uvarint(b, p + 1)
+                n, p = protowire.decode_varint(b, p + 1)
                 if p + n != end:
                     raise _Irregular  # content is the last field, and ends the record
                 rec.content = (base + p, n)
@@ -341,7 +325,7 @@ def _fast_record(b: bytes, base: int, size: int) -> _Record:
                 raise _Irregular
         rec.offset, rec.end = base, base + end
         return rec
-    except (IndexError, UnicodeDecodeError):
+    except (IndexError, UnicodeDecodeError, protowire.WireError):
         raise _Irregular from None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -24,8 +25,17 @@ def _field(number: int, payload: bytes) -> bytes:
     return encode_varint(number << 3 | 2) + encode_varint(len(payload)) + payload
 
 
-def _tensor_header(dims: tuple[int, ...], tensor_type: str) -> bytes:
-    return b"".join(encode_varint(1 << 3) + encode_varint(d) for d in dims) + _field(2, tensor_type.encode())
+def record_header(name: str, dims: Sequence[int], tensor_type: str, content_bytes: int) -> bytes:
+    """The bytes of one ``Checkpoint.value`` record up to its ``tensor_content`` payload, as
+    ``save_checkpoint`` writes them: ``Checkpoint{value=1: Value{tag=1, tensor=2: TensorProto{dims=1
+    (one varint each, unpacked, as MindSpore's proto2 schema writes them), tensor_type=2,
+    tensor_content=3}}}``; the payload of ``content_bytes`` follows. The one .ckpt record encoder
+    (the benchmarks' sparse fixture files use it too)."""
+    tensor_prefix = (b"".join(encode_varint(1 << 3) + encode_varint(int(d)) for d in dims)
+                     + _field(2, tensor_type.encode()) + encode_varint(3 << 3 | 2) + encode_varint(content_bytes))
+    tensor_len = len(tensor_prefix) + content_bytes
+    value_prefix = _field(1, name.encode()) + encode_varint(2 << 3 | 2) + encode_varint(tensor_len)
+    return encode_varint(1 << 3 | 2) + encode_varint(len(value_prefix) + tensor_len) + value_prefix + tensor_prefix
 
 
 class CheckpointWriter(AtomicFile):
@@ -43,11 +53,7 @@ class CheckpointWriter(AtomicFile):
             self._crc = zlib.crc32(data, self._crc)
 
     def _record(self, name: str, dims: tuple[int, ...], tensor_type: str, content: memoryview) -> None:
-        tensor_prefix = _tensor_header(dims, tensor_type) + encode_varint(3 << 3 | 2) + encode_varint(len(content))
-        tensor_len = len(tensor_prefix) + len(content)
-        value_prefix = _field(1, name.encode()) + encode_varint(2 << 3 | 2) + encode_varint(tensor_len)
-        value_len = len(value_prefix) + tensor_len
-        self._write(encode_varint(1 << 3 | 2) + encode_varint(value_len) + value_prefix + tensor_prefix)
+        self._write(record_header(name, dims, tensor_type, len(content)))
         self._write(content)
 
     def add(self, name: str, value: np.ndarray | str) -> None:

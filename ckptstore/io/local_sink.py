@@ -547,7 +547,7 @@ class LocalSink(ByteSink):
 
     def lock(self, name: str, on_wait: Callable[[str], None] | None = None, *,
              wait: bool = True) -> "FolderLock | None":
-        from ckptstore.store.kinds import WORK_DIR
+        from ckptstore.io.sink import LOCK_FOLDER as WORK_DIR
 
         lock = FolderLock(self, f"{WORK_DIR}/{name}", on_wait=on_wait)
         return lock.acquire() if wait else lock.try_acquire()

@@ -18,12 +18,13 @@ import os
 import re
 import threading
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ckptstore.errors import CkptStoreError, ObjectStoreConfigError
 from ckptstore.io import s3_redirects
+from ckptstore.io.counting import Counters
 from ckptstore.io.s3_errors import client_error, plain_http_error
 from ckptstore.io.s3_redirects import ENDPOINT_ENV
 from ckptstore.io.urls import redact
@@ -37,7 +38,7 @@ RETRY: RetryConfig = {"max_retries": 8, "retry_timeout": timedelta(seconds=120),
 
 
 @dataclass
-class RequestStats:
+class RequestStats(Counters):
     """Requests and bytes this process sent to object storage: a test and benchmark hook."""
 
     gets: int = 0
@@ -47,16 +48,6 @@ class RequestStats:
     deletes: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for k, v in counts.items():
-                setattr(self, k, getattr(self, k) + v)
-
-    def reset(self) -> None:
-        with self._lock:
-            self.gets = self.heads = self.lists = self.puts = self.deletes = self.bytes_in = self.bytes_out = 0
 
 
 REQUEST_STATS = RequestStats()

@@ -33,6 +33,10 @@ from ckptstore.io.base import ByteSource, ReadableFile
 from ckptstore.limits import MAX_METADATA_BYTES
 
 PARTIAL_SUFFIX = ".partial"
+#: The folder under a sink's root that holds the locks of :meth:`ByteSink.lock`: the store's work
+#: folder (:data:`ckptstore.store.kinds.WORK_DIR` is this name; :mod:`ckptstore.store.work` names
+#: its files), declared here because the sinks, below the store, keep the locks in it.
+LOCK_FOLDER = ".ckptstore-work"
 
 
 def partial_key(key: str) -> str:
@@ -231,7 +235,8 @@ class ByteSink(ABC):
         folder)."""
 
     def lock(self, name: str, on_wait: Callable[[str], None] | None = None, *, wait: bool = True) -> Lock | None:
-        """Hold the exclusive lock ``name`` of the work folder (``None`` if ``wait=False`` and it is held)."""
+        """Hold the exclusive lock ``name`` of the work folder :data:`LOCK_FOLDER` (``None`` if
+        ``wait=False`` and it is held)."""
         return NoLock()
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ import math
 import os
 from typing import Any, Sequence
 
-from ckptstore.errors import InvalidOptionError
+from ckptstore.errors import InvalidOptionError, check_int
 from ckptstore.write.saver import StoreSaver
 
 #: ``append_info`` names (``CheckpointConfig``'s and MindFormers' ``CheckpointMonitor``'s).
@@ -60,10 +60,8 @@ def store_checkpoint_class() -> type:
                      append_info: Any = None, rank: int | None = None, initial_step: int = 0,
                      replace: bool = False, attempt: str | None = None) -> None:
             super().__init__()
-            for what, v, least in (("save_checkpoint_steps", save_checkpoint_steps, 1),
-                                   ("initial_step", initial_step, 0)):
-                if isinstance(v, bool) or not isinstance(v, int) or v < least:
-                    raise InvalidOptionError(f"{what} must be an integer of at least {least}, not {v!r}")
+            check_int(save_checkpoint_steps, "save_checkpoint_steps")
+            check_int(initial_step, "initial_step", least=0)
             _check_append_info(append_info)
             self.root, self.every, self.keep = root, save_checkpoint_steps, keep_checkpoint_max
             self.append_info, self.initial_step = append_info, initial_step

@@ -174,7 +174,7 @@ def _read_owned(store: Store, group: GroupPlan, window: Window, rank: int,
         key, pieces = request
         f = store.data.open(key)
         f.read_span([(p.start, where[p].data) for p in pieces])
-        IO_STATS.add(sum(p.nbytes for p in pieces), len(pieces), 1, [f.url], pieces[-1].end - pieces[0].start)
+        IO_STATS.add_read(sum(p.nbytes for p in pieces), len(pieces), 1, [f.url], pieces[-1].end - pieces[0].start)
 
     if workers > 1 and len(requests) > 1:
         with ThreadPoolExecutor(min(workers, len(requests)), thread_name_prefix="ckptstore-coop") as pool:

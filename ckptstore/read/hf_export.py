@@ -24,13 +24,13 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ckptstore.checkpoint.selection import select_params
 from ckptstore.errors import InvalidOptionError, StoreExistsError
 from ckptstore.formats.hf_folder import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
 from ckptstore.formats.hf_rules import NameMap, Target, load_name_map, shipped_name_maps
 from ckptstore.formats.safetensors_header import build_header
 from ckptstore.io.sink import open_sink
 from ckptstore.read.export_folder import claim_export_folder, commit_export_folder
-from ckptstore.store.chunking import select_params
 from ckptstore.store.store import Store, StoreLike, store_argument
 
 #: Hugging Face's default shard size (``save_pretrained(max_shard_size="5GB")``: decimal units).

@@ -21,7 +21,7 @@ from typing import Sequence
 import crc32c as crc32c_lib
 
 from ckptstore.store.fallback import chunk_problem
-from ckptstore.store.chunking import plan_chunks
+from ckptstore.store.checksum import crc32c_of
 from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.store.codecs import decode
 from ckptstore.errors import AccessDeniedError, CkptStoreError, InvalidOptionError, StoreUnavailableError
@@ -204,6 +204,9 @@ def _compare_source(store: Store, against: str | os.PathLike[str], strategy: Seq
 
 
 def _compare_params(store: Store, source: DistributedSource, report: VerifyReport) -> None:
+    # the conversion's chunk plan, imported on first use: reading or verifying a store alone imports no writer
+    from ckptstore.write.chunk_plan import plan_chunks
+
     for name in store.names():
         info = store.info(name)
         if name not in source.params:

@@ -1,2 +1,2 @@
 """A store of global tensors: ``open()``, the manifest, one module per store kind (Zarr, safetensors,
-index), chunking, the read plan and the executor that runs it."""
+index), the work folder, the read plan and the executor that runs it."""

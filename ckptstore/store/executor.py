@@ -27,14 +27,9 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from ckptstore.errors import (
-    AccessDeniedError,
-    FileAccessError,
-    MissingFileError,
-    ShortReadError,
-    StoreCorruptError,
-    StoreUnavailableError,
-)
+from ckptstore.io.counting import Counters
+from ckptstore.errors import (AccessDeniedError, FileAccessError, MissingFileError, ShortReadError, StoreCorruptError,
+                              StoreUnavailableError)
 from ckptstore.io.base import ByteSource
 from ckptstore.store.codecs import decode
 from ckptstore.store.read_plan import AnyParamReadPlan, ByteRangesPlan, ReadGroup
@@ -55,7 +50,7 @@ CHECKED_ALLOCATION = 64 << 20
 
 
 @dataclass
-class IOStats:
+class IOStats(Counters):
     """What this process's loads read through the executor: a test and benchmark hook (an
     executor given its own ``stats``, such as a converter's reading rank files, counts there).
 
@@ -73,10 +68,11 @@ class IOStats:
     files: set[str] = field(default_factory=set)
     scratch_peak: int = 0
     _scratch_held: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, nbytes: int, reads: int = 1, requests: int = 0, files: Sequence[str] = (),
-            fetched: int | None = None) -> None:
+    def add_read(self, nbytes: int, reads: int = 1, requests: int = 0, files: Sequence[str] = (),
+                 fetched: int | None = None) -> None:
+        """Count ``reads`` planned ranges of ``nbytes`` in ``requests`` calls to ``files``
+        (``fetched`` bytes transferred: ``nbytes`` unless the requests spanned gaps)."""
         with self._lock:
             self.bytes_read += nbytes
             self.reads += reads
@@ -89,12 +85,6 @@ class IOStats:
         with self._lock:
             self._scratch_held += nbytes
             self.scratch_peak = max(self.scratch_peak, self._scratch_held)
-
-    def reset(self) -> None:
-        with self._lock:
-            self.bytes_read = self.reads = self.requests = self.scratch_peak = self._scratch_held = 0
-            self.bytes_fetched = 0
-            self.files = set()
 
 
 IO_STATS = IOStats()
@@ -152,21 +142,39 @@ def check_extents(plan: AnyParamReadPlan, source: ByteSource) -> None:
                 "the store, or convert again")
 
 
-class _Budget:
-    """A cap on scratch bytes held at once (one oversized request may always proceed alone)."""
+class ByteBudget:
+    """A cap on bytes held at once, shared by threads: the executor's scratch buffers, a
+    background save's staged copies. :meth:`take` waits until ``n`` more bytes fit (one
+    oversized take may always proceed alone; ``limit=None``: unbounded), :meth:`give` returns
+    them; :meth:`stop` ends every wait, after which :meth:`take` returns ``False``. ``on_wait``
+    is called (under the budget's lock) each time a take has to wait. ``peak`` is the most held."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit, self.used = limit, 0
+    def __init__(self, limit: int | None, *, on_wait: Callable[[], None] | None = None) -> None:
+        self.limit, self.used, self.peak = limit, 0, 0
+        self.stopped = False
+        self._on_wait = on_wait
         self._cond = threading.Condition()
 
-    def acquire(self, n: int) -> None:
+    def take(self, n: int) -> bool:
         with self._cond:
-            self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            while not self.stopped and self.limit is not None and self.used and self.used + n > self.limit:
+                if self._on_wait is not None:
+                    self._on_wait()
+                self._cond.wait()
+            if self.stopped:
+                return False
             self.used += n
+            self.peak = max(self.peak, self.used)
+            return True
 
-    def release(self, n: int) -> None:
+    def give(self, n: int) -> None:
         with self._cond:
             self.used -= n
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self.stopped = True
             self._cond.notify_all()
 
 
@@ -204,7 +212,7 @@ class Executor:
         self.workers = max(1, int(workers))
         self.unit_bytes = None if unit_bytes is None else max(1, unit_bytes)
         self.pool_min_bytes = pool_min_bytes
-        self._budget = _Budget(max_inflight)
+        self._budget = ByteBudget(max_inflight)
         self._pool: ThreadPoolExecutor | None = None
 
     def __enter__(self) -> Executor:
@@ -306,7 +314,7 @@ class Executor:
             # than the read of a small chunk)
             with self._reading_ctx(plan):
                 raise
-        self.stats.add(sum(lengths), hi - lo, len(bounds) - 1, [f.url for f in opened.values()], fetched)
+        self.stats.add_read(sum(lengths), hi - lo, len(bounds) - 1, [f.url for f in opened.values()], fetched)
 
     def _read_byte_ranges(self, plan: ByteRangesPlan, out: np.ndarray) -> None:
         """Run a :class:`~ckptstore.store.read_plan.ByteRangesPlan` here, from its columns as they
@@ -326,11 +334,11 @@ class Executor:
         except Exception:
             with self._reading_ctx(plan):
                 raise
-        self.stats.add(plan.nbytes, len(files), len(files), [f.url for f in opened.values()])
+        self.stats.add_read(plan.nbytes, len(files), len(files), [f.url for f in opened.values()])
 
     def _scratch(self, plan: AnyParamReadPlan, g: ReadGroup, out: np.ndarray) -> None:
         n = g.scratch_nbytes
-        self._budget.acquire(n)
+        self._budget.take(n)
         self.stats.hold(n)
         try:
             buf = np.empty(n, dtype=np.uint8)
@@ -350,7 +358,7 @@ class Executor:
             out[g.overlap.relative_to(plan.box).slices()] = block[g.overlap.relative_to(g.frame).slices()]
         finally:
             self.stats.hold(-n)
-            self._budget.release(n)
+            self._budget.give(n)
 
 
 class Job:

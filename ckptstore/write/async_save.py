@@ -17,47 +17,22 @@ import queue
 import threading
 from typing import Any, Callable, Iterator
 
-from ckptstore.errors import InvalidOptionError
+from ckptstore.errors import check_int
+from ckptstore.store.executor import ByteBudget
 from ckptstore.write.save import Piece, SaveJob, SaveSummary
 
 _END = object()
 
 
-class _Budget:
-    """Bytes of staged copies in flight, bounded (``None``: unbounded)."""
+class _Budget(ByteBudget):
+    """The budget of staged copies, with the moment the writer may start: :attr:`release` is set
+    when the copying is done, or waits for the writer to free memory. Until then the writer keeps
+    off the CPU and the GIL the copying needs (on a busy host, writing alongside made the
+    copying, and so the training stall, 2.5x longer)."""
 
     def __init__(self, limit: int | None) -> None:
-        self.limit, self.used, self.peak = limit, 0, 0
-        self.stopped = False
-        self._cond = threading.Condition()
-        #: Set when the writer may start: the copying is done, or it waits for the writer to free
-        #: memory. Until then the writer keeps off the CPU and the GIL the copying needs (on a
-        #: busy host, writing alongside made the copying, and so the training stall, 2.5x longer).
         self.release = threading.Event()
-
-    def take(self, n: int) -> bool:
-        """Wait until ``n`` more bytes fit (a piece larger than the budget waits for an empty one);
-        ``False`` when the writer has stopped."""
-        with self._cond:
-            while (not self.stopped and self.limit is not None and self.used
-                   and self.used + n > self.limit):
-                self.release.set()
-                self._cond.wait()
-            if self.stopped:
-                return False
-            self.used += n
-            self.peak = max(self.peak, self.used)
-            return True
-
-    def give(self, n: int) -> None:
-        with self._cond:
-            self.used -= n
-            self._cond.notify_all()
-
-    def stop(self) -> None:
-        with self._cond:
-            self.stopped = True
-            self._cond.notify_all()
+        super().__init__(limit, on_wait=self.release.set)
 
 
 class AsyncSaver:
@@ -70,9 +45,7 @@ class AsyncSaver:
 
     def __init__(self, *, memory_budget: int | None = None,
                  on_done: Callable[[SaveSummary], None] | None = None) -> None:
-        if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, int)
-                                          or memory_budget < 1):
-            raise InvalidOptionError(f"memory_budget must be a positive number of bytes, not {memory_budget!r}")
+        check_int(memory_budget, "memory_budget (bytes)", none_ok=True)
         self.memory_budget, self.on_done = memory_budget, on_done
         #: Staging buffers kept between saves, by size: a model saves the same chunks every time,
         #: and a reused buffer costs no page faults (fresh memory made the copy several times

@@ -1,9 +1,10 @@
 """The one commit protocol of a store written in parts: conversion parts and save ranks alike.
 
 Every part claims the store for one attempt (:func:`~ckptstore.write.output_folder.claim`),
-writes the same plan (:data:`PLAN_FILE`: parameter order, header, kind, parts, and for a save
-``"records": "ranks"``) before its data, its records, and a marker holding the attempt when they
-are durable (:func:`mark_done`); the last part to finish commits (:func:`commit_if_last`), and
+writes the same commit plan (:class:`~ckptstore.store.work.CommitPlan`, with
+:func:`~ckptstore.store.work.write_commit_plan`) before its data, its records, and a marker
+holding the attempt's fingerprint when they are durable (:func:`mark_done`); the last part to
+finish commits (:func:`commit_if_last`), and
 :func:`commit` checks the markers (:func:`~ckptstore.store.work.unfinished_parts`) and hands the
 rest to the writer of the plan's store kind
 (:meth:`~ckptstore.write.store_writer.StoreWriter.commit`). The writer is found by the kind's
@@ -14,21 +15,19 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Mapping, Sequence
 
-from ckptstore.store.kinds import WORK_DIR, store_kind
-from ckptstore.store.chunking import ParamPlan
+from ckptstore.store.kinds import store_kind
+from ckptstore.write.chunk_plan import ParamPlan
 from ckptstore.errors import IncompleteStoreError, InvalidOptionError
 from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.io.sink import ByteSink
 from ckptstore.store.steps import step_name, step_source, steps
-from ckptstore.store.work import is_part_count, read_attempt, unfinished_parts, what_finishes
+from ckptstore.store.work import (COMMIT_PLAN_FILE, DONE_DIR, RECORDS_DIR, CommitPlan, done_key, read_attempt,
+                                  read_commit_plan, unfinished_parts, what_finishes)
 from ckptstore.write.output_folder import Claim, complete_manifest, drop_idle_work, lock_output
 from ckptstore.write.parts import Part, assign
+from ckptstore.write.records import write_record
 from ckptstore.write.chunk_writer import ChunkCopier
 from ckptstore.write.store_writer import StoreWriter
-
-
-#: What every part of a conversion needs to commit it: written once, by the first part to start.
-PLAN_FILE = f"{WORK_DIR}/plan.json"
 
 
 def writer_class(fmt: str) -> type[StoreWriter]:
@@ -56,52 +55,29 @@ def my_share(writer: StoreWriter, plans: Sequence[ParamPlan], part: Part) -> lis
     return [p for u, o in zip(units, owner, strict=True) if o == part.index for p in u]
 
 
-def write_plan(sink: ByteSink, fmt: str, names: Sequence[str], header: Mapping[str, Any],
-               extra: Mapping[str, Any], part: Part, *, records: str | None = None) -> None:
-    """Record what the commit needs (parameter order, header, kind, parts), once per attempt.
-
-    Every part writes the same document; one that an earlier run left torn (a power loss
-    before it reached the disk) is written again. ``records="ranks"``: the parts are save
-    ranks whose records the commit merges (:mod:`ckptstore.write.save_records`); ``names`` is
-    then empty (the records give the parameters and their order).
-    """
-    doc = json.dumps({"format": fmt, "names": list(names), "source": dict(header), "extra": dict(extra),
-                      "parts": part.count, **({"records": records} if records else {})}).encode()
-    if not sink.put_if_absent(PLAN_FILE, doc) and read_plan(sink) is None:
-        sink.put(PLAN_FILE, doc)
-
-
-def read_plan(sink: ByteSink) -> dict[str, Any] | None:
-    """The conversion's plan, or ``None`` when there is none or it does not parse (a torn write)."""
-    raw = sink.read(PLAN_FILE)
-    try:
-        doc = json.loads(raw) if raw is not None else None
-    except (ValueError, RecursionError):
-        return None
-    ok = (isinstance(doc, dict) and isinstance(doc.get("format"), str) and store_kind(doc["format"]) is not None
-          and isinstance(doc.get("names"), list)
-          and all(isinstance(n, str) for n in doc["names"]) and isinstance(doc.get("source"), dict)
-          and isinstance(doc.get("extra"), dict) and is_part_count(doc.get("parts", 1)))
-    return doc if ok else None
-
-
-def mark_done(sink: ByteSink, part: Part, attempt: str) -> None:
-    """Say that ``part`` has written all its parameters (after making them durable: the part
-    that commits may run on another host); the marker holds the attempt."""
+def mark_done(sink: ByteSink, part: Part, fingerprint: str, header: Mapping[str, Any],
+              entries: Mapping[str, Any]) -> None:
+    """Say that ``part`` has written all it writes: its record (``entries`` by parameter under
+    the plan's ``header``, :func:`~ckptstore.write.records.write_record`), made durable with its
+    data (the part that commits may run on another host), then its marker, which holds the
+    attempt's ``fingerprint``. Every writer ends its part here: conversion parts, save ranks,
+    ``index --name-map``."""
+    write_record(sink, part, header, entries)
     sink.sync()
-    sink.put(part.marker, attempt.encode())
+    sink.put(part.marker, fingerprint.encode())
 
 
-def committed(sink: ByteSink, attempt: str) -> bool:
-    """Whether ``sink`` holds a complete store of ``attempt`` (its manifest's fingerprint)."""
+def committed(sink: ByteSink, fingerprint: str) -> bool:
+    """Whether ``sink`` holds a complete store of the attempt with ``fingerprint`` (its manifest's)."""
     manifest = complete_manifest(sink)
-    return manifest is not None and manifest.get("source", {}).get("fingerprint") == attempt
+    return manifest is not None and manifest.get("source", {}).get("fingerprint") == fingerprint
 
 
-def commit_if_last(hold: Claim, attempt: str, known: Mapping[str, ParamManifest] | None = None, *,
+def commit_if_last(hold: Claim, fingerprint: str, known: Mapping[str, ParamManifest] | None = None, *,
                    on_wait: Callable[[str], None] | None = None) -> StoreManifest | None:
-    """Commit the store if every part of ``attempt`` has finished; ``None`` when another part
-    is still writing (the last one commits) or has committed already.
+    """Commit the store if every part of the attempt with ``fingerprint`` has finished (the
+    fingerprint :func:`~ckptstore.write.output_folder.claim` was given); ``None`` when another
+    part is still writing (the last one commits) or has committed already.
 
     One part: this process holds the folder's lock for its whole run and commits. Several: the
     folder's lock is taken, and which parts have finished is decided once, from one listing of
@@ -114,7 +90,7 @@ def commit_if_last(hold: Claim, attempt: str, known: Mapping[str, ParamManifest]
         return commit(sink, known, parts=1)
     lock = lock_output(sink, on_wait)
     try:
-        if committed(sink, attempt):
+        if committed(sink, fingerprint):
             drop_idle_work(sink)
             return None
         if unfinished_parts(sink.source, part.count):
@@ -122,7 +98,7 @@ def commit_if_last(hold: Claim, attempt: str, known: Mapping[str, ParamManifest]
         try:
             return commit(sink, known, parts=part.count)
         except IncompleteStoreError:
-            if committed(sink, attempt):  # another part committed meanwhile (object storage)
+            if committed(sink, fingerprint):  # another part committed meanwhile (object storage)
                 return None
             raise
     finally:
@@ -156,18 +132,33 @@ def commit(sink: ByteSink, known: Mapping[str, ParamManifest] | None = None, *,
     has not finished and what to run. Running it twice, or in two processes at once, writes the
     same manifest.
     """
-    plan = read_plan(sink)
+    plan = read_commit_plan(sink)
     if plan is None:
         said = what_finishes(sink.source)
         if said is not None:  # a part's plan.json torn by a power loss: the next part writes it again
-            raise IncompleteStoreError(f"{said} (its {PLAN_FILE} is missing or unreadable: the next part to run "
-                                       "writes it again)")
+            raise IncompleteStoreError(f"{said} (its {COMMIT_PLAN_FILE} is missing or unreadable: the next part to "
+                                       "run writes it again)")
         raise IncompleteStoreError(_steps_to_commit(sink) or f"{sink.url} has no unfinished conversion to commit "
-                                   f"(no readable {PLAN_FILE}); run 'ckptstore convert' (again) first")
-    count = parts or int(plan.get("parts") or 1)
-    # a conversion's records tell which parameters are missing (the message counts them); a
-    # save's ranks each hold some chunks of many parameters: there, the markers tell
-    if (parts or plan.get("records") == "ranks") and unfinished_parts(sink.source, count):
-        raise IncompleteStoreError(what_finishes(sink.source) or f"{sink.url}: some of its {count} parts have not "
-                                   "finished")
-    return writer_class(plan["format"]).commit(sink, plan, known or {})
+                                   f"(no readable {COMMIT_PLAN_FILE}); run 'ckptstore convert' (again) first")
+    count = parts or plan.parts
+    # the markers tell which parts have not finished; for a conversion the message also counts
+    # the parameters written so far (a save's ranks each hold some chunks of many parameters)
+    if unfinished_parts(sink.source, count):
+        detail = f"{_written(sink, plan)} of {len(plan.names)} parameters written" if plan.names else ""
+        raise IncompleteStoreError(what_finishes(sink.source, detail) or f"{sink.url}: some of its {count} parts "
+                                   "have not finished")
+    return writer_class(plan.kind).commit(sink, plan, known or {})
+
+
+def _written(sink: ByteSink, plan: CommitPlan) -> int:
+    """How many of the plan's parameters the parts have written so far: those a finished part's
+    record names, or a running part has noted done."""
+    names = set(plan.names)
+    done = {done_key(n) for n in names} & set(sink.keys(DONE_DIR))
+    recorded: set[str] = set()
+    for key in sink.keys(RECORDS_DIR):
+        try:
+            recorded.update(json.loads(sink.read(key) or b"{}").get("params", {}))
+        except (ValueError, RecursionError, AttributeError, TypeError):
+            continue
+    return len(names & recorded) + len({n for n in names - recorded if done_key(n) in done})

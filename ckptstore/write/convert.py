@@ -3,7 +3,7 @@
 Flow: pick the rank files and read the strategy -> scan every file's headers, resolve each
 parameter's global shape and distinct slices and check a sample of their bytes against the
 strategy (:mod:`ckptstore.checkpoint.source`) -> plan chunks aligned to the slices
-(:mod:`ckptstore.store.chunking`) -> claim the output folder (:mod:`ckptstore.write.output_folder`) ->
+(:mod:`ckptstore.write.chunk_plan`) -> claim the output folder (:mod:`ckptstore.write.output_folder`) ->
 stream each chunk's bytes from the one rank file that supplies it into the parameter's data
 file, a bounded block at a time through the load's read plan and executor
 (:mod:`ckptstore.checkpoint.rank_bytes`), checksumming on the way (:mod:`ckptstore.write.chunk_writer`)
@@ -28,10 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from ckptstore.store.chunking import ParamPlan, check_even_slices, plan_chunks, select_params
+from ckptstore.checkpoint.selection import select_params
+from ckptstore.write.chunk_plan import ParamPlan, check_even_slices, plan_chunks
 from ckptstore.store.codecs import CODECS
 from ckptstore.store.kinds import store_kind, store_kinds
-from ckptstore.errors import ConversionInProgressError, IncompleteStoreError, InvalidOptionError, LayoutMismatchError
+from ckptstore.errors import (ConversionInProgressError, IncompleteStoreError, InvalidOptionError, LayoutMismatchError,
+                              check_int)
 from ckptstore.store.manifest import StoreManifest
 from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, lock_output, running_parts
 from ckptstore.io.sink import ByteSink, open_sink
@@ -41,8 +43,9 @@ from ckptstore.checkpoint.source import DistributedSource, SourceParam, resolve_
 from ckptstore.checkpoint.strategy import StrategyPaths
 from ckptstore.formats.ckpt_cipher import check_key
 from ckptstore.io import is_url, open_location
-from ckptstore.store.work import read_attempt, short
-from ckptstore.write.commit import commit, commit_if_last, mark_done, my_share, write_plan, writer_for
+from ckptstore.store.work import CommitPlan, read_attempt, short, write_commit_plan
+from ckptstore.write.commit import commit, commit_if_last, mark_done, my_share, writer_for
+from ckptstore.write.records import whole_entry
 from ckptstore.write.chunk_writer import ChunkCopier
 from ckptstore.limits import MAX_TENSOR_BYTES
 from ckptstore.version import __version__
@@ -71,12 +74,11 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     largest chunk in MiB, like ``--chunk-mb`` (default 256, or 16 when compressed).
 
     ``src`` is a folder of ``rank_<i>/`` subfolders of ``.ckpt`` or MindSpore ``.safetensors``
-    files (the newest checkpoint every rank holds unless
-    ``step``/``epoch``/``prefix``/``src_format`` pick another; the summary's ``chosen`` says
-    what was taken when rank folders held several) with the ``strategy`` file(s) (or a folder of
-    them) that laid it out, or a single checkpoint file. ``include``/``exclude`` are name globs;
-    ``drop_optimizer`` removes optimizer state
-    (:func:`~ckptstore.store.chunking.optimizer_state`); they apply before the checks of the
+    files (the newest checkpoint every rank holds unless ``step``/``epoch``/``prefix``/``src_format``
+    pick another; the summary's ``chosen`` says what was taken when rank folders held several)
+    with the ``strategy`` file(s) (or a folder of them) that laid it out, or a single checkpoint
+    file. ``include``/``exclude`` are name globs; ``drop_optimizer`` removes optimizer state
+    (:func:`~ckptstore.checkpoint.selection.optimizer_state`); they apply before the checks of the
     files against the strategy. Parameters the strategy lays out but no rank file holds were not
     saved (MindFormers filters its saves): they are skipped and named in the summary's
     ``unsaved``. ``compress`` is ``None``, ``"zstd"`` or ``"blosc"``. Replicated slices are read
@@ -119,7 +121,13 @@ RANK_FILE_OPTIONS = ("strategy", "step", "epoch", "prefix", "src_format", "part"
 def rank_file_options_given(values: Mapping[str, Any]) -> list[str]:
     """Which of :data:`RANK_FILE_OPTIONS` ``values`` (option name -> value) sets, in that order;
     ``index(name_map=...)`` and ``ckptstore index --name-map`` refuse them."""
-    return [o for o in RANK_FILE_OPTIONS if values.get(o)]
+    return [o for o in RANK_FILE_OPTIONS if _given(values.get(o))]
+
+
+def _given(value: Any) -> bool:
+    """Whether an option holds other than its default (``None``, ``False``, no files): by kind,
+    not truthiness, so ``step=0`` counts (MindSpore numbers steps from 0)."""
+    return not (value is None or value is False or (isinstance(value, (tuple, list)) and not value))
 
 
 def index(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
@@ -185,7 +193,8 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                                 quiet=quiet, count_bytes=fmt != "index" or checksum)
             copier = ChunkCopier(codec, verify_replicas, progress, source.files)
             writer = writer_for(fmt, hold, copier, plans, checksum)
-            write_plan(sink, fmt, [p.param.name for p in plans], header, writer.extra(), part)
+            planned = tuple(p.param.name for p in plans)
+            write_commit_plan(sink, CommitPlan(fmt, planned, header, writer.extra(), part.count))
             mine = my_share(writer, plans, part)
             progress.resize(sum(p.nbytes for p in mine), len(mine))
             with progress:
@@ -199,7 +208,7 @@ def _run(src: str | os.PathLike[str], out: str | os.PathLike[str], fmt: str, *, 
                         pool.shutdown(wait=True, cancel_futures=True)
                         raise
                 writer.finish_part(mine, done)
-            mark_done(sink, part, fingerprint)
+            mark_done(sink, part, fingerprint, header, {n: whole_entry(m) for n, m in done.items()})
             manifest = commit_if_last(hold, fingerprint, done, on_wait=on_wait)
             return replace(_summary(sink, mine, copier, started, part, source.unsaved, manifest=manifest),
                            chosen=source.chosen)
@@ -279,9 +288,8 @@ def _options(fmt: str, compress: str | None, chunk_mb: int | None, workers: int,
     if codec is not None and not kind.compressible:
         compressible = " or ".join(k.name for k in store_kinds(convert=True) if k.compressible)
         raise InvalidOptionError(f"{fmt} stores are not compressed; use the {compressible} format for --compress")
-    for what, value in (("workers", workers), ("chunk_mb", 1 if chunk_mb is None else chunk_mb)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidOptionError(f"{what} must be a positive integer, not {value!r}")
+    check_int(workers, "workers")
+    check_int(chunk_mb, "chunk_mb", none_ok=True)
     return codec, (chunk_mb or (DEFAULT_COMPRESSED_CHUNK_MB if codec else DEFAULT_CHUNK_MB)) << 20
 
 

@@ -30,11 +30,13 @@ from ckptstore.io import open_location
 from ckptstore.io.sink import open_sink
 from ckptstore.store import index as ib
 from ckptstore.store import zarr as zb
-from ckptstore.store.chunking import select_params
+from ckptstore.checkpoint.selection import select_params
 from ckptstore.store.manifest import ChunkTable, ParamManifest, dtype_label
+from ckptstore.store.work import CommitPlan, write_commit_plan
 from ckptstore.version import __version__
 from ckptstore.write.summary import ConvertSummary
-from ckptstore.write.kinds.index import IndexWriter
+from ckptstore.write.commit import commit_if_last, mark_done
+from ckptstore.write.records import whole_entry
 from ckptstore.write.output_folder import claim
 
 #: The manifest's ``source.format`` of an index over a Hugging Face folder.
@@ -124,12 +126,13 @@ def index_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, name_m
     what = {"files": extra[ib.SOURCE_FILES], "params": {n: p.to_json() for n, p in params.items()}, "header": header}
     fingerprint = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
     header["fingerprint"] = fingerprint
-    hold = claim(sink, fingerprint, overwrite=overwrite, on_wait=on_wait,
+    hold = claim(sink, fingerprint, overwrite=overwrite, on_wait=on_wait, writer="index",
                  sources=[source.key_url(f) for f in folder.files])
     try:
-        if not hold.complete:
-            plan = {"format": "index", "names": list(params), "source": header, "extra": extra, "parts": 1}
-            IndexWriter.commit(sink, plan, params)
+        if not hold.complete:  # the commit protocol of every writer, with nothing to write before the marker
+            write_commit_plan(sink, CommitPlan("index", tuple(params), header, extra))
+            mark_done(sink, hold.part, fingerprint, header, {n: whole_entry(p) for n, p in params.items()})
+            commit_if_last(hold, fingerprint, params)
     finally:
         hold.release()
     referenced = sum(p.stored_bytes for p in params.values())

@@ -25,11 +25,18 @@ from typing import Callable, Iterable
 from ckptstore.errors import CkptStoreError, ConversionInProgressError, StoreExistsError
 from ckptstore.io.sink import ByteSink, Lock, write_error
 from ckptstore.store.kinds import WORK_DIR, manifest_files, read_manifest, store_kinds
-from ckptstore.store.work import ATTEMPT_FILE, read_attempt, short
+from ckptstore.store.work import (
+    ATTEMPT_FILE,
+    FINGERPRINT_FILE,
+    LOCK,
+    is_lock,
+    locked_part,
+    part_lock,
+    read_attempt,
+    short,
+)
 from ckptstore.write.parts import Part
-from ckptstore.write.save_records import recorded_files
-
-FINGERPRINT = f"{WORK_DIR}/fingerprint"
+from ckptstore.write.records import recorded_files
 
 __all__ = ["Claim", "claim", "write_error"]
 
@@ -52,8 +59,10 @@ def claim(sink: ByteSink, fingerprint: str, *, overwrite: bool, sources: Iterabl
           writer: str = "convert", step: int | None = None) -> Claim:
     """Own ``sink`` for this conversion (or this part of it) and make it ready to write.
 
-    ``fingerprint`` is the attempt every part of this store agrees on (a conversion's
-    fingerprint; a save's covers its attempt id). ``sources`` are the source files (rank files,
+    ``fingerprint`` identifies the attempt every part of this store agrees on: a conversion's
+    hash of its sources and options; a save's hash of its step, layout and attempt id (the
+    ``attempt=`` of :func:`~ckptstore.write.save.save_rank` is that id, not this). It is what
+    the attempt record, every part's marker and the manifest hold. ``sources`` are the source files (rank files,
     strategy files): a folder holding any of them is never written into. ``restart``: an
     unfinished store of another attempt is started over (what ckptstore wrote there is deleted),
     as a save does; without it that needs ``overwrite``. ``writer`` (``convert``, ``index``,
@@ -67,13 +76,13 @@ def claim(sink: ByteSink, fingerprint: str, *, overwrite: bool, sources: Iterabl
     :class:`~ckptstore.errors.StoreWriteError` when it cannot be written.
     """
     prepare(sink, list(sources))
-    setup = _lock(sink, "lock", on_wait)
+    setup = _lock(sink, LOCK, on_wait)
     noun = "rank" if writer == "save_rank" else "part"
     try:
         complete = _decide(sink, fingerprint, overwrite, part, noun, restart=restart)
         mine = None
         if not complete and part.count > 1:
-            mine = sink.lock(f"lock.part-{part.index}", wait=False)
+            mine = sink.lock(part_lock(part.index), wait=False)
             if mine is None:
                 raise ConversionInProgressError(f"{noun} {part} of {sink.url} is already being written by another "
                                                 "process")
@@ -99,7 +108,7 @@ def _lock(sink: ByteSink, name: str, on_wait: Callable[[str], None] | None) -> L
 
 def lock_output(sink: ByteSink, on_wait: Callable[[str], None] | None = None) -> Lock:
     """Hold the output's lock (to commit), waiting for its holder."""
-    return _lock(sink, "lock", on_wait)
+    return _lock(sink, LOCK, on_wait)
 
 
 def complete_manifest(sink: ByteSink) -> dict | None:
@@ -133,15 +142,11 @@ def clear_store(sink: ByteSink) -> None:
     manifests = manifest_files()
     data = {k for kind in store_kinds() for k in kind.written(keys)} | set(recorded_files(sink, keys))
     mine = [k for k in keys
-            if (k.startswith(WORK_DIR + "/") and not _is_lock(k)) or k in manifests or k in data]
+            if (k.startswith(WORK_DIR + "/") and not is_lock(k)) or k in manifests or k in data]
     # the manifest first: a reader of the old store notices the replacement before any of its
     # files is touched (see ckptstore.store.store.ReplaceGuard)
     sink.delete([k for k in mine if k in manifests])
     sink.delete(mine)
-
-
-def _is_lock(key: str) -> bool:
-    return key.rsplit("/", 1)[-1].startswith("lock")
 
 
 def drop_work(sink: ByteSink) -> None:
@@ -149,14 +154,14 @@ def drop_work(sink: ByteSink) -> None:
     lock while this runs then finds only lock files left and removes them itself
     (:func:`drop_idle_work`), instead of leaving a fresh lock file behind in the complete store."""
     keys = sink.keys(WORK_DIR)
-    sink.delete([k for k in keys if not _is_lock(k)])
-    sink.delete([k for k in keys if _is_lock(k)])
+    sink.delete([k for k in keys if not is_lock(k)])
+    sink.delete([k for k in keys if is_lock(k)])
 
 
 def drop_idle_work(sink: ByteSink) -> None:
     """Remove the work folder if it holds nothing but lock files."""
     keys = sink.keys(WORK_DIR)
-    if all(_is_lock(k) for k in keys):
+    if all(is_lock(k) for k in keys):
         sink.delete(keys)
 
 
@@ -188,7 +193,7 @@ def _decide(sink: ByteSink, fingerprint: str, overwrite: bool, part: Part, noun:
         elif overwrite and part.count == 1:
             clear_store(sink)  # start an unfinished conversion over, even the same one
     # created only if absent: on object storage (no lock) two conversions starting at once find out here
-    if not sink.put_if_absent(FINGERPRINT, fingerprint.encode()) and _read_fingerprint(sink) != fingerprint:
+    if not sink.put_if_absent(FINGERPRINT_FILE, fingerprint.encode()) and _read_fingerprint(sink) != fingerprint:
         raise StoreExistsError(f"another conversion of other files or options started writing into {sink.url} "
                                "at the same time; let it finish, or pass --overwrite once it has stopped")
     return False
@@ -199,11 +204,11 @@ def running_parts(sink: ByteSink) -> list[int]:
     storage, which has no locks, none."""
     running = []
     for key in sink.keys(WORK_DIR):
-        name = key.rsplit("/", 1)[-1]
-        if name.startswith("lock.part-") and name[len("lock.part-"):].isdigit():
-            held = sink.lock(name, wait=False)
+        index = locked_part(key) if is_lock(key) else None
+        if index is not None:
+            held = sink.lock(part_lock(index), wait=False)
             if held is None:
-                running.append(int(name[len("lock.part-"):]))
+                running.append(index)
             else:
                 held.release()
     return sorted(running)
@@ -231,7 +236,7 @@ def _start_attempt(sink: ByteSink, fingerprint: str, part: Part, writer: str, st
 
 def _read_fingerprint(sink: ByteSink) -> str | None:
     try:
-        raw = sink.read(FINGERPRINT)
+        raw = sink.read(FINGERPRINT_FILE)
         return raw.decode() if raw is not None else None
     except (UnicodeDecodeError, CkptStoreError, OSError):
         return None

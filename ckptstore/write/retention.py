@@ -32,14 +32,12 @@ from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR, find_manifest, read_m
 from ckptstore.store.manifest import StoreManifest
 from ckptstore.store.steps import STEP_FOLDER, STEP_LIKE, foreign_step_names, step_name, step_sink, unfinished_ranks
 from ckptstore.store.store import checked_store
+from ckptstore.store.work import FINGERPRINT_FILE, RECORDS_DIR, is_lock
 from ckptstore.write.save import step_location
-from ckptstore.write.save_records import RECORDS_DIR
 
 #: A chunk or shard file of a Zarr v3 array as ckptstore writes them (``c``, ``c.0.1``, ``c/0/1``),
 #: or one of its temporary files.
 _CHUNK_FILE = re.compile(r"^c([./]\d+)*(\.partial|\.journal)?$")
-#: The lock files of a work folder (``lock``, ``lock.part-<i>``).
-_LOCK = re.compile(r"^lock(\.part-\d+)?$")
 
 COMMITTED, UNFINISHED, FOREIGN, LINK = "committed", "unfinished", "not ckptstore's", "symbolic link"
 #: The states of a committed step checked by ``ckptstore steps --verify`` (:func:`list_steps` with ``verify=True``).
@@ -258,11 +256,11 @@ def _remove_step(sink: ByteSink, step: int, done: Removed) -> None:
     try:
         manifests = [k for k in ours if "/" not in k]  # the manifest (and root metadata) go first
         sink.delete(manifests)
-        sink.delete([k for k in ours if k not in manifests and not _is_lock(k)])
+        sink.delete([k for k in ours if k not in manifests and not is_lock(k)])
     finally:
         for lock in held:
             lock.release()
-    sink.delete([k for k in ours if _is_lock(k)])
+    sink.delete([k for k in ours if is_lock(k)])
     left = sorted(set(keys) - set(ours))
     if left:
         done.left[step] = left
@@ -309,9 +307,7 @@ def owned_files(sink: ByteSink, keys: list[str] | None = None) -> list[str] | No
 def _is_save_work(sink: ByteSink, work: list[str]) -> bool:
     """Whether the work folder is one ckptstore made (it holds the fingerprint every writer
     claims a store with; the records, if any rank finished, name the arrays)."""
-    from ckptstore.write.output_folder import FINGERPRINT
-
-    return FINGERPRINT in work
+    return FINGERPRINT_FILE in work
 
 
 def _recorded_arrays(sink: ByteSink, work: list[str]) -> set[str]:
@@ -330,17 +326,12 @@ def _recorded_arrays(sink: ByteSink, work: list[str]) -> set[str]:
     return arrays
 
 
-def _is_lock(key: str) -> bool:
-    folder, _, name = key.rpartition("/")
-    return folder == WORK_DIR and bool(_LOCK.match(name))
-
-
 def _hold_work_locks(sink: ByteSink, keys: list[str]) -> list[Any] | None:
     """Every lock of the step's work folder, held (``None``, none held, if one is taken: a rank
     is saving or committing the step now)."""
     held: list[Any] = []
     for key in keys:
-        if _is_lock(key):
+        if is_lock(key):
             lock = sink.lock(key.rpartition("/")[2], wait=False)
             if lock is None:
                 for h in held:

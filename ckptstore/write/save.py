@@ -8,7 +8,7 @@ count = world size): each claims the step folder for its part, writes one file p
 was given (the slice's chunk, or a Zarr shard of its chunks, so ranks never share a file,
 locally or in a bucket), makes them durable together (concurrent fsyncs, which a journaling
 file system commits in a few batches, not one after another), records what it wrote in
-``.ckptstore-work/saved/<rank>-of-<world>.json`` (:mod:`ckptstore.write.save_records`), marks
+``.ckptstore-work/records/<rank>-of-<world>.json`` (:mod:`ckptstore.write.records`), marks
 its part done, and the last rank to finish merges the records into the manifest and commits:
 the one commit protocol of :mod:`ckptstore.write.commit`. Every record belongs to one save
 *attempt* (:mod:`ckptstore.write.attempt`): a save that finds the step unfinished by another
@@ -21,6 +21,7 @@ so :mod:`ckptstore.write.async_save` can copy the bytes to host memory and write
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -31,26 +32,26 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-import crc32c
 import numpy as np
 
+from ckptstore.checkpoint.selection import select_params
 from ckptstore.checkpoint.strategy import Strategy, load_strategy
-from ckptstore.errors import InvalidOptionError, StoreExistsError
+from ckptstore.errors import InvalidOptionError, StoreExistsError, check_int
 from ckptstore.io.locations import is_url, join
 from ckptstore.io.sink import ByteSink
 from ckptstore.launcher import is_scheduler, job
 from ckptstore.store import zarr as zb
-from ckptstore.store.chunking import select_params
 from ckptstore.store.kinds import ROOT_METADATA
 from ckptstore.store.manifest import dtype_label
 from ckptstore.store.steps import step_name, step_sink
+from ckptstore.store.work import CommitPlan, write_commit_plan
 from ckptstore.version import __version__
 from ckptstore.write.attempt import save_attempt, say_no_attempt
-from ckptstore.write.commit import commit_if_last, mark_done, write_plan
+from ckptstore.write.commit import commit_if_last, mark_done
+from ckptstore.write.kinds.zarr import Segment, write_zarr_data
 from ckptstore.write.output_folder import claim, complete_manifest
 from ckptstore.write.parts import Part
 from ckptstore.write.save_plan import SaveParam, SavePlan, plan_save
-from ckptstore.write.save_records import record_key
 from ckptstore.write.values import LazyArray, host_values
 
 #: Largest chunk a save writes (a slice bigger than this is cut along its leading axes), as
@@ -128,11 +129,19 @@ def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strate
                  rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),
                  exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None) -> "SaveJob":
     """Work out what :func:`save_rank` writes (nothing is copied or written yet)."""
+    check_int(step, "step", least=0)
+    return save_job(params, root, step=step, strategy=strategy, rank=rank, format=format, include=include,
+                    exclude=exclude, chunk_mb=chunk_mb, attempt=attempt)
+
+
+def save_job(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
+             rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),
+             exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None) -> SaveJob:
+    """:func:`prepare_save` for a ``step`` its caller checked already (a
+    :class:`~ckptstore.write.saver.StoreSaver` checks it before it compares it with the last one)."""
     if format != "zarr":
         raise InvalidOptionError(f"save_rank writes zarr stores only, not {format!r}; convert a saved step with "
                                  "'ckptstore convert' for another format")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise InvalidOptionError(f"step must be a non-negative integer, not {step!r}")
     chunk_bytes = _chunk_bytes(chunk_mb)
     arrays, cell_strategy = host_values(params)
     keep = select_params(list(arrays), include=include, exclude=exclude)
@@ -147,10 +156,7 @@ def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strate
 
 
 def _chunk_bytes(chunk_mb: int | None) -> int:
-    mb = DEFAULT_SAVE_CHUNK_MB if chunk_mb is None else chunk_mb
-    if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
-        raise InvalidOptionError(f"chunk_mb must be a positive integer, not {chunk_mb!r}")
-    return mb << 20
+    return check_int(DEFAULT_SAVE_CHUNK_MB if chunk_mb is None else chunk_mb, "chunk_mb") << 20
 
 
 class _Recent:
@@ -254,10 +260,7 @@ def _place(rank: int | None, world: int | None) -> tuple[int, int]:
             raise InvalidOptionError(f"which rank is this process? The job has {world} ranks but neither MindSpore's "
                                      "communication nor RANK_ID says; pass rank=")
         rank = 0 if rank is None else rank
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
-        raise InvalidOptionError(f"rank must be an integer in 0..{world - 1} (the job has {world} ranks), "
-                                 f"not {rank!r}")
-    return rank, world
+    return check_int(rank, "rank", least=0, most=world - 1), world
 
 
 class SaveJob:
@@ -302,10 +305,9 @@ class SaveJob:
         try:
             if hold.complete:
                 raise StoreExistsError(self._committed_message())
-            write_plan(sink, "zarr", (), self._header(), {}, self.part, records="ranks")
+            write_commit_plan(sink, CommitPlan("zarr", (), self._header(), {}, self.part.count, records="ranks"))
             crcs, written = self._write_chunks(sink, self.pieces() if pieces is None else pieces)
-            sink.put(record_key(self.part), json.dumps(self._record(crcs)).encode(), durable=False)
-            mark_done(sink, self.part, self.fingerprint)
+            mark_done(sink, self.part, self.fingerprint, self._header(), self._entries(crcs))
             committed = commit and commit_if_last(hold, self.fingerprint) is not None
         finally:
             hold.release()
@@ -340,32 +342,34 @@ class SaveJob:
         written = 0
         rest = iter(pieces)
         for p, _, data in rest:
-            mine = crcs.setdefault(p.name, {})
             # written whole and renamed (or uploaded); every file is fsynced below, all at once
-            if len(data) == p.nbytes and not p.sharded:
-                sink.put(p.file, data, durable=False)
-                mine[p.chunks[0].index] = crc32c.crc32c(data)
-            else:
-                sink.put_stream(p.file, _file_bytes(p, data, rest, mine, fresh=not sink.seekable), durable=False)
+            entries = write_zarr_data(sink, p.file, functools.partial(_segments, p, self.plan.rank, data, rest),
+                                      shard_entries=p.chunks_per_shard if p.sharded else None, durable=False,
+                                      fresh=not sink.seekable)
+            crcs.setdefault(p.name, {}).update((e.index, e.crc) for e in entries)
             unsynced.append(p.file)
             written += p.nbytes
             del data  # a staged copy is freed before the next one is taken
         sink.make_durable(unsynced)
         return crcs, written
 
-    def _record(self, crcs: Mapping[str, Mapping[int, int]]) -> dict[str, Any]:
-        """What this rank holds and wrote, for the commit: every parameter it holds, in its order."""
+    def _entries(self, crcs: Mapping[str, Mapping[int, int]]) -> dict[str, Any]:
+        """What this rank holds and wrote, for its record (:mod:`ckptstore.write.records`): every
+        parameter it holds, in its order, each with the rows of the chunks it wrote (in its
+        slice's one file)."""
         params: dict[str, Any] = {}
         for p in self.plan.params:
             if p.is_str:
                 params[p.name] = {"dtype": "str", **({"value": self.arrays[p.name]} if p.writes_value else {})}
                 continue
-            mine = crcs.get(p.name, {})
-            params[p.name] = {"dtype": dtype_label(p.dtype), "shape": list(p.shape), "path": p.path,
-                              "chunk_shape": list(p.chunk_shape), "replicas": p.replicas,
-                              **({"file": p.file} if p.chunks else {}),
-                              "chunks": [[c.index, c.byte_start, c.nbytes, mine[c.index]] for c in p.chunks]}
-        return {"rank": self.plan.rank, "world": self.plan.world, "header": self._header(), "params": params}
+            mine, k = crcs.get(p.name, {}), len(p.chunks)
+            params[p.name] = {"path": p.path, "dtype": dtype_label(p.dtype), "shape": list(p.shape),
+                              "chunk_shape": list(p.chunk_shape), "codec": None, "chunks": {
+                                  "index": [c.index for c in p.chunks], "files": [p.file] if k else [], "file": [0] * k,
+                                  "offset": [c.byte_start for c in p.chunks], "nbytes": [c.nbytes for c in p.chunks],
+                                  "crc32c": [mine[c.index] for c in p.chunks], "rank": [self.plan.rank] * k,
+                                  "replicas": [p.replicas] * k}}
+        return params
 
     def _header(self) -> dict[str, Any]:
         return {"world_size": self.plan.world, "step": self.step, "saved_by": "save_rank",
@@ -373,33 +377,30 @@ class SaveJob:
                 "fingerprint": self.fingerprint, "attempt": self.attempt, "created_by": f"ckptstore {__version__}"}
 
 
-def _file_bytes(p: SaveParam, data: Any, rest: Iterator[Piece], crcs: dict[int, int], *,
-                fresh: bool) -> Iterator[Any]:
-    """The bytes of the file of parameter ``p``'s slice: its pieces (the first given, the others
-    taken from ``rest`` as the file is written), then, for a shard, its index. Each chunk's
-    CRC-32C goes to ``crcs``. ``fresh``: hand over copies (a streamed upload may keep a buffer
-    until it is sent, and a staged buffer is reused once the next piece is taken)."""
-    chunks, j, crc, done = p.chunks, 0, 0, 0
+def _segments(p: SaveParam, rank: int, data: Any, rest: Iterator[Piece], done: int = 0) -> Iterator[Segment]:
+    """The chunks of the file of parameter ``p``'s slice, written by ``rank``, as segments of its
+    pieces (the first given, the others taken from ``rest`` as the file is written): a piece may
+    end inside a chunk, or hold many. ``done`` is 0: a save's file is written whole, never resumed."""
+    chunks, j, done = p.chunks, 0, 0
     left = p.nbytes
     while True:
         view = memoryview(data).cast("B")
         pos = 0
-        while pos < len(view):  # a piece may end inside a chunk, or hold many
+        while pos < len(view):
             take = min(chunks[j].nbytes - done, len(view) - pos)
-            crc = crc32c.crc32c(view[pos:pos + take], crc)
-            pos, done = pos + take, done + take
-            if done == chunks[j].nbytes:
-                crcs[chunks[j].index], j, crc, done = crc, j + 1, 0, 0
-        yield bytes(view) if fresh else view
+            done += take
+            last = done == chunks[j].nbytes
+            yield chunks[j].index, rank, view[pos:pos + take], last
+            pos += take
+            if last:
+                j, done = j + 1, 0
         left -= len(view)
         del view
         if left <= 0:
-            break
+            return
         q, _, data = next(rest)
         if q.name != p.name:  # pieces come parameter by parameter, in the plan's order
             raise RuntimeError(f"pieces of {q.name!r} came before the last of {p.name!r}")
-    if p.sharded:  # a shard at the array's edge holds fewer chunks than its index has entries
-        yield zb.shard_index([c.byte_start for c in chunks], [c.nbytes for c in chunks], p.chunks_per_shard)
 
 
 def _bytes_of(array: np.ndarray | LazyArray) -> memoryview:

@@ -14,7 +14,7 @@ every rank and written by the ranks of stage 0. Without a strategy every paramet
 and every rank holds all of them (one process, or pure data parallelism).
 
 Chunks are the slices, cut along leading axes only to bound their size
-(:func:`ckptstore.store.chunking.chunk_shape_for`), so each chunk is a contiguous byte range
+(:func:`ckptstore.write.chunk_plan.chunk_shape_for`), so each chunk is a contiguous byte range
 of the local array that holds it. A rank writes each slice (or piece) it is given as **one file**: the
 slice's single chunk, or, when the slice is cut into several chunks, a Zarr shard of exactly
 that slice or piece (the chunks in C order, which is their byte order, then the shard index). A slice
@@ -39,7 +39,7 @@ from ckptstore.boxes import Box
 from ckptstore.checkpoint.layout import Layout
 from ckptstore.checkpoint.strategy import Strategy
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError, StrategyError
-from ckptstore.store.chunking import chunk_shape_for
+from ckptstore.write.chunk_plan import chunk_shape_for
 from ckptstore.store.zarr import SEPARATOR, array_path, grid_key
 
 @dataclass(frozen=True)

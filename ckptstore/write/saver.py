@@ -18,10 +18,10 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping, Sequence
 
-from ckptstore.errors import InvalidOptionError, StaleStepError
+from ckptstore.errors import InvalidOptionError, StaleStepError, check_int
 from ckptstore.launcher import is_scheduler
 from ckptstore.write.async_save import AsyncSaver
-from ckptstore.write.save import SaveSummary, prepare_save, skipped_in_scheduler
+from ckptstore.write.save import SaveSummary, save_job, skipped_in_scheduler
 from ckptstore.write.values import host_values
 
 from ckptstore.write.retention import prune_steps, remove_steps, saved_steps
@@ -46,9 +46,8 @@ class StoreSaver:
                  memory_budget_mb: int | None = None, strategy: Any = None, rank: int | None = None,
                  include: Sequence[str] = (), exclude: Sequence[str] = (), chunk_mb: int | None = None,
                  replace: bool = False, attempt: str | None = None) -> None:
-        for what, v in (("keep", keep), ("memory_budget_mb", memory_budget_mb)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise InvalidOptionError(f"{what} must be a positive integer or None, not {v!r}")
+        check_int(keep, "keep", none_ok=True)
+        check_int(memory_budget_mb, "memory_budget_mb", none_ok=True)
         self.root, self.keep, self.async_save, self.replace = root, keep, async_save, replace
         self.strategy, self.rank, self.chunk_mb, self.attempt = strategy, rank, chunk_mb, attempt
         self.include, self.exclude = tuple(include), tuple(exclude)
@@ -67,8 +66,7 @@ class StoreSaver:
         grow from save to save; the first is checked against the folder (see the class).
         """
         self._async.check()  # a background save that failed stops the loop here
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise InvalidOptionError(f"step must be a non-negative integer, not {step!r}")
+        check_int(step, "step", least=0)
         if self.last_step is not None and step <= self.last_step:
             raise StaleStepError(f"step {step} is not after step {self.last_step}, which this saver saved last; "
                                  "steps grow from save to save")
@@ -86,7 +84,7 @@ class StoreSaver:
             if clash:
                 raise InvalidOptionError(f"extra values {clash} have the names of saved parameters; rename them")
             values.update(more)
-        job = prepare_save(values, self.root, step=step, strategy=self.strategy if self.strategy is not None
+        job = save_job(values, self.root, step=step, strategy=self.strategy if self.strategy is not None
                            else compiled, rank=self.rank, include=self.include, exclude=self.exclude,
                            chunk_mb=self.chunk_mb, attempt=self.attempt)
         self.last_step = step

@@ -2,38 +2,29 @@
 
 A :class:`StoreWriter` writes parameters (shared by the worker threads: ``write_param`` per
 parameter) and commits a store of its kind. A parameter finished by an earlier, interrupted run
-is recorded in the work folder (:func:`done_key`, or a part's batch under :data:`PART_RECORDS`)
-and skipped, while its data files are still there at their full size; everything becomes
-readable only at :meth:`StoreWriter.commit`, which collects those records. Each kind's writer is
+is noted in the work folder (:func:`~ckptstore.store.work.done_key`) and skipped, while its
+data files are still there at their full size. A part that has finished records what it wrote
+in the one record form of save ranks and conversion parts (:mod:`ckptstore.write.records`);
+everything becomes readable only at :meth:`StoreWriter.commit`, which merges those records. Each kind's writer is
 one module of :mod:`ckptstore.write.kinds`; the conversion-wide protocol around it (the plan,
 each part's share and marker, which writer commits) is :mod:`ckptstore.write.commit`.
 """
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
-from ckptstore.store.kinds import MANIFEST, WORK_DIR, store_kind
+from ckptstore.store.kinds import MANIFEST, store_kind
 from ckptstore.store import zarr as zb
-from ckptstore.store.chunking import ParamPlan
+from ckptstore.write.chunk_plan import ParamPlan
 from ckptstore.errors import CkptStoreError, IncompleteStoreError
 from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.store.versions import record_versions
 from ckptstore.io.sink import ByteSink, write_error
 from ckptstore.write.output_folder import Claim, drop_work
-from ckptstore.store.work import unfinished_parts, what_finishes
+from ckptstore.store.work import DONE_DIR, CommitPlan, done_key, unfinished_parts, what_finishes
 from ckptstore.write.chunk_writer import ChunkCopier, str_manifest
-from ckptstore.write.save_records import merge_records, read_records
-
-
-def done_key(name: str) -> str:
-    """Where the manifest of a finished parameter is recorded until the commit."""
-    return f"{WORK_DIR}/done/{zb.array_path(name)}.json"
-
-
-#: Records of a whole part's parameters at once (kinds whose parameters cost nothing to redo).
-PART_RECORDS = f"{WORK_DIR}/done-parts"
+from ckptstore.write.records import merge_records, read_records
 
 
 def load_done(sink: ByteSink, name: str) -> ParamManifest | None:
@@ -44,19 +35,6 @@ def load_done(sink: ByteSink, name: str) -> ParamManifest | None:
         return None if raw is None else ParamManifest.from_json(name, json.loads(raw))
     except (ValueError, RecursionError, CkptStoreError, OSError):
         return None
-
-
-def _part_records(sink: ByteSink) -> dict[str, Any]:
-    """Every parameter recorded by a part's batch record: ``{name: manifest JSON}``."""
-    out: dict[str, Any] = {}
-    for key in sink.keys(PART_RECORDS):
-        try:
-            doc = json.loads(sink.read(key) or b"{}")
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(doc, dict):
-            out.update(doc)
-    return out
 
 
 class StoreWriter:
@@ -73,7 +51,7 @@ class StoreWriter:
     def __init__(self, hold: Claim, copier: ChunkCopier, plans: Sequence[ParamPlan], *, checksum: bool = True) -> None:
         self.hold, self.sink, self.copier = hold, hold.sink, copier
         # what earlier runs recorded, listed once (not looked up with one failed open per parameter)
-        self._recorded = set(self.sink.keys(f"{WORK_DIR}/done")) if self.records_each else set()
+        self._recorded = set(self.sink.keys(DONE_DIR)) if self.records_each else set()
 
     def write_param(self, plan: ParamPlan) -> ParamManifest:
         name = plan.param.name
@@ -118,20 +96,15 @@ class StoreWriter:
         return {}
 
     def finish_part(self, plans: Sequence[ParamPlan], done: Mapping[str, ParamManifest]) -> None:
-        """Make this part's data final (before its marker says it is done)."""
-        if not self.records_each and self.hold.part.count > 1:
-            doc = {n: m.to_json() for n, m in done.items()}
-            self.sink.put(f"{PART_RECORDS}/{self.hold.part.index}-of-{self.hold.part.count}.json",
-                          json.dumps(doc).encode(), durable=False)
+        """Make this part's data final (before its record and marker say it is done)."""
 
     # --- the commit ----------------------------------------------------------------------------
 
     @classmethod
-    def commit(cls, sink: ByteSink, plan: Mapping[str, Any], known: Mapping[str, ParamManifest]) -> StoreManifest:
+    def commit(cls, sink: ByteSink, plan: CommitPlan, known: Mapping[str, ParamManifest]) -> StoreManifest:
         """Make the store complete: every parameter's record, the data files final and durable,
         then the manifest, last; then drop the work folder."""
-        manifest = StoreManifest(_collect(sink, plan, known), plan["source"], kind=plan["format"],
-                                 extra=plan["extra"])
+        manifest = StoreManifest(_collect(sink, plan, known), dict(plan.source), kind=plan.kind, extra=dict(plan.extra))
         cls.finish_store(sink, manifest)
         sink.sync()  # every data file and folder this process changed is durable before the manifest names them
         manifest = record_versions(sink, manifest)  # objects' ETags, so readers pin them without a request
@@ -152,31 +125,20 @@ class StoreWriter:
         return (kind.manifest_file if kind is not None else MANIFEST), manifest.dumps().encode()
 
 
-def _collect(sink: ByteSink, plan: Mapping[str, Any], known: Mapping[str, ParamManifest]) -> dict[str, ParamManifest]:
-    """Every parameter's manifest, from ``known`` or the records in the work folder (a save's
-    ranks' records, merged, when the plan says ``"records": "ranks"``)."""
-    if plan.get("records") == "ranks":
-        return merge_records(read_records(sink, plan), sink.url)
-    names = plan["names"]
+def _collect(sink: ByteSink, plan: CommitPlan, known: Mapping[str, ParamManifest]) -> dict[str, ParamManifest]:
+    """Every parameter's manifest, from ``known`` (this process's, in memory) or the parts'
+    records (:mod:`ckptstore.write.records`: the one form of conversion parts and save ranks),
+    in the plan's order (a save's plan names none: its ranks' records give the order)."""
     have = dict(known)
-    todo = [n for n in names if n not in have]
-    batched = _part_records(sink) if todo else {}
-    found: dict[str, ParamManifest | None] = {}
-    for n in [n for n in todo if n in batched]:
-        try:
-            found[n] = ParamManifest.from_json(n, batched[n])
-        except CkptStoreError:
-            found[n] = None
-    todo = [n for n in todo if n not in found]
-    with ThreadPoolExecutor(sink.record_workers) as pool:
-        found.update(zip(todo, pool.map(lambda n: load_done(sink, n), todo), strict=True))
-    lost = [n for n, m in found.items() if m is None]
+    if plan.names and all(n in have for n in plan.names):
+        return {n: have[n] for n in plan.names}
+    merged = merge_records(read_records(sink, plan), sink.url, skip=list(have), names=plan.names)
+    if not plan.names:
+        return merged
+    lost = [n for n in plan.names if n not in have and n not in merged]
     if lost:
-        raise IncompleteStoreError(_unfinished(sink, int(plan.get("parts") or 1), lost, len(names)))
-    for n, m in found.items():
-        if m is not None:
-            have[n] = m
-    return {n: have[n] for n in names}
+        raise IncompleteStoreError(_unfinished(sink, plan.parts, lost, len(plan.names)))
+    return {n: have[n] if n in have else merged[n] for n in plan.names}
 
 
 def _unfinished(sink: ByteSink, count: int, lost: Sequence[str], total: int) -> str:

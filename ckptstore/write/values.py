@@ -4,8 +4,9 @@
 :class:`LazyArray`\\ s, values known by shape and dtype whose bytes are fetched when written (a
 MindSpore tensor: planning a save copies nothing, and a background save copies one piece at a
 time). The MindSpore side (:mod:`ckptstore.mindspore.values`) turns Cells and Tensors into
-these; :func:`host_values` hands such inputs over to it, which is the only place the write side
-reaches MindSpore (on first use, so numpy callers never import it).
+these; :func:`host_values` hands such inputs over to it through the adapter the package installs
+(:mod:`ckptstore.adapters`): the write side imports nothing of the MindSpore side, which sits
+above it, and numpy callers never import MindSpore.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ckptstore.adapters import value_adapter
 from ckptstore.dtypes import lookup
 from ckptstore.errors import InvalidOptionError
 
@@ -68,11 +70,13 @@ def host_values(params: Any) -> tuple[HostValues, "Strategy | None"]:
 
     A mapping of plain values (numpy arrays, Python scalars, strings, :class:`LazyArray`) is
     taken as it is. Anything else (a MindSpore Cell, ``Parameter``/``Tensor`` values) is adapted
-    by :func:`ckptstore.mindspore.values.host_values`, imported here on first use: the one
-    place the write side calls the MindSpore side.
+    by the adapter installed in :mod:`ckptstore.adapters` (the package installs
+    :func:`ckptstore.mindspore.values.host_values`, imported on first use).
     """
     if isinstance(params, Mapping) and all(is_plain(v) for v in params.values()):
         return {str(n): plain_value(str(n), v) for n, v in params.items()}, None
-    from ckptstore.mindspore.values import host_values as adapt
-
+    adapt = value_adapter()
+    if adapt is None:  # only a caller that replaced the package's adapter gets here
+        raise InvalidOptionError("save_rank takes numpy arrays, Python scalars and strings by name; no adapter "
+                                 f"of other values is installed (given {type(params).__name__})")
     return adapt(params)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 from ckptstore.errors import StoreCorruptError
 from ckptstore.limits import MAX_METADATA_BYTES
 from ckptstore.io.base import ByteSource, FileStat
+from ckptstore.io.sink import LOCK_FOLDER
 from ckptstore.registry import Registry
 
 if TYPE_CHECKING:
@@ -34,7 +35,9 @@ if TYPE_CHECKING:
 
 ROOT_METADATA = "zarr.json"
 MANIFEST = "ckptstore.json"
-WORK_DIR = ".ckptstore-work"
+#: A store's work folder, where an unfinished store keeps its records and locks (the sinks' lock
+#: folder; every name in it is defined by :mod:`ckptstore.store.work`).
+WORK_DIR = LOCK_FOLDER
 
 
 def _whole(doc: dict[str, Any]) -> Any:

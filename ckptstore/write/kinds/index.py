@@ -9,7 +9,7 @@ import crc32c
 
 from ckptstore.store import index as ib
 from ckptstore.store import zarr as zb
-from ckptstore.store.chunking import ParamPlan
+from ckptstore.write.chunk_plan import ParamPlan
 from ckptstore.store.manifest import ChunkTable, ParamManifest, dtype_label
 from ckptstore.io import open_location
 from ckptstore.write.output_folder import Claim
