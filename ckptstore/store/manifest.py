@@ -315,10 +315,11 @@ _INT64_MAX = (1 << 63) - 1
 
 def compact_columns(d: dict[str, Any]) -> dict[str, Any]:
     """``json.loads``' ``object_hook`` for a manifest: each chunk table's integer columns become
-    :class:`IntColumn`\\ s as soon as the table is parsed, so that a 130B index never holds all its
-    parsed ints (about 40 bytes each, 570,405 of them) and file names (222,188) at once and a loader's resident memory after
-    :func:`ckptstore.open` is the compact manifest, not the high-water mark of the parse. Lists that
-    are not all integers in 0..2**63-1 are left as they are, for the parser to refuse with its message."""
+    :class:`IntColumn`\\ s, and its file names interned, as soon as the table is parsed, so that a
+    130B index never holds all its parsed ints (about 40 bytes each, 570,405 of them) and file names
+    (222,188) at once, and a loader's resident memory after :func:`ckptstore.open` is the compact
+    manifest, not the high-water mark of the parse. Lists that are not all integers in 0..2**63-1
+    are left as they are, for the parser to refuse with its message."""
     if "offset" in d and "files" in d and d.keys() <= _TABLE_KEYS:
         files = d["files"]
         if type(files) is list:  # one string per file name, not one per table (see _ParamParser._table)
@@ -348,15 +349,21 @@ class _ParamParser:
             raise self.fail(f"{what} is {v!r}, not an integer")
         return check(v, limit, what, self.fail)
 
-    def _ints(self, v: Any, what: str, *, length: int | None = None,
-              limit: int = _MAX_OFFSET) -> tuple[int, ...] | IntColumn:
-        if not isinstance(v, (list, IntColumn)) or (length is not None and len(v) != length):
+    def _column(self, v: Any, what: str, *, length: int, limit: int = _MAX_OFFSET) -> Sequence[int]:
+        """A chunk table's integer column: :meth:`_ints`, or an :class:`IntColumn` that
+        :func:`compact_columns` made as it was parsed (integers already) checked the same way."""
+        if type(v) is not IntColumn:
+            return self._ints(v, what, length=length, limit=limit)
+        if len(v) != length:
+            raise self.fail(f"{what} is not a list of {length} integers")
+        if len(v) and not 0 <= min(v) <= max(v) <= limit:
+            raise self.fail(f"{what} holds an entry that is not an integer in 0..{limit}")
+        return v
+
+    def _ints(self, v: Any, what: str, *, length: int | None = None, limit: int = _MAX_OFFSET) -> tuple[int, ...]:
+        if not isinstance(v, list) or (length is not None and len(v) != length):
             want = "a list" if length is None else f"a list of {length}"
             raise self.fail(f"{what} is not {want} integers")
-        if type(v) is IntColumn:  # compacted as it was parsed (compact_columns): integers already
-            if len(v) and not 0 <= min(v) <= max(v) <= limit:
-                raise self.fail(f"{what} holds an entry that is not an integer in 0..{limit}")
-            return v
         if not all(type(x) is int and 0 <= x <= limit for x in v):
             raise self.fail(f"{what} holds an entry that is not an integer in 0..{limit}")
         return tuple(v)
@@ -417,16 +424,16 @@ class _ParamParser:
             keys = [sys.intern(check_key(f, self.where)) for f in names]
         except UnsafePathError as e:
             raise StoreCorruptError(str(e)) from None
-        file_ids = self._ints(t.get("file"), "file column", length=n, limit=max(len(keys) - 1, 0))
+        file_ids = self._column(t.get("file"), "file column", length=n, limit=max(len(keys) - 1, 0))
         if n and not keys:
             raise self.fail("chunks are listed but no files")
         crc = t.get("crc32c")
         return ChunkTable(
-            tuple(keys[i] for i in file_ids), self._ints(t.get("offset"), "offset column", length=n),
-            self._ints(t.get("nbytes"), "nbytes column", length=n),
-            None if crc is None else self._ints(crc, "crc32c column", length=n, limit=0xFFFFFFFF),
-            self._ints(t.get("rank", [0] * n), "rank column", length=n),
-            self._ints(t.get("replicas", [1] * n), "replicas column", length=n),
+            tuple(keys[i] for i in file_ids), self._column(t.get("offset"), "offset column", length=n),
+            self._column(t.get("nbytes"), "nbytes column", length=n),
+            None if crc is None else self._column(crc, "crc32c column", length=n, limit=0xFFFFFFFF),
+            self._column(t.get("rank", [0] * n), "rank column", length=n),
+            self._column(t.get("replicas", [1] * n), "replicas column", length=n),
             self._pieces(t.get("pieces", {}), keys, n))
 
     def _pieces(self, raw: Any, keys: list[str], n: int) -> dict[int, tuple[Piece, ...]]:
