@@ -132,6 +132,10 @@ def run(size: int, group: str, *, workers: int, latency_ms: float, command: str,
                 code = msrun(script, [url, str(strategy), mode, str(out)], workers, out / "logs",
                              env_for(proxy.url))
                 ranks = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(out.glob("rank*.json"))]
+                if code != 0:  # the workers' last words, before the temporary folder goes
+                    for f in sorted((out / "logs").glob("*.log")):
+                        tail = f.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-6:]
+                        log(f"  {mode} {f.name}: " + " | ".join(tail)[-1500:])
                 modes[mode] = {"exit": code, "launch_s": time.perf_counter() - t0, "ranks": ranks,
                                "bytes_fetched": sum(r["bytes_fetched"] for r in ranks),
                                "requests": sum(r["requests"] for r in ranks),
