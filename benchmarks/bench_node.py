@@ -345,8 +345,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     sparse.add_argument("--keep-free-gib", type=float, default=4.0, help=("refuse the run unless this much memory "
                                                                           "stays available; the workers are killed "
                                                                           "below half of it"))
-    coop = ap.add_argument_group("cooperative load under msrun (benchmarks/node_coop.py; UNTESTED until "
-                                 "load_rank(cooperative=) lands)")
+    coop = ap.add_argument_group("cooperative load under msrun (benchmarks/node_coop.py)")
     coop.add_argument("--cooperative", metavar="GROUP", help="replicas, node or a rank list: load_rank(..., "
                       "cooperative=GROUP) against solo reads, from SeaweedFS")
     coop.add_argument("--coop-workers", type=int, default=4, help="msrun workers (target dpN×mp1)")

@@ -56,3 +56,17 @@ def test_the_node_loads_from_seaweedfs_the_values_it_loads_locally(tmp_path: Pat
     assert sorted(record["summary"]) == ["ckptstore.load_rank", *s3]
     for name in s3:
         assert record["checks"][name]["same_as_ckptstore"] == record["checks"][name]["ranks"] == 2
+
+
+def test_the_cooperative_route_reads_each_byte_once_and_loads_the_solo_values(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_node", "--cooperative", "replicas", "--size", "8MB",
+                           "--coop-workers", "2", "--latency-ms", "0", "--results-dir", str(tmp_path)], cwd=REPO,
+                          env={**os.environ, "GLOG_v": "3"}, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    record = json.loads((tmp_path / "raw" / "node-coop.json").read_text(encoding="utf-8"))["runs"][-1]
+    solo, coop, distinct = record["modes"]["solo"], record["modes"]["replicas"], record["params"]["distinct_bytes"]
+    assert (solo["bytes_fetched"], coop["bytes_fetched"]) == (2 * distinct, distinct)
+    assert len({r["sha256"] for r in solo["ranks"] + coop["ranks"]}) == 1 and len(coop["ranks"]) == 2
+    planned = {r["rank"]: (r["fetched_bytes"], r["requests"]) for r in record["planned"]["per_rank"]}
+    assert {r["rank"]: (r["bytes_fetched"], r["requests"]) for r in coop["ranks"]} == planned
+    assert "| replicas |" in (tmp_path / "node-coop.md").read_text(encoding="utf-8")

@@ -230,3 +230,39 @@ def test_a_byte_ranges_plan_read_in_place_makes_the_calls_of_its_group(tmp_path,
     assert seen[0] == seen[1]
 
 
+
+
+def test_a_chunk_converted_to_another_dtype_is_read_through_one_block_of_scratch_at_a_time(tmp_path):
+    from ckptstore.store.read_plan import CAST_BLOCK_BYTES
+
+    values = np.random.default_rng(3).standard_normal((1024, 1024)).astype(np.float32)  # one 4 MiB chunk
+    root = tmp_path / "s"
+    root.mkdir()
+    store = write_store(root, values, (1024, 1024), "chunks", 0)
+    box = Box((10, 0), (1010, 1024))
+    plan = plan_param(store.info("w"), box, out_dtype=np.dtype(np.float16))
+    out, stats = np.empty(box.shape, dtype=np.float16), IOStats()
+    Executor(store.data, stats=stats).run([(plan, out)])
+    assert np.array_equal(out, values[10:1010].astype(np.float16))
+    # 1000 rows of 4 KiB: blocks of 256 rows (1 MiB), not the whole overlap (4,096,000 bytes) at once
+    assert CAST_BLOCK_BYTES == 1 << 20 and stats.scratch_peak == CAST_BLOCK_BYTES
+    assert [g.scratch_nbytes for g in plan.groups] == [1 << 20] * 3 + [232 * 4096]
+    assert plan.nbytes == stats.bytes_read == 1000 * 4096
+
+
+@pytest.mark.parametrize("shape, limit", [((7, 5, 3), 4), ((7, 5, 3), 15), ((7, 5, 3), 40), ((7, 5, 3), 105),
+                                          ((9,), 2), ((), 1), ((4, 6), 1)])
+def test_cast_blocks_tile_the_box_in_c_order_within_the_limit(shape, limit):
+    from ckptstore.store.read_plan import cast_blocks
+
+    box = Box(tuple(1 for _ in shape), tuple(s + 1 for s in shape))
+    blocks = cast_blocks(box, limit)
+    assert all(0 < b.size <= limit for b in blocks) and sum(b.size for b in blocks) == box.size
+    cover = np.zeros(tuple(s + 1 for s in shape), dtype=np.int64)
+    order = np.arange(box.size).reshape(box.shape)
+    firsts = []
+    for b in blocks:
+        cover[b.slices()] += 1
+        firsts.append(int(order[b.relative_to(box).slices()].min()))
+    assert (cover[box.slices()] == 1).all() and cover.sum() == box.size
+    assert firsts == sorted(firsts)

@@ -12,12 +12,14 @@ of exactly their element bytes, and no two chunks overlapping in one file.
 """
 from __future__ import annotations
 
+import array
 import itertools
 import json
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from math import prod
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -43,6 +45,36 @@ CODEC_SETTINGS: dict[str, dict[str, type]] = {
 Piece = tuple[str, int, int]  # (file key, offset, length)
 
 
+if TYPE_CHECKING:
+    _Int64Array = array.array[int]
+else:  # array.array takes no type argument at run time before Python 3.12
+    _Int64Array = array.array
+
+
+class IntColumn(_Int64Array):
+    """A column of 64-bit integers: 8 bytes an entry where a tuple of ints costs about 40 (a
+    130B index has 174,110 chunks, and every loader holds the whole manifest). Indexing gives
+    Python ints, and it equals a tuple or list of the same values, as the tuples it replaces did."""
+
+    __slots__ = ()
+
+    def __new__(cls, values: Sequence[int] = ()) -> IntColumn:
+        return super().__new__(cls, "q", values)  # type: ignore[return-value]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (tuple, list)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return super().__eq__(other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # a column is mutable, like the array it is
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return IntColumn, (self.tolist(),)
+
+
 @dataclass(frozen=True)
 class ChunkTable:
     """Per-chunk columns, in C order over the chunk grid.
@@ -54,12 +86,21 @@ class ChunkTable:
     """
 
     files: tuple[str, ...]
-    offsets: tuple[int, ...]
-    nbytes: tuple[int, ...]
-    crc32c: tuple[int, ...] | None
-    ranks: tuple[int, ...]
-    replicas: tuple[int, ...]
+    offsets: Sequence[int]
+    nbytes: Sequence[int]
+    crc32c: Sequence[int] | None
+    ranks: Sequence[int]
+    replicas: Sequence[int]
     pieces: Mapping[int, tuple[Piece, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # The integer columns are kept as IntColumns whatever sequence was given (see IntColumn).
+        for name in ("offsets", "nbytes", "crc32c", "ranks", "replicas"):
+            v = getattr(self, name)
+            if v is not None and type(v) is not IntColumn:
+                object.__setattr__(self, name, IntColumn(v))
+        if type(self.files) is not tuple:
+            object.__setattr__(self, "files", tuple(self.files))
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -266,6 +307,30 @@ def dtype_label(dtype: np.dtype | str | None) -> str:
     return dtype if isinstance(dtype, str) else dtype_name(dtype)
 
 
+#: The keys of a chunk table's JSON object (:meth:`ChunkTable.to_json`) and its integer columns.
+_TABLE_KEYS = frozenset({"files", "file", "offset", "nbytes", "crc32c", "rank", "replicas", "pieces"})
+_TABLE_COLUMNS = ("file", "offset", "nbytes", "crc32c", "rank", "replicas")
+_INT64_MAX = (1 << 63) - 1
+
+
+def compact_columns(d: dict[str, Any]) -> dict[str, Any]:
+    """``json.loads``' ``object_hook`` for a manifest: each chunk table's integer columns become
+    :class:`IntColumn`\\ s, and its file names interned, as soon as the table is parsed, so that a
+    130B index never holds all its parsed ints (about 40 bytes each, 570,405 of them) and file names
+    (222,188) at once, and a loader's resident memory after :func:`ckptstore.open` is the compact
+    manifest, not the high-water mark of the parse. Lists that are not all integers in 0..2**63-1
+    are left as they are, for the parser to refuse with its message."""
+    if "offset" in d and "files" in d and d.keys() <= _TABLE_KEYS:
+        files = d["files"]
+        if type(files) is list:  # one string per file name, not one per table (see _ParamParser._table)
+            d["files"] = [sys.intern(f) if type(f) is str else f for f in files]
+        for k in _TABLE_COLUMNS:
+            v = d.get(k)
+            if type(v) is list and all(type(x) is int and 0 <= x <= _INT64_MAX for x in v):
+                d[k] = IntColumn(v)
+    return d
+
+
 class _ParamParser:
     """Type- and bounds-checks one parameter's JSON before a number of it sizes anything."""
 
@@ -283,6 +348,17 @@ class _ParamParser:
         if type(v) is not int:
             raise self.fail(f"{what} is {v!r}, not an integer")
         return check(v, limit, what, self.fail)
+
+    def _column(self, v: Any, what: str, *, length: int, limit: int = _MAX_OFFSET) -> Sequence[int]:
+        """A chunk table's integer column: :meth:`_ints`, or an :class:`IntColumn` that
+        :func:`compact_columns` made as it was parsed (integers already) checked the same way."""
+        if type(v) is not IntColumn:
+            return self._ints(v, what, length=length, limit=limit)
+        if len(v) != length:
+            raise self.fail(f"{what} is not a list of {length} integers")
+        if len(v) and not 0 <= min(v) <= max(v) <= limit:
+            raise self.fail(f"{what} holds an entry that is not an integer in 0..{limit}")
+        return v
 
     def _ints(self, v: Any, what: str, *, length: int | None = None, limit: int = _MAX_OFFSET) -> tuple[int, ...]:
         if not isinstance(v, list) or (length is not None and len(v) != length):
@@ -343,19 +419,21 @@ class _ParamParser:
         if not isinstance(names, list) or len(names) > MAX_CHUNKS:
             raise self.fail("'files' is not a list of file names")
         try:
-            keys = [check_key(f, self.where) for f in names]
+            # interned: the same file names recur in every parameter's table (an index of 128 rank
+            # files would otherwise hold one copy per parameter, 222,188 strings for the 130B one)
+            keys = [sys.intern(check_key(f, self.where)) for f in names]
         except UnsafePathError as e:
             raise StoreCorruptError(str(e)) from None
-        file_ids = self._ints(t.get("file"), "file column", length=n, limit=max(len(keys) - 1, 0))
+        file_ids = self._column(t.get("file"), "file column", length=n, limit=max(len(keys) - 1, 0))
         if n and not keys:
             raise self.fail("chunks are listed but no files")
         crc = t.get("crc32c")
         return ChunkTable(
-            tuple(keys[i] for i in file_ids), self._ints(t.get("offset"), "offset column", length=n),
-            self._ints(t.get("nbytes"), "nbytes column", length=n),
-            None if crc is None else self._ints(crc, "crc32c column", length=n, limit=0xFFFFFFFF),
-            self._ints(t.get("rank", [0] * n), "rank column", length=n),
-            self._ints(t.get("replicas", [1] * n), "replicas column", length=n),
+            tuple(keys[i] for i in file_ids), self._column(t.get("offset"), "offset column", length=n),
+            self._column(t.get("nbytes"), "nbytes column", length=n),
+            None if crc is None else self._column(crc, "crc32c column", length=n, limit=0xFFFFFFFF),
+            self._column(t.get("rank", [0] * n), "rank column", length=n),
+            self._column(t.get("replicas", [1] * n), "replicas column", length=n),
             self._pieces(t.get("pieces", {}), keys, n))
 
     def _pieces(self, raw: Any, keys: list[str], n: int) -> dict[int, tuple[Piece, ...]]:

@@ -251,7 +251,7 @@ def open(path: str | os.PathLike[str], *, fallback: bool = False) -> Store:  # t
         raise StoreNotFoundError(f"no ckptstore store at {location.url}: it {what} (a store is a folder made by "
                                  "'ckptstore convert' or 'ckptstore index', or the root of save_rank's steps)")
     before = _manifest_identity(location)
-    found = find_manifest(location)
+    found = find_manifest(location, compact=True)
     doc = None if found is None else found.doc
     if found is not None and found.stat is not None and location.pins_read_files:
         before = found.key, found.stat  # the identity of exactly the bytes read (an object's ETag)

@@ -29,6 +29,7 @@ from ckptstore.limits import MAX_METADATA_BYTES
 from ckptstore.io.base import ByteSource, FileStat
 from ckptstore.io.sink import LOCK_FOLDER
 from ckptstore.registry import Registry
+from ckptstore.store.manifest import compact_columns
 
 if TYPE_CHECKING:
     from ckptstore.store.manifest import StoreManifest
@@ -143,14 +144,17 @@ class FoundManifest:
     stat: FileStat | None
 
 
-def find_manifest(source: ByteSource) -> FoundManifest | None:
+def find_manifest(source: ByteSource, *, compact: bool = False) -> FoundManifest | None:
     """The manifest file of the store in ``source``, whichever kind holds it, or ``None``.
 
     Candidates are read in :func:`manifest_candidates` order; a Zarr group that holds no
     ckptstore manifest does not stop the search (another kind's file may be beside it) but is
     returned, with ``doc`` ``False``, when no other is found. Raises
-    :class:`StoreCorruptError` when a metadata file is not a JSON object.
+    :class:`StoreCorruptError` when a metadata file is not a JSON object. ``compact``: parse chunk
+    tables into compact columns as they are read (:func:`ckptstore.store.manifest.compact_columns`;
+    for :func:`ckptstore.open`, which only hands the document to the manifest parser).
     """
+    hook = compact_columns if compact else None
     plain: FoundManifest | None = None
     for kind, name in manifest_candidates():
         got = source.read_bytes_stat(name, limit=MAX_METADATA_BYTES)
@@ -158,7 +162,7 @@ def find_manifest(source: ByteSource) -> FoundManifest | None:
             continue
         raw, stat = got
         try:
-            doc = json.loads(raw)
+            doc = json.loads(raw, object_hook=hook)
         except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep
             raise StoreCorruptError(f"{source.key_url(name)} is not valid JSON: {e}") from None
         if not isinstance(doc, dict):
