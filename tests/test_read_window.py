@@ -49,7 +49,7 @@ class WindowedSource(LocalSource):
 
     def __init__(self, root) -> None:
         super().__init__(root)
-        self.now = self.peak = 0
+        self.now = self.peak = self.reads = 0
         self.threads: set[int] = set()
         self._count = threading.Lock()
 
@@ -59,6 +59,7 @@ class WindowedSource(LocalSource):
     def enter(self, nbytes: int) -> None:
         with self._count:
             self.now += nbytes
+            self.reads += 1
             self.peak = max(self.peak, self.now)
             self.threads.add(threading.get_ident())
 
@@ -114,3 +115,17 @@ def test_a_request_larger_than_the_window_runs_alone(folder):
     source.inflight_bytes = PIECE // 2
     np.testing.assert_array_equal(_read(source), want)
     assert source.peak == PIECE
+
+
+def test_a_failed_read_stops_the_requests_still_waiting_in_the_window(folder):
+    from ckptstore.errors import StoreCorruptError
+
+    root, _ = folder
+    (root / "f1").unlink()  # the second request fails; six wait behind it in a window of one piece
+    source = WindowedSource(root)
+    source.inflight_bytes = PIECE
+    with pytest.raises(StoreCorruptError, match="f1"):
+        _read(source)
+    time.sleep(0.1)  # a runner still going would read the rest by now
+    assert len(source.threads) == 1 and source.peak == PIECE and source.now == 0
+    assert source.reads <= 2

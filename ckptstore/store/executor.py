@@ -207,6 +207,7 @@ class Executor:
         self.pool_min_bytes = pool_min_bytes
         self._budget = _Budget(max_inflight)
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         # a source that bounds its requests in flight by bytes (object storage: what their answers
         # hold); None: the threads alone bound them (a local file's reads are copies, not waits)
         limit = source.inflight_bytes
@@ -221,9 +222,11 @@ class Executor:
     def close(self) -> None:
         if self._window is not None:
             self._window.cancel()  # units not started are not read (an error, or nobody waiting)
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+            self._window = _Window(self._window.limit, self._start)  # for the plans submitted after this
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def submit(self, plan: AnyParamReadPlan, out: np.ndarray, *, parallel: bool = True) -> Job:
         """Start filling ``out`` with ``plan``'s bytes; ``Job.wait()`` returns when it is full.
@@ -245,9 +248,10 @@ class Executor:
         return Job([self._start(fn, *args) for fn, args in units])
 
     def _start(self, fn: Callable[..., None], *args: Any) -> Future[None]:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ckptstore-read")
-        return self._pool.submit(fn, *args)
+        with self._pool_lock:  # the window's runners start runners too
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ckptstore-read")
+            return self._pool.submit(fn, *args)
 
     def _work(self, plan: AnyParamReadPlan, out: np.ndarray) -> list[tuple[Callable[..., None], tuple[Any, ...]]]:
         """The units of work that fill ``out``, in order: ``(method, arguments)`` each."""
@@ -392,6 +396,7 @@ class _Window:
         self.used = 0
         self._queue: deque[tuple[Callable[..., None], tuple[Any, ...], int, Future[None]]] = deque()
         self._lock = threading.Lock()
+        self._cancelled = False
 
     def add(self, fn: Callable[..., None], args: tuple[Any, ...], nbytes: int) -> Future[None]:
         """Queue ``fn(*args)``, which fetches ``nbytes``; its future is done when it has run."""
@@ -404,9 +409,10 @@ class _Window:
         return future
 
     def cancel(self) -> None:
-        """Drop the units not started (their futures are cancelled)."""
+        """Drop the units not started (their futures are cancelled); the runners start no more."""
         with self._lock:
             queued, self._queue = self._queue, deque()
+            self._cancelled = True
         for *_, future in queued:
             future.cancel()
 
@@ -420,9 +426,8 @@ class _Window:
                     return
                 fn, args, nbytes, future = self._queue.popleft()
                 self.used += nbytes
-                more = self._fits()
-            if more:  # room for another unit beside this one: another runner
-                self._start(self._run)
+                if self._fits() and not self._cancelled:  # room for another unit beside this one
+                    self._start(self._run)
             try:
                 if future.set_running_or_notify_cancel():
                     try:
