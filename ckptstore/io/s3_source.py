@@ -44,13 +44,14 @@ READ_MEMORY = 16 << 20
 #: Threads one load keeps for requests to object storage (:data:`READ_MEMORY`'s worth of small
 #: answers, of two STREAM_CHUNK pieces each); how many requests run at once is the byte window's.
 READ_CONCURRENCY = READ_MEMORY // (2 * STREAM_CHUNK)
-#: Bytes of ranged GETs one load keeps in flight at once (:attr:`S3Source.inflight_bytes`): the
-#: executor starts a request when the ones in flight leave room for its length, so many small
-#: requests hide the latency together and a few large ones fill the window, by bytes, not by count.
-#: What a request in flight costs this process is mostly per thread, not per byte: a thread that
-#: has read an answer keeps about 0.6 MiB of the client's allocations (measured: 32 threads each
-#: reading in turn, one request in flight at a time, peaked 24 MiB above the arrays; with glibc's
-#: per-thread arenas off, ``MALLOC_ARENA_MAX=1``, 7 MiB), so the window bounds the threads too.
+#: Bytes of answers one load keeps in flight at once (:attr:`S3Source.inflight_bytes`): the executor
+#: starts a request when the ones in flight leave room for it, each counted by its length up to
+#: what a streaming answer holds (``executor.ANSWER_BYTES``), so many small requests hide the
+#: latency together, by bytes, not by count, and runs them on as many threads as are in flight.
+#: What this process pays per request in flight is mostly per thread, not per byte: a thread that
+#: has read an answer keeps 0.13-0.9 MiB of the client's allocations (64 KiB to 2 MiB answers),
+#: glibc's per-thread arenas (``MALLOC_ARENA_MAX=1`` removes most of it); fewer threads
+#: (``CKPTSTORE_REQUESTS_IN_FLIGHT``) trade peak memory for latency hidden.
 READ_WINDOW = READ_MEMORY
 #: The longest ranged GET: longer runs are fetched as pieces of this size, several at once (one
 #: connection's throughput is what limits a big GET; a request costs little beside 64 MiB).

@@ -50,6 +50,10 @@ UNIT_BYTES = 8 << 20
 MAX_INFLIGHT = 256 << 20
 #: Below this many planned bytes, reading on the calling thread beats starting a pool.
 POOL_MIN_BYTES = 4 << 20
+#: What one answer of a windowed source holds while it streams into its buffers, whatever its
+#: length (measured on S3 with obstore: a thread's share grew to 0.9 MiB for 2 MiB answers); a
+#: longer request counts this much in :class:`_Window`, so long GETs still run several at once.
+ANSWER_BYTES = 1 << 20
 #: Destinations at least this large are allocated only once the files are known to hold the
 #: planned bytes (:func:`check_extents`).
 CHECKED_ALLOCATION = 64 << 20
@@ -244,7 +248,7 @@ class Executor:
                 fn(*args)
             return _DONE
         if self._window is not None:
-            return Job([self._window.add(fn, args, _unit_bytes(args)) for fn, args in units])
+            return Job([self._window.add(fn, args, min(_unit_bytes(args), ANSWER_BYTES)) for fn, args in units])
         return Job([self._start(fn, *args) for fn, args in units])
 
     def _start(self, fn: Callable[..., None], *args: Any) -> Future[None]:
@@ -383,12 +387,13 @@ class _Window:
     """Units of work started so that the bytes they fetch, in flight at once, stay within ``limit``
     (a unit larger than that runs alone), in the order given.
 
-    A runner thread runs units one after another, taking the next one when it fits, and starts
-    another runner only when the window has room for more than it runs: the pool then has as many
-    threads as units ran at once. Each thread that has read an answer keeps what the object-store
-    client allocated for it (about 0.6 MiB here, measured with the allocator's per-thread arenas
-    switched on and off), so starting every unit at once on ``workers`` threads and waiting in
-    them would cost every thread's share even when few requests were in flight.
+    A unit is counted in flight from the moment a runner is handed it; a runner thread runs its
+    unit, then the next one that fits, and hands units to new runners only while the window has
+    room for more than it runs: the pool then has as many threads as units in flight. Each thread
+    that has read an answer keeps what the object-store client allocated for it (0.13 MiB for
+    64 KiB answers, 0.6 MiB for 600 KiB, 0.9 MiB for 2 MiB, measured one answer per thread), so
+    starting every unit at once on ``workers`` threads, or a runner per unit queued, would cost
+    every thread's share even when few requests were in flight.
     """
 
     def __init__(self, limit: int, start: Callable[..., Future[None]]) -> None:
@@ -403,31 +408,30 @@ class _Window:
         future: Future[None] = Future()
         with self._lock:
             self._queue.append((fn, args, min(nbytes, self.limit), future))
-            start = self._fits()
-        if start:
-            self._start(self._run)
+            first = self._take()
+        if first is not None:
+            self._start(self._run, first)
         return future
 
     def cancel(self) -> None:
-        """Drop the units not started (their futures are cancelled); the runners start no more."""
+        """Drop the units not started (their futures are cancelled); the runners take no more."""
         with self._lock:
             queued, self._queue = self._queue, deque()
             self._cancelled = True
         for *_, future in queued:
             future.cancel()
 
-    def _fits(self) -> bool:
-        return bool(self._queue) and (self.used == 0 or self.used + self._queue[0][2] <= self.limit)
+    def _take(self) -> tuple[Callable[..., None], tuple[Any, ...], int, Future[None]] | None:
+        """The next unit if it fits, counted in flight from now (the lock held)."""
+        if not self._queue or self._cancelled or (self.used and self.used + self._queue[0][2] > self.limit):
+            return None
+        unit = self._queue.popleft()
+        self.used += unit[2]
+        return unit
 
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._fits():
-                    return
-                fn, args, nbytes, future = self._queue.popleft()
-                self.used += nbytes
-                if self._fits() and not self._cancelled:  # room for another unit beside this one
-                    self._start(self._run)
+    def _run(self, unit: tuple[Callable[..., None], tuple[Any, ...], int, Future[None]] | None) -> None:
+        while unit is not None:
+            fn, args, nbytes, future = unit
             try:
                 if future.set_running_or_notify_cancel():
                     try:
@@ -439,6 +443,12 @@ class _Window:
             finally:
                 with self._lock:
                     self.used -= nbytes
+                    unit = self._take()
+                    others = []  # the bytes this unit gave back may let several smaller ones start
+                    while unit is not None and (other := self._take()) is not None:
+                        others.append(other)
+                    for other in others:
+                        self._start(self._run, other)
 
 
 class Job:
