@@ -65,7 +65,8 @@ class RankPlan:
         return self.fetched_bytes - self.nbytes
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "peak_bytes": self.peak_bytes, "over_read_bytes": self.over_read_bytes}
+        return {**asdict(self), "peak_bytes": self.peak_bytes, "over_read_bytes": self.over_read_bytes,
+                "over_read_top": [list(t) for t in self.over_read_top]}  # as JSON reads it back
 
 
 def plan_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
