@@ -19,8 +19,10 @@ timed). What each row times (:data:`TIMED_SPANS` has the one-line version the re
   rank=...)`` into a Cell built in the setup with the rank's Parameters, zero-filled;
 * ``ckptstore.read_rank (numpy)``: ``read_rank(store, strategy, rank)``, the same slices as numpy arrays;
 * ``lower bound: numpy preadv``: one ``os.preadv`` of a file holding exactly the rank's bytes
-  into one preallocated array, one thread, 4 KiB pages (``numpy preadv, 2 threads``: the same
-  split over two threads);
+  into one preallocated array, one thread, 4 KiB pages (``numpy preadv, N threads``: the same
+  split over N threads, N = the cores the loader may use (:func:`bound_threads`); the report
+  judges ``load_rank`` against this N-thread bound, because copying out of the page cache is
+  CPU-bound and a loader with N threads on N cores is not limited by one thread's copy rate);
 * ``mindspore.load_distributed_checkpoint``: the call alone, the Cell declaring the target
   shapes and the target layout (``predict_strategy``) built in the setup;
 * ``mindspore.transform_checkpoint_by_rank + load_checkpoint``: the rank's file written from
@@ -62,7 +64,9 @@ INDEX = "ckptstore.load_rank from an index (Parameters built)"
 INTO_NET = "ckptstore.load_into_net (into a prebuilt Cell)"
 READ_RANK = "ckptstore.read_rank (numpy)"
 BOUND = "lower bound: numpy preadv"
-BOUND_2T = "numpy preadv, 2 threads"
+BOUND_2T = "numpy preadv, 2 threads"  # bound_name(2): the N-thread bound's row where N = 2
+#: The target of issue 36: warm ``load_rank`` (default workers) at most this many times the N-thread bound.
+LOAD_VS_BOUND_NT = 1.3
 MS_LDC = "mindspore.load_distributed_checkpoint"
 MS_BY_RANK = "mindspore.transform_checkpoint_by_rank + load_checkpoint"
 MS_NEEDED = "mindspore.load_checkpoint (needed source files)"
@@ -158,6 +162,33 @@ def default_workers(st: LoadSetup) -> int:
     return int(ckptstore.plan_rank(st.store, st.dst_strategy, st.rank).workers)
 
 
+def bound_threads(st: LoadSetup | None = None) -> int:
+    """N of the N-thread bound: the cores the loader may use, i.e. the CPUs this process may run on
+    (``os.sched_getaffinity``) capped by the threads ``load_rank`` reads with by default
+    (:func:`default_workers`; ``ckptstore.read.loader.DEFAULT_WORKERS`` without a setup). More
+    threads than that copy no faster for ckptstore, so a bound using them would not be one it can reach."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if st is not None:
+        workers = default_workers(st)
+    else:
+        from ckptstore.read.loader import DEFAULT_WORKERS as workers
+    return max(1, min(cores, workers))
+
+
+def bound_name(threads: int) -> str:
+    """The row of the ``threads``-thread preadv bound (``numpy preadv, 2 threads``)."""
+    return f"numpy preadv, {threads} threads"
+
+
+def nthread_bound(record: Mapping[str, Any]) -> str:
+    """The contender the record judges ``load_rank`` against: the N-thread bound's row when it ran
+    (N from the record's ``bound_threads``; records before it have the 2-thread row), else the
+    single-thread bound (N = 1)."""
+    n = record.get("params", {}).get("bound_threads", 2)
+    name = bound_name(n) if n > 1 else BOUND
+    return name if name in record.get("summary", {}) else BOUND
+
+
 def workers_name(workers: int) -> str:
     """The row of ``load_rank`` with ``workers`` threads (other than the default's)."""
     return f"{CKPTSTORE[:-1]}, workers={workers})"
@@ -212,10 +243,14 @@ def _ckptstore_read_rank(st: LoadSetup) -> Contender:
 
 @register("load")
 def _bound(st: LoadSetup) -> list[Contender]:
+    """The single-thread bound and the N-thread one (N = :func:`bound_threads`; none when N = 1)."""
     args = {"path": st.flat_file, "nbytes": st.rank_nbytes, "names_file": st.names_file}
-    return [Contender(BOUND, MODULE, "pread_flat", args, preimport=("numpy",), check="check_flat"),
-            Contender(BOUND_2T, MODULE, "pread_flat", {**args, "threads": 2},
-                      preimport=("numpy",), check="check_flat")]
+    out = [Contender(BOUND, MODULE, "pread_flat", args, preimport=("numpy",), check="check_flat")]
+    n = bound_threads(st)
+    if n > 1:
+        out.append(Contender(bound_name(n), MODULE, "pread_flat", {**args, "threads": n}, preimport=("numpy",),
+                             check="check_flat"))
+    return out
 
 
 @register("load")
@@ -315,7 +350,7 @@ def run(st: LoadSetup, *, reps: int, baseline_reps: int | None, command: str, re
                              warm_paths=[] if cold else read_paths(st, contenders),
                              evict_paths=read_paths(st, contenders) if cold else (),
                              params={**st.params(), "quick": quick, "quick_skipped": skipped,
-                                     "default_workers": default_workers(st)},
+                                     "default_workers": default_workers(st), "bound_threads": bound_threads(st)},
                              command=command, results_dir=results_dir, keep_going=True, timeout=1800)
     finally:
         shutil.rmtree(st.out_dir, ignore_errors=True)
@@ -362,9 +397,10 @@ def fetched_cell(record: Mapping[str, Any]) -> Any:
 
 
 def table(record: Mapping[str, Any]) -> str:
-    """The scenario's Markdown table (ratios against ckptstore and the lower bound)."""
-    bases = [b for b in (CKPTSTORE, BOUND) if b in record["summary"]]
-    return markdown_table(record, columns=COLUMNS, baselines=bases, labels=LABELS,
+    """The scenario's Markdown table (ratios against ckptstore, the lower bound and the N-thread one)."""
+    bases = list(dict.fromkeys(b for b in (CKPTSTORE, BOUND, nthread_bound(record)) if b in record["summary"]))
+    labels = {**LABELS, nthread_bound(record): f"{record['params'].get('bound_threads', 2)}-thread bound"}
+    return markdown_table(record, columns=COLUMNS, baselines=bases, labels=labels,
                           extra={"fetched (ckptstore.io_counts)": fetched_cell(record),
                                  "same values as ckptstore": same_values(record)})
 
@@ -390,7 +426,8 @@ def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:
         table(record),
         "",
         "Cells: median (min–max) over runs; ratios compare medians. `× ckptstore` is against "
-        f"`{CKPTSTORE}`, `× bound` against `{BOUND}`. `wall` is the timed span only; `setup (not timed)` "
+        f"`{CKPTSTORE}`, `× bound` against `{BOUND}`, `× {p.get('bound_threads', 2)}-thread bound` against "
+        f"`{nthread_bound(record)}`. `wall` is the timed span only; `setup (not timed)` "
         "is what the worker did before it, unmeasured (building the model or state dict the load fills, "
         "the target layout, a process group): every route is timed from \"a model with the target shapes "
         "exists\" to \"its tensors are filled\". Peak RSS is measured from after the imports and the "
@@ -399,6 +436,7 @@ def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:
         "say they read, `ckptstore.io_counts()` after the call; the safetensors route maps every file it "
         "reads, so its `rchar` is only headers).",
         "",
+        *bound_lines(record),
         *index_lines(record),
         *workers_curve(record),
         *timed_span_lines(record),
@@ -409,6 +447,37 @@ def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:
         lines += ["", *mindspore_notes()]
     lines += not_run_notes(record)
     return "\n".join(lines) + "\n"
+
+
+def bound_verdict(record: Mapping[str, Any]) -> tuple[float, float, bool] | None:
+    """``(load_rank's median wall, the N-thread bound's, met?)``: is warm ``load_rank`` (default
+    workers) within :data:`LOAD_VS_BOUND_NT` of the N-thread bound? ``None`` if either did not run."""
+    s, nt = record["summary"], nthread_bound(record)
+    if CKPTSTORE not in s or nt not in s:
+        return None
+    a, b = s[CKPTSTORE]["wall_s"]["median"], s[nt]["wall_s"]["median"]
+    return a, b, a <= LOAD_VS_BOUND_NT * b
+
+
+def bound_lines(record: Mapping[str, Any]) -> list[str]:
+    """The bound of this machine and the verdict: ``load_rank`` against the N-thread ``preadv`` bound
+    (N = the cores the loader may use), beside the single-thread one."""
+    v = bound_verdict(record)
+    if v is None:
+        return []
+    a, b, met = v
+    s, n, nt = record["summary"], record["params"].get("bound_threads", 2), nthread_bound(record)
+    one = s.get(BOUND, {}).get("wall_s", {}).get("median")
+    text = (f"The bound here: `{nt}` (N = {n}: the cores the loader may use, its default workers capped by the "
+            f"CPUs this process may run on) {format_seconds(b)}"
+            + (f", `{BOUND}` {format_seconds(one)} ({one / b:.2f}× the N-thread one)" if one else "") + ". "
+            f"`{CKPTSTORE}` {format_seconds(a)} = **{a / b:.2f}× the N-thread bound** "
+            f"(target ≤ {LOAD_VS_BOUND_NT}×: {'met' if met else '**MISSED**'})"
+            + (f", {a / one:.2f}× the single-thread one" if one else "") + " (medians of one run).")
+    busy = record.get("foreign_cpu_cores", 0)
+    if busy > 0.2:  # the N threads of the bound compete with them too
+        text += f" Other processes kept {busy:.2f} cores busy: an N-thread bound on a loaded machine is slowed too."
+    return [text, ""]
 
 
 def index_ratio(record: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -452,12 +521,14 @@ def workers_curve(record: Mapping[str, Any]) -> list[str]:
     default = record["params"].get("default_workers")
     one = next((s[n]["wall_s"]["median"] for w, n in points if w == 1), None)
     lines = [f"`{CKPTSTORE}` over `workers` (threads reading; median of the runs):", "",
-             "| workers | wall | CPU time | × workers=1 | × bound |", "|---|---|---|---|---|"]
+             "| workers | wall | CPU time | × workers=1 | × bound | × N-thread bound |", "|---|---|---|---|---|---|"]
     bound = s.get(BOUND, {}).get("wall_s", {}).get("median")
+    nbound = s.get(nthread_bound(record), {}).get("wall_s", {}).get("median")
     for w, name in points:
         wall, cpu = s[name]["wall_s"]["median"], s[name]["cpu_s"]["median"]
         lines.append(f"| {w}{' (default)' if w == default else ''} | {format_seconds(wall)} | {format_seconds(cpu)} | "
-                     f"{f'{wall / one:.2f}×' if one else '–'} | {f'{wall / bound:.2f}×' if bound else '–'} |")
+                     f"{f'{wall / one:.2f}×' if one else '–'} | {f'{wall / bound:.2f}×' if bound else '–'} | "
+                     f"{f'{wall / nbound:.2f}×' if nbound else '–'} |")
     return lines + [""]
 
 
@@ -471,6 +542,8 @@ def timed_span_lines(record: Mapping[str, Any]) -> list[str]:
             lines.append(f"- `{name}`: {spans[name]}")
         elif name.startswith(CKPTSTORE[:-1]):
             lines.append(f"- `{name}`: as `{CKPTSTORE}`, with that many workers")
+        elif name.startswith("numpy preadv, "):
+            lines.append(f"- `{name}`: as `{BOUND}`, with the file split over that many threads")
     return lines
 
 

@@ -650,6 +650,11 @@ def plan(store: str, strategies: tuple[str, ...], rank: int | None, include: tup
     click.echo(f"  fetches {_fmt_bytes(result.fetched_bytes)} ({result.over_read_bytes:,} bytes over-read between "
                f"wanted ranges); modelled {result.modelled_seconds:.3f} s at {result.request_ms:g} ms per request, "
                f"{result.bandwidth_mbps:g} MB/s, {result.in_flight} in flight")
+    if result.over_read_params:  # why: reading only the wanted bytes costs more requests than the gaps cost bytes
+        name, wanted, fetched = result.over_read_top[0]
+        click.echo(f"  over-read from {result.over_read_params} parameter(s), most {name} ({fetched / wanted:.2f}x "
+                   f"its {_fmt_bytes(wanted)}): the wanted bytes alone take {result.exact_requests:,} requests, "
+                   f"modelled {result.exact_seconds:.3f} s")
     click.echo(f"  peak memory {_fmt_bytes(result.peak_bytes)}: {_fmt_bytes(result.result_bytes)} of arrays"
                + (f" + at most {_fmt_bytes(result.scratch_bytes)} of chunks read whole" if result.scratch_bytes
                   else ", every byte read in place") + f" ({result.workers} reading threads)")

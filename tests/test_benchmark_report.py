@@ -101,3 +101,18 @@ def test_the_scaling_option_names_the_plots_extra_in_its_help():
     out = subprocess.run([sys.executable, "-m", "benchmarks", "run", "--help"], capture_output=True, text=True,
                          timeout=120).stdout
     assert "PNG plots need the bench extra: pip install -e '.[bench]'" in " ".join(out.split())
+
+
+def _walls(**medians: float) -> dict:
+    return {name: {"wall_s": {"median": m}} for name, m in medians.items()}
+
+
+def test_load_rank_is_judged_against_the_n_thread_preadv_bound_beside_the_one_thread_one():
+    """Issue 36.1: the bound is N threads of preadv, N = the cores the loader may use (here 2)."""
+    nt = bench_load.bound_name(2)
+    record = {"params": {"bound_threads": 2},
+              "summary": _walls(**{bench_load.CKPTSTORE: 0.6, bench_load.BOUND: 0.4, nt: 0.25})}
+    assert bench_load.nthread_bound(record) == nt
+    assert bench_load.bound_verdict(record) == (0.6, 0.25, False)  # 2.4x > 1.3x
+    [line, _] = bench_load.bound_lines(record)
+    assert "**2.40× the N-thread bound** (target ≤ 1.3×: **MISSED**), 1.50× the single-thread one" in line

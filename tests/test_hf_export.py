@@ -161,3 +161,16 @@ def test_read_rank_converts_a_fused_bf16_view_on_request(tmp_path):
     want = np.stack([gate, up], axis=1).reshape(-1, gate.shape[1]).astype(np.float32)
     assert got["decoder.layers.0.mlp.linear_fc1.weight"].dtype == np.float32
     np.testing.assert_array_equal(got["decoder.layers.0.mlp.linear_fc1.weight"], want)
+
+
+@pytest.mark.parametrize("rules", ["mcore", "llama-concat"])
+def test_a_fused_view_is_read_once_not_once_per_exported_tensor(indexed, rules):
+    """Splitting a fused view (QKV per KV group, gate/up interleaved or blocked) back into its
+    tensors fetches each stored byte once: the bytes fetched are the store's, within 1%."""
+    _, tmp = indexed
+    index_hf(tmp / "hf", tmp / "st", name_map=rules)
+    store = ckptstore.open(tmp / "st")
+    before = ckptstore.io_counts()
+    export_hf(store, tmp / "out", name_map=rules)
+    fetched = (ckptstore.io_counts() - before).bytes_fetched
+    assert store.nbytes <= fetched <= 1.01 * store.nbytes

@@ -425,3 +425,25 @@ def test_a_rank_file_option_given_a_falsy_value_is_still_refused_with_a_name_map
     with pytest.raises(InvalidOptionError, match=f"^{name} do\\(es\\) not apply to a Hugging Face folder"):
         ckptstore.index(hf, tmp_path / "st", name_map="llama", **option)
     assert not (tmp_path / "st").exists()
+
+
+def test_a_plan_that_reads_gaps_says_what_the_wanted_bytes_alone_would_cost(folder, tmp_path, monkeypatch):
+    """Priced like a bucket (20 ms a request), a column slice of a row-parallel weight is read as
+    whole rows: the plan names the parameters over-read and the requests reading exactly would take."""
+    from ckptstore.testing.sample_checkpoint import ParamSpec, write_strategy_json
+
+    hf, _ = folder
+    index_hf(hf, tmp_path / "st", name_map="mcore")
+    store = ckptstore.open(tmp_path / "st")
+    specs = [ParamSpec(n, store.info(n).shape, dev_matrix=(2,),
+                       tensor_map=(-1, 0) if "linear_fc2" in n else (-1,) * len(store.info(n).shape))
+             for n in store.names()]
+    strategy = write_strategy_json(tmp_path / "tp2.json", specs)
+    monkeypatch.setenv("CKPTSTORE_REQUEST_LATENCY_MS", "20")
+    plan = ckptstore.plan_rank(store, strategy, rank=1)
+    fc2 = [n for n in store.names() if "linear_fc2" in n]
+    assert plan.over_read_params == len(fc2) and {n for n, _, _ in plan.over_read_top} <= set(fc2)
+    name, wanted, fetched = plan.over_read_top[0]
+    assert wanted == store.info(name).nbytes // 2 and fetched > wanted
+    assert plan.exact_requests == plan.requests - len(fc2) + sum(store.info(n).shape[0] for n in fc2)
+    assert plan.exact_seconds > plan.modelled_seconds

@@ -224,6 +224,9 @@ class ByteSource(ABC):
     #: :class:`~ckptstore.errors.StoreChangedError` (an object pinned by its ETag, sent as
     #: ``If-Match``). The version is fixed by the file's first request, not by :meth:`open`.
     pins_read_files: bool = False
+    #: Bytes of requests the executor keeps in flight at once (object storage: what their answers
+    #: and the threads that wait for them hold); ``None``: only the threads bound them.
+    inflight_bytes: int | None = None
 
     @property
     @abstractmethod
@@ -296,6 +299,10 @@ class SourceWrapper(ByteSource):
 
     def read_cost(self) -> ReadCost:
         return self.inner.read_cost()
+
+    @property
+    def inflight_bytes(self) -> int | None:  # type: ignore[override]  # an attribute of ByteSource; the inner's here
+        return self.inner.inflight_bytes
 
     @property
     def url(self) -> str:

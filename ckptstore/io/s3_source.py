@@ -38,12 +38,21 @@ if TYPE_CHECKING:  # obstore is imported on first use of a URL
 
 #: Bytes streamed per piece of a GET (what one request holds in memory besides its destination).
 STREAM_CHUNK = 256 << 10
-#: Memory the answers in flight may hold at once (each streams pieces of STREAM_CHUNK, about two
-#: buffered per answer): it, not the cores, bounds the requests in flight, since they wait on the
-#: network.
+#: Memory the answers in flight may hold at once: it, not the cores, bounds the requests in flight,
+#: since they wait on the network.
 READ_MEMORY = 16 << 20
-#: Requests one load keeps in flight on object storage by default (:data:`READ_MEMORY`'s worth).
+#: Threads one load keeps for requests to object storage (:data:`READ_MEMORY`'s worth of small
+#: answers, of two STREAM_CHUNK pieces each); how many requests run at once is the byte window's.
 READ_CONCURRENCY = READ_MEMORY // (2 * STREAM_CHUNK)
+#: Bytes of answers one load keeps in flight at once (:attr:`S3Source.inflight_bytes`): the executor
+#: starts a request when the ones in flight leave room for it, each counted by its length up to
+#: what a streaming answer holds (``executor.ANSWER_BYTES``), so many small requests hide the
+#: latency together, by bytes, not by count, and runs them on as many threads as are in flight.
+#: What this process pays per request in flight is mostly per thread, not per byte: a thread that
+#: has read an answer keeps 0.13-0.9 MiB of the client's allocations (64 KiB to 2 MiB answers),
+#: glibc's per-thread arenas (``MALLOC_ARENA_MAX=1`` removes most of it); fewer threads
+#: (``CKPTSTORE_REQUESTS_IN_FLIGHT``) trade peak memory for latency hidden.
+READ_WINDOW = READ_MEMORY
 #: The longest ranged GET: longer runs are fetched as pieces of this size, several at once (one
 #: connection's throughput is what limits a big GET; a request costs little beside 64 MiB).
 GET_PIECE = 64 << 20
@@ -211,6 +220,8 @@ class S3Source(ByteSource):
 
     cost = S3_COST
     pins_read_files = True
+    #: The executor keeps at most this many bytes of requests in flight (:data:`READ_WINDOW`).
+    inflight_bytes = READ_WINDOW
 
     def __init__(self, url: str) -> None:
         self.scheme, self.bucket, self.prefix = split_url(url)

@@ -9,8 +9,9 @@ of at most ``max_shard_size`` bytes (a larger tensor gets a shard of its own), w
 Face folder. Each shard is streamed front to back through the output's
 :class:`~ckptstore.io.sink.ByteSink` (a folder or a bucket; it appears only when complete), a
 bounded block at a time: a source's rows are read from the store segment by segment, and
-segments of a few rows (gate/up interleaved row by row) a window of whole groups at a time, so
-memory stays at one window (``window_bytes``), whatever the tensor's size. A tensor split along
+segments of a few rows (gate/up interleaved row by row) a window of whole groups at a time, of
+which only the source's own rows are fetched (a fused view's bytes are read once, not once per
+output tensor), so memory stays at one window (``window_bytes``), whatever the tensor's size. A tensor split along
 a later axis is read whole, one tensor at a time.
 """
 from __future__ import annotations
@@ -25,12 +26,16 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from ckptstore.checkpoint.selection import select_params
+from ckptstore.boxes import Box
 from ckptstore.errors import InvalidOptionError, StoreExistsError
 from ckptstore.formats.hf_folder import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
 from ckptstore.formats.hf_rules import NameMap, Target, load_name_map, shipped_name_maps
 from ckptstore.formats.safetensors_header import build_header
 from ckptstore.io.sink import open_sink
 from ckptstore.read.export_folder import claim_export_folder, commit_export_folder
+from ckptstore.store.executor import execute
+from ckptstore.store.read_plan import ParamReadPlan, ReadGroup
+from ckptstore.store.requests import plan_requests
 from ckptstore.store.store import Store, StoreLike, store_argument
 
 #: Hugging Face's default shard size (``save_pretrained(max_shard_size="5GB")``: decimal units).
@@ -228,15 +233,60 @@ def _tensor_blocks(st: Store, t: _Tensor, window: int, read: list[int]) -> Itera
             for r in range(d, d + n, per):
                 yield get((slice(r, min(r + per, d + n)),))
         return
-    # short segments (every row, a few rows): read whole groups at once, keep this source's rows
+    # short segments (every row, a few rows): a window of whole groups at a time, one plan for it,
+    # of which only this source's rows are fetched (the other sources' rows are theirs to read:
+    # reading the window whole for each source read a fused view once per output tensor)
     group_rows = shape[0] // target.groups
     k = t.shape[0] // target.groups
     offset = segs[0][2] % group_rows
     groups = max(1, per // group_rows)
     for g in range(0, target.groups, groups):
         h = min(g + groups, target.groups)
-        block = get((slice(g * group_rows, h * group_rows),))
-        yield block.reshape((h - g, group_rows) + shape[1:])[:, offset:offset + k].reshape((-1,) + shape[1:])
+        starts = np.arange(g, h, dtype=np.int64) * group_rows + offset
+        rows = _read_rows(st, t.store_name, g * group_rows, h * group_rows, starts, k)
+        if rows is None:  # compressed, checked or converted chunks: read whole, keep this source's rows
+            block = get((slice(g * group_rows, h * group_rows),))
+            rows = block.reshape((h - g, group_rows) + shape[1:])[:, offset:offset + k].reshape((-1,) + shape[1:])
+        else:
+            read[0] += rows.nbytes
+        yield rows
+
+
+def _read_rows(st: Store, name: str, lo: int, hi: int, starts: np.ndarray, k: int) -> np.ndarray | None:
+    """Rows ``[s, s + k)`` for each ``s`` in ``starts`` (ascending, within ``[lo, hi)``) of ``name``,
+    stacked, fetching only their bytes: the plan of rows ``[lo, hi)`` with its destination ranges
+    cut to those rows and renumbered, then priced again by the source's cost model (requests may
+    still merge a gap, inside what the whole plan would have fetched). ``None`` when the plan is
+    not raw ranges straight into the destination (compressed, checked or converted chunks)."""
+    info = st.info(name)
+    plan = st.plan(name, (slice(lo, hi),))
+    shape = (len(starts) * k,) + tuple(info.shape[1:])
+    if len(plan.groups) != 1 or not plan.groups[0].into_destination:
+        return None
+    g = plan.groups[0]
+    row = prod(info.shape[1:]) * info.np_dtype.itemsize
+    # wanted destination bytes of the window, as sorted disjoint intervals, and where each lands
+    want_lo = (starts - lo) * row
+    want_hi = want_lo + k * row
+    lands = np.arange(len(starts), dtype=np.int64) * (k * row)
+    # every (range, wanted interval) pair that overlaps: the ranges' dest intervals are disjoint too
+    d_lo, d_hi = g.dests, g.dests + g.lengths
+    first = np.searchsorted(want_hi, d_lo, side="right")  # first interval ending after the range starts
+    last = np.searchsorted(want_lo, d_hi, side="left")  # intervals starting before the range ends
+    count = np.maximum(last - first, 0)
+    r = np.repeat(np.arange(len(d_lo)), count)
+    w = np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
+    a = np.maximum(d_lo[r], want_lo[w])
+    b = np.minimum(d_hi[r], want_hi[w])
+    files, offsets = g.files[r], g.offsets[r] + (a - d_lo[r])
+    dests = lands[w] + (a - want_lo[w])
+    cuts = g.request_cuts
+    spans = {(int(g.files[i]), int(g.offsets[i]), int(g.offsets[j - 1] + g.lengths[j - 1]))
+             for i, j in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True)}
+    f, o, n, d, c = plan_requests((files, offsets, b - a, dests), st.data.read_cost(), "auto", spans)
+    box = Box.full(shape)
+    part = ReadGroup(box, box, f, o, n, d, into_destination=True, cuts=c)
+    return execute(ParamReadPlan(name, info.np_dtype, box, plan.keys, (part,), None), st.data)
 
 
 __all__ = ["HFExportSummary", "export_hf", "parse_size", "recorded_name_map"]

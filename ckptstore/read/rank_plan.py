@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from ckptstore.read.loader import StrategyLike, include_globs, rank_view
 from ckptstore.store.executor import MAX_INFLIGHT
+from ckptstore.store.read_plan import plan_param
 from ckptstore.store.store import StoreLike, store_argument
 
 
@@ -28,6 +29,11 @@ class RankPlan:
     ``scratch_bytes`` at most this much memory held at once for chunks read whole (compressed,
     checksummed or converted to another dtype; 0 when every byte lands in place); ``peak_bytes``
     their sum, the memory the load needs besides the process itself.
+
+    Why there is over-read: ``exact_requests`` requests (modelled ``exact_seconds``) would fetch only
+    the wanted bytes of the parameters read with gaps, ``over_read_params`` of them, the most
+    over-read first in ``over_read_top`` (``(name, bytes wanted, bytes fetched)``, at most three):
+    the planner read the gaps because the cost model says that is faster.
     """
 
     store: str
@@ -45,6 +51,10 @@ class RankPlan:
     request_ms: float = 0.0
     bandwidth_mbps: float = 0.0
     in_flight: int = 1
+    exact_requests: int = 0
+    exact_seconds: float = 0.0
+    over_read_params: int = 0
+    over_read_top: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def peak_bytes(self) -> int:
@@ -55,7 +65,8 @@ class RankPlan:
         return self.fetched_bytes - self.nbytes
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "peak_bytes": self.peak_bytes, "over_read_bytes": self.over_read_bytes}
+        return {**asdict(self), "peak_bytes": self.peak_bytes, "over_read_bytes": self.over_read_bytes,
+                "over_read_top": [list(t) for t in self.over_read_top]}  # as JSON reads it back
 
 
 def plan_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None = None, *,
@@ -84,12 +95,20 @@ def plan_rank(store: StoreLike, strategy: StrategyLike = None, rank: int | None 
         at_once = view.workers + 1 if view.workers > 1 else 1
         held = min(sum(scratch[:at_once]), max(scratch[0], MAX_INFLIGHT)) if scratch else 0
         result = sum(p.box.size * view.dtype_of(n).itemsize for n, p in plan.params.items())
+        # the over-read explained: what the parameters read with gaps would cost read exactly
+        over = sorted(((n, p.nbytes, p.fetched) for n, p in plan.params.items() if p.fetched > p.nbytes),
+                      key=lambda t: t[1] - t[2])
+        exact = [plan_param(st.info(n), view.boxes[n], out_dtype=view.dtype_of(n), verify=view.verify, cost=cost,
+                            coalesce="exact") for n, _, _ in over]
+        exact_requests = requests - sum(plan.params[n].requests for n, _, _ in over) + sum(e.requests for e in exact)
         return RankPlan(store=st.location.url, rank=view.rank, world_size=view.world_size, params=len(view),
                         nbytes=plan.nbytes, files=len(plan.files), requests=requests, result_bytes=result,
                         scratch_bytes=held, workers=view.workers, fetched_bytes=fetched,
                         modelled_seconds=round(cost.seconds(requests, fetched), 6),
                         request_ms=cost.request_seconds * 1e3, bandwidth_mbps=cost.bytes_per_second / 1e6,
-                        in_flight=cost.in_flight)
+                        in_flight=cost.in_flight, exact_requests=exact_requests,
+                        exact_seconds=round(cost.seconds(exact_requests, plan.nbytes), 6), over_read_params=len(over),
+                        over_read_top=tuple(over[:3]))
 
 
 @dataclass(frozen=True)

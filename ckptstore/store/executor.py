@@ -18,6 +18,7 @@ pool instead of each paying for threads.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
@@ -44,6 +45,10 @@ UNIT_BYTES = 8 << 20
 MAX_INFLIGHT = 256 << 20
 #: Below this many planned bytes, reading on the calling thread beats starting a pool.
 POOL_MIN_BYTES = 4 << 20
+#: What one answer of a windowed source holds while it streams into its buffers, whatever its
+#: length (measured on S3 with obstore: a thread's share grew to 0.9 MiB for 2 MiB answers); a
+#: longer request counts this much in :class:`_Window`, so long GETs still run several at once.
+ANSWER_BYTES = 1 << 20
 #: Destinations at least this large are allocated only once the files are known to hold the
 #: planned bytes (:func:`check_extents`).
 CHECKED_ALLOCATION = 64 << 20
@@ -214,6 +219,11 @@ class Executor:
         self.pool_min_bytes = pool_min_bytes
         self._budget = ByteBudget(max_inflight)
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        # a source that bounds its requests in flight by bytes (object storage: what their answers
+        # hold); None: the threads alone bound them (a local file's reads are copies, not waits)
+        limit = source.inflight_bytes
+        self._window = _Window(limit, self._start) if limit else None
 
     def __enter__(self) -> Executor:
         return self
@@ -222,9 +232,13 @@ class Executor:
         self.close()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        if self._window is not None:
+            self._window.cancel()  # units not started are not read (an error, or nobody waiting)
+            self._window = _Window(self._window.limit, self._start)  # for the plans submitted after this
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def submit(self, plan: AnyParamReadPlan, out: np.ndarray, *, parallel: bool = True) -> Job:
         """Start filling ``out`` with ``plan``'s bytes; ``Job.wait()`` returns when it is full.
@@ -241,9 +255,15 @@ class Executor:
             for fn, args in units:
                 fn(*args)
             return _DONE
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ckptstore-read")
-        return Job([self._pool.submit(fn, *args) for fn, args in units])
+        if self._window is not None:
+            return Job([self._window.add(fn, args, min(_unit_bytes(args), ANSWER_BYTES)) for fn, args in units])
+        return Job([self._start(fn, *args) for fn, args in units])
+
+    def _start(self, fn: Callable[..., None], *args: Any) -> Future[None]:
+        with self._pool_lock:  # the window's runners start runners too
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ckptstore-read")
+            return self._pool.submit(fn, *args)
 
     def _work(self, plan: AnyParamReadPlan, out: np.ndarray) -> list[tuple[Callable[..., None], tuple[Any, ...]]]:
         """The units of work that fill ``out``, in order: ``(method, arguments)`` each."""
@@ -359,6 +379,84 @@ class Executor:
         finally:
             self.stats.hold(-n)
             self._budget.give(n)
+
+
+def _unit_bytes(args: tuple[Any, ...]) -> int:
+    """The bytes a unit of work fetches: its requests' spans (gaps included), or a scratch group's."""
+    unit = args[1]
+    if isinstance(unit, _Requests):
+        g, cuts = unit.group, unit.cuts
+        first, last = cuts[unit.first:unit.stop], cuts[unit.first + 1:unit.stop + 1] - 1
+        return int((g.offsets[last] + g.lengths[last] - g.offsets[first]).sum())
+    return int(unit.fetched)
+
+
+class _Window:
+    """Units of work started so that the bytes they fetch, in flight at once, stay within ``limit``
+    (a unit larger than that runs alone), in the order given.
+
+    A unit is counted in flight from the moment a runner is handed it; a runner thread runs its
+    unit, then the next one that fits, and hands units to new runners only while the window has
+    room for more than it runs: the pool then has as many threads as units in flight. Each thread
+    that has read an answer keeps what the object-store client allocated for it (0.13 MiB for
+    64 KiB answers, 0.6 MiB for 600 KiB, 0.9 MiB for 2 MiB, measured one answer per thread), so
+    starting every unit at once on ``workers`` threads, or a runner per unit queued, would cost
+    every thread's share even when few requests were in flight.
+    """
+
+    def __init__(self, limit: int, start: Callable[..., Future[None]]) -> None:
+        self.limit, self._start = limit, start
+        self.used = 0
+        self._queue: deque[tuple[Callable[..., None], tuple[Any, ...], int, Future[None]]] = deque()
+        self._lock = threading.Lock()
+        self._cancelled = False
+
+    def add(self, fn: Callable[..., None], args: tuple[Any, ...], nbytes: int) -> Future[None]:
+        """Queue ``fn(*args)``, which fetches ``nbytes``; its future is done when it has run."""
+        future: Future[None] = Future()
+        with self._lock:
+            self._queue.append((fn, args, min(nbytes, self.limit), future))
+            first = self._take()
+        if first is not None:
+            self._start(self._run, first)
+        return future
+
+    def cancel(self) -> None:
+        """Drop the units not started (their futures are cancelled); the runners take no more."""
+        with self._lock:
+            queued, self._queue = self._queue, deque()
+            self._cancelled = True
+        for *_, future in queued:
+            future.cancel()
+
+    def _take(self) -> tuple[Callable[..., None], tuple[Any, ...], int, Future[None]] | None:
+        """The next unit if it fits, counted in flight from now (the lock held)."""
+        if not self._queue or self._cancelled or (self.used and self.used + self._queue[0][2] > self.limit):
+            return None
+        unit = self._queue.popleft()
+        self.used += unit[2]
+        return unit
+
+    def _run(self, unit: tuple[Callable[..., None], tuple[Any, ...], int, Future[None]] | None) -> None:
+        while unit is not None:
+            fn, args, nbytes, future = unit
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        fn(*args)
+                    except BaseException as e:
+                        future.set_exception(e)
+                    else:
+                        future.set_result(None)
+            finally:
+                with self._lock:
+                    self.used -= nbytes
+                    unit = self._take()
+                    others = []  # the bytes this unit gave back may let several smaller ones start
+                    while unit is not None and (other := self._take()) is not None:
+                        others.append(other)
+                    for other in others:
+                        self._start(self._run, other)
 
 
 class Job:
