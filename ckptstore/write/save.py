@@ -355,7 +355,8 @@ class SaveJob:
         made durable together at the end; return each chunk's CRC-32C and the bytes written."""
         unsynced: list[str] = []
         for p in self.plan.params:
-            if p.writes_metadata:
+            # an incremental step is an index over ROOT's files, read by ckptstore only: no array metadata
+            if p.writes_metadata and not self.incremental:
                 meta = zb.array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape, None, shard_shape=p.shard_shape,
                                          separator=zb.SEPARATOR) if p.sharded else \
                     zb.raw_array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape, zb.SEPARATOR)
