@@ -221,3 +221,81 @@ def test_concurrent_saves_prunes_and_loads_lose_nothing(tmp_path):
     assert kept == [12, 11]
     for s in kept:
         assert_holds(ckptstore.open(tmp_path / f"step_{s}"), frozen_base(s))
+
+
+# --- a job of four ranks (MindSpore's dp2_mp2 slices) ----------------------------------------
+
+
+def rank_values(layout, scale: dict[str, float] | None = None) -> list[dict[str, np.ndarray]]:
+    """Each rank's local slices, as MindSpore saved them, with the parameters in ``scale`` multiplied
+    (the same on every rank: what a training step changes)."""
+    from save_worker import local_slices
+
+    out = []
+    for r in range(layout.world):
+        local = local_slices(str(layout.rank_file(r)))
+        out.append({k: (v * np.asarray(scale[k], dtype=v.dtype) if scale and k in scale else v)
+                    for k, v in local.items()})
+    return out
+
+
+def save_job_steps(layout, root: Path, steps: dict[int, dict[str, float] | None], *, incremental: bool) -> dict:
+    """Save ``steps`` (step -> scaled parameters) rank after rank; each rank's summaries by step."""
+    done = {}
+    for step, scale in steps.items():
+        done[step] = [ckptstore.save_rank(v, root, step=step, strategy=layout.strategy_files, rank=r,
+                                          incremental=incremental, attempt=f"a{step}")
+                      for r, v in enumerate(rank_values(layout, scale))]
+    return done
+
+
+@pytest.mark.mindspore
+def test_a_full_run_writes_only_the_chunks_that_changed(saved_layout, tmp_path):
+    layout = saved_layout("dp2_mp2")
+    first = rank_values(layout)[0]
+    name = next(k for k, v in first.items() if getattr(v, "ndim", 0) >= 1 and v.dtype.kind == "f")
+    done = save_job_steps(layout, tmp_path, {1: None, 2: {name: 2.0}, 3: {name: 3.0}}, incremental=True)
+    store = ckptstore.open(tmp_path / "step_2")
+    changed = store.manifest.params[name].chunks
+    for step in (2, 3):
+        assert sum(s.chunks_written for s in done[step]) == len(changed)
+        assert sum(s.bytes_written for s in done[step]) == sum(changed.nbytes)
+        files = ckptstore.open(tmp_path / f"step_{step}").manifest.params[name].chunks.files
+        assert all(f.startswith(f"step_{step}/") for f in files)
+
+
+@pytest.mark.mindspore
+def test_every_step_of_a_job_reads_and_exports_bit_identical_to_a_full_save(saved_layout, tmp_path):
+    layout = saved_layout("dp2_mp2")
+    first = rank_values(layout)[0]
+    name = next(k for k, v in first.items() if getattr(v, "ndim", 0) >= 1 and v.dtype.kind == "f")
+    steps = {1: None, 2: {name: 2.0}, 3: {name: 2.0}}
+    save_job_steps(layout, tmp_path / "inc", steps, incremental=True)
+    save_job_steps(layout, tmp_path / "full", steps, incremental=False)
+    for step in steps:
+        inc, full = ckptstore.open(tmp_path / "inc" / f"step_{step}"), ckptstore.open(tmp_path / "full" / f"step_{step}")
+        assert inc.names() == full.names()
+        for n in full.names():
+            assert inc.read(n).tobytes() == full.read(n).tobytes(), (step, n)
+        for r in range(layout.world):
+            a = ckptstore.read_rank(inc, strategy=layout.strategy_arg, rank=r)
+            b = ckptstore.read_rank(full, strategy=layout.strategy_arg, rank=r)
+            assert {k: np.asarray(v).tobytes() for k, v in a.items()} == \
+                {k: np.asarray(v).tobytes() for k, v in b.items()}
+        ckptstore.export(inc, tmp_path / f"x_inc_{step}", strategy=layout.strategy_arg)
+        ckptstore.export(full, tmp_path / f"x_full_{step}", strategy=layout.strategy_arg)
+        for f in sorted((tmp_path / f"x_full_{step}").rglob("*.ckpt")):
+            twin = tmp_path / f"x_inc_{step}" / f.relative_to(tmp_path / f"x_full_{step}")
+            assert twin.read_bytes() == f.read_bytes()
+
+
+def test_a_background_saver_references_unchanged_slices(tmp_path):
+    from ckptstore.write.saver import StoreSaver
+
+    with StoreSaver(tmp_path, keep=2, async_save=True, incremental=True, attempt="job") as saver:
+        for s in range(1, 5):
+            saver.save(s, frozen_base(s))
+    written = [s.bytes_written for s in saver.summaries]
+    assert written[1:] == [changed_bytes(frozen_base(1), frozen_base(2))] * 3
+    assert_holds(ckptstore.open(tmp_path), frozen_base(4))
+    assert [f.step for f in list_steps(tmp_path) if f.state == "committed"] == [4, 3]

@@ -36,8 +36,9 @@ class StoreSaver:
     steps are kept (``None``: all); ``async_save`` writes in the background, copying at most
     ``memory_budget_mb`` MB of this rank's slices at a time; ``strategy``, ``rank``, ``include``,
     ``exclude``, ``chunk_mb``, ``attempt`` and ``incremental`` are :func:`ckptstore.save_rank`'s.
-    ``replace=True`` lets the first save go at or below the newest committed step (restarting from an older step on purpose):
-    committed steps newer than it are removed once it is committed. Call :meth:`wait` at the end
+    ``replace=True`` lets the first save go at or below the newest committed step (restarting
+    from an older step on purpose): committed steps newer than it are removed once it is
+    committed. Call :meth:`wait` at the end
     (or use the saver as a context manager); an error of a background save is raised by the
     next :meth:`save`, :meth:`check` or :meth:`wait`.
     """
