@@ -114,7 +114,7 @@ def test_load_after_pruning_older_steps_is_bit_identical(tmp_path):
     removed = prune_steps(tmp_path, 1)
     assert removed.steps == [1, 2, 3] and sorted(removed.referenced) == [1]
     assert_holds(ckptstore.open(tmp_path), frozen_base(4))
-    assert [(f.step, f.state) for f in list_steps(tmp_path)] == [(4, "committed"), (1, "unfinished")]
+    assert [(f.step, f.state) for f in list_steps(tmp_path)] == [(4, "committed"), (1, "held")]
 
 
 def test_pruning_deletes_a_held_chunk_once_no_kept_step_references_it(tmp_path):
@@ -273,7 +273,8 @@ def test_every_step_of_a_job_reads_and_exports_bit_identical_to_a_full_save(save
     save_job_steps(layout, tmp_path / "inc", steps, incremental=True)
     save_job_steps(layout, tmp_path / "full", steps, incremental=False)
     for step in steps:
-        inc, full = ckptstore.open(tmp_path / "inc" / f"step_{step}"), ckptstore.open(tmp_path / "full" / f"step_{step}")
+        inc = ckptstore.open(tmp_path / "inc" / f"step_{step}")
+        full = ckptstore.open(tmp_path / "full" / f"step_{step}")
         assert inc.names() == full.names()
         for n in full.names():
             assert inc.read(n).tobytes() == full.read(n).tobytes(), (step, n)

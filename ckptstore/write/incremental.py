@@ -59,9 +59,17 @@ def root_of(step_location: str) -> str:
     return os.path.dirname(os.path.normpath(step_location)) or "."
 
 
-def root_lock(root: str) -> Lock | None:
+def root_lock(root: str, *, create: bool = True) -> Lock | None:
     """Hold the reference lock of ``root`` (local folders; object storage has none, and there the
-    commit's check of the recorded ETags is what refuses a pruned reference)."""
+    commit's check of the recorded ETags is what refuses a pruned reference). ``create=False``
+    (retention) takes it only where an incremental step was committed already: a root of full
+    steps gets no ``.ckptstore-refs`` folder, and the first incremental step references nothing."""
+    if not create:
+        try:
+            if REFS_FOLDER not in open_location(root).list()[0]:
+                return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None
     return open_sink(root).folder(REFS_FOLDER).lock("lock")
 
 

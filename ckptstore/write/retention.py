@@ -50,6 +50,9 @@ _CHUNK_FILE = re.compile(r"^c([./]\d+)*(\.partial|\.journal)?$")
 _HELD = f"{RECORDS_DIR}/held.json"
 
 COMMITTED, UNFINISHED, FOREIGN, LINK = "committed", "unfinished", "not ckptstore's", "symbolic link"
+#: A pruned step that still holds chunks later (incremental) steps reference: not loadable, deleted
+#: by a later prune once nothing references them.
+HELD = "held"
 #: The states of a committed step checked by ``ckptstore steps --verify`` (:func:`list_steps` with ``verify=True``).
 VERIFIED, DAMAGED = "verified", "damaged"
 
@@ -137,6 +140,8 @@ def _step_folder(sink: ByteSink, step: int) -> StepFolder:
     keys = [k for k, _, _ in files]
     if not any(k.startswith(WORK_DIR + "/") for k in keys):
         return StepFolder(step, FOREIGN, None, (), size, len(files), when)
+    if _HELD in keys:
+        return StepFolder(step, HELD, None, (), size, len(files), when)
     world, missing = _waiting_for(sink)
     return StepFolder(step, UNFINISHED, world, missing, size, len(files), when)
 
@@ -242,7 +247,7 @@ def remove_steps(root: str | os.PathLike[str], doomed: Collection[int], *, dry_r
     (a step ckptstore did not save, or one being saved now, stays and is listed in the result);
     ``dry_run`` deletes nothing and says what would go."""
     done = Removed(dry_run=dry_run)
-    lock = inc.root_lock(os.fspath(root)) if doomed and not dry_run else None
+    lock = inc.root_lock(os.fspath(root), create=False) if doomed and not dry_run else None
     try:
         referenced = inc.referenced_files(os.fspath(root), skip=list(doomed)) if doomed else set()
         for step in doomed:
