@@ -405,7 +405,7 @@ class SaveJob:
                                   "index": [c.index for c in p.chunks], "files": [file] if k else [], "file": [0] * k,
                                   "offset": [c.byte_start for c in p.chunks], "nbytes": [c.nbytes for c in p.chunks],
                                   "crc32c": crc, "rank": [self.plan.rank] * k, "replicas": [p.replicas] * k,
-                                  **({"blake2b": hashes} if self.incremental and k else {})},
+                                  **({"sha256": hashes} if self.incremental and k else {})},
                               **extra}
         return params
 
@@ -451,7 +451,7 @@ def _hashed(segments: Callable[[int], Iterator[Segment]], hashes: dict[int, str]
     in ``hashes`` as its last segment passes (an incremental step records them for the next)."""
     open_: dict[int, Any] = {}
     for index, rank, view, last in segments(done):
-        h = open_.setdefault(index, hashlib.blake2b(digest_size=32))
+        h = open_.setdefault(index, hashlib.sha256())
         h.update(view)
         if last:
             hashes[index] = open_.pop(index).hexdigest()
