@@ -171,16 +171,22 @@ def test_the_first_incremental_step_after_a_full_one_writes_everything(tmp_path)
 
 
 @pytest.mark.slow
-def test_concurrent_saves_prunes_and_loads_lose_nothing(tmp_path):
+@pytest.mark.parametrize("where", ["local", "bucket"])
+def test_concurrent_saves_prunes_and_loads_lose_nothing(where, tmp_path, request):
     """Hostile: one thread saves steps, one prunes to the newest two, one loads the newest step
-    again and again. Every load gives exactly its step's values; a load fails only when its step
-    was pruned meanwhile; at the end the kept steps load whole."""
+    again and again (a local folder, and a SeaweedFS bucket, which has no lock). Every load gives
+    exactly its step's values; a load fails only when its step was pruned meanwhile; at the end
+    the kept steps load whole."""
+    from ckptstore.io.locations import open_location
+    from ckptstore.store.steps import is_committed
+
+    root = tmp_path if where == "local" else request.getfixturevalue("bucket").url("run")
     stop, errors, loads = threading.Event(), [], [0]
 
     def saver() -> None:
         try:
             for s in range(1, 13):
-                ckptstore.save_rank(frozen_base(s), tmp_path, step=s, incremental=True, attempt=f"a{s}")
+                ckptstore.save_rank(frozen_base(s), root, step=s, incremental=True, attempt=f"a{s}")
         except BaseException as e:
             errors.append(e)
         finally:
@@ -189,14 +195,14 @@ def test_concurrent_saves_prunes_and_loads_lose_nothing(tmp_path):
     def pruner() -> None:
         while not stop.is_set():
             try:
-                prune_steps(tmp_path, 2)
+                prune_steps(root, 2)
             except BaseException as e:
                 errors.append(e)
 
     def loader() -> None:
         while not stop.is_set():
             try:
-                store = ckptstore.open(tmp_path)
+                store = ckptstore.open(root)
             except CkptStoreError:
                 continue  # no step committed yet
             step = store.source["step"]
@@ -204,7 +210,7 @@ def test_concurrent_saves_prunes_and_loads_lose_nothing(tmp_path):
                 assert_holds(store, frozen_base(step))
                 loads[0] += 1
             except (CkptStoreError, FileNotFoundError):
-                if (tmp_path / f"step_{step}" / "ckptstore.json").exists():
+                if is_committed(open_location(f"{root}/step_{step}")):
                     errors.append(AssertionError(f"step {step} is still committed but failed to load"))
             finally:
                 store.close()
@@ -216,11 +222,11 @@ def test_concurrent_saves_prunes_and_loads_lose_nothing(tmp_path):
         t.join(timeout=300)
     assert not errors, errors
     assert loads[0] > 0
-    prune_steps(tmp_path, 2)
-    kept = [f.step for f in list_steps(tmp_path) if f.state == "committed"]
+    prune_steps(root, 2)
+    kept = [f.step for f in list_steps(root) if f.state == "committed"]
     assert kept == [12, 11]
     for s in kept:
-        assert_holds(ckptstore.open(tmp_path / f"step_{s}"), frozen_base(s))
+        assert_holds(ckptstore.open(f"{root}/step_{s}"), frozen_base(s))
 
 
 # --- a job of four ranks (MindSpore's dp2_mp2 slices) ----------------------------------------
@@ -298,8 +304,8 @@ def test_a_background_saver_references_unchanged_slices(tmp_path):
             saver.save(s, frozen_base(s))
     written = [s.bytes_written for s in saver.summaries]
     assert written[1:] == [changed_bytes(frozen_base(1), frozen_base(2))] * 3
-    assert_holds(ckptstore.open(tmp_path), frozen_base(4))
-    assert [f.step for f in list_steps(tmp_path) if f.state == "committed"] == [4, 3]
+    assert_holds(ckptstore.open(root), frozen_base(4))
+    assert [f.step for f in list_steps(root) if f.state == "committed"] == [4, 3]
 
 
 # --- object storage (SeaweedFS on loopback) ---------------------------------------------------
