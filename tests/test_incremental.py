@@ -304,8 +304,8 @@ def test_a_background_saver_references_unchanged_slices(tmp_path):
             saver.save(s, frozen_base(s))
     written = [s.bytes_written for s in saver.summaries]
     assert written[1:] == [changed_bytes(frozen_base(1), frozen_base(2))] * 3
-    assert_holds(ckptstore.open(root), frozen_base(4))
-    assert [f.step for f in list_steps(root) if f.state == "committed"] == [4, 3]
+    assert_holds(ckptstore.open(tmp_path), frozen_base(4))
+    assert [f.step for f in list_steps(tmp_path) if f.state == "committed"] == [4, 3]
 
 
 # --- object storage (SeaweedFS on loopback) ---------------------------------------------------
