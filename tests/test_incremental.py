@@ -322,3 +322,20 @@ def test_incremental_steps_in_a_bucket_reference_pinned_objects_and_survive_a_pr
     removed = prune_steps(root, 1)
     assert removed.steps == [1, 2] and sorted(removed.referenced) == [1]
     assert_holds(ckptstore.open(root), frozen_base(3))
+
+
+def test_info_says_a_step_is_incremental(tmp_path):
+    from click.testing import CliRunner
+
+    from ckptstore.cli import main
+
+    save_steps(tmp_path, range(1, 3))
+    out = CliRunner().invoke(main, ["info", str(tmp_path / "step_2")]).output
+    assert out.splitlines()[0] == (f"{tmp_path / 'step_2'}: ckptstore store (an incremental step: its own and "
+                                   "earlier steps' files) of step 2 saved by 1 rank(s)")
+
+
+@pytest.mark.mindspore
+def test_store_checkpoint_passes_incremental_to_its_saver(tmp_path):
+    assert ckptstore.StoreCheckpoint(tmp_path, incremental=True).saver.incremental is True
+    assert ckptstore.StoreCheckpoint(tmp_path).saver.incremental is False
