@@ -482,8 +482,138 @@ def _rank_args(argv: Sequence[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+# --- incremental steps: ``python -m benchmarks.bench_save incremental --size 1GB --steps 5`` -------------
+INCREMENTAL = "save-incremental"
+
+
+def incremental_model(size: int, trainable: float, frozen: float) -> dict[str, Any]:
+    """A transformer-like model of about ``size`` bytes, float32, in one process: square
+    ``2048 x 2048`` matrices (16 MiB each), a LoRA pair per matrix holding ``trainable`` of the
+    bytes, and which names a "training step" changes: with ``trainable`` > 0 only the LoRA pairs
+    (a frozen base); else every matrix but the first ``frozen`` share (frozen embeddings/layers)."""
+    import numpy as np
+
+    h = 2048
+    n = max(1, round(size / (h * h * 4)))
+    rng = np.random.default_rng(0)
+    model: dict[str, Any] = {f"layer{i}.w": rng.standard_normal((h, h), dtype=np.float32) for i in range(n)}
+    rank = max(1, round(trainable * h / 2)) if trainable else 0
+    for i in range(n if rank else 0):
+        model[f"layer{i}.lora_a"] = rng.standard_normal((rank, h), dtype=np.float32)
+        model[f"layer{i}.lora_b"] = np.zeros((h, rank), dtype=np.float32)
+    changing = [k for k in model if ".lora_" in k] if rank else list(model)[round(frozen * n):]
+    return {"values": model, "changing": changing}
+
+
+def _train(model: dict[str, Any], step: int) -> None:
+    """One "training step": every changing array moves (in place, as an optimizer updates)."""
+    for name in model["changing"]:
+        model["values"][name] += 1e-3 * step
+
+
+def _incremental_run(model: dict[str, Any], root: Path, steps: int, *, incremental: bool,
+                     budget_mb: int) -> list[dict[str, Any]]:
+    """``steps`` saves of ``model`` by one StoreSaver (async, as a training loop), one per step."""
+    import ckptstore
+
+    out = []
+    saver = ckptstore.StoreSaver(root, keep=2, async_save=True, memory_budget_mb=budget_mb,
+                                 incremental=incremental, attempt="bench")
+    for step in range(1, steps + 1):
+        _train(model, step)
+        t0 = time.perf_counter()
+        saver.save(step, model["values"])
+        stall = time.perf_counter() - t0
+        saver.wait()
+        done = time.perf_counter() - t0
+        summary = saver.summaries[-1]
+        out.append({"step": step, "stall": round(stall, 4), "committed": round(done, 4),
+                    "bytes_written": summary.bytes_written, "chunks_written": summary.chunks_written})
+    return out
+
+
+def _modelcheckpoint_run(model: dict[str, Any], root: Path, steps: int) -> list[dict[str, Any]]:
+    """``mindspore.save_checkpoint`` of the same values (what ``ModelCheckpoint`` calls), sync."""
+    import mindspore as ms
+
+    root.mkdir(parents=True, exist_ok=True)
+    out = []
+    for step in range(1, steps + 1):
+        _train(model, step)
+        t0 = time.perf_counter()
+        ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in model["values"].items()],
+                           str(root / f"step_{step}.ckpt"))
+        done = time.perf_counter() - t0
+        out.append({"step": step, "stall": round(done, 4), "committed": round(done, 4),
+                    "bytes_written": (root / f"step_{step}.ckpt").stat().st_size})
+    return out
+
+
+def incremental_main(argv: Sequence[str]) -> int:
+    """Frozen-base (LoRA-style) and full-training runs, saved incrementally and in full."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_save incremental")
+    ap.add_argument("--size", default="1GB")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--trainable", type=float, default=0.01, help="LoRA run: share of the bytes trained")
+    ap.add_argument("--frozen", type=float, default=0.1, help="full run: share of the matrices frozen")
+    ap.add_argument("--budget-mb", type=int, default=256)
+    ap.add_argument("--modelcheckpoint", action="store_true", help="also mindspore.save_checkpoint (sync)")
+    ap.add_argument("--out", default=str(RESULTS_DIR))
+    ap.add_argument("--work", default=None)
+    a = ap.parse_args(argv)
+    work = Path(a.work or tempfile.mkdtemp(prefix="bench_inc_"))
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for run, trainable in (("LoRA", a.trainable), ("full training", 0.0)):
+        for mode in ("full saves", "incremental", *(("ModelCheckpoint sync",) if a.modelcheckpoint else ())):
+            model = incremental_model(parse_size(a.size), trainable, a.frozen)
+            changed = sum(model["values"][k].nbytes for k in model["changing"])
+            root = work / f"{run}-{mode}".replace(" ", "_")
+            if mode == "ModelCheckpoint sync":
+                rows = _modelcheckpoint_run(model, root, a.steps)
+            else:
+                rows = _incremental_run(model, root, a.steps, incremental=mode == "incremental",
+                                        budget_mb=a.budget_mb)
+            for r in rows:
+                r["changed_bytes"] = changed
+            runs[f"{run} / {mode}"] = rows
+            shutil.rmtree(root, ignore_errors=True)
+            print(f"{run} / {mode}: " + ", ".join(f"{format_bytes(r['bytes_written'])} {r['stall']:.2f}s/"
+                                                  f"{r['committed']:.2f}s" for r in rows), flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    record = {"name": INCREMENTAL, "command": command_line("benchmarks.bench_save", ["incremental", *argv]),
+              "size": a.size, "runs": runs, "load_avg": round(os.getloadavg()[0], 2),
+              "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    out = Path(a.out)
+    raw = raw_path(out, f"{INCREMENTAL}.json")
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    raw.write_text(json.dumps(record, indent=1))
+    text = incremental_report(record)
+    (out / f"{INCREMENTAL}.md").write_text(text)
+    print(text)
+    return 0
+
+
+def incremental_report(record: dict[str, Any]) -> str:
+    """A table per run: bytes written, stall and committed time of each step (step 1 apart: it
+    writes everything), medians over the later steps, and bytes written / bytes changed."""
+    lines = [f"# Incremental steps ({record['size']} model, one process)", "", f"`{record['command']}` "
+             f"({record['time']}, load average {record['load_avg']})", "",
+             "| run / saves | step 1 written | later steps: written (median) | written / changed | stall | "
+             "committed |", "|---|---|---|---|---|---|"]
+    for name, rows in record["runs"].items():
+        later = rows[1:] or rows
+        written = statistics.median(r["bytes_written"] for r in later)
+        changed = later[0]["changed_bytes"]
+        lines.append(f"| {name} | {format_bytes(rows[0]['bytes_written'])} | {format_bytes(written)} | "
+                     f"{written / changed:.3f}× | {format_seconds(statistics.median(r['stall'] for r in later))} | "
+                     f"{format_seconds(statistics.median(r['committed'] for r in later))} |")
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
         rank_main(_rank_args(sys.argv[2:]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "incremental":
+        sys.exit(incremental_main(sys.argv[2:]))
     else:
         sys.exit(main())

@@ -196,6 +196,8 @@ def _print_store(info: dict[str, Any]) -> None:
     src = info["source"]
     declared = store_kind(info["store_kind"])
     kind = declared.label if declared is not None else info["store_kind"]
+    if src.get("incremental"):  # save_rank(incremental=True): an index over files of the step's root
+        kind = "an incremental step: its own and earlier steps' files"
     copied = declared is None or declared.stores_data
     verb = "converted from" if copied else "of"
     saved = bool(src.get("saved_by"))  # a training step saved by its ranks (save_rank, StoreCheckpoint)

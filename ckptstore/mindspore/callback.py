@@ -51,14 +51,16 @@ def store_checkpoint_class() -> type:
         step), ``"global_step"``, ``"loss_scale"`` (names, as MindFormers' resume reads them) or
         a dict of values, as ``CheckpointConfig`` does. ``include``/``exclude`` are name globs.
         ``attempt`` names the save attempt as :func:`ckptstore.save_rank`'s does (by default
-        MindSpore's communication or the launcher gives one).
+        MindSpore's communication or the launcher gives one). ``incremental=True`` references the
+        slices that did not change since the previous step instead of writing them again
+        (:func:`ckptstore.save_rank`'s; README "Incremental saves").
         """
 
         def __init__(self, root: str | os.PathLike[str], *, save_checkpoint_steps: int = 1,
                      keep_checkpoint_max: int | None = 5, strategy: Any = None, async_save: bool = True,
                      include: Sequence[str] = (), exclude: Sequence[str] = (), memory_budget_mb: int | None = None,
                      append_info: Any = None, rank: int | None = None, initial_step: int = 0,
-                     replace: bool = False, attempt: str | None = None) -> None:
+                     replace: bool = False, attempt: str | None = None, incremental: bool = False) -> None:
             super().__init__()
             check_int(save_checkpoint_steps, "save_checkpoint_steps")
             check_int(initial_step, "initial_step", least=0)
@@ -68,7 +70,7 @@ def store_checkpoint_class() -> type:
             self.saver = StoreSaver(root, keep=keep_checkpoint_max, async_save=async_save,
                                     memory_budget_mb=memory_budget_mb, strategy=strategy, rank=rank,
                                     include=include, exclude=exclude, replace=replace,
-                                    attempt=attempt)
+                                    attempt=attempt, incremental=incremental)
             self._last: int | None = None  # the training step at the previous step end
             self._counter: Any = _UNKNOWN  # the optimizer's global_step Parameter (None: there is none)
 

@@ -144,7 +144,8 @@ def describe_store(store: Store) -> dict[str, Any]:
         totals["referenced_bytes"] = stored
     return {"kind": "store", "path": str(store.root), "store_kind": store.kind,
             "source": {**{k: src.get(k) for k in ("world_size", "step", "created_by", "saved_by")},
-                       "unsaved": list(src.get("unsaved") or []), **_hf_source(store)},
+                       "unsaved": list(src.get("unsaved") or []), **_hf_source(store),
+                       **({"incremental": True} if src.get("incremental") else {})},
             "params": params, "totals": totals}
 
 

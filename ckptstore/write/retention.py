@@ -14,6 +14,12 @@ and a ``step_0`` may be another tool's altogether. So retention deletes
 Everything else stays, and is listed in the returned :class:`Removed` (and a warning), with the
 folder kept around it. The manifest goes first, so a reader never finds a committed step with
 chunks missing; a step whose work folder is locked (a rank is saving it now) is not touched.
+
+Incremental steps (:mod:`ckptstore.write.incremental`) name files of earlier steps. A file some
+step that stays references (its manifest, or the records of a step being saved: derived at each
+call, under the root's reference lock, never counted) is not deleted: its step loses its manifest
+and every other file, and keeps a work folder naming the arrays still held (so it reads as an
+unfinished save of ckptstore's, which a later call deletes once nothing references it).
 """
 from __future__ import annotations
 
@@ -33,13 +39,20 @@ from ckptstore.store.manifest import StoreManifest
 from ckptstore.store.steps import STEP_FOLDER, STEP_LIKE, foreign_step_names, step_name, step_sink, unfinished_ranks
 from ckptstore.store.store import checked_store
 from ckptstore.store.work import FINGERPRINT_FILE, RECORDS_DIR, is_lock
+from ckptstore.write import incremental as inc
 from ckptstore.write.save import step_location
 
 #: A chunk or shard file of a Zarr v3 array as ckptstore writes them (``c``, ``c.0.1``, ``c/0/1``),
 #: or one of its temporary files.
 _CHUNK_FILE = re.compile(r"^c([./]\d+)*(\.partial|\.journal)?$")
 
+#: The record a pruned step keeps of the arrays whose files later steps reference.
+_HELD = f"{RECORDS_DIR}/held.json"
+
 COMMITTED, UNFINISHED, FOREIGN, LINK = "committed", "unfinished", "not ckptstore's", "symbolic link"
+#: A pruned step that still holds chunks later (incremental) steps reference: not loadable, deleted
+#: by a later prune once nothing references them.
+HELD = "held"
 #: The states of a committed step checked by ``ckptstore steps --verify`` (:func:`list_steps` with ``verify=True``).
 VERIFIED, DAMAGED = "verified", "damaged"
 
@@ -127,6 +140,8 @@ def _step_folder(sink: ByteSink, step: int) -> StepFolder:
     keys = [k for k, _, _ in files]
     if not any(k.startswith(WORK_DIR + "/") for k in keys):
         return StepFolder(step, FOREIGN, None, (), size, len(files), when)
+    if _HELD in keys:
+        return StepFolder(step, HELD, None, (), size, len(files), when)
     world, missing = _waiting_for(sink)
     return StepFolder(step, UNFINISHED, world, missing, size, len(files), when)
 
@@ -157,6 +172,8 @@ class Removed:
     busy: list[int] = field(default_factory=list)
     #: Nothing was deleted: this is what would have been (``ckptstore steps --dry-run``).
     dry_run: bool = False
+    #: Files of deleted steps kept because a step that stays references them (incremental saves).
+    referenced: dict[int, list[str]] = field(default_factory=dict)
 
     def describe(self) -> str:
         """One line: what was deleted and what was left (or would be, in a dry run)."""
@@ -169,6 +186,9 @@ class Removed:
         if self.foreign:
             parts.append(f"{left} step folder(s) {', '.join(f'step_{s}' for s in self.foreign)} whole: ckptstore "
                          "did not save them")
+        if self.referenced:
+            parts.append(f"kept {sum(map(len, self.referenced.values()))} file(s) of step(s) "
+                         f"{', '.join(map(str, self.referenced))} that later steps reference")
         if self.busy:
             parts.append(f"{skipped} step(s) {', '.join(map(str, self.busy))}: being saved now")
         return "; ".join(parts)
@@ -227,15 +247,24 @@ def remove_steps(root: str | os.PathLike[str], doomed: Collection[int], *, dry_r
     (a step ckptstore did not save, or one being saved now, stays and is listed in the result);
     ``dry_run`` deletes nothing and says what would go."""
     done = Removed(dry_run=dry_run)
-    for step in doomed:
-        _remove_step(step_sink(step_location(root, step)), step, done)
+    lock = inc.root_lock(os.fspath(root), create=False) if doomed and not dry_run else None
+    try:
+        referenced = inc.referenced_files(os.fspath(root), skip=list(doomed)) if doomed else set()
+        for step in doomed:
+            prefix = inc.step_prefix(step)
+            _remove_step(step_sink(step_location(root, step)), step, done,
+                         {k[len(prefix):] for k in referenced if k.startswith(prefix)})
+    finally:
+        if lock is not None:
+            lock.release()
     if (done.left or done.foreign) and not dry_run:
         warnings.warn(f"ckptstore: {os.fspath(root)}: {done.describe()}", stacklevel=3)
     return done
 
 
-def _remove_step(sink: ByteSink, step: int, done: Removed) -> None:
-    """Delete what ckptstore wrote in one step folder (the manifest first), noting what stays."""
+def _remove_step(sink: ByteSink, step: int, done: Removed, referenced: Collection[str] = ()) -> None:
+    """Delete what ckptstore wrote in one step folder (the manifest first), noting what stays;
+    files of it that another step references (``referenced``, keys in the folder) stay too."""
     keys = sink.keys()
     ours = owned_files(sink, keys)
     if ours is None:
@@ -253,16 +282,26 @@ def _remove_step(sink: ByteSink, step: int, done: Removed) -> None:
             done.left[step] = left
         done.steps.append(step)
         return
+    kept = sorted(set(ours) & set(referenced))
     try:
+        if kept:  # written before anything goes: the folder stays ckptstore's, its held arrays named
+            sink.put(FINGERPRINT_FILE, b"pruned: holds chunks later steps reference\n")
+            sink.put(_HELD, json.dumps({"params": {a: {"path": a} for a in sorted({k.rpartition("/")[0]
+                                                                                  for k in kept})}}).encode())
+            ours = [k for k in ours if k not in (FINGERPRINT_FILE, _HELD)]
         manifests = [k for k in ours if "/" not in k]  # the manifest (and root metadata) go first
         sink.delete(manifests)
-        sink.delete([k for k in ours if k not in manifests and not is_lock(k)])
+        sink.delete([k for k in ours if k not in manifests and not is_lock(k) and k not in kept])
     finally:
         for lock in held:
             lock.release()
     sink.delete([k for k in ours if is_lock(k)])
     left = sorted(set(keys) - set(ours))
-    if left:
+    if kept:
+        done.referenced[step] = kept
+        if not manifests:
+            return  # pruned before: it still holds referenced chunks, and nothing more went
+    elif left:
         done.left[step] = left
     else:
         sink.remove_root()
@@ -286,6 +325,11 @@ def owned_files(sink: ByteSink, keys: list[str] | None = None) -> list[str] | No
         named.add(found.key)
         if manifest.kind == "zarr":
             named.add(ROOT_METADATA)
+        files = manifest.extra.get(inc.SOURCE_FILES)
+        if manifest.source.get("incremental") and manifest.extra.get(inc.SOURCE_ROOT) == inc.SOURCE_ROOT_OF_STEP \
+                and isinstance(files, dict):  # its own files are named below ROOT, from its folder
+            prefix = sink.url.rstrip("/").rpartition("/")[2] + "/"
+            named.update(k[len(prefix):] for k in files if isinstance(k, str) and k.startswith(prefix))
         for p in manifest.params.values():
             named.add(f"{p.path}/{ROOT_METADATA}")
             if kind is not None and kind.stores_data:  # an index's chunks are the rank files: not its own

@@ -46,6 +46,7 @@ from ckptstore.store.manifest import dtype_label
 from ckptstore.store.steps import step_name, step_sink
 from ckptstore.store.work import CommitPlan, write_commit_plan
 from ckptstore.version import __version__
+from ckptstore.write import incremental as inc
 from ckptstore.write.attempt import save_attempt, say_no_attempt
 from ckptstore.write.commit import commit_if_last, mark_done
 from ckptstore.write.kinds.zarr import Segment, write_zarr_data
@@ -89,7 +90,8 @@ def step_location(root: str | os.PathLike[str], step: int) -> str:
 
 def save_rank(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
               rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),
-              exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None) -> SaveSummary:
+              exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None,
+              incremental: bool = False) -> SaveSummary:
     """Save this rank's local slices as step ``step`` of the store folder ``root``; every rank calls it.
 
     ``params`` maps names to numpy arrays, ``mindspore.Parameter``/``Tensor`` values, Python
@@ -108,12 +110,14 @@ def save_rank(params: Any, root: str | os.PathLike[str], *, step: int, strategy:
     save that finds the step unfinished by another attempt starts it over. Returns a
     :class:`SaveSummary` of this rank's share. In msrun's scheduler process (which runs the job's
     script too but is no rank) nothing is saved: one log line says so and the summary has
-    ``rank=-1`` (:func:`skipped_in_scheduler`).
+    ``rank=-1`` (:func:`skipped_in_scheduler`). ``incremental=True`` (every rank must pass the
+    same) writes only the slices that differ from the newest committed incremental step and
+    references that step's files for the others (:mod:`ckptstore.write.incremental`).
     """
     if is_scheduler():
         return skipped_in_scheduler(root, step)
     return prepare_save(params, root, step=step, strategy=strategy, rank=rank, format=format, include=include,
-                        exclude=exclude, chunk_mb=chunk_mb, attempt=attempt).write()
+                        exclude=exclude, chunk_mb=chunk_mb, attempt=attempt, incremental=incremental).write()
 
 
 def skipped_in_scheduler(root: str | os.PathLike[str], step: int) -> SaveSummary:
@@ -127,16 +131,18 @@ def skipped_in_scheduler(root: str | os.PathLike[str], step: int) -> SaveSummary
 
 def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
                  rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),
-                 exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None) -> "SaveJob":
+                 exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None,
+                 incremental: bool = False) -> "SaveJob":
     """Work out what :func:`save_rank` writes (nothing is copied or written yet)."""
     check_int(step, "step", least=0)
     return save_job(params, root, step=step, strategy=strategy, rank=rank, format=format, include=include,
-                    exclude=exclude, chunk_mb=chunk_mb, attempt=attempt)
+                    exclude=exclude, chunk_mb=chunk_mb, attempt=attempt, incremental=incremental)
 
 
 def save_job(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
              rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),
-             exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None) -> SaveJob:
+             exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None,
+             incremental: bool = False) -> SaveJob:
     """:func:`prepare_save` for a ``step`` its caller checked already (a
     :class:`~ckptstore.write.saver.StoreSaver` checks it before it compares it with the last one)."""
     if format != "zarr":
@@ -152,7 +158,7 @@ def save_job(params: Any, root: str | os.PathLike[str], *, step: int, strategy: 
     shared = save_attempt(attempt, world)
     if shared is None:
         say_no_attempt(os.fspath(root), world)
-    return SaveJob(step_location(root, step), step, plan, arrays, st, chunk_bytes, shared)
+    return SaveJob(step_location(root, step), step, plan, arrays, st, chunk_bytes, shared, incremental=incremental)
 
 
 def _chunk_bytes(chunk_mb: int | None) -> int:
@@ -267,7 +273,8 @@ class SaveJob:
     """One rank's save of one step: the plan and the local arrays it reads chunks from."""
 
     def __init__(self, location: str, step: int, plan: SavePlan, arrays: Mapping[str, np.ndarray | str],
-                 strategy: Strategy | None, chunk_bytes: int, attempt: str | None = None) -> None:
+                 strategy: Strategy | None, chunk_bytes: int, attempt: str | None = None, *,
+                 incremental: bool = False) -> None:
         self.location, self.step, self.plan, self.arrays = location, step, plan, arrays
         self.strategy, self.chunk_bytes = strategy, chunk_bytes
         #: Bytes of one piece at most (a background saver lowers it to fit its budget).
@@ -275,9 +282,17 @@ class SaveJob:
         self.part = Part(plan.rank, plan.world)
         #: The attempt all ranks of this job agree on (:mod:`ckptstore.write.attempt`), ``None`` without one.
         self.attempt = attempt
+        #: Whether unchanged slices are referenced from the previous step (:mod:`ckptstore.write.incremental`).
+        self.incremental = incremental
+        #: The slices found equal to the previous step's, by parameter: (its file, CRCs, hashes).
+        self.reused: dict[str, tuple[str, list[int], list[str]]] = {}
+        #: The strong hash of every chunk this rank wrote (incremental steps only), by parameter and chunk.
+        self.hashes: dict[str, dict[int, str]] = {}
+        self._previous: Any = None
         blob = json.dumps({"step": step, "world": plan.world, "chunk_bytes": chunk_bytes, "version": __version__,
                            "strategy": None if strategy is None else strategy.summary(),
-                           **({"attempt": attempt} if attempt is not None else {})}, sort_keys=True)
+                           **({"attempt": attempt} if attempt is not None else {}),
+                           **({"incremental": True} if incremental else {})}, sort_keys=True)
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()
 
     def pieces(self) -> Iterator[Piece]:
@@ -285,9 +300,15 @@ class SaveJob:
         are the local array's) in pieces of at most :attr:`piece_bytes`, as views of the local
         array (no copy; a MindSpore tensor is brought to host memory when its first piece comes)."""
         step = max(self.piece_bytes, 1)
+        previous = self._previous = inc.previous_step(self.location, self.step) if self.incremental else None
+        self.reused = {}
         for p in self.plan.params:
             if p.chunks:
                 flat = _bytes_of(self.arrays[p.name])  # type: ignore[arg-type]  # chunks: a tensor, not a str
+                same = None if previous is None else inc.reusable(p, flat, previous)
+                if same is not None:  # referenced, neither copied nor written
+                    self.reused[p.name] = same
+                    continue
                 for offset in range(0, p.nbytes, step):
                     yield p, offset, flat[p.local_start + offset:p.local_start + min(offset + step, p.nbytes)]
 
@@ -305,7 +326,9 @@ class SaveJob:
         try:
             if hold.complete:
                 raise StoreExistsError(self._committed_message())
-            write_commit_plan(sink, CommitPlan("zarr", (), self._header(), {}, self.part.count, records="ranks"))
+            write_commit_plan(sink, CommitPlan("index", (), self._header(), {inc.SOURCE_ROOT: inc.SOURCE_ROOT_OF_STEP},
+                                               self.part.count, records="ranks") if self.incremental else
+                              CommitPlan("zarr", (), self._header(), {}, self.part.count, records="ranks"))
             crcs, written = self._write_chunks(sink, self.pieces() if pieces is None else pieces)
             mark_done(sink, self.part, self.fingerprint, self._header(), self._entries(crcs))
             committed = commit and commit_if_last(hold, self.fingerprint) is not None
@@ -332,7 +355,8 @@ class SaveJob:
         made durable together at the end; return each chunk's CRC-32C and the bytes written."""
         unsynced: list[str] = []
         for p in self.plan.params:
-            if p.writes_metadata:
+            # an incremental step is an index over ROOT's files, read by ckptstore only: no array metadata
+            if p.writes_metadata and not self.incremental:
                 meta = zb.array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape, None, shard_shape=p.shard_shape,
                                          separator=zb.SEPARATOR) if p.sharded else \
                     zb.raw_array_metadata(p.shape, dtype_label(p.dtype), p.chunk_shape, zb.SEPARATOR)
@@ -343,7 +367,10 @@ class SaveJob:
         rest = iter(pieces)
         for p, _, data in rest:
             # written whole and renamed (or uploaded); every file is fsynced below, all at once
-            entries = write_zarr_data(sink, p.file, functools.partial(_segments, p, self.plan.rank, data, rest),
+            segments = functools.partial(_segments, p, self.plan.rank, data, rest)
+            if self.incremental:
+                segments = functools.partial(_hashed, segments, self.hashes.setdefault(p.name, {}))
+            entries = write_zarr_data(sink, p.file, segments,
                                       shard_entries=p.chunks_per_shard if p.sharded else None, durable=False,
                                       fresh=not sink.seekable)
             crcs.setdefault(p.name, {}).update((e.index, e.crc) for e in entries)
@@ -363,18 +390,34 @@ class SaveJob:
                 params[p.name] = {"dtype": "str", **({"value": self.arrays[p.name]} if p.writes_value else {})}
                 continue
             mine, k = crcs.get(p.name, {}), len(p.chunks)
+            file = p.file if k else ""
+            crc: Sequence[int | None] = [mine.get(c.index) for c in p.chunks]
+            extra: dict[str, Any] = {}
+            if self.incremental and k:  # files named relative to ROOT; unchanged slices referenced
+                reused = self.reused.get(p.name)
+                if reused is not None:
+                    file, crc, hashes = reused
+                    extra["referenced"] = {file: dict(self._previous_record(file))}
+                else:
+                    file, hashes = inc.step_prefix(self.step) + file, [self.hashes[p.name][c.index] for c in p.chunks]
             params[p.name] = {"path": p.path, "dtype": dtype_label(p.dtype), "shape": list(p.shape),
                               "chunk_shape": list(p.chunk_shape), "codec": None, "chunks": {
-                                  "index": [c.index for c in p.chunks], "files": [p.file] if k else [], "file": [0] * k,
+                                  "index": [c.index for c in p.chunks], "files": [file] if k else [], "file": [0] * k,
                                   "offset": [c.byte_start for c in p.chunks], "nbytes": [c.nbytes for c in p.chunks],
-                                  "crc32c": [mine[c.index] for c in p.chunks], "rank": [self.plan.rank] * k,
-                                  "replicas": [p.replicas] * k}}
+                                  "crc32c": crc, "rank": [self.plan.rank] * k, "replicas": [p.replicas] * k,
+                                  **({"sha256": hashes} if self.incremental and k else {})},
+                              **extra}
         return params
+
+    def _previous_record(self, key: str) -> Any:
+        """What the previous step recorded of the file ``key`` (checked again at the commit)."""
+        return self._previous.files[key]
 
     def _header(self) -> dict[str, Any]:
         return {"world_size": self.plan.world, "step": self.step, "saved_by": "save_rank",
                 "strategy": None if self.strategy is None else self.strategy.summary(),
-                "fingerprint": self.fingerprint, "attempt": self.attempt, "created_by": f"ckptstore {__version__}"}
+                "fingerprint": self.fingerprint, "attempt": self.attempt, "created_by": f"ckptstore {__version__}",
+                **({"incremental": True} if self.incremental else {})}
 
 
 def _segments(p: SaveParam, rank: int, data: Any, rest: Iterator[Piece], done: int = 0) -> Iterator[Segment]:
@@ -401,6 +444,18 @@ def _segments(p: SaveParam, rank: int, data: Any, rest: Iterator[Piece], done: i
         q, _, data = next(rest)
         if q.name != p.name:  # pieces come parameter by parameter, in the plan's order
             raise RuntimeError(f"pieces of {q.name!r} came before the last of {p.name!r}")
+
+
+def _hashed(segments: Callable[[int], Iterator[Segment]], hashes: dict[int, str], done: int) -> Iterator[Segment]:
+    """``segments(done)``, noting each chunk's strong hash (:func:`ckptstore.write.incremental.digest`)
+    in ``hashes`` as its last segment passes (an incremental step records them for the next)."""
+    open_: dict[int, Any] = {}
+    for index, rank, view, last in segments(done):
+        h = open_.setdefault(index, hashlib.sha256())
+        h.update(view)
+        if last:
+            hashes[index] = open_.pop(index).hexdigest()
+        yield index, rank, view, last
 
 
 def _bytes_of(array: np.ndarray | LazyArray) -> memoryview:

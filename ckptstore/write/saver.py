@@ -35,9 +35,10 @@ class StoreSaver:
     included), or a mapping of names to ``Parameter``/``Tensor``/numpy values. ``keep`` committed
     steps are kept (``None``: all); ``async_save`` writes in the background, copying at most
     ``memory_budget_mb`` MB of this rank's slices at a time; ``strategy``, ``rank``, ``include``,
-    ``exclude``, ``chunk_mb`` and ``attempt`` are :func:`ckptstore.save_rank`'s. ``replace=True`` lets the first
-    save go at or below the newest committed step (restarting from an older step on purpose):
-    committed steps newer than it are removed once it is committed. Call :meth:`wait` at the end
+    ``exclude``, ``chunk_mb``, ``attempt`` and ``incremental`` are :func:`ckptstore.save_rank`'s.
+    ``replace=True`` lets the first save go at or below the newest committed step (restarting
+    from an older step on purpose): committed steps newer than it are removed once it is
+    committed. Call :meth:`wait` at the end
     (or use the saver as a context manager); an error of a background save is raised by the
     next :meth:`save`, :meth:`check` or :meth:`wait`.
     """
@@ -45,12 +46,13 @@ class StoreSaver:
     def __init__(self, root: str | os.PathLike[str], *, keep: int | None = 5, async_save: bool = True,
                  memory_budget_mb: int | None = None, strategy: Any = None, rank: int | None = None,
                  include: Sequence[str] = (), exclude: Sequence[str] = (), chunk_mb: int | None = None,
-                 replace: bool = False, attempt: str | None = None) -> None:
+                 replace: bool = False, attempt: str | None = None, incremental: bool = False) -> None:
         check_int(keep, "keep", none_ok=True)
         check_int(memory_budget_mb, "memory_budget_mb", none_ok=True)
         self.root, self.keep, self.async_save, self.replace = root, keep, async_save, replace
         self.strategy, self.rank, self.chunk_mb, self.attempt = strategy, rank, chunk_mb, attempt
         self.include, self.exclude = tuple(include), tuple(exclude)
+        self.incremental = incremental
         self._async = AsyncSaver(memory_budget=None if memory_budget_mb is None else memory_budget_mb << 20,
                                  on_done=self._after)
         #: What each finished save of this rank did, oldest first.
@@ -86,7 +88,7 @@ class StoreSaver:
             values.update(more)
         job = save_job(values, self.root, step=step, strategy=self.strategy if self.strategy is not None
                            else compiled, rank=self.rank, include=self.include, exclude=self.exclude,
-                           chunk_mb=self.chunk_mb, attempt=self.attempt)
+                           chunk_mb=self.chunk_mb, attempt=self.attempt, incremental=self.incremental)
         self.last_step = step
         if self.async_save:
             self._async.save(job)  # copies within the budget; the writer runs _after when done

@@ -3,14 +3,16 @@ each chunk a list of byte ranges in the original rank files (optionally checksum
 them once), ``ckptstore.json`` last."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import crc32c
 
 from ckptstore.store import index as ib
 from ckptstore.store import zarr as zb
 from ckptstore.write.chunk_plan import ParamPlan
-from ckptstore.store.manifest import ChunkTable, ParamManifest, dtype_label
+from ckptstore.io.sink import ByteSink
+from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest, dtype_label
+from ckptstore.store.work import CommitPlan
 from ckptstore.io import open_location
 from ckptstore.write.output_folder import Claim
 from ckptstore.write.chunk_writer import ChunkCopier
@@ -46,6 +48,16 @@ class IndexWriter(StoreWriter):
         table = ChunkTable(tuple(files), tuple(offsets), tuple(nbytes), tuple(crcs) if self.checksum else None,
                            tuple(c.rank for c in plan.chunks), tuple(len(c.slice.ranks) for c in plan.chunks), pieces)
         return ParamManifest(p.name, zb.array_path(p.name), dtype_label(p.dtype), p.shape, plan.chunk_shape, table)
+
+    @classmethod
+    def commit(cls, sink: ByteSink, plan: CommitPlan, known: Mapping[str, ParamManifest]) -> StoreManifest:
+        """An incremental step of ``save_rank`` is an index over files of its root: its commit
+        checks the files it references (:func:`ckptstore.write.incremental.commit_incremental`)."""
+        if plan.source.get("incremental"):
+            from ckptstore.write.incremental import commit_incremental  # the save side, needed only here
+
+            return commit_incremental(sink, plan)
+        return super().commit(sink, plan, known)
 
     def extra(self) -> dict[str, Any]:
         return ib.extra_fields(self.sink.url, open_location(self.source_root), sorted(set(self.keys.values())))
