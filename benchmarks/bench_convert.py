@@ -26,11 +26,12 @@ import argparse
 import os
 import shutil
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from benchmarks.harness import RESULTS_DIR, WRITE_SIDE, Contender, command_line, run_benchmark, run_and_publish
+from benchmarks.harness import RESULTS_DIR, WRITE_SIDE, Contender, command_line, run_and_publish, run_benchmark
 from benchmarks.registry import contenders_for, register
 from benchmarks.report import Column, markdown_table
 from benchmarks.synth import Mesh, Synth

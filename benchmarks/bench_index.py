@@ -46,17 +46,25 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from math import prod
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from benchmarks.harness import (
-    RESULTS_DIR, WRITE_SIDE, BenchmarkError, Contender, command_line, run_and_publish, run_benchmark, run_contender,
+    RESULTS_DIR,
+    WRITE_SIDE,
+    BenchmarkError,
+    Contender,
+    command_line,
+    run_and_publish,
+    run_benchmark,
+    run_contender,
 )
+from benchmarks.index_profile import PROFILE_TOP
 from benchmarks.report import Column, format_bytes, format_seconds, markdown_table
 from benchmarks.synth import CACHE_DIR, Mesh, cache_lock, parse_mesh
-from benchmarks.index_profile import PROFILE_TOP
 
 NAME = "index"
 INDEX = "ckptstore.index (no checksum)"
@@ -172,8 +180,13 @@ def _disk_needed(n_records: int) -> int:
 
 
 def _write_sparse(sp: Sparse, log: Callable[[str], None]) -> None:
-    from benchmarks.fixtures import (MINDSPORE_SLICE_BYTES, check_wire_format, load_layouts,
-                                                      rank_records, write_sparse_file)
+    from benchmarks.fixtures import (
+        MINDSPORE_SLICE_BYTES,
+        check_wire_format,
+        load_layouts,
+        rank_records,
+        write_sparse_file,
+    )
     from ckptstore.testing.sample import model_bytes
     from ckptstore.testing.sample_checkpoint import write_strategy
 

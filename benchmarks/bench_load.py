@@ -46,12 +46,18 @@ import dataclasses
 import os
 import shutil
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from benchmarks.harness import (
-    RESULTS_DIR, BenchmarkError, Contender, command_line, run_benchmark, run_and_publish,
+    RESULTS_DIR,
+    BenchmarkError,
+    Contender,
+    command_line,
+    run_and_publish,
+    run_benchmark,
 )
 from benchmarks.registry import contenders_for, register
 from benchmarks.report import Column, format_bytes, format_seconds, machine_line, markdown_table, one_line
@@ -162,17 +168,13 @@ def default_workers(st: LoadSetup) -> int:
     return int(ckptstore.plan_rank(st.store, st.dst_strategy, st.rank).workers)
 
 
-def bound_threads(st: LoadSetup | None = None) -> int:
+def bound_threads(st: LoadSetup) -> int:
     """N of the N-thread bound: the cores the loader may use, i.e. the CPUs this process may run on
     (``os.sched_getaffinity``) capped by the threads ``load_rank`` reads with by default
-    (:func:`default_workers`; ``ckptstore.read.loader.DEFAULT_WORKERS`` without a setup). More
+    (:func:`default_workers`). More
     threads than that copy no faster for ckptstore, so a bound using them would not be one it can reach."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if st is not None:
-        workers = default_workers(st)
-    else:
-        from ckptstore.read.loader import DEFAULT_WORKERS as workers
-    return max(1, min(cores, workers))
+    return max(1, min(cores, default_workers(st)))
 
 
 def bound_name(threads: int) -> str:

@@ -26,13 +26,24 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from benchmarks import bench_load, procfs
-from benchmarks.harness import (RESULTS_DIR, WORKER_ENV, BenchmarkError, Contender, append_result, command_line,
-                                environment, run_concurrent, run_contender, warm_page_cache)
+from benchmarks.harness import (
+    RESULTS_DIR,
+    WORKER_ENV,
+    BenchmarkError,
+    Contender,
+    append_result,
+    command_line,
+    environment,
+    run_concurrent,
+    run_contender,
+    warm_page_cache,
+)
 from benchmarks.registry import contenders_for, register
 from benchmarks.report import Column, format_bytes, markdown_table, publish
 from benchmarks.synth import Mesh, Synth

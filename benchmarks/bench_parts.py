@@ -30,12 +30,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from benchmarks.harness import (
-    RESULTS_DIR, BenchmarkError, Contender, command_line, run_benchmark, run_and_publish,
+    RESULTS_DIR,
+    BenchmarkError,
+    Contender,
+    command_line,
+    run_and_publish,
+    run_benchmark,
 )
 from benchmarks.report import Column, format_bytes, format_seconds, markdown_table, one_line
 

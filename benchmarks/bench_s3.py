@@ -59,12 +59,12 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -72,6 +72,9 @@ from benchmarks.harness import RESULTS_DIR, BenchmarkError, Contender, command_l
 from benchmarks.report import Column, format_bytes, format_seconds, markdown_table
 
 NAME = "s3"
+#: The key of ckptstore's redirect probe (``ckptstore.io.s3_redirects.PROBE_KEY``; the benchmarks
+#: import only the public API).
+PROBE_KEY = ".ckptstore-redirect-probe"
 LOCAL = "ckptstore.load_rank, local store"
 S3 = "ckptstore.load_rank, s3:// (Parameters built)"
 S3_NUMPY = "ckptstore.read_rank, s3:// (numpy)"
@@ -373,7 +376,11 @@ def count_traffic(cs: Sequence[Contender], server_port: int, log: Callable[[str]
                 methods[s.method] = methods.get(s.method, 0) + 1
             gets = [s for s in seen if s.method == "GET" and s.status < 400]
             errors = [s for s in seen if s.status >= 400]  # e.g. a 404 for a file looked for that is not there
+            # ckptstore's redirect probe (HEAD, GET and LIST of one key, once per bucket client): sent, so
+            # counted in "bytes", and also apart so that the data bytes can be checked against the plan
+            probe = [s for s in gets if PROBE_KEY in s.path]
             out[c.name] = {"requests": len(seen), "methods": methods, "bytes": sum(s.nbytes for s in gets),
+                           "probe_bytes": sum(s.nbytes for s in probe),
                            "errors": len(errors), "error_bytes": sum(s.nbytes for s in errors),
                            "largest_get": max((s.nbytes for s in gets), default=0)}
             log(f"  counted {c.name}: {len(seen)} requests {methods}, {format_bytes(out[c.name]['bytes'])}")

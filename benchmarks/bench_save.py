@@ -68,8 +68,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from benchmarks.harness import RESULTS_DIR, command_line, raw_path
 from benchmarks.procfs import ForeignLoad

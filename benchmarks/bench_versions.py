@@ -43,16 +43,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from benchmarks.harness import (RESULTS_DIR, BenchmarkError, Contender, append_result, command_line,
-                                run_benchmark, summarize)
+from benchmarks.harness import (
+    RESULTS_DIR,
+    BenchmarkError,
+    Contender,
+    append_result,
+    command_line,
+    run_benchmark,
+    summarize,
+)
 
 NAME = "versions"
 MODULE = "benchmarks.bench_versions"

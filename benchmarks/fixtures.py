@@ -19,9 +19,10 @@ Nothing here imports MindSpore at import time.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from math import prod
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -15,7 +15,7 @@ the group over the same collectives (``MindSporeExchange``): the rate at which t
 collectives move bytes, which the model below needs.
 
 Reported per mode: Σ bytes and requests from storage against the distinct bytes (one rank's slice:
-the target ≤ 1.01×), against what ``ckptstore.read.rank_plan.plan_cooperative`` announced, and the slowest rank's
+the target ≤ 1.01×), against what ``ckptstore.plan_cooperative`` announced, and the slowest rank's
 wall time. MindSpore's CPU collectives (mccl) move tens of MiB/s, so the cooperative wall time here
 is the exchange's; the model prices each rank's cooperative load as its share of the solo storage
 time (``fetched ÷ needed × solo wall``) plus what it receives at a collective rate, at the measured
@@ -105,7 +105,6 @@ def run(size: int, group: str, *, workers: int, latency_ms: float, command: str,
     from benchmarks.bench_load import target_files
     from benchmarks.bench_s3 import environ
     from benchmarks.synth import Mesh, source_mesh, synth
-    from ckptstore.read.rank_plan import plan_cooperative
     from ckptstore.testing.latency_proxy import LatencyProxy
     from ckptstore.testing.s3_server import SeaweedServer, env_for
 
@@ -120,7 +119,7 @@ def run(size: int, group: str, *, workers: int, latency_ms: float, command: str,
         with environ(env_for(server.url)):
             ckptstore.convert(s.ckpt_dir, url, strategy=[s.strategy])
             distinct = ckptstore.plan_rank(url, strategy, 0).nbytes
-            planned = plan_cooperative(url, strategy, 0, cooperative=group).to_json() \
+            planned = ckptstore.plan_cooperative(url, strategy, 0, cooperative=group).to_json() \
                 if group != "solo" else None
         with LatencyProxy(server.port, delay_ms=latency_ms) as proxy, tempfile.TemporaryDirectory() as tmp:
             script = Path(tmp) / "coop_worker.py"

@@ -6,8 +6,9 @@ figure was drawn instead of failing the suite.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 PANELS = {
     "load": (("wall_s", "wall (s)", 1.0), ("peak_above_start", "peak RSS above start (MiB)", 2**20),

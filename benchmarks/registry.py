@@ -21,7 +21,8 @@ from __future__ import annotations
 import importlib
 import sys
 import traceback
-from typing import Any, Callable, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from benchmarks.harness import Contender
 

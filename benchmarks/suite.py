@@ -15,9 +15,10 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from benchmarks import bench_convert, bench_index, bench_load, bench_node, targets
 from benchmarks.harness import RAW, append_result, environment, raw_path

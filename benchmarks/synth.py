@@ -30,9 +30,10 @@ import math
 import os
 import re
 import shutil
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 CACHE_DIR = Path(__file__).resolve().parent / "cache"
 #: Bump when the layout or the values change, so stale cached checkpoints are not reused.

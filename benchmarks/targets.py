@@ -7,8 +7,9 @@ no figure from elsewhere stands in for a measurement.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from benchmarks.report import format_bytes, format_seconds
 

@@ -32,7 +32,8 @@ import resource
 import sys
 import time
 import traceback
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from benchmarks import procfs
 

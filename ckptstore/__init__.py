@@ -7,6 +7,7 @@ The public API is what a user calls::
     ckptstore.commit(store)                          # complete a store whose parts have all finished
     store = ckptstore.open(path)                      # a store: names, info, read, plan
     ckptstore.plan_rank(store, strategy, rank)        # what a rank will read, before it reads
+    ckptstore.plan_cooperative(store, strategy, rank)  # what a group loading together fetches
     ckptstore.read_rank(store, strategy, rank)        # numpy arrays of one target rank (no MindSpore)
     ckptstore.load_rank(store, strategy, rank)        # mindspore.Parameters of one target rank
     ckptstore.load_into_net(net, store, strategy)     # straight into a network
@@ -35,7 +36,7 @@ from ckptstore.counters import IOCounts, io_counts
 from ckptstore.errors import CkptStoreError
 from ckptstore.read.export import export
 from ckptstore.read.loader import read_rank
-from ckptstore.read.rank_plan import plan_rank
+from ckptstore.read.rank_plan import plan_cooperative, plan_rank
 from ckptstore.read.verify import verify
 from ckptstore.store.store import Store, open
 from ckptstore.version import __version__
@@ -81,5 +82,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["CkptStoreError", "IOCounts", "Store", "StoreCheckpoint", "StoreSaver", "__version__", "commit", "convert",
-           "export", "index", "io_counts", "load_into_net", "load_rank", "open", "plan_rank", "read_rank", "save_rank",
-           "verify"]
+           "export", "index", "io_counts", "load_into_net", "load_rank", "open", "plan_cooperative",
+           "plan_rank", "read_rank", "save_rank", "verify"]

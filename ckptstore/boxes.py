@@ -6,9 +6,9 @@ never touch files; the planner and the converter use them to decide which bytes 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from math import prod
-from typing import Sequence
 
 import numpy as np
 

@@ -11,24 +11,26 @@ import itertools
 import json
 import os
 import sys
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import click
 
-from ckptstore.progress import binary_size as _fmt_bytes, rank_list
-from ckptstore.read import describe
-from ckptstore.checkpoint.selection import OPTIMIZER_STATE_PREFIXES, TRAINING_COUNTERS
-from ckptstore.store.codecs import CODECS
-from ckptstore.store.kinds import StoreKind, store_kind, store_kinds
-from ckptstore.write.convert import convert as convert_store
-from ckptstore.errors import CkptStoreError
 from ckptstore.checkpoint.rank_files import describe_rank_folders, find_rank_files, holds_rank_folders
+from ckptstore.checkpoint.selection import OPTIMIZER_STATE_PREFIXES, TRAINING_COUNTERS
 from ckptstore.checkpoint.source import open_source
+from ckptstore.checkpoint.strategy import load_strategy
+from ckptstore.errors import CkptStoreError
 from ckptstore.io import is_url
 from ckptstore.io.urls import redact, split_url
-from ckptstore.store.store import open as open_store
-from ckptstore.checkpoint.strategy import load_strategy
+from ckptstore.progress import binary_size as _fmt_bytes
+from ckptstore.progress import rank_list
+from ckptstore.read import describe
 from ckptstore.read.verify import verify_store
+from ckptstore.store.codecs import CODECS
+from ckptstore.store.kinds import StoreKind, store_kind, store_kinds
+from ckptstore.store.store import open as open_store
+from ckptstore.write.convert import convert as convert_store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -516,9 +518,9 @@ def index(checksum: bool, name_map: str | None, **kw: Any) -> None:
     the rank files stay where they are (or move together with the store on one file system) and
     unchanged: a changed file is refused, and so is a copy.
     """
+    from ckptstore.io.sink import open_sink
     from ckptstore.store.kinds import MANIFEST
     from ckptstore.write.convert import index as index_store
-    from ckptstore.io.sink import open_sink
 
     if name_map is not None:
         _index_hf(name_map, checksum, kw)

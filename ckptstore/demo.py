@@ -127,8 +127,8 @@ def _measure_load(store: str, target: str, root: str) -> None:
 def _numpy(p: Any) -> object:
     if isinstance(p, str):
         return p
-    import ml_dtypes
     import mindspore as ms
+    import ml_dtypes
 
     if p.dtype == ms.bfloat16:
         return p.astype(ms.float32).asnumpy().astype(ml_dtypes.bfloat16)

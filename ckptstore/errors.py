@@ -229,3 +229,8 @@ def check_int(value: object, what: str, *, least: int = 1, most: int | None = No
                 else "a non-negative integer" if least == 0 else f"an integer of at least {least}")
         raise InvalidOptionError(f"{what} must be {kind}, not {value!r}")
     return value
+
+
+class NotRegularFileError(FileAccessError):
+    """A folder, FIFO, device or socket stands where the store (or a rank file) has a file: what is
+    there is not the data, so a verified load counts it as damage, not as an outage."""

@@ -7,7 +7,7 @@ allocation or a loop, so a bad file costs a typed error, never memory or time.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 #: Ranks of one job (the largest Ascend clusters have ~10^5 cards).
 MAX_WORLD = 1 << 20

@@ -1,7 +1,7 @@
 """An independent check used by the tests: do boxes tile a shape? (Slow, obviously right.)"""
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from ckptstore.boxes import Box
 

@@ -10,14 +10,14 @@ import os
 
 os.environ.setdefault("GLOG_v", "3")
 
-from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
-import pytest  # noqa: E402
-from hypothesis import settings  # noqa: E402
+import pytest
+from hypothesis import settings
 
-from ckptstore.testing.layouts import SavedLayout, copy_layout, session_layouts  # noqa: E402,F401
+from ckptstore.testing.layouts import SavedLayout, copy_layout, session_layouts
 
 # The fixtures of the shared fixture modules (load_env; converted, big_layout), available to every
 # test module without an import that a test's parameter of the same name would redefine (F811).

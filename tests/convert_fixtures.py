@@ -16,24 +16,24 @@ import os
 
 os.environ.setdefault("GLOG_v", "3")
 
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from math import prod  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Callable, Mapping  # noqa: E402
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
 
-import ml_dtypes  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import ml_dtypes
+import numpy as np
+import pytest
 
-import ckptstore  # noqa: E402
-import mindspore_fixtures as T  # noqa: E402
-from ckptstore.testing import kill_at as kill_at_module  # noqa: E402
-from ckptstore.write.convert import ConvertSummary  # noqa: E402
-from ckptstore.testing.compare import assert_same_array, store_files  # noqa: E402,F401  (re-exported for the test modules)
-from conftest import SavedLayout  # noqa: E402
+import ckptstore
+import mindspore_fixtures as T
+from ckptstore.testing import kill_at as kill_at_module
+from ckptstore.testing.compare import assert_same_array, store_files  # noqa: F401  (re-exported for the test modules)
+from ckptstore.write.convert import ConvertSummary
+from conftest import SavedLayout
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 #: Scalars ``save_layout`` appends to every rank (``append_dict={"epoch_num": 1, "step_num": 1}``).

@@ -16,17 +16,17 @@ import os
 
 os.environ.setdefault("GLOG_v", "3")
 
-import shutil  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-import pytest  # noqa: E402
+import pytest
 
-import ckptstore  # noqa: E402
-from ckptstore.testing import layouts  # noqa: E402
-from ckptstore.testing.compare import BF16, assert_same_dict, to_numpy  # noqa: E402,F401  (re-exported for the test modules)
-from ckptstore.testing.layouts import (  # noqa: E402,F401  (re-exported for the test modules)
+import ckptstore
+from ckptstore.testing import layouts
+from ckptstore.testing.compare import BF16, assert_same_dict, to_numpy  # noqa: F401  (re-exported for the test modules)
+from ckptstore.testing.layouts import (  # noqa: F401  (re-exported for the test modules)
     CASES,
     WHOLE,
     Case,
@@ -36,7 +36,7 @@ from ckptstore.testing.layouts import (  # noqa: E402,F401  (re-exported for the
     relayout,
     session_layouts,
 )
-from convert_fixtures import assert_same_array, flip_byte, run_cli  # noqa: E402,F401  (re-exported for the test modules)
+from convert_fixtures import assert_same_array, flip_byte, run_cli  # noqa: F401  (re-exported for the test modules)
 
 
 @dataclass

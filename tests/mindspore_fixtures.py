@@ -9,9 +9,10 @@ Everything the tests write is real MindSpore output: strategy files in the compi
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
+from ckptstore.testing.layouts import LAYOUT_KINDS, SCALARS, layout_specs  # noqa: F401  (re-exported for the test modules)
 from ckptstore.testing.oracle import load_oracle, transform_oracle  # noqa: F401  (re-exported for the test modules)
 from ckptstore.testing.sample_checkpoint import (  # noqa: F401  (re-exported for the test modules)
     NumpyHolder,
@@ -26,8 +27,6 @@ from ckptstore.testing.sample_checkpoint import (  # noqa: F401  (re-exported fo
     write_strategy,
     write_strategy_json,
 )
-from ckptstore.testing.layouts import LAYOUT_KINDS, SCALARS, layout_specs  # noqa: F401  (re-exported for the test modules)
-
 
 # --------------------------------------------------------------------------------------------
 # checkpoints as users have them: MindFormers strategies, tied parameters across stages

@@ -20,12 +20,12 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import ckptstore  # noqa: E402
-import mindspore_fixtures as T  # noqa: E402
-from ckptstore.errors import IncompleteStoreError, InvalidOptionError, StoreNotFoundError  # noqa: E402
-from ckptstore.store.executor import IO_STATS  # noqa: E402
-from convert_fixtures import REPO  # noqa: E402
-from load_fixtures import assert_same_dict, run_cli  # noqa: E402,F401
+import ckptstore
+import mindspore_fixtures as T
+from ckptstore.errors import IncompleteStoreError, InvalidOptionError, StoreNotFoundError
+from ckptstore.store.executor import IO_STATS
+from convert_fixtures import REPO
+from load_fixtures import assert_same_dict, run_cli
 
 CASE = "dp2_mp4->dp2_mp2"  # 8 source ranks -> 4 target ranks
 LAUNCHER_VARIABLES = ("RANK_ID", "RANK_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MS_ROLE")
@@ -269,8 +269,8 @@ def test_read_rank_plan_rank_and_export_take_include_like_the_command_and_names_
 def test_the_public_names_are_all_there():
     assert sorted(ckptstore.__all__) == sorted([
         "CkptStoreError", "IOCounts", "Store", "StoreCheckpoint", "StoreSaver", "__version__", "commit", "convert",
-        "export", "index", "io_counts", "load_into_net", "load_rank", "open", "plan_rank", "read_rank", "save_rank",
-        "verify"])
+        "export", "index", "io_counts", "load_into_net", "load_rank", "open", "plan_cooperative", "plan_rank",
+        "read_rank", "save_rank", "verify"])
     for name in ckptstore.__all__:
         assert getattr(ckptstore, name) is not None, name
 

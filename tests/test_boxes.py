@@ -10,9 +10,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from conftest import examples
 from box_checks import tiles_exactly
 from ckptstore.boxes import Box, byte_pieces, even_part, paired_runs
+from conftest import examples
 
 SHAPES = st.lists(st.integers(min_value=0, max_value=6), min_size=0, max_size=4).map(tuple)
 NONEMPTY_SHAPES = st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=4).map(tuple)

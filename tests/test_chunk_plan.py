@@ -13,13 +13,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import examples
 from box_checks import tiles_exactly
 from ckptstore.boxes import Box, even_part
-from ckptstore.checkpoint.selection import select_params
-from ckptstore.write.chunk_plan import chunk_shape_for, plan_chunks
-from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.checkpoint.params import SourceParam, SourceSlice
+from ckptstore.checkpoint.selection import select_params
+from ckptstore.formats.ckpt_reader import CkptEntry
+from ckptstore.write.chunk_plan import chunk_shape_for, plan_chunks
+from conftest import examples
 
 SHAPES = st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size=4).map(tuple)
 

@@ -19,21 +19,12 @@ from hypothesis import strategies as st
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import mindspore as ms  # noqa: E402
-import mindspore.train.serialization as ms_serialization  # noqa: E402
-from mindspore.train import checkpoint_pb2  # noqa: E402
+import mindspore as ms
+import mindspore.train.serialization as ms_serialization
+from mindspore.train import checkpoint_pb2
 
-from conftest import examples  # noqa: E402
-import mindspore_fixtures as T  # noqa: E402
-from test_ckpt_records import scan_or_refuse  # noqa: E402
-from ckptstore.formats.ckpt_reader import (  # noqa: E402
-    CRC_TRAILER_BYTES,
-    CkptIndex,
-    read_entry,
-    scan_checkpoint,
-    verify_checkpoint_crc,
-)
-from ckptstore.errors import (  # noqa: E402
+import mindspore_fixtures as T
+from ckptstore.errors import (
     CheckpointFileError,
     ChecksumMismatchError,
     CorruptCheckpointError,
@@ -41,6 +32,15 @@ from ckptstore.errors import (  # noqa: E402
     TruncatedCheckpointError,
     UnsupportedCheckpointError,
 )
+from ckptstore.formats.ckpt_reader import (
+    CRC_TRAILER_BYTES,
+    CkptIndex,
+    read_entry,
+    scan_checkpoint,
+    verify_checkpoint_crc,
+)
+from conftest import examples
+from test_ckpt_records import scan_or_refuse
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

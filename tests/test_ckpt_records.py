@@ -20,13 +20,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import examples
 from ckptstore.dtypes import DTYPES, STR_TYPE
 from ckptstore.errors import CheckpointFileError, CorruptCheckpointError, TruncatedCheckpointError
 from ckptstore.formats import ckpt_reader
 from ckptstore.formats.ckpt_reader import CkptIndex, read_entry, scan_checkpoint
 from ckptstore.formats.ckpt_writer import CheckpointWriter
 from ckptstore.formats.protowire import encode_varint
+from conftest import examples
 
 # ---- random records, in MindSpore's layout and in the layouts only the general parser takes ----
 

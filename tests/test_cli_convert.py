@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import ckptstore  # noqa: E402
-from ckptstore.formats.ckpt_reader import read_entry, scan_checkpoint  # noqa: E402
-from convert_fixtures import (  # noqa: E402,F401
+import ckptstore
+from ckptstore.formats.ckpt_reader import read_entry, scan_checkpoint
+from convert_fixtures import (
     assert_same_array,
     copy_saved,
     expected_for,

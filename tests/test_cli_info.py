@@ -15,10 +15,10 @@ from click.testing import CliRunner
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import mindspore as ms  # noqa: E402
+import mindspore as ms
 
-import mindspore_fixtures as T  # noqa: E402
-from ckptstore.cli import main  # noqa: E402
+import mindspore_fixtures as T
+from ckptstore.cli import main
 
 KNOWN = {
     "w": np.arange(12, dtype=np.float32).reshape(3, 4),

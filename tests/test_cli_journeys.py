@@ -17,9 +17,9 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import ckptstore  # noqa: E402
-from ckptstore.store.kinds import WORK_DIR  # noqa: E402
-from convert_fixtures import REPO, cli_command, run_cli, store_files, strategy_args  # noqa: E402
+import ckptstore
+from ckptstore.store.kinds import WORK_DIR
+from convert_fixtures import REPO, cli_command, run_cli, store_files, strategy_args
 
 VENV_BIN = Path(sys.executable).parent
 

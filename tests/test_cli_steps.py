@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ckptstore.cli import _fmt_bytes
-
 import ckptstore
 from ckptstore.checkpoint.layout import Layout
 from ckptstore.checkpoint.strategy import Strategy
+from ckptstore.cli import _fmt_bytes
 from ckptstore.testing.kill_at import run_cli
 
 TWO_RANKS = Strategy({"w": {0: Layout((2,), ((), (0,)))}}, stage_devices=2)

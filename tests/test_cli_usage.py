@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ckptstore.cli import main
 from ckptstore.checkpoint.selection import OPTIMIZER_STATE_PREFIXES, TRAINING_COUNTERS
+from ckptstore.cli import main
 from convert_fixtures import cli_command, run_cli
 
 

@@ -18,16 +18,16 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import mindspore as ms  # noqa: E402
-import mindspore.train.serialization as ms_serialization  # noqa: E402
-import zarr  # noqa: E402
+import mindspore as ms
+import mindspore.train.serialization as ms_serialization
+import zarr
 
-import ckptstore  # noqa: E402  (registers bfloat16 with zarr)
-import mindspore_fixtures as T  # noqa: E402
-from ckptstore.errors import ReplicaMismatchError  # noqa: E402
-from ckptstore.formats.ckpt_reader import scan_checkpoint  # noqa: E402
-from conftest import SavedLayout  # noqa: E402
-from convert_fixtures import (  # noqa: E402,F401
+import ckptstore  # registers bfloat16 with zarr
+import mindspore_fixtures as T
+from ckptstore.errors import ReplicaMismatchError
+from ckptstore.formats.ckpt_reader import scan_checkpoint
+from conftest import SavedLayout
+from convert_fixtures import (
     APPENDED,
     assert_same_array,
     convert_layout,

@@ -18,9 +18,8 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import ckptstore  # noqa: E402
-from ckptstore.formats.ckpt_reader import scan_checkpoint  # noqa: E402
-from ckptstore.errors import (  # noqa: E402
+import ckptstore
+from ckptstore.errors import (
     CkptStoreError,
     CorruptCheckpointError,
     IncompleteStoreError,
@@ -31,8 +30,9 @@ from ckptstore.errors import (  # noqa: E402
     StoreWriteError,
     TruncatedCheckpointError,
 )
-from conftest import SavedLayout  # noqa: E402
-from convert_fixtures import (  # noqa: E402,F401
+from ckptstore.formats.ckpt_reader import scan_checkpoint
+from conftest import SavedLayout
+from convert_fixtures import (
     assert_same_array,
     convert_layout,
     copy_saved,

@@ -188,8 +188,8 @@ def test_other_store_kinds_split_into_parts_the_same(saved_layout, tmp_path, fmt
 @pytest.mark.mindspore
 def test_three_parts_into_a_bucket_one_killed_and_rerun(one_process_store, bucket):
     import ckptstore
-    from ckptstore.testing import s3_server as S
     from ckptstore.errors import IncompleteStoreError
+    from ckptstore.testing import s3_server as S
     from convert_fixtures import run_cli, store_files
 
     layout, reference = one_process_store

@@ -16,10 +16,10 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import ckptstore  # noqa: E402
-from ckptstore.errors import IncompleteStoreError, StoreExistsError  # noqa: E402
-from conftest import SavedLayout  # noqa: E402
-from convert_fixtures import (  # noqa: E402,F401
+import ckptstore
+from ckptstore.errors import IncompleteStoreError, StoreExistsError
+from conftest import SavedLayout
+from convert_fixtures import (
     assert_same_array,
     convert_layout,
     expected_values,

@@ -11,14 +11,14 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import ckptstore  # noqa: E402
-import mindspore_fixtures as T  # noqa: E402
-from ckptstore.errors import CooperativeLoadError, LayoutMismatchError, StoreUnavailableError  # noqa: E402
-from ckptstore.io.base import ReadableFile, SourceWrapper  # noqa: E402
-from ckptstore.read.group_load import LAST_PLAN  # noqa: E402
-from ckptstore.read.loader import replica_ranks  # noqa: E402
-from ckptstore.store.executor import IO_STATS  # noqa: E402
-from ckptstore.testing.exchange import run_group  # noqa: E402
+import ckptstore
+import mindspore_fixtures as T
+from ckptstore.errors import CooperativeLoadError, LayoutMismatchError, StoreUnavailableError
+from ckptstore.io.base import ReadableFile, SourceWrapper
+from ckptstore.read.group_load import LAST_PLAN
+from ckptstore.read.loader import replica_ranks
+from ckptstore.store.executor import IO_STATS
+from ckptstore.testing.exchange import run_group
 
 # dp2 x mp2 on 4 ranks: "w" rows split in 2 (each half held by 2 ranks), "emb" whole on every rank
 SPECS = [T.ParamSpec("w", (64, 32), dev_matrix=(2, 2), tensor_map=(0, -1)),

@@ -14,9 +14,9 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
 
-import ckptstore  # noqa: E402
-import mindspore_fixtures as T  # noqa: E402
-from msrun_helpers import msrun  # noqa: E402
+import ckptstore
+import mindspore_fixtures as T
+from msrun_helpers import msrun
 
 SPECS = [T.ParamSpec("w", (64, 32), dev_matrix=(2, 2), tensor_map=(0, -1)),
          T.ParamSpec("emb", (48, 32), dev_matrix=(2, 2), tensor_map=(-1, -1)),

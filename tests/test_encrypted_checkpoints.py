@@ -14,14 +14,19 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import mindspore  # noqa: E402
-import mindspore.train.serialization as serialization  # noqa: E402
+import mindspore
+import mindspore.train.serialization as serialization
 
-import ckptstore  # noqa: E402
-from ckptstore.errors import EncryptedCheckpointError  # noqa: E402
-from ckptstore.testing.layouts import layout_specs  # noqa: E402
-from ckptstore.testing.sample_checkpoint import make_global_tensors, mindspore_rank_slice, to_ms_tensor, write_strategy  # noqa: E402,E501
-from convert_fixtures import run_cli  # noqa: E402
+import ckptstore
+from ckptstore.errors import EncryptedCheckpointError
+from ckptstore.testing.layouts import layout_specs
+from ckptstore.testing.sample_checkpoint import (
+    make_global_tensors,
+    mindspore_rank_slice,
+    to_ms_tensor,
+    write_strategy,
+)
+from convert_fixtures import run_cli
 
 MODES = ["AES-GCM", "AES-CBC", "SM4-CBC"]
 KEY = b"0123456789abcdef"

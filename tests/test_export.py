@@ -15,16 +15,16 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import mindspore  # noqa: E402
-import mindspore.train.serialization as ms_serialization  # noqa: E402
-import safetensors  # noqa: E402
-import safetensors.numpy  # noqa: E402
+import mindspore
+import mindspore.train.serialization as ms_serialization
+import safetensors
+import safetensors.numpy
 
-import ckptstore  # noqa: E402
-import mindspore_fixtures as T  # noqa: E402
-from ckptstore.formats.ckpt_writer import CheckpointWriter  # noqa: E402
-from ckptstore.errors import StrategyError, UnsupportedLocationError  # noqa: E402
-from load_fixtures import BF16, assert_same_array, assert_same_dict, run_cli, to_numpy  # noqa: E402,F401
+import ckptstore
+import mindspore_fixtures as T
+from ckptstore.errors import StrategyError, UnsupportedLocationError
+from ckptstore.formats.ckpt_writer import CheckpointWriter
+from load_fixtures import BF16, assert_same_array, assert_same_dict, run_cli, to_numpy
 
 EXPORT_CASES = ["dp2_mp4->dp2_mp2", "pipeline2->1stage", "opt_shard->same-none", "mixed_dtypes->dp2_mp2_optshard",
                 "mixed_dtypes->1rank", "pipeline2->same-files"]

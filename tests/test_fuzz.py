@@ -23,12 +23,12 @@ from hypothesis import strategies as st
 pytest.importorskip("mindspore")
 pytestmark = [pytest.mark.mindspore, pytest.mark.fuzz]
 
-import ckptstore  # noqa: E402
-from ckptstore.formats.ckpt_reader import read_entry, scan_checkpoint  # noqa: E402
-from ckptstore.errors import CkptStoreError  # noqa: E402
+import ckptstore
+from ckptstore.checkpoint.strategy import load_strategy
+from ckptstore.errors import CkptStoreError
+from ckptstore.formats.ckpt_reader import read_entry, scan_checkpoint
 from ckptstore.io import local as local_source
-from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
-from convert_fixtures import convert_layout  # noqa: E402
+from convert_fixtures import convert_layout
 
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

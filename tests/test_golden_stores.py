@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from golden_stores import LAYOUTS, digests
 
 from ckptstore.testing.layouts import copy_layout
+from golden_stores import LAYOUTS, digests
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "golden_stores.json").read_text(encoding="utf-8"))
 

@@ -13,16 +13,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ckptstore
-from conftest import examples
 from ckptstore.boxes import Box
-from ckptstore.errors import (CorruptCheckpointError, InvalidOptionError, MissingFileError, NameMapError,
-                              SourceChangedError, UnsafePathError)
+from ckptstore.errors import (
+    CorruptCheckpointError,
+    InvalidOptionError,
+    MissingFileError,
+    NameMapError,
+    SourceChangedError,
+    UnsafePathError,
+)
 from ckptstore.formats.hf_folder import HFFolder, HFTensor
 from ckptstore.formats.hf_rules import Target, load_name_map, parse_name_map
 from ckptstore.formats.safetensors_header import build_header
 from ckptstore.store.read_plan import plan_param
 from ckptstore.testing.hf_folder import llama_config, llama_tensors, write_hf_folder
 from ckptstore.write.hf_index import index_hf, view_manifest
+from conftest import examples
 
 CONFIG = llama_config()
 

@@ -9,10 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import examples
 from ckptstore.errors import NameMapError
 from ckptstore.formats.hf_rules import fused_segments, load_name_map, parse_name_map, shipped_name_maps
-
+from conftest import examples
 
 # --- MindFormers' own functions (mindformers/utils/convert_utils.py, models/llama/llama.py), as oracles
 

@@ -16,11 +16,18 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import ckptstore  # noqa: E402
-from ckptstore.errors import StoreChangedError  # noqa: E402
-from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR  # noqa: E402
-from conftest import copy_layout  # noqa: E402
-from convert_fixtures import assert_same_array, convert_layout, expected_values, run_cli, store_files, strategy_args  # noqa: E402
+import ckptstore
+from ckptstore.errors import StoreChangedError
+from ckptstore.store.kinds import ROOT_METADATA, WORK_DIR
+from conftest import copy_layout
+from convert_fixtures import (
+    assert_same_array,
+    convert_layout,
+    expected_values,
+    run_cli,
+    store_files,
+    strategy_args,
+)
 
 SECRET = b"a file of the victim that the attacker wants overwritten\n"
 

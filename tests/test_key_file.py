@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from convert_fixtures import run_cli
 
 pytestmark = pytest.mark.slow  # each runs the CLI in a process with a timeout (a hang must fail, not block)

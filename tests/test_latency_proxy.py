@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("obstore")
 pytestmark = pytest.mark.slow
 
-from ckptstore.testing.latency_proxy import LatencyProxy  # noqa: E402
+from ckptstore.testing.latency_proxy import LatencyProxy
 
 
 def _client(bucket, endpoint: str):

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import examples
 from box_checks import tiles_exactly
 from ckptstore.boxes import Box
 from ckptstore.checkpoint.layout import Layout
 from ckptstore.checkpoint.strategy import load_strategy
 from ckptstore.errors import StrategyError
+from conftest import examples
 
 
 def layout_of(dev, tmap, step=0, size=0) -> Layout:

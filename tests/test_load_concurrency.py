@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-from load_fixtures import assert_same_dict  # noqa: E402,F401
+from load_fixtures import assert_same_dict
 
 _WORKER = textwrap.dedent("""
     import os, sys, time

@@ -8,7 +8,7 @@ give them) and the target strategy is passed explicitly.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -16,14 +16,14 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import mindspore  # noqa: E402
-from mindspore import Parameter, Tensor, nn  # noqa: E402
-from mindspore.common.initializer import initializer  # noqa: E402
-from mindspore.nn.utils import no_init_parameters  # noqa: E402
+import mindspore
+from mindspore import Parameter, Tensor, nn
+from mindspore.common.initializer import initializer
+from mindspore.nn.utils import no_init_parameters
 
-import ckptstore  # noqa: E402
-from ckptstore.errors import InvalidOptionError, LayoutMismatchError  # noqa: E402
-from load_fixtures import BF16, assert_same_dict, to_numpy  # noqa: E402,F401
+import ckptstore
+from ckptstore.errors import InvalidOptionError, LayoutMismatchError
+from load_fixtures import BF16, assert_same_dict, to_numpy
 
 
 class TreeNet(nn.Cell):

@@ -21,20 +21,20 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import mindspore  # noqa: E402
+import mindspore
 
-import ckptstore  # noqa: E402
-import mindspore_fixtures as T  # noqa: E402
-from ckptstore.errors import (  # noqa: E402
+import ckptstore
+import mindspore_fixtures as T
+from ckptstore.errors import (
     IncompleteStoreError,
     LayoutMismatchError,
     StoreCorruptError,
     StoreNotFoundError,
     StrategyError,
 )
-from ckptstore.store.executor import IO_STATS  # noqa: E402
-from ckptstore.read.loader import rank_view  # noqa: E402
-from load_fixtures import (  # noqa: E402,F401
+from ckptstore.read.loader import rank_view
+from ckptstore.store.executor import IO_STATS
+from load_fixtures import (
     BF16,
     CASES,
     assert_same_array,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -25,7 +24,7 @@ MF_READY = ROOT / ".venv-mf" / ".installed"  # written by make once the venv is 
 # MindFormers logs into ./output/log unless told otherwise: keep its logs out of the repository
 os.environ.setdefault("LOCAL_DEFAULT_PATH", tempfile.mkdtemp(prefix="mindformers-output-"))
 try:
-    import mindformers  # noqa: F401
+    import mindformers
 except Exception:  # ImportError, or a MindFormers that cannot start here
     mindformers = None
 

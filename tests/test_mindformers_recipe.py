@@ -20,12 +20,12 @@ import pytest
 pytest.importorskip("mindformers")
 pytestmark = pytest.mark.mindspore
 
-import mindspore as ms  # noqa: E402
-import mindspore.dataset as ds  # noqa: E402
-from mindspore import nn  # noqa: E402
-from mindspore.train import Model  # noqa: E402
+import mindspore as ms
+import mindspore.dataset as ds
+from mindspore import nn
+from mindspore.train import Model
 
-import ckptstore  # noqa: E402
+import ckptstore
 
 APPEND = ["epoch_num", "step_num", "global_step", "loss_scale"]  # what CheckpointMonitor saves for resuming
 BATCHES = 4  # batches of one epoch

@@ -16,10 +16,10 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
 
-import ckptstore  # noqa: E402
-import mindspore_fixtures as T  # noqa: E402
-from convert_fixtures import assert_same_array  # noqa: E402
-from msrun_helpers import VENV_BIN, msrun  # noqa: E402
+import ckptstore
+import mindspore_fixtures as T
+from convert_fixtures import assert_same_array
+from msrun_helpers import VENV_BIN, msrun
 
 SPECS = [T.ParamSpec("w", (8, 4), dev_matrix=(2,), tensor_map=(0, -1)),
          T.ParamSpec("emb", (6, 4), dev_matrix=(2,), tensor_map=(-1, -1))]

@@ -20,10 +20,8 @@ pytest.importorskip("mindspore")
 pytest.importorskip("obstore")
 pytestmark = pytest.mark.mindspore
 
-import ckptstore  # noqa: E402
-from ckptstore.testing import s3_server as S
-from ckptstore.store.kinds import ROOT_METADATA  # noqa: E402
-from ckptstore.errors import (  # noqa: E402
+import ckptstore
+from ckptstore.errors import (
     IncompleteStoreError,
     SourceChangedError,
     StoreCorruptError,
@@ -31,9 +29,11 @@ from ckptstore.errors import (  # noqa: E402
     StoreUnavailableError,
     UnsupportedLocationError,
 )
-from convert_fixtures import REPO, run_cli, store_files, strategy_args  # noqa: E402
-from load_fixtures import CASES, assert_same_dict, to_numpy  # noqa: E402,F401
-from ckptstore.testing.store_kind_tests import CONFORMANCE_CASES  # noqa: E402
+from ckptstore.store.kinds import ROOT_METADATA
+from ckptstore.testing import s3_server as S
+from ckptstore.testing.store_kind_tests import CONFORMANCE_CASES
+from convert_fixtures import REPO, run_cli, store_files, strategy_args
+from load_fixtures import CASES, assert_same_dict, to_numpy
 
 
 def _strategy_urls(layout, src_url: str) -> list[str]:

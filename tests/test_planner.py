@@ -17,14 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import examples
 from ckptstore.boxes import Box
-from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest
-from ckptstore.store import executor
-from ckptstore.store.read_plan import ParamReadPlan, plan_param, plan_ranges
-from ckptstore.store.executor import IO_STATS, Executor, IOStats
 from ckptstore.io import LocalSource
+from ckptstore.store.executor import IO_STATS, Executor, IOStats
+from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest
+from ckptstore.store.read_plan import ParamReadPlan, plan_param, plan_ranges
 from ckptstore.store.store import Store
+from conftest import examples
 
 
 def _chunk_boxes(shape, chunk_shape):

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.mindspore
 import ckptstore
 from ckptstore.boxes import Box
 from ckptstore.store.executor import IO_STATS
-from load_fixtures import assert_same_array  # noqa: F401
+from load_fixtures import assert_same_array
 
 # mp_rows: layer0.w (64, 32) float32 in 8 row chunks of (8, 32) = 1024 bytes, all in one shard file.
 # mp_cols: layer0.w (16, 64) in 8 column chunks of (16, 8); conv.w (4, 16, 3) in chunks (4, 2, 3).

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import examples
 from ckptstore.formats import protowire
 from ckptstore.formats.protowire import FIXED32, FIXED64, LEN, VARINT, WireError
+from conftest import examples
 
 U64 = st.integers(min_value=0, max_value=2**64 - 1)
 I64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)

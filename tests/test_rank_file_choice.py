@@ -21,12 +21,12 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import ckptstore  # noqa: E402
-from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError  # noqa: E402
-from ckptstore.testing.layouts import layout_specs  # noqa: E402
-from ckptstore.testing.oracle import load_oracle  # noqa: E402
-from ckptstore.testing.sample_checkpoint import make_global_tensors, save_distributed  # noqa: E402
-from convert_fixtures import run_cli  # noqa: E402
+import ckptstore
+from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError
+from ckptstore.testing.layouts import layout_specs
+from ckptstore.testing.oracle import load_oracle
+from ckptstore.testing.sample_checkpoint import make_global_tensors, save_distributed
+from convert_fixtures import run_cli
 
 
 def _save(root: Path, kind: str, seed: int, prefix: str, suffix: str, mtime: float, *,

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
 pytest.importorskip("obstore")
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
 
-import ckptstore  # noqa: E402
-from ckptstore.store.executor import IO_STATS  # noqa: E402
-from load_fixtures import assert_same_dict, to_numpy  # noqa: E402,F401
-from test_object_storage import s3_store  # noqa: E402
+import ckptstore
+from ckptstore.store.executor import IO_STATS
+from load_fixtures import assert_same_dict, to_numpy
+from test_object_storage import s3_store
 
 
 def _objects_read(proxy) -> set[str]:

@@ -16,12 +16,12 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import mindspore as ms  # noqa: E402
-from mindspore import Tensor, nn  # noqa: E402
+import mindspore as ms
+from mindspore import Tensor, nn
 
-import ckptstore  # noqa: E402
-from ckptstore.errors import LayoutMismatchError  # noqa: E402
-from load_fixtures import assert_same_dict, to_numpy  # noqa: E402,F401
+import ckptstore
+from ckptstore.errors import LayoutMismatchError
+from load_fixtures import assert_same_dict, to_numpy
 
 X = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
 Y = np.random.default_rng(1).standard_normal((16, 4)).astype(np.float32)

@@ -5,16 +5,17 @@ conversions and loads through a bucket are in test_object_storage.py."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
 pytest.importorskip("obstore")
 pytest.importorskip("moto.server")
 
-import ckptstore  # noqa: E402
-from ckptstore.errors import (  # noqa: E402
+import ckptstore
+from ckptstore.errors import (
     AccessDeniedError,
     CkptStoreError,
     MissingFileError,
@@ -22,8 +23,8 @@ from ckptstore.errors import (  # noqa: E402
     StoreNotFoundError,
     StoreUnavailableError,
 )
-from ckptstore.testing import s3_server as S  # noqa: E402
-from convert_fixtures import run_cli  # noqa: E402
+from ckptstore.testing import s3_server as S
+from convert_fixtures import run_cli
 
 
 @pytest.fixture(scope="module")

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterator
 
 import pytest
 
 pytest.importorskip("obstore")
 
-import ckptstore  # noqa: E402
-from ckptstore.errors import EndpointRedirectError  # noqa: E402
-from ckptstore.testing import s3_server as S  # noqa: E402
-from convert_fixtures import run_cli  # noqa: E402
+import ckptstore
+from ckptstore.errors import EndpointRedirectError
+from ckptstore.testing import s3_server as S
+from convert_fixtures import run_cli
 
 TOKEN = "SESSION-TOKEN-Zq81"
 Seen = list[tuple[str, str, str, str]]  # (host, method, path, headers)

@@ -14,13 +14,13 @@ import pytest
 pytest.importorskip("mindspore")
 pytest.importorskip("obstore")
 
-import ckptstore  # noqa: E402
-from ckptstore.errors import SourceChangedError, StoreChangedError  # noqa: E402
-from ckptstore.io import s3_client  # noqa: E402
-from ckptstore.io.s3_sink import S3Sink  # noqa: E402
-from ckptstore.store.kinds import MANIFEST, ROOT_METADATA  # noqa: E402
-from ckptstore.testing import s3_server as S  # noqa: E402
-from convert_fixtures import assert_same_array, convert_layout, expected_values  # noqa: E402
+import ckptstore
+from ckptstore.errors import SourceChangedError, StoreChangedError
+from ckptstore.io import s3_client
+from ckptstore.io.s3_sink import S3Sink
+from ckptstore.store.kinds import MANIFEST, ROOT_METADATA
+from ckptstore.testing import s3_server as S
+from convert_fixtures import assert_same_array, convert_layout, expected_values
 
 
 def _put(bucket, key: str, data: bytes) -> None:

@@ -16,9 +16,8 @@ from safetensors.numpy import load_file
 import ckptstore
 import mindspore_fixtures as T
 from ckptstore.errors import IncompleteStoreError
+from ckptstore.read.loader import rank_view
 from ckptstore.read.verify import verify_store
-from ckptstore.read.loader import rank_view  # noqa: E402
-
 from convert_fixtures import assert_same_array, convert_layout, run_cli, strategy_args
 
 KINDS = list(T.LAYOUT_KINDS)

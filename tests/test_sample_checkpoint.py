@@ -20,7 +20,7 @@ os.environ.setdefault("GLOG_v", "3")
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import mindspore_fixtures as T  # noqa: E402
+import mindspore_fixtures as T
 
 KINDS = [k for k in T.LAYOUT_KINDS]
 

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from math import prod
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +254,7 @@ def test_a_rank_cannot_be_guessed_in_a_job_of_several(tmp_path, saved_layout, mo
 @pytest.mark.mindspore
 def test_each_save_of_the_same_parameters_reuses_their_plan_and_strategy(saved_layout, tmp_path):
     import mindspore as ms
+
     from ckptstore.write.save import prepare_save
 
     layout = saved_layout("mp_rows")
@@ -275,6 +275,7 @@ def test_a_save_of_other_shapes_is_planned_again(tmp_path):
 @pytest.mark.mindspore
 def test_a_strategy_file_rewritten_between_saves_is_read_again(saved_layout, tmp_path):
     import mindspore as ms
+
     from ckptstore.checkpoint.strategy import load_strategy
     from ckptstore.write.save import prepare_save
 
@@ -387,9 +388,9 @@ def test_a_rank_killed_mid_save_leaves_the_step_uncommitted_and_its_rerun_comple
 
 @pytest.mark.mindspore
 def test_ckptstore_commit_commits_a_step_whose_ranks_all_finished(saved_layout, tmp_path):
+    from ckptstore.write.save import prepare_save
     from convert_fixtures import run_cli
     from save_worker import local_slices
-    from ckptstore.write.save import prepare_save
 
     layout = saved_layout("dp2_mp2")
     for r in range(4):  # the last rank finishes its share but does not commit (as if it died right then)
@@ -407,6 +408,7 @@ def test_ckptstore_commit_commits_a_step_whose_ranks_all_finished(saved_layout, 
 @pytest.mark.parametrize("kind", ["dp2_mp4", pytest.param("opt_shard", marks=pytest.mark.slow)])
 def test_a_compiled_cell_saves_with_its_own_parameter_layout_dict(saved_layout, tmp_path, kind):
     import mindspore as ms
+
     from ckptstore.checkpoint.strategy import load_strategy
     from test_load_into_net import TreeNet
 
@@ -572,6 +574,7 @@ def _train(steps: int, *callbacks):
     """``steps`` steps of Model.train on test_resume_training's cell (one batch per epoch)."""
     import mindspore.dataset as ds
     from mindspore.train import Model
+
     from test_resume_training import X, Y, train_cell
 
     cell = train_cell()
@@ -584,6 +587,7 @@ def _train(steps: int, *callbacks):
 @pytest.mark.parametrize("async_save", [True, False], ids=["async", "sync"])
 def test_training_resumed_from_store_checkpoint_takes_the_bit_identical_next_step(tmp_path, async_save):
     from mindspore import Tensor
+
     from load_fixtures import assert_same_dict
     from test_resume_training import X, Y, train_cell, values
 

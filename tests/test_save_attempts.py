@@ -219,7 +219,8 @@ def test_a_part_finishing_while_the_other_looks_leaves_the_commit_to_it(saved_la
     """Part 1 finishes and finds part 0 running; part 0 says it finished right then: part 1 must
     not take part 0 for unfinished a moment later and fail, but leave the commit to part 0."""
     from ckptstore.io.sink import open_sink
-    from ckptstore.write import commit as commit_module, convert as convert_module
+    from ckptstore.write import commit as commit_module
+    from ckptstore.write import convert as convert_module
     from ckptstore.write.output_folder import complete_manifest
     from ckptstore.write.parts import Part
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from math import prod
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ckptstore.checkpoint.layout import Layout
 from ckptstore.checkpoint.strategy import Strategy

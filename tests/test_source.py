@@ -15,13 +15,12 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import mindspore as ms  # noqa: E402
+import mindspore as ms
 
-import mindspore_fixtures as T  # noqa: E402
-from ckptstore.errors import LayoutMismatchError, MissingRankError  # noqa: E402
-from ckptstore.checkpoint.source import find_rank_files, open_source  # noqa: E402
-from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
-
+import mindspore_fixtures as T
+from ckptstore.checkpoint.source import find_rank_files, open_source
+from ckptstore.checkpoint.strategy import load_strategy
+from ckptstore.errors import LayoutMismatchError, MissingRankError
 
 
 @pytest.fixture

@@ -23,12 +23,12 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import ckptstore  # noqa: E402
-import mindspore_fixtures as T  # noqa: E402
-from ckptstore.errors import LayoutMismatchError, ReplicaMismatchError  # noqa: E402
-from ckptstore.checkpoint.rank_files import scan_rank_file  # noqa: E402
-from convert_fixtures import assert_same_array, run_cli  # noqa: E402
-from load_fixtures import assert_same_dict, to_numpy  # noqa: E402,F401
+import ckptstore
+import mindspore_fixtures as T
+from ckptstore.checkpoint.rank_files import scan_rank_file
+from ckptstore.errors import LayoutMismatchError, ReplicaMismatchError
+from convert_fixtures import assert_same_array, run_cli
+from load_fixtures import assert_same_dict, to_numpy
 
 KINDS = ["dp2_mp4", "opt_shard", "pipeline2"]
 

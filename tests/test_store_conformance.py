@@ -14,12 +14,12 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import ckptstore  # noqa: E402
-from ckptstore.errors import SourceChangedError, StoreCorruptError, UnsafePathError  # noqa: E402
-from ckptstore.store.kinds import MANIFEST, ROOT_METADATA  # noqa: E402
-from ckptstore.testing.layouts import copy_layout  # noqa: E402
-from ckptstore.testing.store_kind_tests import StoreKindTests, copy_store  # noqa: E402
-from convert_fixtures import run_cli  # noqa: E402
+import ckptstore
+from ckptstore.errors import SourceChangedError, StoreCorruptError, UnsafePathError
+from ckptstore.store.kinds import MANIFEST, ROOT_METADATA
+from ckptstore.testing.layouts import copy_layout
+from ckptstore.testing.store_kind_tests import StoreKindTests, copy_store
+from convert_fixtures import run_cli
 
 
 class TestZarrStore(StoreKindTests):

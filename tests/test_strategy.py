@@ -18,8 +18,8 @@ from hypothesis import given, settings
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import mindspore as ms  # noqa: E402
-from mindspore.parallel._tensor import (  # noqa: E402
+import mindspore as ms
+from mindspore.parallel._tensor import (
     _chunk_tensor_by_strategy,
     _construct_tensor_layout_for_opt_shard,
     _extract_layout_item,
@@ -27,16 +27,16 @@ from mindspore.parallel._tensor import (  # noqa: E402
     _get_tensor_strategy,
 )
 
-from conftest import examples  # noqa: E402
-import mindspore_fixtures as T  # noqa: E402
-from box_checks import tiles_exactly  # noqa: E402
-from test_layout import layout_of, layouts  # noqa: E402
-from ckptstore.boxes import Box  # noqa: E402
-from ckptstore.formats.ckpt_reader import read_entry  # noqa: E402
-from ckptstore.errors import StrategyError  # noqa: E402
-from ckptstore.checkpoint.source import find_rank_files, open_source  # noqa: E402
-from ckptstore.checkpoint.layout import Layout  # noqa: E402
-from ckptstore.checkpoint.strategy import Strategy, load_strategy  # noqa: E402
+import mindspore_fixtures as T
+from box_checks import tiles_exactly
+from ckptstore.boxes import Box
+from ckptstore.checkpoint.layout import Layout
+from ckptstore.checkpoint.source import find_rank_files, open_source
+from ckptstore.checkpoint.strategy import Strategy, load_strategy
+from ckptstore.errors import StrategyError
+from ckptstore.formats.ckpt_reader import read_entry
+from conftest import examples
+from test_layout import layout_of, layouts
 
 
 def _mindspore_slice(dev, tmap, step, size, g: np.ndarray, rank: int) -> np.ndarray:

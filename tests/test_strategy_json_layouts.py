@@ -17,17 +17,17 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import ckptstore  # noqa: E402
-from ckptstore.checkpoint.layout import Layout  # noqa: E402
-from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
-from ckptstore.errors import StrategyError  # noqa: E402
-from ckptstore.testing.layout_tuples import (  # noqa: E402
+import ckptstore
+from ckptstore.checkpoint.layout import Layout
+from ckptstore.checkpoint.strategy import load_strategy
+from ckptstore.errors import StrategyError
+from ckptstore.testing.layout_tuples import (
     flatten_layout,
     save_layout_tuple_checkpoint,
     write_layout_tuple_strategies,
 )
-from ckptstore.testing.oracle import load_oracle  # noqa: E402
-from convert_fixtures import run_cli  # noqa: E402
+from ckptstore.testing.oracle import load_oracle
+from convert_fixtures import run_cli
 
 DEV = (2, 4)
 LAYOUTS = {

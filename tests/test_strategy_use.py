@@ -21,18 +21,17 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import mindspore_fixtures as T  # noqa: E402
-import ckptstore  # noqa: E402
-from convert_fixtures import rewrite_rank_file, run_cli  # noqa: E402
-from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
-from ckptstore.errors import (  # noqa: E402
+import ckptstore
+import mindspore_fixtures as T
+from ckptstore.checkpoint.strategy import load_strategy
+from ckptstore.errors import (
     ForeignStrategyError,
     LayoutMismatchError,
     StoreExistsError,
     StrategyError,
 )
-from ckptstore.read.loader import rank_view  # noqa: E402
-
+from ckptstore.read.loader import rank_view
+from convert_fixtures import rewrite_rank_file, run_cli
 
 # ---- 17.16: the conversion's fingerprint covers the strategy -----------------------------------
 

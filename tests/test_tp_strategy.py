@@ -14,11 +14,10 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-from convert_fixtures import run_cli
-
 import ckptstore
 from ckptstore.testing.hf_folder import llama_config, llama_tensors, write_hf_folder
 from ckptstore.write.hf_index import index_hf
+from convert_fixtures import run_cli
 
 CONFIG = llama_config()  # 2 layers, hidden 32, 4 heads, 2 KV heads, ffn 48, vocab 64
 

@@ -13,13 +13,13 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import mindspore as ms  # noqa: E402
-from mindspore import Tensor, nn  # noqa: E402
+import mindspore as ms
+from mindspore import Tensor, nn
 
-import ckptstore  # noqa: E402
-from ckptstore.errors import StaleStepError  # noqa: E402
-from load_fixtures import assert_same_dict  # noqa: E402
-from test_resume_training import X, Y, Net, train_cell, values  # noqa: E402
+import ckptstore
+from ckptstore.errors import StaleStepError
+from load_fixtures import assert_same_dict
+from test_resume_training import Net, X, Y, train_cell, values
 
 
 def _train(cell: nn.Cell, steps: int, *callbacks) -> nn.Cell:

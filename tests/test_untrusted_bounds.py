@@ -30,12 +30,12 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import mindspore  # noqa: E402
+import mindspore
 
-import ckptstore  # noqa: E402
-from ckptstore.checkpoint.rank_files import scan_rank_file  # noqa: E402
-from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
-from ckptstore.errors import (  # noqa: E402
+import ckptstore
+from ckptstore.checkpoint.rank_files import scan_rank_file
+from ckptstore.checkpoint.strategy import load_strategy
+from ckptstore.errors import (
     CorruptCheckpointError,
     InvalidOptionError,
     LayoutMismatchError,
@@ -43,7 +43,7 @@ from ckptstore.errors import (  # noqa: E402
     StoreCorruptError,
     StrategyError,
 )
-from convert_fixtures import REPO, run_cli  # noqa: E402
+from convert_fixtures import REPO, run_cli
 
 VALUES = {"w": np.arange(1024, dtype=np.float32), "b": np.arange(6, dtype=np.float32) - 2.5}
 

@@ -28,12 +28,10 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
-import ckptstore  # noqa: E402
-import mindspore_fixtures as T  # noqa: E402
-from ckptstore.formats import protowire
-from ckptstore.store.kinds import WORK_DIR  # noqa: E402
-from ckptstore.formats.ckpt_reader import scan_checkpoint  # noqa: E402
-from ckptstore.errors import (  # noqa: E402
+import ckptstore
+import mindspore_fixtures as T
+from ckptstore.checkpoint.strategy import load_strategy
+from ckptstore.errors import (
     CheckpointFileError,
     IncompleteStoreError,
     InvalidOptionError,
@@ -44,11 +42,13 @@ from ckptstore.errors import (  # noqa: E402
     StrategyError,
     UnsafePathError,
 )
-from ckptstore.read.loader import rank_view  # noqa: E402
-from ckptstore.io.local_sink import LocalSink  # noqa: E402
-from ckptstore.checkpoint.strategy import load_strategy  # noqa: E402
-from conftest import copy_layout  # noqa: E402
-from convert_fixtures import (  # noqa: E402
+from ckptstore.formats import protowire
+from ckptstore.formats.ckpt_reader import scan_checkpoint
+from ckptstore.io.local_sink import LocalSink
+from ckptstore.read.loader import rank_view
+from ckptstore.store.kinds import WORK_DIR
+from conftest import copy_layout
+from convert_fixtures import (
     assert_same_array,
     cli_command,
     convert_layout,

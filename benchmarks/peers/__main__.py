@@ -15,12 +15,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from benchmarks.bench_load import BOUND, CKPTSTORE, add_load_args, dataset_line, make_setup
 from benchmarks.harness import (
-    RESULTS_DIR, BenchmarkError, Contender, command_line, run_benchmark, run_contender, run_and_publish,
+    RESULTS_DIR,
+    BenchmarkError,
+    Contender,
+    command_line,
+    run_and_publish,
+    run_benchmark,
+    run_contender,
 )
 from benchmarks.peers import DCP, DCP_1T, ORBAX, ORBAX_ALL, dcp_contender, orbax_contenders
 from benchmarks.report import Column, format_bytes, machine_line, markdown_table, one_line

@@ -9,7 +9,8 @@ be compared with every contender's ``check`` result: equal digests mean bit-iden
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 

@@ -16,9 +16,10 @@ Everything here is pure metadata (no torch, no jax imports).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -9,8 +9,9 @@ cannot return under numpy 2, so :func:`check_load_rank` digests them through flo
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from benchmarks import synth as synth_mod
 from benchmarks.synth import Mesh, Synth
@@ -54,8 +55,8 @@ def ckptstore_load_rank(store: str, strategy: str, rank: int, names_file: str,
 
 def check_load_rank(out: Mapping[str, Any], **args: Any) -> dict[str, Any]:
     """Digest of MindSpore Parameters of any dtype (bfloat16 through an exact float32 cast)."""
-    import ml_dtypes
     import mindspore as ms
+    import ml_dtypes
 
     from benchmarks.contenders import check_params
 

@@ -15,18 +15,17 @@ most a few hundred KiB per parameter, whatever the checkpoint size or the number
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import crc32c
 import numpy as np
 
-from ckptstore.formats.ckpt_reader import CkptEntry
-from ckptstore.errors import LayoutMismatchError, ReplicaMismatchError
-from ckptstore.checkpoint.rank_bytes import RankFiles
-
 from ckptstore.boxes import Box
 from ckptstore.checkpoint.params import SourceParam, SourceSlice
+from ckptstore.checkpoint.rank_bytes import RankFiles
+from ckptstore.errors import LayoutMismatchError, ReplicaMismatchError
+from ckptstore.formats.ckpt_reader import CkptEntry
 
 WINDOW = 1024
 MEMBERS = 4

@@ -17,11 +17,11 @@ from pathlib import Path
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError, UnsafePathError, check_int
 from ckptstore.formats.ckpt_cipher import DecryptedFile, Decryption
 from ckptstore.formats.ckpt_reader import CkptIndex, open_file, scan_checkpoint
-from ckptstore.progress import rank_list
 from ckptstore.formats.ms_safetensors import is_safetensors, scan_safetensors
 from ckptstore.io.base import ReadableFile
 from ckptstore.io.locations import is_url, open_location
 from ckptstore.limits import MAX_WORLD
+from ckptstore.progress import rank_list
 
 FORMATS = ("ckpt", "safetensors")
 _RANK_DIR = re.compile(r"^rank_(\d+)$")

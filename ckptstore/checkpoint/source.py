@@ -11,28 +11,32 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-
 from ckptstore.boxes import Box
-from ckptstore.formats.ckpt_cipher import Decryption
-from ckptstore.formats.ckpt_reader import CkptEntry, CkptIndex
+from ckptstore.checkpoint.layout import Layout, stage_slices
 from ckptstore.checkpoint.layout_check import Sampler, check_against_strategy
 from ckptstore.checkpoint.params import SourceParam, SourceSlice
-from ckptstore.checkpoint.rank_files import (  # noqa: F401  (find_rank_files, pick_rank_file re-exported)
-    RankFileChoice, choose_rank_files, find_rank_files, pick_rank_file, scan_rank_file)
 from ckptstore.checkpoint.rank_bytes import RankFiles
-from ckptstore.errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
-from ckptstore.checkpoint.layout import Layout, stage_slices
+from ckptstore.checkpoint.rank_files import (  # noqa: F401  (find_rank_files, pick_rank_file re-exported)
+    RankFileChoice,
+    choose_rank_files,
+    find_rank_files,
+    pick_rank_file,
+    scan_rank_file,
+)
 from ckptstore.checkpoint.strategy import Strategy, StrategyPaths, load_strategy
+from ckptstore.errors import LayoutMismatchError, MissingFileError, MissingRankError, StrategyError
+from ckptstore.formats.ckpt_cipher import Decryption
+from ckptstore.formats.ckpt_reader import CkptEntry, CkptIndex
 from ckptstore.io.locations import is_url
 from ckptstore.io.s3_source import READ_CONCURRENCY as S3_READ_CONCURRENCY
-
 
 
 @dataclass(frozen=True)

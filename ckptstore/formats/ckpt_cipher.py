@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 from ckptstore.errors import EncryptedCheckpointError, InvalidOptionError, ShortReadError
 from ckptstore.formats.ckpt_reader import CIPHER_MAGICS

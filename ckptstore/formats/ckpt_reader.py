@@ -16,13 +16,12 @@ from __future__ import annotations
 import functools
 import os
 import zlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
-from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ckptstore.formats import protowire
 from ckptstore.dtypes import STR_TYPE, UNSUPPORTED_TYPES, lookup
 from ckptstore.errors import (
     ChecksumMismatchError,
@@ -32,9 +31,10 @@ from ckptstore.errors import (
     TruncatedCheckpointError,
     UnsupportedCheckpointError,
 )
-from ckptstore.limits import MAX_NAME_BYTES, MAX_NDIM, MAX_STR_BYTES, MAX_TENSOR_BYTES
+from ckptstore.formats import protowire
 from ckptstore.io.base import ReadableFile
 from ckptstore.io.locations import open_user_file
+from ckptstore.limits import MAX_NAME_BYTES, MAX_NDIM, MAX_STR_BYTES, MAX_TENSOR_BYTES
 
 CRC_MAGIC = b"crc_num"
 CRC_TRAILER_BYTES = len(CRC_MAGIC) + 10

@@ -12,8 +12,9 @@ safetensors library does.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ckptstore.errors import CorruptCheckpointError, MissingFileError, UnsafePathError
 from ckptstore.formats.safetensors_header import TensorInfo, parse_header

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import zlib
 
-from ckptstore.formats.ckpt_reader import CkptEntry, CkptIndex, open_file
 from ckptstore.dtypes import mindspore_name
 from ckptstore.errors import ChecksumMismatchError, CorruptCheckpointError, UnsupportedCheckpointError
+from ckptstore.formats.ckpt_reader import CkptEntry, CkptIndex, open_file
 from ckptstore.formats.safetensors_header import parse_header
 from ckptstore.io.base import ReadableFile
 

@@ -8,7 +8,7 @@ length-delimited fields (wire types 0 and 2), plus skipping fixed-width ones (1 
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
 MAX_VARINT_BYTES = 10

@@ -11,16 +11,17 @@ tile the data without gaps or overlaps), reading only the header's bytes.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from ckptstore.dtypes import from_safetensors, lookup, safetensors_code
 from ckptstore.errors import CheckpointFileError, CorruptCheckpointError, TruncatedCheckpointError
-from ckptstore.limits import MAX_NDIM, MAX_SAFETENSORS_HEADER, MAX_TENSOR_BYTES, product
 from ckptstore.io.base import ReadableFile
+from ckptstore.limits import MAX_NDIM, MAX_SAFETENSORS_HEADER, MAX_TENSOR_BYTES, product
 
 METADATA_KEY = "__metadata__"
 _ALIGN = 8

@@ -14,10 +14,11 @@ import os
 import stat as stat_mod
 import threading
 import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from ckptstore.errors import FileAccessError, MissingFileError, ShortReadError, UnsafePathError
+from ckptstore.errors import FileAccessError, MissingFileError, NotRegularFileError, ShortReadError, UnsafePathError
 from ckptstore.io.base import LOCAL_COST, ByteSource, FileStat, ReadableFile, Request, check_key
 from ckptstore.io.schemes import PATH, Scheme
 
@@ -144,7 +145,7 @@ def _regular_file(fd: int, url: str) -> os.stat_result:
         if not stat_mod.S_ISREG(st.st_mode):
             kind = "a folder" if stat_mod.S_ISDIR(st.st_mode) else "a FIFO" if stat_mod.S_ISFIFO(st.st_mode) else \
                 "a device or socket"
-            raise FileAccessError(errno.EISDIR if kind == "a folder" else errno.EINVAL,
+            raise NotRegularFileError(errno.EISDIR if kind == "a folder" else errno.EINVAL,
                                   f"{url} is not a regular file ({kind}); ckptstore reads only regular files")
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         return st

@@ -74,18 +74,18 @@ class FolderLock:
         self.path = sink.root / key
         self._fd = -1
 
-    def acquire(self) -> "FolderLock":
+    def acquire(self) -> FolderLock:
         """Block until this process holds the lock."""
         held = self._take(wait=True)
         if held is None:  # waiting always ends holding the lock
             raise RuntimeError(f"could not lock {self.path}")
         return held
 
-    def try_acquire(self) -> "FolderLock | None":
+    def try_acquire(self) -> FolderLock | None:
         """Take the lock if no one holds it; ``None`` if someone does."""
         return self._take(wait=False)
 
-    def _take(self, *, wait: bool) -> "FolderLock | None":
+    def _take(self, *, wait: bool) -> FolderLock | None:
         while True:
             fd = self._open()
             try:
@@ -109,7 +109,7 @@ class FolderLock:
         if fd >= 0:
             os.close(fd)
 
-    def __enter__(self) -> "FolderLock":
+    def __enter__(self) -> FolderLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:

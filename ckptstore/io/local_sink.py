@@ -35,10 +35,11 @@ import os
 import stat as stat_mod
 import threading
 import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from ckptstore.errors import StoreExistsError, UnsafePathError
 from ckptstore.io.base import check_key
@@ -73,7 +74,7 @@ class _SinkSource(LocalSource):
     records from the folder it writes, not from wherever the path leads now; a step folder that
     is a link is refused for reading too)."""
 
-    def __init__(self, sink: "LocalSink") -> None:
+    def __init__(self, sink: LocalSink) -> None:
         super().__init__(sink.root)
         self._sink = weakref.ref(sink)  # no cycle: a sink dropped closes its root at once
 
@@ -87,7 +88,7 @@ class LocalSink(ByteSink):
 
     seekable = True
 
-    def __init__(self, root: str | os.PathLike[str], *, within: "tuple[LocalSink, str] | None" = None) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, within: tuple[LocalSink, str] | None = None) -> None:
         self.root = Path(root)
         self.source = _SinkSource(self)
         self._touched: set[str] = set()
@@ -97,7 +98,7 @@ class LocalSink(ByteSink):
         self._within = within
         self._held_root = HeldDescriptor()
 
-    def folder(self, name: str) -> "LocalSink":
+    def folder(self, name: str) -> LocalSink:
         return LocalSink(self.root / check_key(name, str(self.root)), within=(self, name))
 
     # --- folders -------------------------------------------------------------------------------
@@ -546,7 +547,7 @@ class LocalSink(ByteSink):
             self._touch("/".join(parts[:i]))
 
     def lock(self, name: str, on_wait: Callable[[str], None] | None = None, *,
-             wait: bool = True) -> "FolderLock | None":
+             wait: bool = True) -> FolderLock | None:
         from ckptstore.io.sink import LOCK_FOLDER as WORK_DIR
 
         lock = FolderLock(self, f"{WORK_DIR}/{name}", on_wait=on_wait)

@@ -15,8 +15,8 @@ import posixpath
 from ckptstore.errors import UnsafePathError, UnsupportedLocationError
 from ckptstore.io.base import ByteSource, ReadableFile
 from ckptstore.io.local import LocalFile
-from ckptstore.io.urls import redact, url_scheme
 from ckptstore.io.schemes import BYTE_SOURCES, PATH, Scheme
+from ckptstore.io.urls import redact, url_scheme
 from ckptstore.registry import Registry
 
 

@@ -18,9 +18,10 @@ import os
 import re
 import threading
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ckptstore.errors import CkptStoreError, ObjectStoreConfigError
 from ckptstore.io import s3_redirects

@@ -13,8 +13,14 @@ import errno
 import os
 import re
 
-from ckptstore.errors import (AccessDeniedError, EndpointRedirectError, FileAccessError, MissingFileError,
-                              ObjectStoreConfigError, StoreUnavailableError)
+from ckptstore.errors import (
+    AccessDeniedError,
+    EndpointRedirectError,
+    FileAccessError,
+    MissingFileError,
+    ObjectStoreConfigError,
+    StoreUnavailableError,
+)
 from ckptstore.io.urls import redact
 
 _S3_CODE = re.compile(r"<Code>([A-Za-z0-9]{1,64})</Code>")

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from ckptstore.errors import CkptStoreError
 from ckptstore.io.s3_client import REQUEST_STATS, request

@@ -22,11 +22,18 @@ from __future__ import annotations
 
 import errno
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
-from ckptstore.errors import (CkptStoreError, FileAccessError, MissingFileError, ObjectStoreConfigError, ShortReadError,
-                              StoreChangedError)
+from ckptstore.errors import (
+    CkptStoreError,
+    FileAccessError,
+    MissingFileError,
+    ObjectStoreConfigError,
+    ShortReadError,
+    StoreChangedError,
+)
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, ReadCost, Request, check_key
 from ckptstore.io.s3_client import REQUEST_STATS, client, request
 from ckptstore.io.s3_errors import client_error, endpoint, is_no_such_bucket, is_range_error
@@ -82,7 +89,7 @@ class S3File(ReadableFile):
 
     read_ahead = 256 << 10
 
-    def __init__(self, source: "S3Source", key: str, size: int | None = None) -> None:
+    def __init__(self, source: S3Source, key: str, size: int | None = None) -> None:
         self.source, self.key = source, key
         self._size = size
         self._etag: str | None = None

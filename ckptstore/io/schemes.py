@@ -9,8 +9,9 @@ source or sink is one new file (see :mod:`ckptstore.registry`).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ckptstore.registry import Registry
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import errno
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 from ckptstore.errors import StoreUnavailableError, StoreWriteError
 from ckptstore.io.base import ByteSource, ReadableFile

@@ -16,7 +16,8 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ckptstore.errors import InvalidOptionError, check_int
 from ckptstore.write.saver import StoreSaver

@@ -37,7 +37,7 @@ def communication() -> tuple[int, int]:
 
     try:
         return int(get_rank()), int(get_group_size())
-    except Exception as e:  # noqa: BLE001 - MindSpore raises RuntimeError or ValueError before init()
+    except Exception as e:  # MindSpore raises RuntimeError or ValueError before init()
         raise InvalidOptionError("a cooperative load (cooperative=...) runs in a MindSpore job: call "
                                  f"mindspore.communication.init() first ({e})") from None
 

@@ -5,7 +5,8 @@ MindSpore import: the dict is plain lists.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ckptstore.checkpoint.layout import Layout
 from ckptstore.checkpoint.strategy import Strategy, strategy_from_layouts

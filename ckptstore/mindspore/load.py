@@ -7,8 +7,9 @@ with ``set_data``.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from math import prod
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -181,7 +182,7 @@ class _NetLoader:
                 target, in_place = self._destination(param, plan)
                 plans[key], outs[key] = plan, target  # type: ignore[index]
                 ready.append((param, target, in_place))
-        except Exception as e:  # noqa: BLE001 - any error: said to the group, then raised on every rank
+        except Exception as e:  # any error: said to the group, then raised on every rank
             error, plans, outs = e, None, None
         load_together(exchange, self.store, plans, outs, error=error, workers=self.workers)
         _hand_over(ready)

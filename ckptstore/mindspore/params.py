@@ -12,8 +12,8 @@ copy at all, for host-side use.
 from __future__ import annotations
 
 import threading
-from collections.abc import ItemsView, KeysView, ValuesView
-from typing import Any, Iterator, Sequence
+from collections.abc import ItemsView, Iterator, KeysView, Sequence, ValuesView
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +22,6 @@ from ckptstore.mindspore._import import ms_dtype as _ms_dtype
 from ckptstore.read.group_load import Cooperative
 from ckptstore.read.loader import RankView, StrategyLike, include_globs, rank_view, read_together, verified_store
 from ckptstore.store.store import StoreLike, as_store
-
 
 _flag_lock = threading.Lock()
 _meta_supported: bool | None = None

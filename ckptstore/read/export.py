@@ -10,13 +10,14 @@ index's rank files) is refused.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 
-from ckptstore.formats.ckpt_writer import CheckpointWriter
 from ckptstore.errors import InvalidOptionError, StoreExistsError, StrategyError, UnsupportedLocationError
+from ckptstore.formats.ckpt_writer import CheckpointWriter
+from ckptstore.formats.safetensors_writer import SafetensorsWriter
 from ckptstore.io.atomic_file import SinkKey
 from ckptstore.io.local_sink import LocalSink
 from ckptstore.io.locations import is_url
@@ -32,7 +33,6 @@ from ckptstore.read.loader import (
     rank_view,
     resolve_target,
 )
-from ckptstore.formats.safetensors_writer import SafetensorsWriter
 from ckptstore.store.store import Store, StoreLike, store_argument
 
 

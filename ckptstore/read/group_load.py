@@ -88,14 +88,14 @@ def load_together(exchange: Exchange, store: Store, plans: Mapping[str, ParamRea
             held, messages = {}, {}
             try:
                 held, messages = reading.result()  # type: ignore[union-attr]
-            except Exception as e:  # noqa: BLE001 - any error: said on every rank by the agreement below
+            except Exception as e:  # any error: said on every rank by the agreement below
                 pending = pending or e
             exchange.agree(pending, "reading from storage")
             reading = _read_ahead(ahead, store, group, k + 1, exchange.rank, workers)
             _receive(exchange, group, window, held, messages)
             try:
                 _place(HeldBytes(store.data, held), plans, outs, window, whole, placed)
-            except Exception as e:  # noqa: BLE001 - any error: said on every rank at the next agreement
+            except Exception as e:  # any error: said on every rank at the next agreement
                 pending = e
     short = [n for n in plans if n not in whole and placed.get(n, 0) != plans[n].nbytes]
     if pending is None and short:  # a bug of the group plan, never to pass as values

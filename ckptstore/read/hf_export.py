@@ -19,14 +19,15 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from ckptstore.checkpoint.selection import select_params
 from ckptstore.boxes import Box
+from ckptstore.checkpoint.selection import select_params
 from ckptstore.errors import InvalidOptionError, StoreExistsError
 from ckptstore.formats.hf_folder import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
 from ckptstore.formats.hf_rules import NameMap, Target, load_name_map, shipped_name_maps

@@ -11,25 +11,22 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 import mmap
 import os
+import threading
 from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from ckptstore.boxes import Box
 from ckptstore.dtypes import is_float
 from ckptstore.errors import CooperativeLoadError, InvalidOptionError
-from ckptstore.store.memory import empty
-from ckptstore.store.read_plan import ParamReadPlan, ReadPlan, plan_param
-from ckptstore.store.executor import Executor, Job, check_extents
 from ckptstore.io import LocalFile
 from ckptstore.io.base import ReadCost
 from ckptstore.progress import Progress, binary_size
-from ckptstore.store.store import Store, StoreLike, open_verified, store_argument
 from ckptstore.read.exchange import job_agreement
 from ckptstore.read.group_load import Cooperative, exchange_for, load_together
 from ckptstore.read.target import (  # noqa: F401 - target resolution lives in read/target.py; names kept here
@@ -44,7 +41,10 @@ from ckptstore.read.target import (  # noqa: F401 - target resolution lives in r
     resolve_target,
     target_boxes,
 )
-
+from ckptstore.store.executor import Executor, Job, check_extents
+from ckptstore.store.memory import empty
+from ckptstore.store.read_plan import ParamReadPlan, ReadPlan, plan_param
+from ckptstore.store.store import Store, StoreLike, open_verified, store_argument
 
 #: Threads that read one load by default: measured at 1, 2 and 4 on 2 cores (the workers rows of
 #: benchmarks/results/load.md: 2 beat 1 by 1.35x, 4 gained nothing).
@@ -164,7 +164,7 @@ class RankView:
         return self._cost.seconds(plan.requests, plan.fetched) >= HAND_OFF_SECONDS
 
     @functools.cached_property
-    def _ahead(self) -> "_ReadAhead":
+    def _ahead(self) -> _ReadAhead:
         return _ReadAhead(self)
 
     def read_many(self, names: Sequence[str]) -> dict[str, np.ndarray | str]:
@@ -211,7 +211,7 @@ class RankView:
                 yield self._ready(pending.popleft())
 
     @staticmethod
-    def _ready(item: tuple[str, np.ndarray | str, "Job | None"]) -> tuple[str, np.ndarray | str]:
+    def _ready(item: tuple[str, np.ndarray | str, Job | None]) -> tuple[str, np.ndarray | str]:
         name, value, job = item
         if job is not None:
             job.wait()
@@ -248,7 +248,7 @@ class RankView:
 class _Claimed(Job):
     """A read-ahead job taken over by :meth:`RankView.stream`: released once waited for."""
 
-    def __init__(self, job: Job, ahead: "_ReadAhead") -> None:
+    def __init__(self, job: Job, ahead: _ReadAhead) -> None:
         super().__init__([])
         self.job, self.ahead, self.released = job, ahead, False
 
@@ -452,7 +452,7 @@ def read_together(store: Store, strategy: StrategyLike, rank: int | None, cooper
                 plans[name] = view.plan_for(name)
                 check_extents(plans[name], store.data)
                 outs[name] = empty(plans[name].shape, view.dtype_of(name))
-        except Exception as e:  # noqa: BLE001 - any error: said to the group, then raised on every rank
+        except Exception as e:  # any error: said to the group, then raised on every rank
             error, plans, outs = e, None, None
     load_together(exchange, store, plans, outs, error=error, workers=1 if view is None else view.workers)
     if view is None or outs is None:  # (load_together raised already)

@@ -8,8 +8,9 @@ the same numbers in :func:`ckptstore.io_counts`: bytes wanted and fetched, files
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from ckptstore.read.loader import StrategyLike, include_globs, rank_view
 from ckptstore.store.executor import MAX_INFLIGHT
@@ -155,8 +156,7 @@ def plan_cooperative(store: StoreLike, strategy: StrategyLike = None, rank: int 
     """What the group of ``rank`` (``"replicas"``, ``"node"`` of ``ranks_per_node`` ranks, or a list of
     ranks) of ``strategy``'s layout fetches loading together, worked out from metadata alone (no
     collectives: every rank's plan is computed here, as the group would compute it)."""
-    from ckptstore.read.cooperative import plan_group
-    from ckptstore.read.cooperative import Need
+    from ckptstore.read.cooperative import Need, plan_group
     from ckptstore.read.group_load import wanted_ranges
     from ckptstore.read.loader import name_patterns, replica_ranks, resolve_target
 

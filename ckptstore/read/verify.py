@@ -14,24 +14,24 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from math import prod
-from typing import Sequence
 
 import crc32c as crc32c_lib
 
-from ckptstore.store.fallback import chunk_problem
-from ckptstore.store.checksum import crc32c_of
-from ckptstore.formats.ckpt_reader import CkptEntry
-from ckptstore.store.codecs import decode
-from ckptstore.errors import AccessDeniedError, CkptStoreError, InvalidOptionError, StoreUnavailableError
-from ckptstore.store.manifest import ParamManifest
-from ckptstore.checkpoint.source import DistributedSource, resolve_source
 from ckptstore.checkpoint.rank_bytes import RankFiles
-from ckptstore.store.store import Store, StoreLike, store_argument
+from ckptstore.checkpoint.source import DistributedSource, resolve_source
+from ckptstore.errors import AccessDeniedError, CkptStoreError, InvalidOptionError, StoreUnavailableError
+from ckptstore.formats.ckpt_reader import CkptEntry
 from ckptstore.limits import MAX_METADATA_BYTES
+from ckptstore.store.codecs import decode
+from ckptstore.store.fallback import chunk_problem
 from ckptstore.store.kinds import ROOT_METADATA
-from ckptstore.store.zarr import EMPTY_ENTRY as _EMPTY, grid_key
+from ckptstore.store.manifest import ParamManifest
+from ckptstore.store.store import Store, StoreLike, store_argument
+from ckptstore.store.zarr import EMPTY_ENTRY as _EMPTY
+from ckptstore.store.zarr import grid_key
 
 
 @dataclass

@@ -28,10 +28,16 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from ckptstore.io.counting import Counters
-from ckptstore.errors import (AccessDeniedError, FileAccessError, MissingFileError, ShortReadError, StoreCorruptError,
-                              StoreUnavailableError)
+from ckptstore.errors import (
+    AccessDeniedError,
+    FileAccessError,
+    MissingFileError,
+    ShortReadError,
+    StoreCorruptError,
+    StoreUnavailableError,
+)
 from ckptstore.io.base import ByteSource
+from ckptstore.io.counting import Counters
 from ckptstore.store.codecs import decode
 from ckptstore.store.read_plan import AnyParamReadPlan, ByteRangesPlan, ReadGroup
 

@@ -28,6 +28,7 @@ from ckptstore.errors import (
     CheckpointFileError,
     CkptStoreError,
     MissingFileError,
+    NotRegularFileError,
     ShortReadError,
     SourceChangedError,
     StoreChangedError,
@@ -57,7 +58,7 @@ def is_damage(error: BaseException) -> bool:
     if isinstance(error, StoreChangedError):
         return False
     return isinstance(error, (MissingFileError, ShortReadError, StoreCorruptError, SourceChangedError,
-                              CheckpointFileError))
+                              CheckpointFileError, NotRegularFileError))
 
 
 def chunk_problem(data: ByteSource, info: ParamManifest, i: int, *, block: int = VERIFY_BLOCK) -> str | None:

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import os
 import posixpath
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ckptstore.errors import SourceChangedError, StoreCorruptError
-from ckptstore.store.manifest import StoreManifest
 from ckptstore.io.base import ByteSource, FileStat, ReadableFile, SourceWrapper, check_key
 from ckptstore.io.local import local_stat
 from ckptstore.io.locations import is_url, join, open_location
+from ckptstore.store.manifest import StoreManifest
 
 SOURCE_ROOT = "source_root"
 SOURCE_FILES = "source_files"

@@ -16,18 +16,19 @@ import array
 import itertools
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from math import prod
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ckptstore.boxes import Box, byte_pieces
 from ckptstore.dtypes import STR_TYPE, dtype_name, numpy_dtype
 from ckptstore.errors import StoreCorruptError, UnsafePathError
-from ckptstore.limits import MAX_CHUNKS, MAX_NAME_BYTES, MAX_NDIM, MAX_STR_BYTES, MAX_TENSOR_BYTES, check, product
 from ckptstore.io.base import check_key
+from ckptstore.limits import MAX_CHUNKS, MAX_NAME_BYTES, MAX_NDIM, MAX_STR_BYTES, MAX_TENSOR_BYTES, check, product
 
 FORMAT_NAME = "ckptstore"
 FORMAT_VERSION = 1

@@ -13,8 +13,8 @@ says. Small ones come from numpy's allocator.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Sequence
 from math import prod
-from typing import Sequence
 
 import numpy as np
 

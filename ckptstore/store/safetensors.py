@@ -9,14 +9,14 @@ unfinished conversion. This module is the writer's half; reading needs only the 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Sequence
 
 import numpy as np
 
-from ckptstore.io.sink import ByteSink, partial_key
 from ckptstore.formats.safetensors_header import build_header
+from ckptstore.io.sink import ByteSink, partial_key
 
 DEFAULT_FILE_BYTES = 4 << 30
 

@@ -10,34 +10,35 @@ from __future__ import annotations
 import operator
 import os
 import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from ckptstore.store import fallback, steps, work
-from ckptstore.store.kinds import WORK_DIR, find_manifest, manifest_candidates, manifest_files, store_kind, store_kinds
 from ckptstore.boxes import Box
 from ckptstore.errors import (
     CkptStoreError,
     IncompleteStoreError,
-    MissingFileError,
-    ShortReadError,
-    StoreChangedError,
     InvalidIndexError,
     InvalidOptionError,
+    MissingFileError,
     ParameterNotFoundError,
+    ShortReadError,
+    StoreChangedError,
     StoreCorruptError,
     StoreNotFoundError,
 )
-from ckptstore.store.manifest import ParamManifest, StoreManifest
-from ckptstore.store.versions import recorded_versions
-from ckptstore.store.read_plan import ParamReadPlan, plan_param
-from ckptstore.store.executor import execute
 from ckptstore.io import ByteSource, FileStat, LocalSource, ReadableFile, open_location
 from ckptstore.io.base import Request, SourceWrapper
 from ckptstore.progress import binary_size
+from ckptstore.store import fallback, steps, work
+from ckptstore.store.executor import execute
+from ckptstore.store.kinds import WORK_DIR, find_manifest, manifest_candidates, manifest_files, store_kind, store_kinds
+from ckptstore.store.manifest import ParamManifest, StoreManifest
+from ckptstore.store.read_plan import ParamReadPlan, plan_param
+from ckptstore.store.versions import recorded_versions
 
 Index = Any  # an int, a slice, or a tuple of them
 

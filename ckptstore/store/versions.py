@@ -12,7 +12,8 @@ folder, where an open file keeps its bytes) records nothing.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ckptstore.errors import StoreCorruptError, UnsafePathError
 from ckptstore.io.base import check_key

@@ -17,8 +17,9 @@ from __future__ import annotations
 import functools
 import json
 import struct
+from collections.abc import Mapping, Sequence
 from math import prod
-from typing import Any, Mapping, Sequence
+from typing import Any
 from urllib.parse import quote
 
 import crc32c

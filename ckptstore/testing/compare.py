@@ -5,8 +5,9 @@ compare exactly; ``np.array_equal`` would call two NaNs different and ``0.0 == -
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import ml_dtypes
 import numpy as np

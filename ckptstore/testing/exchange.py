@@ -95,7 +95,7 @@ def run_group(ranks: Sequence[int], fn: Callable[[ThreadExchange], Any], *, time
         for r, f in futures.items():
             try:
                 results[r] = f.result()
-            except BaseException as e:  # noqa: BLE001 - collected, then re-raised below
+            except BaseException as e:  # collected, then re-raised below
                 errors[r] = e
     if errors and raise_errors:
         raise errors[min(errors)]

@@ -9,8 +9,9 @@ Hugging Face names. The real ``transformers`` folders are made in the tests that
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

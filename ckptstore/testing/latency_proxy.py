@@ -21,7 +21,7 @@ import asyncio
 import sys
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 #: Bytes relayed per read of an answer (and per step of the bandwidth pacing).
 PIECE = 256 << 10

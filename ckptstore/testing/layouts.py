@@ -17,10 +17,11 @@ MindSpore is imported only when a layout is saved or an oracle is run.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from math import prod
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -27,10 +27,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator, Sequence, Union
 
 #: Credentials of the test server (moto accepts any); distinctive so a leak is easy to find.
 ACCESS_KEY = "AKIACKPTSTORETESTKEY1"

@@ -12,7 +12,7 @@ Everything here is metadata (:class:`~ckptstore.testing.sample_checkpoint.ParamS
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from ckptstore.testing.sample_checkpoint import ParamSpec
 

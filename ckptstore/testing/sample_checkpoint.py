@@ -28,6 +28,7 @@ import numpy as np
 
 from ckptstore.dtypes import numpy_dtype
 
+
 @dataclass(frozen=True)
 class ParamSpec:
     """One parameter of a fixture and its parallel layout.

@@ -36,8 +36,14 @@ import threading
 
 import pytest
 
-from ckptstore.errors import (CkptStoreError, FileAccessError, MissingFileError, ShortReadError, StoreChangedError,
-                              UnsafePathError)
+from ckptstore.errors import (
+    CkptStoreError,
+    FileAccessError,
+    MissingFileError,
+    ShortReadError,
+    StoreChangedError,
+    UnsafePathError,
+)
 from ckptstore.io.base import ByteSource
 
 #: Keys a source must refuse, whatever it holds: each could name something outside it.

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ckptstore.errors import check_int
 from ckptstore.store.executor import ByteBudget
@@ -92,7 +93,7 @@ class AsyncSaver:
         buf[:] = view  # same length: copied in place
         return buf
 
-    def _write(self, job: SaveJob, staged: "queue.Queue[Any]", budget: _Budget) -> None:
+    def _write(self, job: SaveJob, staged: queue.Queue[Any], budget: _Budget) -> None:
         try:
             budget.release.wait()
             summary = job.write(_drain(staged, budget, self._free))
@@ -122,7 +123,7 @@ class AsyncSaver:
         return self._thread is not None and self._thread.is_alive()
 
 
-def _drain(staged: "queue.Queue[Any]", budget: _Budget, free: dict[int, list[bytearray]]) -> Iterator[Piece]:
+def _drain(staged: queue.Queue[Any], budget: _Budget, free: dict[int, list[bytearray]]) -> Iterator[Piece]:
     """The staged pieces in order; each piece's buffer goes back to ``free`` and its budget is
     freed once the writer asks for the next (by then it has been written)."""
     while True:

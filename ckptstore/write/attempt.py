@@ -34,7 +34,7 @@ import logging
 import os
 import sys
 import uuid
-from typing import Mapping
+from collections.abc import Mapping
 
 from ckptstore.errors import InvalidOptionError
 
@@ -191,8 +191,8 @@ def broadcast_attempt() -> str | None:
         return None
     if not getattr(GlobalComm, "INITED", False) or get_group_size() < 2:
         return None
-    import numpy as np
     import mindspore as ms
+    import numpy as np
     from mindspore import ops
 
     mine = np.frombuffer(uuid.uuid4().bytes, np.int32).copy() if get_rank() == 0 else np.zeros(4, np.int32)

@@ -10,21 +10,22 @@ counts progress, encodes with the store's codec and checks replicas; the kind wr
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import crc32c
 import numpy as np
 
+from ckptstore.checkpoint.rank_bytes import RankFiles
+from ckptstore.errors import ReplicaMismatchError
+from ckptstore.formats.ckpt_reader import CkptEntry
+from ckptstore.io.sink import SinkFile
+from ckptstore.progress import Progress
 from ckptstore.store.checksum import BLOCK, crc32c_read
 from ckptstore.store.codecs import numcodecs_codec
-from ckptstore.write.chunk_plan import ChunkSource, ParamPlan
-from ckptstore.formats.ckpt_reader import CkptEntry
-from ckptstore.errors import ReplicaMismatchError
-from ckptstore.io.sink import SinkFile
-from ckptstore.write.journal import JournalEntry
 from ckptstore.store.manifest import ChunkTable, ParamManifest
-from ckptstore.progress import Progress
-from ckptstore.checkpoint.rank_bytes import RankFiles
+from ckptstore.write.chunk_plan import ChunkSource, ParamPlan
+from ckptstore.write.journal import JournalEntry
 
 Pieces = list[tuple[int, int]]  # (file offset, length) in chunk byte order
 

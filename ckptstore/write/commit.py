@@ -13,20 +13,30 @@ rest to the writer of the plan's store kind
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from ckptstore.store.kinds import store_kind
-from ckptstore.write.chunk_plan import ParamPlan
 from ckptstore.errors import IncompleteStoreError, InvalidOptionError
-from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.io.sink import ByteSink
+from ckptstore.store.kinds import store_kind
+from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.store.steps import step_name, step_source, steps
-from ckptstore.store.work import (COMMIT_PLAN_FILE, DONE_DIR, RECORDS_DIR, CommitPlan, done_key, read_attempt,
-                                  read_commit_plan, unfinished_parts, what_finishes)
+from ckptstore.store.work import (
+    COMMIT_PLAN_FILE,
+    DONE_DIR,
+    RECORDS_DIR,
+    CommitPlan,
+    done_key,
+    read_attempt,
+    read_commit_plan,
+    unfinished_parts,
+    what_finishes,
+)
+from ckptstore.write.chunk_plan import ParamPlan
+from ckptstore.write.chunk_writer import ChunkCopier
 from ckptstore.write.output_folder import Claim, complete_manifest, drop_idle_work, lock_output
 from ckptstore.write.parts import Part, assign
 from ckptstore.write.records import write_record
-from ckptstore.write.chunk_writer import ChunkCopier
 from ckptstore.write.store_writer import StoreWriter
 
 

@@ -24,31 +24,37 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ckptstore.checkpoint.selection import select_params
-from ckptstore.write.chunk_plan import ParamPlan, check_even_slices, plan_chunks
-from ckptstore.store.codecs import CODECS
-from ckptstore.store.kinds import store_kind, store_kinds
-from ckptstore.errors import (ConversionInProgressError, IncompleteStoreError, InvalidOptionError, LayoutMismatchError,
-                              check_int)
-from ckptstore.store.manifest import StoreManifest
-from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, lock_output, running_parts
-from ckptstore.io.sink import ByteSink, open_sink
-from ckptstore.write.parts import SCHEDULER_NO_PART, Part, parse_part
-from ckptstore.progress import Progress
 from ckptstore.checkpoint.source import DistributedSource, SourceParam, resolve_source
 from ckptstore.checkpoint.strategy import StrategyPaths
+from ckptstore.errors import (
+    ConversionInProgressError,
+    IncompleteStoreError,
+    InvalidOptionError,
+    LayoutMismatchError,
+    check_int,
+)
 from ckptstore.formats.ckpt_cipher import check_key
 from ckptstore.io import is_url, open_location
-from ckptstore.store.work import CommitPlan, read_attempt, short, write_commit_plan
-from ckptstore.write.commit import commit, commit_if_last, mark_done, my_share, writer_for
-from ckptstore.write.records import whole_entry
-from ckptstore.write.chunk_writer import ChunkCopier
+from ckptstore.io.sink import ByteSink, open_sink
 from ckptstore.limits import MAX_TENSOR_BYTES
+from ckptstore.progress import Progress
+from ckptstore.store.codecs import CODECS
+from ckptstore.store.kinds import store_kind, store_kinds
+from ckptstore.store.manifest import StoreManifest
+from ckptstore.store.work import CommitPlan, read_attempt, short, write_commit_plan
 from ckptstore.version import __version__
+from ckptstore.write.chunk_plan import ParamPlan, check_even_slices, plan_chunks
+from ckptstore.write.chunk_writer import ChunkCopier
+from ckptstore.write.commit import commit, commit_if_last, mark_done, my_share, writer_for
+from ckptstore.write.output_folder import claim, complete_manifest, drop_idle_work, lock_output, running_parts
+from ckptstore.write.parts import SCHEDULER_NO_PART, Part, parse_part
+from ckptstore.write.records import whole_entry
 from ckptstore.write.summary import ConvertSummary
 
 if TYPE_CHECKING:
@@ -232,7 +238,7 @@ def _selected(names: list[str], select: Mapping[str, Any]) -> list[str]:
     return kept
 
 
-def commit_store(out: "str | os.PathLike[str] | Store", *, on_wait: Callable[[str], None] | None = None) -> bool:
+def commit_store(out: str | os.PathLike[str] | Store, *, on_wait: Callable[[str], None] | None = None) -> bool:
     """Commit a conversion done in parts whose last part did not (``ckptstore commit``;
     ``ckptstore.commit`` in the API), or a saved training step whose ranks have all finished
     (:mod:`ckptstore.write.save`).

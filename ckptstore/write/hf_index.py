@@ -18,11 +18,13 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable, Mapping, Sequence
 from math import prod
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from ckptstore.checkpoint.selection import select_params
 from ckptstore.errors import InvalidOptionError
 from ckptstore.formats.hf_folder import HFFolder, read_hf_folder
 from ckptstore.formats.hf_rules import NameMap, Target, load_name_map, segment_gcd
@@ -30,14 +32,13 @@ from ckptstore.io import open_location
 from ckptstore.io.sink import open_sink
 from ckptstore.store import index as ib
 from ckptstore.store import zarr as zb
-from ckptstore.checkpoint.selection import select_params
 from ckptstore.store.manifest import ChunkTable, ParamManifest, dtype_label
 from ckptstore.store.work import CommitPlan, write_commit_plan
 from ckptstore.version import __version__
-from ckptstore.write.summary import ConvertSummary
 from ckptstore.write.commit import commit_if_last, mark_done
-from ckptstore.write.records import whole_entry
 from ckptstore.write.output_folder import claim
+from ckptstore.write.records import whole_entry
+from ckptstore.write.summary import ConvertSummary
 
 #: The manifest's ``source.format`` of an index over a Hugging Face folder.
 SOURCE_FORMAT = "huggingface"

@@ -10,8 +10,8 @@ work directory) are skipped whole.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from ckptstore.errors import ShortReadError
 from ckptstore.io.base import ReadableFile

@@ -19,8 +19,8 @@ same way, and never replaces a committed one (:mod:`ckptstore.write.commit` has 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from ckptstore.errors import CkptStoreError, ConversionInProgressError, StoreExistsError
 from ckptstore.io.sink import ByteSink, Lock, write_error

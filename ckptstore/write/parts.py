@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import heapq
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from ckptstore.errors import InvalidOptionError
 from ckptstore.launcher import is_scheduler, job

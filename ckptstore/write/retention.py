@@ -28,8 +28,9 @@ import json
 import os
 import re
 import warnings
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, Collection
+from typing import Any
 
 from ckptstore.errors import CkptStoreError
 from ckptstore.io.locations import open_location

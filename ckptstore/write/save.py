@@ -29,8 +29,9 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -132,7 +133,7 @@ def skipped_in_scheduler(root: str | os.PathLike[str], step: int) -> SaveSummary
 def prepare_save(params: Any, root: str | os.PathLike[str], *, step: int, strategy: Any = None,
                  rank: int | None = None, format: str = "zarr", include: Sequence[str] = (),
                  exclude: Sequence[str] = (), chunk_mb: int | None = None, attempt: str | None = None,
-                 incremental: bool = False) -> "SaveJob":
+                 incremental: bool = False) -> SaveJob:
     """Work out what :func:`save_rank` writes (nothing is copied or written yet)."""
     check_int(step, "step", least=0)
     return save_job(params, root, step=step, strategy=strategy, rank=rank, format=format, include=include,

@@ -27,11 +27,10 @@ The slice files sit beside their array's ``zarr.json`` (chunk key separator ``".
 """
 from __future__ import annotations
 
-import heapq
 import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -39,8 +38,9 @@ from ckptstore.boxes import Box
 from ckptstore.checkpoint.layout import Layout
 from ckptstore.checkpoint.strategy import Strategy
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError, StrategyError
-from ckptstore.write.chunk_plan import chunk_shape_for
 from ckptstore.store.zarr import SEPARATOR, array_path, grid_key
+from ckptstore.write.chunk_plan import chunk_shape_for
+
 
 @dataclass(frozen=True)
 class SaveChunk:

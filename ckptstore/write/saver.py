@@ -16,15 +16,15 @@ committed, so ``open(ROOT)`` returns it. The step just saved is never deleted.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ckptstore.errors import InvalidOptionError, StaleStepError, check_int
 from ckptstore.launcher import is_scheduler
 from ckptstore.write.async_save import AsyncSaver
+from ckptstore.write.retention import prune_steps, remove_steps, saved_steps
 from ckptstore.write.save import SaveSummary, save_job, skipped_in_scheduler
 from ckptstore.write.values import host_values
-
-from ckptstore.write.retention import prune_steps, remove_steps, saved_steps
 
 
 class StoreSaver:
@@ -116,7 +116,7 @@ class StoreSaver:
         """Most bytes of host copies the last background save held at once."""
         return self._async.peak_staged
 
-    def __enter__(self) -> "StoreSaver":
+    def __enter__(self) -> StoreSaver:
         return self
 
     def __exit__(self, *exc: Any) -> None:

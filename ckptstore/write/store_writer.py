@@ -12,18 +12,19 @@ each part's share and marker, which writer commits) is :mod:`ckptstore.write.com
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from ckptstore.store.kinds import MANIFEST, store_kind
-from ckptstore.store import zarr as zb
-from ckptstore.write.chunk_plan import ParamPlan
 from ckptstore.errors import CkptStoreError, IncompleteStoreError
+from ckptstore.io.sink import ByteSink, write_error
+from ckptstore.store import zarr as zb
+from ckptstore.store.kinds import MANIFEST, store_kind
 from ckptstore.store.manifest import ParamManifest, StoreManifest
 from ckptstore.store.versions import record_versions
-from ckptstore.io.sink import ByteSink, write_error
-from ckptstore.write.output_folder import Claim, drop_work
 from ckptstore.store.work import DONE_DIR, CommitPlan, done_key, unfinished_parts, what_finishes
+from ckptstore.write.chunk_plan import ParamPlan
 from ckptstore.write.chunk_writer import ChunkCopier, str_manifest
+from ckptstore.write.output_folder import Claim, drop_work
 from ckptstore.write.records import merge_records, read_records
 
 

@@ -10,7 +10,8 @@ above it, and numpy callers never import MindSpore.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -65,7 +66,7 @@ def plain_value(name: str, value: Any) -> Any:
     return array
 
 
-def host_values(params: Any) -> tuple[HostValues, "Strategy | None"]:
+def host_values(params: Any) -> tuple[HostValues, Strategy | None]:
     """``params`` as values :func:`~ckptstore.write.save.save_rank` writes, and a Cell's own layouts.
 
     A mapping of plain values (numpy arrays, Python scalars, strings, :class:`LazyArray`) is

@@ -21,7 +21,7 @@ import numpy as np
 
 os.environ.setdefault("GLOG_v", "3")
 
-import mindspore_fixtures as T  # noqa: E402
+import mindspore_fixtures as T
 
 OUT = Path(__file__).resolve().parent / "bf16_safetensors"
 

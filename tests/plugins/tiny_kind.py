@@ -7,7 +7,7 @@ kind joins: nothing in ckptstore names it.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ckptstore.store.kinds import ROOT_METADATA, StoreKind
 from ckptstore.store.manifest import StoreManifest

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ckptstore.errors import StoreCorruptError
-from ckptstore.limits import MAX_METADATA_BYTES
 from ckptstore.io.base import ByteSource, FileStat
 from ckptstore.io.sink import LOCK_FOLDER
+from ckptstore.limits import MAX_METADATA_BYTES
 from ckptstore.registry import Registry
 from ckptstore.store.manifest import compact_columns
 

@@ -5,7 +5,7 @@ safetensors reader opens, and ``ckptstore.json`` (the format's details are in
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from ckptstore.store.kinds import StoreKind
 

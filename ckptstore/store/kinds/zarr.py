@@ -3,7 +3,8 @@
 :mod:`ckptstore.store.zarr`; its writer is :class:`~ckptstore.write.kinds.zarr.ZarrWriter`)."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ckptstore.store.kinds import ROOT_METADATA, StoreKind
 

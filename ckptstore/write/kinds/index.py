@@ -3,19 +3,20 @@ each chunk a list of byte ranges in the original rank files (optionally checksum
 them once), ``ckptstore.json`` last."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import crc32c
 
+from ckptstore.io import open_location
+from ckptstore.io.sink import ByteSink
 from ckptstore.store import index as ib
 from ckptstore.store import zarr as zb
-from ckptstore.write.chunk_plan import ParamPlan
-from ckptstore.io.sink import ByteSink
 from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest, dtype_label
 from ckptstore.store.work import CommitPlan
-from ckptstore.io import open_location
-from ckptstore.write.output_folder import Claim
+from ckptstore.write.chunk_plan import ParamPlan
 from ckptstore.write.chunk_writer import ChunkCopier
+from ckptstore.write.output_folder import Claim
 from ckptstore.write.store_writer import StoreWriter
 
 

@@ -7,23 +7,24 @@ is assembled a block of rows at a time into one streamed file (:func:`dense_rows
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from math import prod
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import crc32c
 import numpy as np
 
-from ckptstore.store import safetensors as sb
-from ckptstore.write.chunk_plan import ParamPlan
-from ckptstore.store.manifest import ParamManifest, StoreManifest, dtype_label
 from ckptstore.boxes import Box, byte_pieces
 from ckptstore.io.sink import ByteSink, partial_key
+from ckptstore.store import safetensors as sb
+from ckptstore.store.manifest import ParamManifest, StoreManifest, dtype_label
 from ckptstore.store.safetensors import TensorSlot
-from ckptstore.write.output_folder import Claim
+from ckptstore.store.work import dense_journal_key, done_key
+from ckptstore.write.chunk_plan import ParamPlan
 from ckptstore.write.chunk_writer import ChunkCopier, chunk_table
 from ckptstore.write.journal import JournalEntry, JournalWriter, good_prefix, read_journal
-from ckptstore.store.work import dense_journal_key, done_key
+from ckptstore.write.output_folder import Claim
 from ckptstore.write.store_writer import StoreWriter
 
 
