@@ -13,7 +13,7 @@ DEMO   ?= demo-output
 
 PURE   := .venv-pure
 # MindFormers 1.9.0 (the real client of the Hugging Face route) pins mindspore~=2.9.0 and needs numpy<2: its own venv, made by `make venv-mf`
-# (or by `make test`, which then runs tests/test_mindformers_client.py and tests/test_mindformers_recipe.py inside it as a subprocess).
+# (or by `make test`, which then runs tests/mindspore/test_mindformers_client.py and tests/mindspore/test_mindformers_recipe.py inside it as a subprocess).
 MF     := .venv-mf
 
 .PHONY: demo lint test test-fast test-pure test-mf venv-mf install clean
@@ -60,9 +60,9 @@ $(MF)/.installed: pyproject.toml
 
 venv-mf: $(MF)/.installed
 
-# The MindFormers real-client tests, in .venv-mf (tests/test_mindformers_client.py skips outside it).
+# The MindFormers real-client tests, in .venv-mf (tests/mindspore/test_mindformers_client.py skips outside it).
 test-mf: $(MF)/.installed
-	GLOG_v=3 $(MF)/bin/python -m pytest -q -p no:cacheprovider tests/test_mindformers_client.py tests/test_mindformers_recipe.py
+	GLOG_v=3 $(MF)/bin/python -m pytest -q -p no:cacheprovider tests/mindspore/test_mindformers_client.py tests/mindspore/test_mindformers_recipe.py
 
 clean:
 	rm -rf $(VENV) $(PURE) $(MF) $(DEMO)

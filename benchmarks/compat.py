@@ -1,6 +1,6 @@
 """The benchmarks' only call below ckptstore's public API, used only where the public route is missing.
 
-The benchmarks drive ckptstore through its public API (``tests/test_benchmarks_public_api.py``
+The benchmarks drive ckptstore through its public API (``tests/benchmarks/test_benchmarks_public_api.py``
 checks it and allow-lists this module alone). One route needs more:
 
 * :func:`store_saver`: ``bench_versions`` runs this checkout's ``bench_save`` against *old*

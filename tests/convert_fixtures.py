@@ -283,3 +283,24 @@ def converted(saved_layout, tmp_path_factory: pytest.TempPathFactory) -> Callabl
         return cache[key]
 
     return get
+
+
+def strategy_urls(layout, src_url: str) -> list[str]:
+    """The URLs of ``layout``'s strategy files once its folder is uploaded to ``src_url``."""
+    return [f"{src_url}/{f.relative_to(layout.root)}" for f in layout.strategy_files]
+
+
+def s3_store(bucket, layout, kind: str) -> str:
+    """A store of ``layout`` in the bucket: converted from local files (zarr), or an index of
+    rank files uploaded to the bucket (index)."""
+    if kind == "zarr":
+        url = bucket.url("model.zarr")
+        ckptstore.convert(layout.root, url, strategy=layout.strategy_files)
+    else:
+        src = bucket.url("ckpt")
+        from ckptstore.testing import s3_server  # needs obstore: only the object-storage tests call this
+
+        s3_server.upload(layout.root, src)
+        url = bucket.url("model.index")
+        ckptstore.index(src, url, strategy=strategy_urls(layout, src), checksum=True)
+    return url

@@ -1,4 +1,4 @@
-"""One rank of a saving job, run as its own process by tests/test_save.py.
+"""One rank of a saving job, run as its own process by tests/write/test_save.py.
 
 It reads its local slices from the rank file MindSpore wrote for it (with ckptstore's own
 ``.ckpt`` reader: numpy only, so eight of these start quickly) and saves them with

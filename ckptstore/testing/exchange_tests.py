@@ -2,7 +2,7 @@
 
 An exchange spans processes, so its conformance is a list of functions that every rank of a group
 calls with its own exchange, in the same order (:func:`run_checks`); each raises ``AssertionError``
-when the exchange misbehaves. ``tests/test_exchange.py`` runs them on threads
+when the exchange misbehaves. ``tests/read/test_exchange.py`` runs them on threads
 (:class:`~ckptstore.testing.exchange.ThreadExchange`), the msrun test on MindSpore's collectives.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ kept for the life of the process, so what a sink wrote a source reads back).
 
 Registered only by the entry points ``memtest = memtest_scheme:BYTE_SOURCE`` in the group
 ``ckptstore.byte_sources`` and ``memtest = memtest_scheme:BYTE_SINK`` in ``ckptstore.byte_sinks``
-(tests/test_plugins.py installs them).
+(tests/store/test_plugins.py installs them).
 """
 from __future__ import annotations
 

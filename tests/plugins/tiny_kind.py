@@ -2,7 +2,7 @@
 like the ``zarr`` kind but with the manifest in ``tiny.json`` instead of the root ``zarr.json``.
 
 It is registered only by the entry point ``tiny = tiny_kind:KIND`` in the group
-``ckptstore.store_kinds`` (tests/test_plugins.py installs that), which is how a third party's
+``ckptstore.store_kinds`` (tests/store/test_plugins.py installs that), which is how a third party's
 kind joins: nothing in ckptstore names it.
 """
 from __future__ import annotations

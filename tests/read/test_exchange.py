@@ -1,5 +1,5 @@
 """The exchange conformance checks (ckptstore.testing.exchange_tests) pass on threads of one process;
-tests/test_cooperative_msrun.py runs the same checks on MindSpore's collectives."""
+tests/mindspore/test_cooperative_msrun.py runs the same checks on MindSpore's collectives."""
 from __future__ import annotations
 
 import pytest

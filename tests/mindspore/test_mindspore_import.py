@@ -6,15 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ckptstore
 from ckptstore.testing.sample_checkpoint import ParamSpec, write_strategy_json
-
-REPO = Path(__file__).resolve().parent.parent
+from repo_paths import REPO
 
 
 @pytest.mark.slow  # a fresh interpreter: nothing imported MindSpore before

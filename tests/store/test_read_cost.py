@@ -1,6 +1,6 @@
 """Reads priced by requests and bytes: the planner's choice of requests, and the executor sending exactly them.
 
-Stores are laid out here with numpy (tests/test_planner.py's ``write_store``); a counting source
+Stores are laid out here with numpy (tests/store/test_planner.py's ``write_store``); a counting source
 records every request the executor hands to a file, so the properties speak of what the source
 is asked, not of what the executor says it did.
 """
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_planner import _values, case, write_store
 
 from ckptstore.boxes import Box
 from ckptstore.errors import InvalidOptionError
@@ -23,7 +24,6 @@ from ckptstore.store.manifest import ChunkTable, ParamManifest, StoreManifest
 from ckptstore.store.read_plan import plan_param
 from ckptstore.store.store import Store
 from conftest import examples
-from test_planner import _values, case, write_store
 
 #: An object store's price on this scale: a request costs what 20 ms of a 200 MB/s link moves.
 OBJECT_COST = ReadCost(request_seconds=0.02, bytes_per_second=200e6, in_flight=32, max_request_bytes=64 << 20)

@@ -22,32 +22,7 @@ from mindspore import Tensor, nn
 import ckptstore
 from ckptstore.errors import LayoutMismatchError
 from load_fixtures import assert_same_dict, to_numpy
-
-X = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
-Y = np.random.default_rng(1).standard_normal((16, 4)).astype(np.float32)
-
-
-class Net(nn.Cell):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Dense(8, 16)
-        self.relu = nn.ReLU()
-        self.fc2 = nn.Dense(16, 4)
-
-    def construct(self, x):
-        return self.fc2(self.relu(self.fc1(x)))
-
-
-def train_cell(seed: int = 7) -> nn.TrainOneStepCell:
-    ms.set_seed(seed)
-    net = Net()
-    cell = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.Adam(net.trainable_params(), 0.01))
-    cell.set_train()
-    return cell
-
-
-def values(cell: nn.Cell) -> dict[str, np.ndarray]:
-    return {p.name: np.array(to_numpy(p), copy=True) for p in cell.get_parameters()}
+from mindspore_nets import X, Y, train_cell, values
 
 
 @pytest.fixture(scope="module")
@@ -162,11 +137,11 @@ def test_loading_reads_into_the_network_memory_it_already_has(saved):
 def _compiled_net(t, rank: int):
     """A Cell whose Parameters have rank ``rank``'s slice shapes, with the ``parameter_layout_dict``
     the parallel compiler would give it for the target strategy (keyed by Parameter.name)."""
-    from test_load_into_net import _net_like
+    from mindspore_nets import net_like
 
     target = ckptstore.checkpoint.strategy.load_strategy(t.target_file)
     expected = t.oracle(rank)
-    net = _net_like(expected)
+    net = net_like(expected)
     layout_dict = {}
     for name, st in target.layouts.items():
         layout = st[0]
@@ -185,6 +160,6 @@ def test_a_compiled_network_loads_its_own_layout_without_a_strategy(load_env, ca
     t = load_env.target(case_id)
     net, expected = _compiled_net(t, rank)
     assert ckptstore.load_into_net(net, t.store, rank=rank) == ([], [])
-    from test_load_into_net import _net_values
+    from mindspore_nets import net_values
 
-    assert_same_dict(_net_values(net), expected, f"{case_id} rank {rank} from parameter_layout_dict")
+    assert_same_dict(net_values(net), expected, f"{case_id} rank {rank} from parameter_layout_dict")

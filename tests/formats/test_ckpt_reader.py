@@ -22,6 +22,7 @@ pytestmark = pytest.mark.mindspore
 import mindspore as ms
 import mindspore.train.serialization as ms_serialization
 from mindspore.train import checkpoint_pb2
+from test_ckpt_records import scan_or_refuse
 
 import mindspore_fixtures as T
 from ckptstore.errors import (
@@ -40,7 +41,6 @@ from ckptstore.formats.ckpt_reader import (
     verify_checkpoint_crc,
 )
 from conftest import examples
-from test_ckpt_records import scan_or_refuse
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_save import _two_column_ranks, assert_store_holds
 
 import ckptstore
 from ckptstore.errors import ConversionInProgressError, IncompleteStoreError, InvalidOptionError, StoreExistsError
 from convert_fixtures import data_files, expected_values, run_cli
-from test_save import _two_column_ranks, assert_store_holds
 
 STEP = 7
 
@@ -369,7 +369,7 @@ def test_the_last_parts_summary_says_its_share_and_the_stores_parameters(saved_l
 
 def test_msrun_workers_of_a_job_on_several_hosts_or_its_scheduler_have_no_msrun_attempt():
     """A job on several hosts (its scheduler not on loopback) has one msrun per host, so it gives
-    none; the workers of one launch share their running msrun's (tests/test_attempt_orphans.py)."""
+    none; the workers of one launch share their running msrun's (tests/write/test_attempt_orphans.py)."""
     from ckptstore.write.attempt import msrun_attempt
 
     worker = {"MS_ROLE": "MS_WORKER", "MS_SCHED_HOST": "127.0.0.1"}

@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_paths import REPO
+
+ROOT = REPO
 MF_PYTHON = ROOT / ".venv-mf" / "bin" / "python"
 MF_READY = ROOT / ".venv-mf" / ".installed"  # written by make once the venv is complete
 

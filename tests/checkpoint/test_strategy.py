@@ -26,6 +26,7 @@ from mindspore.parallel._tensor import (
     _get_tensor_slice_index,
     _get_tensor_strategy,
 )
+from test_layout import layout_of, layouts
 
 import mindspore_fixtures as T
 from box_checks import tiles_exactly
@@ -36,7 +37,6 @@ from ckptstore.checkpoint.strategy import Strategy, load_strategy
 from ckptstore.errors import StrategyError
 from ckptstore.formats.ckpt_reader import read_entry
 from conftest import examples
-from test_layout import layout_of, layouts
 
 
 def _mindspore_slice(dev, tmap, step, size, g: np.ndarray, rank: int) -> np.ndarray:

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from repo_paths import REPO
+
 pytestmark = [pytest.mark.slow, pytest.mark.mindspore]
 
-REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = ("load", "convert", "node", "index")
 
 

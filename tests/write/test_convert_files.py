@@ -5,20 +5,19 @@ test-pure``; conversions of fixtures MindSpore writes during the run are in test
 test_sources.py."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 import ckptstore
 from ckptstore.dtypes import BFLOAT16
 from ckptstore.formats.ckpt_writer import CheckpointWriter
 from convert_fixtures import assert_same_array
+from repo_paths import DATA
 
 
 def test_bfloat16_safetensors_rank_files_made_by_mindspore_under_numpy_1(tmp_path):
     """Committed files: MindSpore's safetensors writer fails for bfloat16 under numpy 2, so
     tests/data/make_bf16_safetensors.py saved them with MindSpore in a numpy<2 environment."""
-    data = Path(__file__).parent / "data" / "bf16_safetensors"
+    data = DATA / "bf16_safetensors"
     expected = dict(np.load(data / "global.npz"))
     ckptstore.convert(data, tmp_path / "s", strategy=[data / "strategy.ckpt"])
     with ckptstore.open(tmp_path / "s") as store:

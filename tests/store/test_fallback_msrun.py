@@ -9,9 +9,10 @@ import pytest
 pytest.importorskip("mindspore")
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
 
-import ckptstore
 from test_fallback import TWO, _chunk_of, _flip, _save_steps, _values
-from test_msrun import msrun
+
+import ckptstore
+from msrun_helpers import msrun
 
 RESUME = '''
 import os, sys

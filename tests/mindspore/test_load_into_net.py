@@ -18,47 +18,12 @@ pytestmark = pytest.mark.mindspore
 
 import mindspore
 from mindspore import Parameter, Tensor, nn
-from mindspore.common.initializer import initializer
 from mindspore.nn.utils import no_init_parameters
 
 import ckptstore
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError
-from load_fixtures import BF16, assert_same_dict, to_numpy
-
-
-class TreeNet(nn.Cell):
-    """A Cell whose parameter names (``parameters_and_names``) are the dotted keys of ``shapes``."""
-
-    def __init__(self, shapes: Mapping[str, tuple[tuple[int, ...], np.dtype]], prefix: str = "") -> None:
-        super().__init__()
-        tree: dict[str, object] = {}
-        for name, spec in shapes.items():
-            head, _, rest = name.partition(".")
-            if rest:
-                tree.setdefault(head, {})[rest] = spec
-            else:
-                tree[head] = spec
-        for key, value in tree.items():
-            if isinstance(value, dict):
-                setattr(self, key, TreeNet(value, prefix + key + "."))
-            else:
-                shape, dtype = value
-                if dtype == BF16:  # Parameter(bfloat16 data) calls asnumpy, which fails under numpy 2
-                    with no_init_parameters():
-                        param = Parameter(initializer("zeros", list(shape), mindspore.bfloat16), name=prefix + key)
-                else:
-                    param = Parameter(Tensor(np.zeros(shape, dtype=dtype)), name=prefix + key)
-                setattr(self, key, param)
-
-
-def _net_like(arrays: Mapping[str, np.ndarray], skip=lambda n: False, extra=None) -> TreeNet:
-    shapes = {n: (a.shape, a.dtype) for n, a in arrays.items() if not skip(n)}
-    shapes.update(extra or {})
-    return TreeNet(shapes)
-
-
-def _net_values(net: nn.Cell) -> dict[str, np.ndarray]:
-    return {n: to_numpy(p) for n, p in net.parameters_and_names()}
+from load_fixtures import assert_same_dict, to_numpy
+from mindspore_nets import TreeNet, net_like, net_values
 
 
 @pytest.mark.parametrize("case_id,rank", [("dp2_mp4->dp2_mp2", 2), ("opt_shard->dp2_mp2_optshard", 1),
@@ -66,10 +31,10 @@ def _net_values(net: nn.Cell) -> dict[str, np.ndarray]:
 def test_load_into_net_sets_the_target_rank_values(load_env, case_id, rank):
     t = load_env.target(case_id)
     expected = t.oracle(rank)
-    net = _net_like(expected)
+    net = net_like(expected)
     result = ckptstore.load_into_net(net, t.store, strategy=t.strategy, rank=rank)
     assert result == ([], [])
-    assert_same_dict(_net_values(net), expected, f"{case_id} rank {rank}")
+    assert_same_dict(net_values(net), expected, f"{case_id} rank {rank}")
 
 
 def test_returns_what_load_param_into_net_returns(load_env):
@@ -80,23 +45,23 @@ def test_returns_what_load_param_into_net_returns(load_env):
         return n.startswith("adam_")
 
     extra = {"extra.w": ((3, 2), np.dtype(np.float32))}
-    net = _net_like(oracle, skip, extra)
+    net = net_like(oracle, skip, extra)
     param_not_load, ckpt_not_load = ckptstore.load_into_net(net, t.store, strategy=t.target_file, rank=1)
     assert param_not_load == ["extra.w"]
     assert ckpt_not_load == [n for n in t.store.names() if skip(n)]
-    assert_same_dict({n: v for n, v in _net_values(net).items() if n != "extra.w"},
+    assert_same_dict({n: v for n, v in net_values(net).items() if n != "extra.w"},
                      {n: v for n, v in oracle.items() if not skip(n)}, "rank 1")
-    assert not _net_values(net)["extra.w"].any()  # untouched
+    assert not net_values(net)["extra.w"].any()  # untouched
 
-    ms_net = _net_like(oracle, skip, extra)
+    ms_net = net_like(oracle, skip, extra)
     ms_result = mindspore.load_param_into_net(ms_net, mindspore.load_checkpoint(str(t.oracle_file(1))))
     assert (param_not_load, sorted(ckpt_not_load)) == (list(ms_result[0]), sorted(ms_result[1]))
-    assert_same_dict(_net_values(net), _net_values(ms_net), "ckptstore vs load_param_into_net")
+    assert_same_dict(net_values(net), net_values(ms_net), "ckptstore vs load_param_into_net")
 
 
 def test_strict_raises_for_a_network_parameter_missing_from_the_store(load_env):
     t = load_env.target("dp2_mp4->dp2_mp2")
-    net = _net_like(t.oracle(0), extra={"extra.w": ((3, 2), np.dtype(np.float32))})
+    net = net_like(t.oracle(0), extra={"extra.w": ((3, 2), np.dtype(np.float32))})
     with pytest.raises(LayoutMismatchError, match=r"1 network parameters are not in the store .*: extra\.w"):
         ckptstore.load_into_net(net, t.store, strategy=t.strategy, rank=0, strict=True)
 
@@ -115,14 +80,14 @@ def test_a_network_parameter_of_the_wrong_shape_raises_naming_it(load_env):
 def test_without_a_strategy_an_uncompiled_net_gets_whole_tensors(load_env):
     t = load_env.target("opt_shard->1rank")
     expected = t.oracle(0)
-    net = _net_like(expected)
+    net = net_like(expected)
     assert ckptstore.load_into_net(net, t.store_path) == ([], [])
-    assert_same_dict(_net_values(net), expected, "whole")
+    assert_same_dict(net_values(net), expected, "whole")
 
 
 def test_without_a_strategy_a_net_of_slice_shapes_raises(load_env):
     t = load_env.target("dp2_mp4->dp2_mp2")
-    net = _net_like(t.oracle(0))
+    net = net_like(t.oracle(0))
     with pytest.raises(LayoutMismatchError, match=r"parameter 'layer0\.w': the network expects shape \[16, 16\]"):
         ckptstore.load_into_net(net, t.store, rank=0)
 
@@ -132,19 +97,19 @@ def test_rank_defaults_to_the_rank_id_environment_variable(load_env, monkeypatch
     t = load_env.target("dp2_mp4->dp2_mp2")
     monkeypatch.setenv("RANK_ID", rank_id)
     expected = t.oracle(int(rank_id))
-    net = _net_like(expected)
+    net = net_like(expected)
     assert ckptstore.load_into_net(net, t.store, strategy=t.strategy) == ([], [])
-    assert_same_dict(_net_values(net), expected, f"RANK_ID={rank_id}")
+    assert_same_dict(net_values(net), expected, f"RANK_ID={rank_id}")
 
 
 def test_without_rank_id_a_layout_of_several_ranks_asks_which_rank(load_env, monkeypatch):
     t = load_env.target("dp2_mp4->dp2_mp2")
     for var in ("RANK_ID", "OMPI_COMM_WORLD_RANK", "MS_ROLE"):
         monkeypatch.delenv(var, raising=False)
-    net = _net_like(t.oracle(0))
+    net = net_like(t.oracle(0))
     with pytest.raises(InvalidOptionError, match="which rank of the 4-rank target layout is this process"):
         ckptstore.load_into_net(net, t.store, strategy=t.strategy)
-    assert not any(_net_values(net)["layer0.w"].ravel())  # nothing loaded
+    assert not any(net_values(net)["layer0.w"].ravel())  # nothing loaded
 
 
 @pytest.mark.parametrize("rank_id", ["3", "0"])
@@ -152,19 +117,19 @@ def test_a_data_parallel_job_loads_whole_tensors_on_every_rank(load_env, monkeyp
     t = load_env.target("dp2_mp4->1rank")  # an uncompiled network: pure data parallel, one-rank layout
     monkeypatch.setenv("RANK_ID", rank_id)
     monkeypatch.setenv("RANK_SIZE", "4")
-    net = _net_like(t.oracle(0))
+    net = net_like(t.oracle(0))
     assert ckptstore.load_into_net(net, t.store_path) == ([], [])
-    assert_same_dict(_net_values(net), t.oracle(0), f"RANK_ID={rank_id}")
+    assert_same_dict(net_values(net), t.oracle(0), f"RANK_ID={rank_id}")
 
 
 def test_verify_and_dtype_pass_through(load_env):
     t = load_env.target("dp2_mp4->dp2_mp2")
     expected = {n: a.astype(np.float16) for n, a in t.oracle(3).items() if a.dtype == np.float32}
-    net = _net_like(expected)
+    net = net_like(expected)
     result = ckptstore.load_into_net(net, t.store, strategy=t.strategy, rank=3, dtype=mindspore.float16,
                                      verify=True)
     assert result == ([], ["global_step", "epoch_num", "step_num"])
-    assert_same_dict(_net_values(net), expected, "float16")
+    assert_same_dict(net_values(net), expected, "float16")
 
 
 # ---- one-element values and 0-d parameters (issue 25.6) --------------------------------------
@@ -214,8 +179,8 @@ def test_printing_a_load_plan_says_params_bytes_and_requests_in_one_line(load_en
 
 def test_load_into_net_is_quiet_by_default_and_shows_progress_when_asked(load_env, capsys):
     t = load_env.target("opt_shard->1rank")
-    ckptstore.load_into_net(_net_like(t.oracle(0)), t.store_path)
+    ckptstore.load_into_net(net_like(t.oracle(0)), t.store_path)
     assert capsys.readouterr().err == ""
-    ckptstore.load_into_net(_net_like(t.oracle(0)), t.store_path, quiet=False)
+    ckptstore.load_into_net(net_like(t.oracle(0)), t.store_path, quiet=False)
     last = [line for line in capsys.readouterr().err.splitlines() if line][-1]
     assert last.startswith("load_into_net rank 0: ") and last.endswith(" MiB/s (100%)"), last

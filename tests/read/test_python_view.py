@@ -2,7 +2,7 @@
 what a rank loads, progress for reading, exporting and committing, and the step an export wrote.
 
 The stores are saved by ``save_rank`` from numpy arrays (no MindSpore needed); the one-line form of
-``load_rank``'s mapping is tested with MindSpore in tests/test_load_rank.py.
+``load_rank``'s mapping is tested with MindSpore in tests/read/test_load_rank.py.
 """
 from __future__ import annotations
 

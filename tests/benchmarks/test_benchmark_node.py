@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from repo_paths import REPO
+
 pytestmark = [pytest.mark.slow, pytest.mark.mindspore]  # the sparse writer is checked against MindSpore first
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--sparse", "quick", "--src-world", "2x2", "--dst-world", "1x4", "--ranks", "0-1", "--reps", "1"]
 
 

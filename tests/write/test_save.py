@@ -23,9 +23,9 @@ from ckptstore.dtypes import BFLOAT16
 from ckptstore.errors import IncompleteStoreError, InvalidOptionError, StoreExistsError
 from conftest import SavedLayout
 from convert_fixtures import assert_same_array, data_files, expected_values
+from repo_paths import REPO, TESTS
 
-REPO = Path(__file__).resolve().parents[1]
-WORKER = Path(__file__).with_name("save_worker.py")
+WORKER = TESTS / "save_worker.py"
 
 
 def run_ranks(layout: SavedLayout, root: Path, *, step: int = 1, ranks: list[int] | None = None,
@@ -410,7 +410,7 @@ def test_a_compiled_cell_saves_with_its_own_parameter_layout_dict(saved_layout, 
     import mindspore as ms
 
     from ckptstore.checkpoint.strategy import load_strategy
-    from test_load_into_net import TreeNet
+    from mindspore_nets import TreeNet
 
     layout = saved_layout(kind)
     strategy = load_strategy(layout.strategy_files)
@@ -575,7 +575,7 @@ def _train(steps: int, *callbacks):
     import mindspore.dataset as ds
     from mindspore.train import Model
 
-    from test_resume_training import X, Y, train_cell
+    from mindspore_nets import X, Y, train_cell
 
     cell = train_cell()
     data = ds.NumpySlicesDataset({"x": X, "y": Y}, shuffle=False).batch(16)
@@ -589,7 +589,7 @@ def test_training_resumed_from_store_checkpoint_takes_the_bit_identical_next_ste
     from mindspore import Tensor
 
     from load_fixtures import assert_same_dict
-    from test_resume_training import X, Y, train_cell, values
+    from mindspore_nets import X, Y, train_cell, values
 
     saver = ckptstore.StoreCheckpoint(tmp_path / "run", save_checkpoint_steps=3, async_save=async_save)
     cell = _train(3, saver)

@@ -32,26 +32,8 @@ from ckptstore.errors import (
 from ckptstore.store.kinds import ROOT_METADATA
 from ckptstore.testing import s3_server as S
 from ckptstore.testing.store_kind_tests import CONFORMANCE_CASES
-from convert_fixtures import REPO, run_cli, store_files, strategy_args
+from convert_fixtures import REPO, run_cli, s3_store, store_files, strategy_args, strategy_urls
 from load_fixtures import CASES, assert_same_dict, to_numpy
-
-
-def _strategy_urls(layout, src_url: str) -> list[str]:
-    return [f"{src_url}/{f.relative_to(layout.root)}" for f in layout.strategy_files]
-
-
-def s3_store(bucket, layout, kind: str) -> str:
-    """A store of ``layout`` in the bucket: converted from local files (zarr), or an index of
-    rank files uploaded to the bucket (index)."""
-    if kind == "zarr":
-        url = bucket.url("model.zarr")
-        ckptstore.convert(layout.root, url, strategy=layout.strategy_files)
-    else:
-        src = bucket.url("ckpt")
-        S.upload(layout.root, src)
-        url = bucket.url("model.index")
-        ckptstore.index(src, url, strategy=_strategy_urls(layout, src), checksum=True)
-    return url
 
 
 def _runs(ranges) -> int:
@@ -172,7 +154,7 @@ def test_convert_to_s3_writes_the_same_store_as_to_a_folder(bucket, load_env, tm
 def test_rank_files_in_a_bucket_convert_like_local_ones(bucket, load_env, tmp_path):
     layout = load_env.saved_layout("pipeline2")
     S.upload(layout.root, bucket.url("ckpt"))
-    ckptstore.convert(bucket.url("ckpt"), tmp_path / "from_s3", strategy=_strategy_urls(layout, bucket.url("ckpt")))
+    ckptstore.convert(bucket.url("ckpt"), tmp_path / "from_s3", strategy=strategy_urls(layout, bucket.url("ckpt")))
     ckptstore.convert(layout.root, tmp_path / "from_disk", strategy=layout.strategy_files)
     a, b = store_files(tmp_path / "from_s3"), store_files(tmp_path / "from_disk")
     assert a.keys() == b.keys()
@@ -261,11 +243,11 @@ def test_bucket_to_bucket_convert_writes_the_store_a_local_conversion_writes(buc
     layout = load_env.saved_layout("pipeline2")
     src = bucket.url("ckpt")
     S.upload(layout.root, src)
-    strategy = [a for u in _strategy_urls(layout, src) for a in ("-s", u)]
+    strategy = [a for u in strategy_urls(layout, src) for a in ("-s", u)]
     r = run_cli("convert", src, *strategy, "--out", bucket.url("model"), "--format", fmt, "-j", "1", "-q",
                 env=bucket.env)
     assert r.returncode == 0, r.stderr
-    ckptstore.convert(src, tmp_path / "local", strategy=_strategy_urls(layout, src), format=fmt)
+    ckptstore.convert(src, tmp_path / "local", strategy=strategy_urls(layout, src), format=fmt)
     assert S.comparable(S.objects(bucket.url("model"))) == S.comparable(store_files(tmp_path / "local"))
 
 
@@ -274,7 +256,7 @@ def test_bucket_to_bucket_index_reads_like_the_rank_files(bucket, load_env):
     layout = load_env.saved_layout("pipeline2")
     src = bucket.url("ckpt")
     S.upload(layout.root, src)
-    strategy = [a for u in _strategy_urls(layout, src) for a in ("-s", u)]
+    strategy = [a for u in strategy_urls(layout, src) for a in ("-s", u)]
     r = run_cli("index", src, *strategy, "--out", bucket.url("model.index"), "--checksum", "-q", env=bucket.env)
     assert r.returncode == 0, r.stderr
     with ckptstore.open(bucket.url("model.index")) as store:

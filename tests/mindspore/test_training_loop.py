@@ -19,7 +19,7 @@ from mindspore import Tensor, nn
 import ckptstore
 from ckptstore.errors import StaleStepError
 from load_fixtures import assert_same_dict
-from test_resume_training import Net, X, Y, train_cell, values
+from mindspore_nets import Net, X, Y, train_cell, values
 
 
 def _train(cell: nn.Cell, steps: int, *callbacks) -> nn.Cell:

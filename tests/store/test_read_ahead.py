@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
 
 import ckptstore
 from ckptstore.store.executor import IO_STATS
+from convert_fixtures import s3_store
 from load_fixtures import assert_same_dict, to_numpy
-from test_object_storage import s3_store
 
 
 def _objects_read(proxy) -> set[str]:

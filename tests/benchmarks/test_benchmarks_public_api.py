@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import ckptstore
+from repo_paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
 #: The modules allowed to reach below the public API (see their docstrings).
 ALLOWED_FILES = {BENCHMARKS / "compat.py", BENCHMARKS / "fixtures.py", BENCHMARKS / "index_profile.py"}

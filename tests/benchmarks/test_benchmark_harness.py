@@ -6,11 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from repo_paths import REPO
 
 
 def setup_sleep(delay: float) -> dict:
