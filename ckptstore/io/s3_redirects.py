@@ -11,6 +11,7 @@ the same signed. An answer that points elsewhere is an
 from __future__ import annotations
 
 import os
+import re
 import urllib.parse
 from datetime import timedelta
 from typing import Any, Literal
@@ -48,7 +49,10 @@ def check_redirects(bucket: str, store: Any) -> None:
     root = f"{base.path.rstrip('/')}/{bucket}"
     for method, target in (("HEAD", f"{root}/{PROBE_KEY}"), ("GET", f"{root}/{PROBE_KEY}"),
                            ("GET", f"{root}?list-type=2&max-keys=1&prefix={PROBE_KEY}")):
-        _refuse_elsewhere(base, _probe(base, method, target), bucket, "requests")
+        answer = _probe(base, method, target)
+        if answer is None:  # unreachable or hung: one wait, not five; the requests will report the outage
+            return
+        _refuse_elsewhere(base, answer, bucket, "requests")
     signed_methods: tuple[Literal["HEAD", "GET"], ...] = ("HEAD", "GET")
     for method in signed_methods:
         try:
@@ -58,7 +62,10 @@ def check_redirects(bucket: str, store: Any) -> None:
         if (signed.hostname, _port(signed)) != (base.hostname, _port(base)):
             return  # the client addresses another host itself (virtual-hosted buckets): probed above
         target = f"{signed.path}?{without_token(signed.query)}"
-        _refuse_elsewhere(base, _probe(signed, method, target), bucket, "signed requests")
+        answer = _probe(signed, method, target)
+        if answer is None:
+            return
+        _refuse_elsewhere(base, answer, bucket, "signed requests")
 
 
 def without_token(query: str) -> str:
@@ -83,7 +90,7 @@ def _probe(base: urllib.parse.SplitResult, method: str, target: str) -> tuple[in
 
     https = base.scheme.lower() == "https"
     conn_type = http.client.HTTPSConnection if https else http.client.HTTPConnection
-    conn = conn_type(base.hostname or "", _port(base), timeout=5)
+    conn = conn_type(base.hostname or "", _port(base), timeout=probe_timeout())
     try:
         conn.request(method, target)
         resp = conn.getresponse()
@@ -93,6 +100,16 @@ def _probe(base: urllib.parse.SplitResult, method: str, target: str) -> tuple[in
         return None
     finally:
         conn.close()
+
+
+def probe_timeout() -> float:
+    """Seconds a probe waits for an answer: the client's ``AWS_TIMEOUT`` (``300ms``, ``2s``, ``1m``)
+    where it is shorter than 5 s, so that a hung endpoint costs the probe no more than a request."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*", os.environ.get("AWS_TIMEOUT", ""))
+    if match is None:
+        return 5.0
+    value = float(match.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0}[match.group(2) or "s"]
+    return min(5.0, value) if value > 0 else 5.0
 
 
 def _refuse_elsewhere(base: urllib.parse.SplitResult, answer: tuple[int, str | None] | None, bucket: str,

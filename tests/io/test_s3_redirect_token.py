@@ -127,3 +127,43 @@ def test_cli_names_the_redirect_in_one_line_with_exit_2(monkeypatch):
     assert "redirects requests for bucket some-bucket to another host" in r.stderr
     assert r.stderr.rstrip().endswith("[EndpointRedirectError]")
     assert not [w for w, _, _, _ in seen if w == "elsewhere"]
+
+
+@pytest.mark.parametrize("setting,seconds", [(None, 5.0), ("300ms", 0.3), ("2s", 2.0), ("2", 2.0), ("1m", 5.0),
+                                             ("0s", 5.0), ("soon", 5.0)])
+def test_a_probe_waits_the_clients_time_out_when_it_is_shorter_than_5_s(monkeypatch, setting, seconds):
+    from ckptstore.io.s3_redirects import probe_timeout
+
+    if setting is None:
+        monkeypatch.delenv("AWS_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("AWS_TIMEOUT", setting)
+    assert probe_timeout() == seconds
+
+
+def test_an_endpoint_that_never_answers_is_probed_once(monkeypatch):
+    """A hung endpoint gets one probe, not five: each would wait out its time-out before the
+    client's own requests (which report the outage) are even sent."""
+    import socket
+
+    import obstore
+
+    from ckptstore.io.s3_redirects import check_redirects
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)  # the kernel accepts connections nobody answers
+    try:
+        for k, v in S.env_for(f"http://127.0.0.1:{listener.getsockname()[1]}").items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("AWS_TIMEOUT", "100ms")
+        check_redirects("hung-bucket", obstore.store.S3Store("hung-bucket", client_options={"allow_http": True}))
+        listener.setblocking(False)
+        accepted = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                listener.accept()[0].close()
+                accepted += 1
+        assert accepted == 1
+    finally:
+        listener.close()
