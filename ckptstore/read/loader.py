@@ -131,8 +131,8 @@ class RankView:
         return self.store.data.read_cost()
 
     def plan_for(self, name: str) -> ParamReadPlan:
-        return plan_param(self.store.info(name), self.boxes[name], out_dtype=self.dtype_of(name),
-                          verify=self.verify, cost=self._cost)
+        info = self.store.checked_info(name) if self.verify else self.store.info(name)
+        return plan_param(info, self.boxes[name], out_dtype=self.dtype_of(name), verify=self.verify, cost=self._cost)
 
     @property
     def plan(self) -> ReadPlan:

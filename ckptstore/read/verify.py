@@ -11,7 +11,6 @@ slice (replicas included), one chunk in memory at a time.
 """
 from __future__ import annotations
 
-import json
 import os
 import struct
 from collections.abc import Sequence
@@ -24,10 +23,9 @@ from ckptstore.checkpoint.rank_bytes import RankFiles
 from ckptstore.checkpoint.source import DistributedSource, resolve_source
 from ckptstore.errors import AccessDeniedError, CkptStoreError, InvalidOptionError, StoreUnavailableError
 from ckptstore.formats.ckpt_reader import CkptEntry
-from ckptstore.limits import MAX_METADATA_BYTES
 from ckptstore.store.codecs import decode
 from ckptstore.store.fallback import chunk_problem
-from ckptstore.store.kinds import ROOT_METADATA
+from ckptstore.store.kinds import zarr as zarr_kind
 from ckptstore.store.manifest import ParamManifest
 from ckptstore.store.store import Store, StoreLike, store_argument
 from ckptstore.store.zarr import EMPTY_ENTRY as _EMPTY
@@ -98,31 +96,16 @@ verify_store = verify
 
 def _zarr_layout_problems(store: Store, info: ParamManifest) -> list[str]:
     """Where a Zarr reader of ``info``'s array would read other bytes than the manifest's chunks."""
-    key = f"{info.path}/{ROOT_METADATA}"
-    try:
-        raw = store.data.read_bytes(key, limit=MAX_METADATA_BYTES)
-        if raw is None:
-            return [f"parameter {info.name!r}: {store.data.key_url(key)} is missing; a Zarr reader cannot open the "
-                    "array"]
-        meta = json.loads(raw)
-        grid_shape = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
-        separator = meta.get("chunk_key_encoding", {}).get("configuration", {}).get("separator", "/")
-        codecs = meta.get("codecs", [])
-    except (AccessDeniedError, StoreUnavailableError):
-        raise
-    except (CkptStoreError, ValueError, KeyError, TypeError, AttributeError):
-        return [f"parameter {info.name!r}: {store.data.key_url(key)} is not the Zarr metadata of an array; a Zarr "
-                "reader cannot open it"]
-    sharding = next((c.get("configuration", {}) for c in codecs if c.get("name") == "sharding_indexed"), None)
-    inner = tuple(sharding["chunk_shape"]) if sharding is not None else grid_shape
-    if inner != tuple(info.chunk_shape) or tuple(meta.get("shape", ())) != tuple(info.shape):
-        return [f"parameter {info.name!r}: {store.data.key_url(key)} describes shape {list(meta.get('shape', ()))} "
-                f"in chunks of {list(inner)}, the manifest {list(info.shape)} in chunks of {list(info.chunk_shape)}"]
-    if sharding is None:
-        return _plain_chunk_problems(store, info, separator)
-    if sharding.get("index_location", "end") != "end" or len(sharding.get("index_codecs", [])) != 2:
+    problem = zarr_kind.layout_problem(store.data, info)
+    if problem is not None:
+        return [problem]
+    layout = zarr_kind.read_array_layout(store.data, info)
+    assert not isinstance(layout, str)  # layout_problem said it opens
+    if layout.sharding is None:
+        return _plain_chunk_problems(store, info, layout.separator)
+    if layout.sharding.get("index_location", "end") != "end" or len(layout.sharding.get("index_codecs", [])) != 2:
         return []  # not a layout ckptstore writes; its chunks were checked through the manifest
-    return _shard_problems(store, info, grid_shape, separator)
+    return _shard_problems(store, info, layout.grid_shape, layout.separator)
 
 
 def _plain_chunk_problems(store: Store, info: ParamManifest, separator: str) -> list[str]:

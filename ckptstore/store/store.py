@@ -54,6 +54,7 @@ class Store:
         self.location = location
         self.manifest = manifest
         self.data = data if data is not None else location
+        self._layouts_checked: set[str] = set()
 
     @property
     def root(self) -> Path | str:
@@ -107,6 +108,21 @@ class Store:
         except (KeyError, TypeError):
             raise ParameterNotFoundError(f"parameter {name!r} is not in the store {self.location.url}") from None
 
+    def checked_info(self, name: str) -> ParamManifest:
+        """``name``'s manifest entry, once checked against the kind's own metadata of it (a Zarr
+        array's ``zarr.json``): what reads with ``verify=True`` plan from. A manifest that places
+        the chunks otherwise is a :class:`~ckptstore.errors.StoreCorruptError`, since the chunks'
+        checksums hold for their bytes wherever the manifest puts them."""
+        info = self.info(name)
+        if name not in self._layouts_checked and not info.is_str:
+            kind = store_kind(self.manifest.kind)
+            problem = None if kind is None or kind.layout_problem is None else kind.layout_problem(self.data, info)
+            if problem is not None:
+                raise StoreCorruptError(f"{problem}; the store is damaged (ckptstore verify {self.location.url} "
+                                        "lists every such parameter)")
+            self._layouts_checked.add(name)
+        return info
+
     @property
     def source(self) -> dict[str, Any]:
         """What the store was converted from: world size, files, step, strategy summary."""
@@ -119,7 +135,7 @@ class Store:
         ``(slice(0, 32), slice(None))``), a tuple of ``(start, stop)`` pairs, one per axis
         (e.g. ``((0, 32), (0, 128))``), or a :class:`~ckptstore.boxes.Box`; all in the global frame.
         """
-        info = self.info(name)
+        info = self.checked_info(name) if verify else self.info(name)
         try:
             return plan_param(info, _as_box(box, info.shape, name),
                               out_dtype=None if dtype is None else np.dtype(dtype), verify=verify,

@@ -6,10 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from repo_paths import REPO
+# The benchmark worker imports this module by its dotted name, where tests/ is not on sys.path.
+REPO = Path(__file__).resolve().parents[2]
 
 
 def setup_sleep(delay: float) -> dict:
@@ -29,7 +31,7 @@ def check_after_setup(out: dict, **args: object) -> dict:
 def test_worker_setup_is_outside_the_measurement() -> None:
     from benchmarks.harness import Contender, run_contender
 
-    c = Contender("setup test", "tests.test_benchmark_harness", "measured_after_setup", {"delay": 0.3},
+    c = Contender("setup test", "tests.benchmarks.test_benchmark_harness", "measured_after_setup", {"delay": 0.3},
                   setup="setup_sleep", check="check_after_setup")
     m = run_contender(c, timeout=120)
     # the measured window opens after the setup has finished (clock order, not a time limit:
@@ -37,7 +39,8 @@ def test_worker_setup_is_outside_the_measurement() -> None:
     assert m["start_ns"] >= m["returned"]["setup_done_ns"], m
     assert m["setup_s"] >= 0.3, m
     assert m["check"] == {"got": 1, "delay": 0.3} and m["returned"]["state_keys"] == 1
-    plain = run_contender(Contender("no setup", "tests.test_benchmark_harness", "setup_sleep", {"delay": 0.2}),
+    plain = run_contender(Contender("no setup", "tests.benchmarks.test_benchmark_harness", "setup_sleep",
+                                    {"delay": 0.2}),
                           timeout=120)
     assert plain["wall_s"] >= 0.2 and "setup_s" not in plain
 

@@ -71,3 +71,36 @@ def test_a_missing_array_metadata_file_is_named_missing(step) -> None:
     (step / "w" / "zarr.json").unlink()
     assert ckptstore.verify(step).problems == [
         f"parameter 'w': {step / 'w' / 'zarr.json'} is missing; a Zarr reader cannot open the array"]
+
+
+@pytest.fixture
+def square(tmp_path) -> Path:
+    """A (4, 4) array saved by two ranks of two rows each: chunks of (2, 4), whose manifest is then
+    changed to chunks of (4, 2), the same number of chunks of the same size."""
+    import json
+
+    from ckptstore.checkpoint.layout import Layout
+    from ckptstore.checkpoint.strategy import Strategy
+
+    rows = Strategy({"ids": {0: Layout((2,), ((0,), ()))}}, stage_devices=2)  # 2 ranks, two rows each
+    value = np.arange(16, dtype=np.uint64).reshape(4, 4)
+    for rank in (0, 1):
+        ckptstore.save_rank({"ids": value[2 * rank:2 * rank + 2]}, tmp_path, step=1, strategy=rows, rank=rank)
+    root = tmp_path / "step_1" / "zarr.json"
+    doc = json.loads(root.read_text())
+    assert doc["attributes"]["ckptstore"]["params"]["ids"]["chunk_shape"] == [2, 4]
+    doc["attributes"]["ckptstore"]["params"]["ids"]["chunk_shape"] = [4, 2]
+    root.write_text(json.dumps(doc))
+    return tmp_path / "step_1"
+
+
+def test_a_verified_read_refuses_a_manifest_whose_chunk_shape_was_changed(square) -> None:
+    with pytest.raises(ckptstore.errors.StoreCorruptError,
+                       match=r"parameter 'ids': .*ids/zarr.json describes shape \[4, 4\] in chunks of \[2, 4\], the "
+                             r"manifest \[4, 4\] in chunks of \[4, 2\]"):
+        ckptstore.open(square).read("ids", verify=True)
+
+
+def test_a_verified_rank_read_refuses_a_manifest_whose_chunk_shape_was_changed(square) -> None:
+    with pytest.raises(ckptstore.errors.StoreCorruptError, match=r"in chunks of \[4, 2\]"):
+        ckptstore.read_rank(square, rank=0, verify=True)

@@ -30,7 +30,7 @@ from ckptstore.io.base import ByteSource, FileStat
 from ckptstore.io.sink import LOCK_FOLDER
 from ckptstore.limits import MAX_METADATA_BYTES
 from ckptstore.registry import Registry
-from ckptstore.store.manifest import compact_columns
+from ckptstore.store.manifest import ParamManifest, compact_columns
 
 if TYPE_CHECKING:
     from ckptstore.store.manifest import StoreManifest
@@ -85,6 +85,11 @@ class StoreKind:
     #: (lower first): on object storage each file looked for in vain costs a round trip, so the
     #: default kind's comes first.
     probe_order: int = 1
+    #: Where the kind's own metadata of a parameter (what another reader of the kind goes by)
+    #: places its chunks differently from the manifest, as a message; ``None`` where they agree.
+    #: Reads with ``verify=True`` ask once per parameter: chunk checksums cannot see a manifest
+    #: whose chunk shape was changed for another of the same size (the same bytes, elsewhere).
+    layout_problem: Callable[[ByteSource, ParamManifest], str | None] | None = None
 
     def writer_class(self) -> type:
         """The writer class (imported now when ``writer`` names it)."""
