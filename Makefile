@@ -33,8 +33,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check ckptstore tests benchmarks
 	$(VENV)/bin/mypy ckptstore
 
+# Two pytest workers (pytest-xdist), a test file each at a time (its module fixtures built once): the
+# msrun jobs, servers and subprocesses of one file wait while the other file's tests run.
+TEST_JOBS ?= 2
+
 test: $(STAMP) $(MF)/.installed lint
-	GLOG_v=3 $(PY) -m pytest -q -p no:cacheprovider tests
+	GLOG_v=3 $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile tests
 
 test-fast: $(STAMP) lint
 	GLOG_v=3 $(PY) -m pytest -q -p no:cacheprovider -m "not slow and not fuzz" --hypothesis-profile=fast tests
