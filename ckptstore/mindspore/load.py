@@ -170,8 +170,8 @@ class _NetLoader:
         """:meth:`load` with the ranks of ``exchange``'s group (:func:`~ckptstore.read.group_load.load_together`):
         a shape, dtype or extent error on any rank is raised on every rank before a byte moves."""
         error: BaseException | None = None
-        plans: dict[str, Any] | None = {}
-        outs: dict[str, np.ndarray] | None = {}
+        plans: dict[str, Any] = {}
+        outs: dict[str, np.ndarray] = {}
         ready = []
         try:
             for key, (_, param) in loads.items():
@@ -180,11 +180,12 @@ class _NetLoader:
                 plan = self._plan(key, param, rank)
                 check_extents(plan, self.store.data)
                 target, in_place = self._destination(param, plan)
-                plans[key], outs[key] = plan, target  # type: ignore[index]
+                plans[key], outs[key] = plan, target
                 ready.append((param, target, in_place))
         except Exception as e:  # any error: said to the group, then raised on every rank
-            error, plans, outs = e, None, None
-        load_together(exchange, self.store, plans, outs, error=error, workers=self.workers)
+            error = e
+        load_together(exchange, self.store, None if error else plans, None if error else outs, error=error,
+                      workers=self.workers)
         _hand_over(ready)
 
     def _plan(self, key: str, param: Any, rank: int) -> Any:

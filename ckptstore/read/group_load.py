@@ -85,9 +85,11 @@ def load_together(exchange: Exchange, store: Store, plans: Mapping[str, ParamRea
     with ThreadPoolExecutor(1, thread_name_prefix="ckptstore-coop-ahead") as ahead:
         reading = _read_ahead(ahead, store, group, 0, exchange.rank, workers)
         for k, window in enumerate(group.windows):
-            held, messages = {}, {}
+            held: Held = {}
+            messages: Messages = {}
             try:
-                held, messages = reading.result()  # type: ignore[union-attr]
+                assert reading is not None  # started for every window that exists
+                held, messages = reading.result()
             except Exception as e:  # any error: said on every rank by the agreement below
                 pending = pending or e
             exchange.agree(pending, "reading from storage")

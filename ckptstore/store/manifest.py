@@ -60,7 +60,7 @@ class IntColumn(_Int64Array):
     __slots__ = ()
 
     def __new__(cls, values: Sequence[int] = ()) -> IntColumn:
-        return super().__new__(cls, "q", values)  # type: ignore[return-value]
+        return super().__new__(cls, "q", values)  # type: ignore[return-value]  # typeshed: array, not the subclass
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (tuple, list)):

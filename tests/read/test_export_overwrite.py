@@ -100,8 +100,11 @@ def test_a_second_rank_file_export_is_refused_and_overwrite_removes_the_old_file
 @pytest.mark.slow
 def test_cli_export_into_a_used_folder_is_one_line_and_exit_2(store, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "ckptstore", "export", *a],  # noqa: E731
-                                    capture_output=True, text=True, env=env)
+
+    def run(*a: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "ckptstore", "export", *a]
+        return subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+
     assert run(str(store), str(tmp_path / "out"), "--format", "hf").returncode == 0
     bad = run(str(store), str(tmp_path / "out"), "--format", "hf", "--max-shard-size", "10KB")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

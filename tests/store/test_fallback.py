@@ -247,8 +247,8 @@ def _run_ranks(problems: list[dict[int, str | None]], steps: list[int]) -> tuple
 def test_ranks_agree_on_the_newest_step_that_verifies_for_both():
     out, ranks = _run_ranks([{30: None, 20: "bad on 0", 10: None}, {30: "bad on 1", 20: None, 10: None}],
                             [30, 20, 10])
-    assert [o[0] for o in out] == [10, 10]  # type: ignore[index]
-    assert out[0][1] == [(30, "another rank of the job found damage in the chunks it reads (its log names them)"),  # type: ignore[index]
+    assert [o[0] for o in out] == [10, 10]
+    assert out[0][1] == [(30, "another rank of the job found damage in the chunks it reads (its log names them)"),
                          (20, "bad on 0")]
     assert ranks.rounds == 3  # 30 vs 20, then 10 vs 20, then 10 vs 10
 
