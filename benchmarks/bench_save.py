@@ -1,6 +1,6 @@
 """Benchmark: one training step saved by the 8 ranks of a dp2 x mp4 job at once.
 
-``python -m benchmarks.bench_save --size 1GB --reps 3 [--budget-mb 256] [--out DIR]``
+``python -m benchmarks.bench_save --size 1GB --reps 3 [--budget-mb 256] [--base DIR] [--out DIR]``
 
 The synthetic PanGu-Alpha checkpoint of :mod:`benchmarks.synth` (weights and Adam moments,
 about ``--size`` bytes of global tensors) gives each rank its local slices: every rank is its
@@ -44,6 +44,12 @@ rows save it into another folder):
   CPU build), the default thread executor, and the collectives of the background save on a
   ``gloo`` group of their own (not the one a training loop would use); done when the returned
   future completes.
+
+Old vs new in one run: ``--base DIR``, a folder holding another revision's ``ckptstore/``
+(``git archive REV ckptstore | tar -x -C DIR``), adds ``<name> @base`` after every ``ckptstore``
+contender: the same rank processes with ``PYTHONPATH=DIR:<this checkout>`` and ``PYTHONSAFEPATH=1``
+(so the checkout's own ``ckptstore/`` is not found first), checked by the ``ckptstore/__init__.py``
+each rank imported.
 
 Per save: **stall** = how long the rank's training loop is blocked (the call's return, slowest
 rank; the median rank too), **done** = from the barrier to the end of the last rank's save, plus
@@ -90,6 +96,8 @@ IN_BUCKET = (SEAWEED, RAW_PUTS)
 SAME_ROOT = ("ckptstore async", SEAWEED)
 DCP_ASYNC = "PyTorch DCP async_save"
 NAME = "save"
+#: Suffix of a contender run with the ckptstore of ``--base`` (old vs new in one run).
+AT_BASE = " @base"
 
 
 def parse_size(text: str) -> int:
@@ -130,8 +138,9 @@ def rank_main(a: argparse.Namespace) -> None:
     t_stall = committed.pop("stall")
     t_done = time.time()
     peak = read_status()["VmHWM"] - before
+    imported = sys.modules["ckptstore"].__file__ if "ckptstore" in sys.modules else None
     json.dump({"rank": a.rank, "go": float(go.read_text()), "start": t0, "stall_end": t_stall, "done": t_done,
-               "peak_above": peak, **committed}, sys.stdout)
+               "peak_above": peak, "ckptstore": imported, **committed}, sys.stdout)
     if "stager" in state:  # a stager passed to async_save is the caller's to close
         state["stager"].close()
     if a.contender.startswith("PyTorch DCP"):
@@ -261,15 +270,20 @@ def _save(a: argparse.Namespace, params: Any, state: dict[str, Any], warm_up: bo
 # ---- the driver ---------------------------------------------------------------------------------
 
 
-def run_once(s: Any, contender: str, out: Path, budget_mb: int | None, bucket: Any = None) -> dict[str, Any]:
+def run_once(s: Any, contender: str, out: Path, budget_mb: int | None, bucket: Any = None,
+             base: str | None = None) -> dict[str, Any]:
     """Start every rank, release them together, wait, sync; the measurement of one save.
-    ``bucket`` is ``(url, environment)`` of a fresh bucket prefix for the object-storage contender."""
+    ``bucket`` is ``(url, environment)`` of a fresh bucket prefix for the object-storage contender;
+    a contender named ``<name> @base`` is ``<name>`` with the ckptstore of the folder ``base``."""
+    label, contender = contender, contender.removesuffix(AT_BASE)
     for folder in (out, out.with_name(out.name + "-warm-up")):
         shutil.rmtree(folder, ignore_errors=True)
     out.mkdir(parents=True)
     os.sync()
     world = s.src.world
     env = {**os.environ, "GLOG_v": "3", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    if label != contender:  # the base's ckptstore first, and not this checkout's from the working directory
+        env.update(PYTHONPATH=f"{Path(base or '').resolve()}{os.pathsep}{env['PYTHONPATH']}", PYTHONSAFEPATH="1")
     target = str(out)
     if contender in IN_BUCKET:
         target, extra = bucket
@@ -295,6 +309,10 @@ def run_once(s: Any, contender: str, out: Path, budget_mb: int | None, bucket: A
             if p.returncode != 0:
                 raise RuntimeError(f"{contender}: a rank failed:\n{stderr[-2000:]}")
             ranks.append(json.loads(stdout))
+    if label != contender:
+        wrong = {r["ckptstore"] for r in ranks if not str(r["ckptstore"]).startswith(str(Path(base or "").resolve()))}
+        if wrong:
+            raise RuntimeError(f"{label}: ranks imported ckptstore from {sorted(map(str, wrong))}, not {base}")
     t_sync = time.time()
     os.sync()  # every contender's files durable (ckptstore fsyncs its own; MindSpore's are not)
     sync_s = time.time() - t_sync
@@ -339,11 +357,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--out", default=str(RESULTS_DIR))
     ap.add_argument("--work", default=None, help="where the saves go (default: a temporary folder)")
+    ap.add_argument("--base", default=None, help="a folder holding another revision's ckptstore/: every ckptstore "
+                    "contender also runs with it, as '<name> @base' (old vs new in one run)")
     a = ap.parse_args(argv)
     s = synth(parse_size(a.size), Mesh(2, 4))
     for r in range(s.src.world):  # warm: every rank file in the page cache
         s.rank_file(r).read_bytes()
     names = [c for c in a.contenders.split(",") if c]
+    if a.base:
+        names = [n for c in names for n in ((c, c + AT_BASE) if c.startswith("ckptstore") else (c,))]
     work = Path(a.work or tempfile.mkdtemp(prefix="bench_save_"))
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     index_runs: list[float] = []
@@ -357,9 +379,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.create_bucket("bench")
     for rep in range(a.reps):
         for name in (names if rep % 2 == 0 else names[::-1]):
-            bucket = (f"s3://bench/run{rep}-{name.split()[0]}", env_for(server.url)) if name in IN_BUCKET else None
+            bucket = (f"s3://bench/run{rep}-{len(load_avg)}", env_for(server.url)) \
+                if name.removesuffix(AT_BASE) in IN_BUCKET else None
             load_avg.append(round(os.getloadavg()[0], 2))
-            result = run_once(s, name, work / "out", a.budget_mb, bucket)
+            result = run_once(s, name, work / "out", a.budget_mb, bucket, a.base)
             runs[name].append(result)
             print(f"rep {rep} {name}: stall {result['stall_max']:.2f} s, done {result['done']:.2f} s, "
                   f"{format_bytes(result['bytes_written'])}", flush=True)
@@ -371,6 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     record = {"name": NAME, "command": command_line("benchmarks.bench_save", argv), "size": a.size,
               "model_bytes": s.model_bytes,
               "world": s.src.world, "mesh": str(s.src), "budget_mb": a.budget_mb, "runs": runs, "index_s": index_runs,
+              **({"base": a.base} if a.base else {}),
               "load_avg": load_avg, "foreign_cpu_cores": round(foreign.cores(), 2),
               "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     out = Path(a.out)
@@ -393,7 +417,8 @@ def report(record: dict[str, Any]) -> str:
     runs, distinct = record["runs"], record["model_bytes"]
     lines = [f"# Saving a step: {record['mesh']} ranks at once, {record['size']} model", "",
              f"`{record['command']}` ({record['time']}; medians of {len(next(iter(runs.values())))} runs; ckptstore "
-             f"async budget {record['budget_mb']} MB per rank)", "",
+             f"async budget {str(record['budget_mb']) + ' MB' if record['budget_mb'] else 'none (the whole share)'} "
+             "per rank)", "",
              "| contender | stall (slowest rank) | stall (median rank) | done, durable | bytes written | × distinct "
              "| extra memory (largest rank) | host copies kept between saves (largest rank) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -431,15 +456,21 @@ def _kept(name: str, runs: list[dict[str, Any]]) -> str:
 
 def targets(record: dict[str, Any]) -> list[str]:
     runs, distinct, out = record["runs"], record["model_bytes"], []
+    out_of: set[str] = set()  # contenders compared with their --base run
     if runs.get("ckptstore async") and runs.get("ModelCheckpoint sync"):
         a, sync = runs["ckptstore async"], runs["ModelCheckpoint sync"]
         ratio = _median(a, "stall_max") / _median(sync, "stall_max")
         out.append(f"- async stall ≤ 0.2× ModelCheckpoint sync's: {ratio:.2f}× — {'met' if ratio <= 0.2 else 'MISSED'}")
         budget = record["budget_mb"] * 10**6 * 1.048576
         peak = _median(a, "staged_peak")
-        out.append(f"- staged copies within the budget: {format_bytes(peak)} of {format_bytes(budget)} — "
-                   f"{'met' if peak <= budget else 'MISSED'} (extra RSS, which also counts the writer's buffers and "
-                   f"MindSpore's host copies: {format_bytes(_median(a, 'extra_memory'))})")
+        rss = f"extra RSS, which also counts the writer's buffers and MindSpore's host copies: " \
+              f"{format_bytes(_median(a, 'extra_memory'))}"
+        if budget:
+            out.append(f"- staged copies within the budget: {format_bytes(peak)} of {format_bytes(budget)} — "
+                       f"{'met' if peak <= budget else 'MISSED'} ({rss})")
+        else:  # --budget-mb 0: no budget, the rank's whole share copied at once (StoreCheckpoint's default)
+            out.append(f"- staged copies, no budget (the rank's whole share, StoreCheckpoint's default): "
+                       f"{format_bytes(peak)} ({rss})")
     for name in ("ckptstore save_rank", "ckptstore async"):
         if runs.get(name):
             ratio = _median(runs[name], "bytes_written") / distinct
@@ -460,6 +491,19 @@ def targets(record: dict[str, Any]) -> list[str]:
             line += (f"; the same objects PUT alone ({RAW_PUTS}) took {format_seconds(raw)} = {raw / local:.2f}× the "
                      f"local save, so ckptstore's bucket save is {bucket / raw:.2f}× the server's bound")
         out.append(line)
+    sync = runs.get("ModelCheckpoint sync")
+    for name in (*CONTENDERS, *(n.removesuffix(AT_BASE) for n in runs)):
+        old, new = runs.get(name + AT_BASE), runs.get(name)
+        if not (old and new) or name in out_of:
+            continue
+        out_of.add(name)
+        o_stall, n_stall = _median(old, "stall_max"), _median(new, "stall_max")
+        o_done, n_done = _median(old, "done"), _median(new, "done")
+        versus = (f"; stall × ModelCheckpoint sync: {o_stall / _median(sync, 'stall_max'):.2f}× old, "
+                  f"{n_stall / _median(sync, 'stall_max'):.2f}× new" if sync else "")
+        out.append(f"- {name}, new vs old ({record.get('base', 'base')}) in this run: stall "
+                   f"{format_seconds(n_stall)} vs {format_seconds(o_stall)} ({n_stall / o_stall:.2f}×), done "
+                   f"{format_seconds(n_done)} vs {format_seconds(o_done)} ({n_done / o_done:.2f}×){versus}")
     for name in ("PyTorch DCP save", DCP_ASYNC):
         if runs.get(name):
             ratio = _median(runs[name], "bytes_written") / distinct

@@ -15,6 +15,7 @@ other.
 """
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -120,7 +121,20 @@ class S3Sink(ByteSink):
         from a bucket into a bucket): obstore drives the iterator it is given from inside its
         runtime, where another obstore call would panic ("Cannot start a runtime from within a
         runtime"), so the upload runs in a helper thread and is handed the pieces from here.
+
+        ``durable=False`` (a save's data files): a file of at most :data:`UPLOAD_PART` bytes is
+        gathered and uploaded in the background, as :meth:`put` does, so a rank's many small
+        files are in flight together instead of one PUT after another (each waits a round trip);
+        a larger one is streamed as above.
         """
+        if not durable:
+            it = iter(pieces)
+            head, small = _gather(it, UPLOAD_PART)
+            if small:
+                data = b"".join(head)
+                self.put(key, data, durable=False)
+                return len(data)
+            pieces = itertools.chain(head, it)
         self._uploads.wait()
         import obstore
 
@@ -177,6 +191,18 @@ class S3Sink(ByteSink):
                 except FileNotFoundError:
                     pass
 
+
+
+def _gather(pieces: Iterator[Any], most: int) -> tuple[list[bytes], bool]:
+    """Copies of the first pieces, taken until they hold more than ``most`` bytes or the pieces
+    end; and whether they ended (the whole file is then in the list)."""
+    head, n = [], 0
+    for piece in pieces:
+        head.append(bytes(piece))  # the caller may refill its buffer once it asks for the next
+        n += len(head[-1])
+        if n > most:
+            return head, False
+    return head, True
 
 
 class _Uploads:

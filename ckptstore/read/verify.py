@@ -112,6 +112,8 @@ def _plain_chunk_problems(store: Store, info: ParamManifest, separator: str) -> 
     """Unsharded chunks: a Zarr reader reads file ``c.<i>.<j>`` whole as chunk ``(i, j)``."""
     problems = []
     t = info.chunks
+    # an uncompressed chunk is read at the full chunk shape, an edge chunk's padding included
+    full = prod(info.chunk_shape) * info.np_dtype.itemsize if info.codec is None else None
     for i, coords in enumerate(_c_order(info.grid)):
         key = grid_key(info.path, coords, separator)
         if (t.files[i], t.offsets[i]) != (key, 0) or i in t.pieces:
@@ -119,10 +121,11 @@ def _plain_chunk_problems(store: Store, info: ParamManifest, separator: str) -> 
                             f"{t.offsets[i]}, a Zarr reader from {key} whole")
             continue
         st = store.data.stat(key)
-        if st is None or st.size != t.nbytes[i]:
+        size = t.nbytes[i] if full is None else full
+        if st is None or st.size != size:
             problems.append(f"parameter {info.name!r}: chunk {i}: {store.data.key_url(key)} holds "
-                            f"{'nothing' if st is None else f'{st.size} bytes'}, the manifest says {t.nbytes[i]}; "
-                            "a Zarr reader reads the whole file")
+                            f"{'nothing' if st is None else f'{st.size} bytes'}, a Zarr reader reads {size} "
+                            f"(the manifest's chunk: {t.nbytes[i]}); a Zarr reader reads the whole file")
     return problems
 
 

@@ -373,10 +373,10 @@ class SaveJob:
                 segments = functools.partial(_hashed, segments, self.hashes.setdefault(p.name, {}))
             entries = write_zarr_data(sink, p.file, segments,
                                       shard_entries=p.chunks_per_shard if p.sharded else None, durable=False,
-                                      fresh=not sink.seekable)
+                                      fresh=not sink.seekable, pad=p.pad)
             crcs.setdefault(p.name, {}).update((e.index, e.crc) for e in entries)
             unsynced.append(p.file)
-            written += p.nbytes
+            written += p.nbytes + p.pad
             del data  # a staged copy is freed before the next one is taken
         sink.make_durable(unsynced)
         return crcs, written

@@ -19,7 +19,11 @@ of the local array that holds it. A rank writes each slice (or piece) it is give
 slice's single chunk, or, when the slice is cut into several chunks, a Zarr shard of exactly
 that slice or piece (the chunks in C order, which is their byte order, then the shard index). A slice
 whose leading axis has no divisor that fits (a vocabulary of 46747 rows, a prime) is cut into
-one-row chunks; as separate files that made 46747 files, each fsynced, for one tensor.
+one-row chunks; as separate files that made 46747 files, each fsynced, for one tensor. A
+replicated slice that fits in one chunk and spans its first axis is cut for the split instead,
+into one chunk a replica with a padded edge chunk at the array's end (:func:`_cut`): the 3 GB
+model's three embedding-sized tensors (46747 rows each, replicated on 8 ranks) went whole to
+three ranks, each then writing 478 MiB against the median rank's 285 MiB.
 
 The slice files sit beside their array's ``zarr.json`` (chunk key separator ``"."``:
 ``<array>/c.0.1``), so each array is one folder: with ``c/<i>/`` folders a rank of an 8-rank
@@ -77,6 +81,9 @@ class SaveParam:
     #: Where the bytes of :attr:`file` start in the local array (a piece of a replicated slice
     #: starts inside it; a whole slice at 0).
     local_start: int = 0
+    #: Zero bytes after the last chunk in :attr:`file`: the rest of an edge chunk, which Zarr
+    #: readers read at the full chunk shape (the manifest's chunk is the part inside the array).
+    pad: int = 0
 
     @property
     def sharded(self) -> bool:
@@ -135,13 +142,21 @@ class _Slice:
     nbytes: int
 
 
+#: Smallest piece a replicated single-chunk slice is split into (:func:`_cut`): below it one more
+#: file (and fsync) per replica costs more than the bytes it takes off one rank.
+MIN_PIECE_BYTES = 8 << 20
+
+
 def plan_save(local: Mapping[str, np.ndarray | str], *, rank: int, world: int, strategy: Strategy | None,
-              max_chunk_bytes: int) -> SavePlan:
-    """The chunks rank ``rank`` writes of its ``local`` values (see the module docstring).
+              max_chunk_bytes: int, min_piece_bytes: int | None = None) -> SavePlan:
+    """The chunks rank ``rank`` writes of its ``local`` values (see the module docstring);
+    ``min_piece_bytes`` is the smallest piece a replicated single-chunk slice is split into
+    (default :data:`MIN_PIECE_BYTES`).
 
     Raises :class:`~ckptstore.errors.LayoutMismatchError` when a local shape does not fit the
     strategy's layout (naming the parameter, its shape and the rank).
     """
+    min_piece = MIN_PIECE_BYTES if min_piece_bytes is None else min_piece_bytes
     stage = strategy.stage_of(rank) if strategy is not None else 0
     devices = strategy.stage_devices if strategy is not None else world
     base = stage * devices
@@ -163,13 +178,14 @@ def plan_save(local: Mapping[str, np.ndarray | str], *, rank: int, world: int, s
         shapes[name] = shape
         mine_box[name] = boxes[rank - base]
         item = value.dtype.itemsize
-        if not _written_by_stage(name, stage, strategy):
-            cuts[name] = _cut(mine_box[name].shape, shape, 1, item, max_chunk_bytes)
-            continue
         groups: dict[Box, list[int]] = {}
         for i, b in enumerate(boxes):
             groups.setdefault(b, []).append(base + i)
-        cuts[name] = _cut(mine_box[name].shape, shape, len(groups[mine_box[name]]), item, max_chunk_bytes)
+        # every stage holding the parameter cuts it alike: the chunk grid is recorded by all of them
+        cuts[name] = _cut(mine_box[name].shape, shape, len(groups[mine_box[name]]), item, max_chunk_bytes,
+                          min_piece)
+        if not _written_by_stage(name, stage, strategy):
+            continue
         slices += [_Slice(name, piece, tuple(g), piece.size * item)
                    for b, g in groups.items() for piece in _pieces(b, cuts[name][1])]
     writer = _assign(slices)
@@ -243,7 +259,7 @@ def _written_by_stage(name: str, stage: int, strategy: Strategy | None) -> bool:
 
 
 def _cut(box_shape: tuple[int, ...], shape: tuple[int, ...], replicas: int, item: int,
-         max_chunk_bytes: int) -> tuple[tuple[int, ...], int]:
+         max_chunk_bytes: int, min_piece_bytes: int = MIN_PIECE_BYTES) -> tuple[tuple[int, ...], int]:
     """The chunk shape of a parameter whose ranks hold slices of ``box_shape``, and the rows of
     each piece a replicated slice is split into (the slice's rows when it is not split).
 
@@ -254,6 +270,13 @@ def _cut(box_shape: tuple[int, ...], shape: tuple[int, ...], replicas: int, item
     regular: a slice that spans its axis ends at the array's edge and may have a shorter last
     piece (Zarr's edge shard); one that does not is split evenly (the largest number of equal
     pieces, at most ``replicas``, that its chunks give).
+
+    A replicated slice that is **one chunk** and spans its first axis (a replicated embedding and
+    its optimizer moments) gets a chunk grid chosen for the split: chunks of ``ceil(rows / k)``
+    rows, one a piece, for the largest ``k`` ≤ ``replicas`` whose pieces hold at least
+    ``min_piece_bytes`` and whose edge chunk is padded by at most 1% of the slice. The last chunk
+    is then Zarr's edge chunk, stored padded to the chunk shape (:attr:`SaveParam.pad`). This is
+    what lets a prime row count (46747) be split at all.
     """
     chunk_shape = chunk_shape_for(box_shape, item, max_chunk_bytes)
     if not box_shape or replicas < 2:
@@ -261,12 +284,29 @@ def _cut(box_shape: tuple[int, ...], shape: tuple[int, ...], replicas: int, item
     rows, c = box_shape[0], chunk_shape[0]
     m = rows // c  # chunks along the first axis (c divides rows)
     if m < 2:
-        return chunk_shape, rows
+        return _cut_one_chunk(box_shape, shape, replicas, item, min_piece_bytes) or (chunk_shape, rows)
     if rows == shape[0]:
         per = -(-m // replicas)
     else:
         per = m // max(d for d in range(1, replicas + 1) if m % d == 0)
     return chunk_shape, per * c
+
+
+def _cut_one_chunk(box_shape: tuple[int, ...], shape: tuple[int, ...], replicas: int, item: int,
+                   min_piece_bytes: int) -> tuple[tuple[int, ...], int] | None:
+    """:func:`_cut`'s grid for a replicated single-chunk slice spanning its first axis, or ``None``
+    when it is not split (it does not span the axis, is too small, or every split pads too much)."""
+    rows = box_shape[0]
+    if rows != shape[0]:  # an inner slice: a padded chunk would sit inside the array, which Zarr cannot hold
+        return None
+    row_bytes = prod(box_shape[1:]) * item
+    most = min(replicas, rows, rows * row_bytes // max(min_piece_bytes, 1))
+    for k in range(most, 1, -1):
+        c = -(-rows // k)
+        pad = -(-rows // c) * c - rows
+        if pad * 100 <= rows:
+            return (c,) + box_shape[1:], c
+    return None
 
 
 def _pieces(box: Box, rows: int) -> list[Box]:
@@ -305,29 +345,31 @@ def _param(name: str, value: np.ndarray, shape: tuple[int, ...], box: Box, slice
     shard_shape = whole if chunk_shape != whole else None
     mine = [s.box for s in slices if writer.get((name, s.box.start)) == rank]
     chunks: list[SaveChunk] = []
-    local_start = 0
+    local_start = pad = 0
     if mine:
         piece = mine[0]
-        grid = tuple(s // c for s, c in zip(shape, chunk_shape, strict=True))
+        grid = tuple(-(-s // c) for s, c in zip(shape, chunk_shape, strict=True))  # an edge chunk may be short
         grid_strides = [prod(grid[a + 1:]) for a in range(len(grid))]
         local_strides = [prod(box.shape[a + 1:]) for a in range(len(box.shape))]
         # where the piece starts in the local slice (pieces are cut along the first axis only)
         lead = tuple(p - b for p, b in zip(piece.start, box.start, strict=True))
         local_start = sum(i * st for i, st in zip(lead, local_strides, strict=True)) * item
-        per_axis = [range(n // c) for n, c in zip(piece.shape, chunk_shape, strict=True)]
+        per_axis = [range(-(-n // c)) for n, c in zip(piece.shape, chunk_shape, strict=True)]
         file_shape = shard_shape or chunk_shape
         # the piece's one file
         key = _chunk_key(name, tuple(s // c for s, c in zip(piece.start, file_shape, strict=True)))
-        nbytes = prod(chunk_shape) * item
         for local in itertools.product(*per_axis):
             start = tuple(p + i * c for p, i, c in zip(piece.start, local, chunk_shape, strict=True))
             coords = tuple(s // c for s, c in zip(start, chunk_shape, strict=True))
             index = sum(c * st for c, st in zip(coords, grid_strides, strict=True))
             first = sum(i * c * st for i, c, st in zip(local, chunk_shape, local_strides, strict=True))
-            stop = tuple(s + c for s, c in zip(start, chunk_shape, strict=True))
-            chunks.append(SaveChunk(index, key, Box(start, stop), first * item, nbytes))
+            # clipped at the array's edge (only a split single-chunk slice has such a chunk: _cut)
+            stop = tuple(min(s + c, n) for s, c, n in zip(start, chunk_shape, shape, strict=True))
+            inside = Box(start, stop)
+            chunks.append(SaveChunk(index, key, inside, first * item, inside.size * item))
+        pad = prod(chunk_shape) * item - chunks[-1].nbytes if chunks and shard_shape is None else 0
     return SaveParam(name, array_path(name), value.dtype, shape, chunk_shape, replicas, tuple(chunks),
-                     shard_shape=shard_shape, local_start=local_start)
+                     shard_shape=shard_shape, local_start=local_start, pad=pad)
 
 
 def _chunk_key(name: str, coords: Sequence[int]) -> str:

@@ -255,3 +255,27 @@ def test_removing_a_local_sinks_root_follows_no_link_on_its_path(tmp_path):
     (tmp_path / "shared").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     LocalSink(tmp_path / "shared" / "out").remove_root()
     assert (tmp_path / "elsewhere" / "out").is_dir()
+
+
+def test_a_small_file_streamed_without_durability_is_one_put_in_the_background(watched_bucket):
+    """A saving rank's many small files: each one PUT (not a multipart upload's three requests),
+    started in the background and waited for by make_durable."""
+    from ckptstore.io.s3_sink import S3Sink
+
+    sink = S3Sink(watched_bucket.url("out"))
+    assert sink.put_stream("a/x", iter([b"12", b"3"]), durable=False) == 3
+    sink.make_durable(["a/x"])
+    assert [(r.method, r.status) for r in watched_bucket.proxy.requests() if r.path.endswith("/out/a/x")] == \
+        [("PUT", 200)]
+    assert sink.read("a/x") == b"123"
+
+
+def test_a_failed_background_upload_of_a_streamed_file_is_raised_by_make_durable(watched_bucket, quick_retries):
+    from ckptstore.errors import StoreUnavailableError
+    from ckptstore.io.s3_sink import S3Sink
+
+    sink = S3Sink(watched_bucket.url("out"))
+    watched_bucket.proxy.fail_next(1000, method="PUT", status=500)
+    sink.put_stream("a/x", iter([b"12", b"3"]), durable=False)
+    with pytest.raises(StoreUnavailableError, match="HTTP 500"):
+        sink.make_durable(["a/x"])

@@ -351,6 +351,25 @@ def test_a_replicated_slice_written_in_pieces_is_a_zarr_array_zarr_python_reads(
     assert ckptstore.verify(tmp_path / "step_1").ok
 
 
+def test_a_replicated_single_chunk_slice_is_split_with_a_padded_edge_chunk_every_reader_reads(tmp_path, monkeypatch):
+    import zarr
+
+    from ckptstore.checkpoint.layout import Layout
+    from ckptstore.checkpoint.strategy import Strategy
+    from ckptstore.write import save_plan
+
+    monkeypatch.setattr(save_plan, "MIN_PIECE_BYTES", 1)  # pieces of a few KiB split as 8 MiB ones do
+    table = np.arange(401 * 16, dtype=np.float32).reshape(401, 16)  # 401 rows, a prime; one chunk
+    strategy = Strategy({"embedding": {0: Layout((4,), ((), ()))}}, 4, 1)
+    summaries = [ckptstore.save_rank({"embedding": table}, tmp_path, step=1, rank=r, strategy=strategy,
+                                     attempt="one-job") for r in range(4)]
+    assert [s.bytes_written for s in summaries] == [101 * 64] * 4  # the last: 98 rows and 3 rows of padding
+    assert (tmp_path / "step_1" / "embedding" / "c.3.0").stat().st_size == 101 * 64  # as Zarr reads an edge chunk
+    assert_same_array(zarr.open_group(str(tmp_path / "step_1"), mode="r")["embedding"][...], table, "embedding")
+    assert_store_holds(tmp_path, {"embedding": table})
+    assert ckptstore.verify(tmp_path / "step_1").problems == []
+
+
 @pytest.mark.mindspore
 @pytest.mark.slow
 @pytest.mark.parametrize("case_id,ranks", [("dp2_mp4->dp2_mp2", [0, 3]), ("opt_shard->dp2_mp2", [1, 2]),

@@ -103,3 +103,26 @@ def test_a_prime_row_count_replicated_on_four_ranks_goes_to_all_four():
     assert [len(plan.params[0].chunks) for plan in ranks] == [12, 12, 12, 11]
     assert [plan.params[0].local_start for plan in ranks] == [0, 12 * 8, 24 * 8, 36 * 8]
     assert ranks[0].params[0].shard_shape == (12, 2) and ranks[0].params[0].chunks_per_shard == 12
+
+
+def test_a_replicated_single_chunk_slice_of_prime_rows_is_split_with_a_padded_edge_chunk():
+    layout = Layout((4,), ((), ()))
+    strategy = Strategy({"w": {0: layout}}, 4, 1)
+    local = {"w": np.zeros((401, 16), np.float32)}  # 401 rows, a prime: no divisor gives 4 pieces
+    ranks = [plan_save(local, rank=r, world=4, strategy=strategy, max_chunk_bytes=1 << 20, min_piece_bytes=1)
+             for r in range(4)]
+    ps = [plan.params[0] for plan in ranks]
+    assert [(p.chunk_shape, p.shard_shape) for p in ps] == [((101, 16), None)] * 4
+    assert [[(c.index, c.box.start[0], c.box.stop[0], c.nbytes) for c in p.chunks] for p in ps] == [
+        [(0, 0, 101, 101 * 64)], [(1, 101, 202, 101 * 64)], [(2, 202, 303, 101 * 64)], [(3, 303, 401, 98 * 64)]]
+    assert [(p.local_start, p.pad) for p in ps] == [(0, 0), (101 * 64, 0), (202 * 64, 0), (303 * 64, 3 * 64)]
+
+
+def test_a_replicated_slice_smaller_than_two_pieces_stays_one_chunk():
+    layout = Layout((4,), ((), ()))
+    strategy = Strategy({"w": {0: layout}}, 4, 1)
+    local = {"w": np.zeros((401, 16), np.float32)}
+    ranks = [plan_save(local, rank=r, world=4, strategy=strategy, max_chunk_bytes=1 << 20,
+                       min_piece_bytes=401 * 64 // 2 + 1) for r in range(4)]
+    assert [len(plan.params[0].chunks) for plan in ranks] == [1, 0, 0, 0]
+    assert ranks[0].params[0].chunk_shape == (401, 16) and ranks[0].params[0].pad == 0

@@ -37,10 +37,14 @@ from ckptstore.write.store_writer import StoreWriter
 #: a buffer, and whether the buffer is the chunk's last.
 Segment = tuple[int, int, Any, bool]
 
+#: Zeros for an edge chunk's padding, handed out in slices of at most this (never changed, so a
+#: sink may keep them until sent).
+_ZEROS = bytes(1 << 20)
+
 
 def write_zarr_data(sink: ByteSink, key: str, segments: Callable[[int], Iterable[Segment]], *,
                     shard_entries: int | None, resume: bool = False, durable: bool = True, fresh: bool = False,
-                    on_chunk: Callable[[JournalEntry], None] | None = None) -> list[JournalEntry]:
+                    on_chunk: Callable[[JournalEntry], None] | None = None, pad: int = 0) -> list[JournalEntry]:
     """Write the Zarr data file ``key``: the chunks of ``segments(n)`` one after another (``n``:
     how many chunks a resumed file holds already; they are not asked for again), then, unless
     ``shard_entries`` is ``None``, the shard index of that many entries (a shard at the array's
@@ -51,8 +55,12 @@ def write_zarr_data(sink: ByteSink, key: str, segments: Callable[[int], Iterable
     the chunks an interrupted run left whose bytes still match; published when complete.
     Otherwise one streamed write that appears only complete (``durable=False``: the caller makes
     it durable later; ``fresh``: buffers are copied before they are handed on, for a sink that
-    may keep them until sent)."""
+    may keep them until sent). ``pad`` zero bytes follow the last chunk of an unsharded file
+    (streamed only): the rest of an edge chunk, which Zarr reads at the full chunk shape; they
+    belong to no chunk's size or CRC."""
     if resume:
+        if pad:
+            raise ValueError("a padded edge chunk is written streamed, not resumed")
         return _write_at_offsets(sink, key, segments, shard_entries, on_chunk)
     entries: list[JournalEntry] = []
 
@@ -69,6 +77,8 @@ def write_zarr_data(sink: ByteSink, key: str, segments: Callable[[int], Iterable
                 if on_chunk is not None:
                     on_chunk(entries[-1])
                 start, crc = offset, 0
+        for at in range(0, pad, len(_ZEROS)):
+            yield _ZEROS[:min(len(_ZEROS), pad - at)]
         if shard_entries is not None:
             yield _index(entries, shard_entries)
 
