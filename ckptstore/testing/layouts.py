@@ -7,12 +7,14 @@ package so a third party's store kind can be checked on the same checkpoints:
   ``opt_shard``, ``pipeline2``, ``mixed_dtypes``, ...), each under 2 MB;
 * :func:`save_layout`: one of them saved as a real distributed checkpoint
   (:func:`~ckptstore.testing.sample_checkpoint.save_distributed`: strategy files in the
-  compiler's format, rank files written by ``mindspore.save_checkpoint``);
+  compiler's format, rank files as ``mindspore.save_checkpoint`` writes them; by default written
+  by ckptstore's own writers, which tests/testing/test_pure_fixtures.py proves byte-identical to
+  MindSpore's for every kind here, so the layouts need no MindSpore);
 * :data:`CASES`: source -> target layout pairs, and :class:`SampleLayouts`, which saves the
   layouts and runs ``mindspore.transform_checkpoints`` for each target once per session
   (:func:`session_layouts`), so every test compares against MindSpore's own answer.
 
-MindSpore is imported only when a layout is saved or an oracle is run.
+MindSpore is imported only when an oracle is run (or a layout saved with ``writer="mindspore"``).
 """
 from __future__ import annotations
 
@@ -209,12 +211,17 @@ class SavedLayout:
         return next(s for s in self.specs if s.name == name)
 
 
-def save_layout(root: Path, kind: str, *, strategy_format: str = "protobuf", seed: int = 11) -> SavedLayout:
-    """Save ``layout_specs(kind)`` under ``root`` with ``epoch_num``/``step_num`` scalars appended."""
+def save_layout(root: Path, kind: str, *, strategy_format: str = "protobuf", seed: int = 11,
+                writer: str = "ckptstore") -> SavedLayout:
+    """Save ``layout_specs(kind)`` under ``root`` with ``epoch_num``/``step_num`` scalars appended.
+
+    ``writer="ckptstore"`` (the default) needs no MindSpore and writes the same bytes as
+    ``writer="mindspore"`` for every kind of :func:`layout_specs` (tests/testing/test_pure_fixtures.py
+    checks each kind in both strategy formats against MindSpore's own save)."""
     specs, world, stages = layout_specs(kind)
     tensors = make_global_tensors(specs, seed=seed)
     save_distributed(root, specs, tensors, world_size=world, stages=stages, extra_scalars=True,
-                     strategy_format=strategy_format)
+                     strategy_format=strategy_format, writer=writer)
     return SavedLayout(kind, root, specs, tensors, world, stages, strategy_format)
 
 
@@ -356,7 +363,8 @@ class SampleLayouts:
         self._targets: dict[str, Target] = {}
 
     def saved_layout(self, kind: str, strategy_format: str = "protobuf") -> SavedLayout:
-        """``layout_specs(kind)`` saved by MindSpore (strategy files in ``strategy_format``)."""
+        """``layout_specs(kind)`` saved (strategy files in ``strategy_format``) by ckptstore's writers,
+        byte-identical to MindSpore's save (see :func:`save_layout`)."""
         key = (kind, strategy_format)
         if key not in self._layouts:
             root = self.base / f"{kind}_{strategy_format}"
