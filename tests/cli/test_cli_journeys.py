@@ -14,9 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mindspore")
-pytestmark = pytest.mark.mindspore
-
 import ckptstore
 from ckptstore.store.kinds import WORK_DIR
 from convert_fixtures import REPO, cli_command, run_cli, store_files, strategy_args
