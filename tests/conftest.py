@@ -6,9 +6,19 @@ MindSpore's own slicing code). Tests that damage a fixture copy it first with :f
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 
 os.environ.setdefault("GLOG_v", "3")
+
+# pytest puts tests/ on sys.path, where tests/mindspore/ (the tests of ckptstore/mindspore/) would
+# be imported as a namespace package named ``mindspore`` when MindSpore is not installed (an
+# installed MindSpore wins): ``pytest.importorskip("mindspore")`` would then pass and the module
+# fail. None in sys.modules makes ``import mindspore`` raise ImportError, as without that folder.
+_MS = importlib.util.find_spec("mindspore")
+if _MS is not None and _MS.origin is None:
+    sys.modules["mindspore"] = None  # type: ignore[assignment]
 
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -1,6 +1,8 @@
 """The MindSpore-free fixture writer (``save_distributed(..., writer="ckptstore")``) writes the same
-bytes as MindSpore: every rank file and strategy file of every standard layout, in both strategy
-formats, with and without CRC trailers, and the target strategy files of every CASES target.
+bytes as MindSpore: every rank file and strategy file of every standard layout and of the other
+spec sets tests write with it (the demo's PanGu layout with optimizer sharding, ``big_specs``), in
+both strategy formats, with and without CRC trailers, and the target strategy files of every CASES
+target.
 
 This is what lets the session layouts (and the tests built on them) run without MindSpore.
 """
@@ -17,7 +19,15 @@ pytest.importorskip("mindspore")
 pytestmark = pytest.mark.mindspore
 
 from ckptstore.testing.layouts import CASES, LAYOUT_KINDS, layout_specs
+from ckptstore.testing.sample import pangu_specs
 from ckptstore.testing.sample_checkpoint import make_global_tensors, save_distributed, write_strategy
+from convert_fixtures import big_specs
+
+#: Spec sets beyond layout_specs that tests save with writer="ckptstore": (specs, world, stages).
+OTHER_SPECS = {
+    "pangu-dp2-mp4": (pangu_specs(hidden=32, layers=1, vocab=64, seq=8, dp=2, mp=4), 8, 1),
+    "big": big_specs(),
+}
 
 
 def _files(root: Path) -> dict[str, tuple[bytes, int]]:
@@ -27,8 +37,7 @@ def _files(root: Path) -> dict[str, tuple[bytes, int]]:
 
 def test_both_writers_write_identical_files_for_every_standard_layout(tmp_path: Path) -> None:
     differ = []
-    for kind in LAYOUT_KINDS:
-        specs, world, stages = layout_specs(kind)
+    for kind, (specs, world, stages) in {**{k: layout_specs(k) for k in LAYOUT_KINDS}, **OTHER_SPECS}.items():
         tensors = make_global_tensors(specs, seed=11)
         for strategy_format, crc in (("protobuf", False), ("json", True)):
             out = {}
