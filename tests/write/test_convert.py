@@ -37,17 +37,7 @@ from convert_fixtures import (
     strategy_args,
 )
 
-
-class _LazyMindSpore:
-    """``mindspore``, imported by the first (``mindspore``-marked) test that uses it."""
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):  # what pytest's collection asks every module global (__test__, ...)
-            raise AttributeError(name)
-        return getattr(pytest.importorskip("mindspore"), name)
-
-
-ms = _LazyMindSpore()
+ms = T.LazyModule("mindspore")  # only the mindspore-marked tests touch it
 
 KINDS = list(T.LAYOUT_KINDS)
 #: Every layout kind with protobuf strategies, and the multi-file kinds again with JSON ones.
