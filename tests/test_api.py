@@ -274,6 +274,7 @@ def test_read_rank_plan_rank_and_export_take_include_like_the_command_and_names_
         ckptstore.export(t.store_path, tmp_path / "out", strategy=t.strategy, include=["a"], names=["a"])
     assert not (tmp_path / "out").exists()
 
+@pytest.mark.mindspore  # imports every public name, ckptstore.mindspore's too
 def test_the_public_names_are_all_there():
     assert sorted(ckptstore.__all__) == sorted([
         "CkptStoreError", "IOCounts", "Store", "StoreCheckpoint", "StoreSaver", "__version__", "commit", "convert",
@@ -326,6 +327,7 @@ def test_scratch_memory_of_a_threaded_load_stays_within_the_plan(load_env):
     assert (IO_STATS.bytes_read, IO_STATS.requests) == (plan.nbytes, plan.requests)
 
 
+@pytest.mark.mindspore  # load_rank builds mindspore.Parameters
 def test_the_plan_of_load_rank_is_what_it_reads(load_env):
     t = load_env.target(CASE)
     plan = ckptstore.plan_rank(t.store_path, t.strategy, 2)

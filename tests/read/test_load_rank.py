@@ -368,6 +368,7 @@ def test_verify_names_the_parameter_and_chunk_of_a_flipped_byte(load_env, tmp_pa
     assert_same_array(to_numpy(clean["layer0.w"]), t.oracle(1)["layer0.w"], "undamaged chunks")
 
 
+@pytest.mark.mindspore  # load_rank builds mindspore.Parameters
 def test_without_verify_a_flipped_byte_is_returned_silently(load_env, tmp_path):
     store = _damaged_store(load_env, tmp_path, "layer0.w", 3)
     layout = load_env.saved_layout("mp_rows")
@@ -472,6 +473,7 @@ def test_load_ranks_mapping_prints_as_one_line_without_reading(load_env):
     assert params.view.summary().startswith(f"rank 1 of 4 from {t.store_path}: {len(params)} parameters, ")
 
 
+@pytest.mark.mindspore  # load_rank builds mindspore.Parameters
 def test_load_rank_shows_progress_when_it_builds_everything_and_is_not_quiet(load_env, capsys):
     t = load_env.target("dp2_mp4->dp2_mp2")
     ckptstore.load_rank(t.store_path, t.strategy, 1, quiet=False).materialize()
