@@ -15,8 +15,8 @@ with ckptstore's own :class:`~ckptstore.formats.ckpt_writer.CheckpointWriter`, s
 the protobuf encoder below (:func:`strategy_proto_bytes`), local tensors cut by
 :func:`formula_rank_slice` (the slicing rule written out in numpy, not MindSpore's code). A test
 marked ``mindspore`` (tests/testing/test_pure_fixtures.py) proves both writers give byte-identical
-files for every standard layout; for other layouts the formula's slices are unproven, so a test of
-the slicing math itself must use ``writer="mindspore"``.
+files for every standard layout (and the few other spec sets listed there); for other layouts the
+formula's slices are unproven, so a test of the slicing math itself must use ``writer="mindspore"``.
 
 ``make demo`` and the benchmarks use it; so can a user who wants a test checkpoint of their own
 layout. MindSpore is imported inside functions only.
@@ -307,7 +307,8 @@ def formula_rank_slice(spec: ParamSpec, global_array: np.ndarray, rank: int) -> 
     optimizer shard (step and size non-zero; size ``-1`` = every replica) then cuts axis 0 of that
     box into equal parts and keeps part ``(rank // step) % parts``. It does not use MindSpore's
     code, so it proves nothing about slicing: tests/testing/test_pure_fixtures.py checks it equals
-    :func:`mindspore_rank_slice` on the standard layouts only. Always a contiguous copy.
+    :func:`mindspore_rank_slice` on the standard layouts (and the spec sets listed there) only.
+    Always a contiguous copy.
     """
     global_array = np.asarray(global_array)
     if tuple(global_array.shape) != tuple(spec.shape):
