@@ -43,9 +43,9 @@ test: $(STAMP) $(MF)/.installed lint
 test-fast: $(STAMP) lint
 	GLOG_v=3 $(PY) -m pytest -q -p no:cacheprovider -m "not slow and not fuzz" --hypothesis-profile=fast tests
 
-# The pure tier (box math, layouts, chunk plan, planner and executor, manifest, the wire and .ckpt
-# record parsers, rank-file choice, CLI usage, S3 errors) in a venv
-# without MindSpore: proves those parts need none. Everything else skips there.
+# The pure tier: every test not marked mindspore (fixtures by ckptstore's writers, byte-identical
+# to MindSpore's: tests/testing/test_pure_fixtures.py), in a venv without MindSpore: proves those
+# parts need none. Tests whose expected values or input only MindSpore gives skip there.
 $(PURE)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(PURE)
 	$(PURE)/bin/python -m pip install --quiet --upgrade pip

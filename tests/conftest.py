@@ -6,9 +6,31 @@ MindSpore's own slicing code). Tests that damage a fixture copy it first with :f
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 
 os.environ.setdefault("GLOG_v", "3")
+
+
+class _NoMindSpore(importlib.abc.MetaPathFinder):
+    """``import mindspore`` fails as it does where MindSpore is not installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "mindspore" or name.startswith("mindspore."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+# pytest puts tests/ on sys.path, where tests/mindspore/ (the tests of ckptstore/mindspore/) would
+# be imported as a namespace package named ``mindspore`` when MindSpore is not installed (an
+# installed MindSpore wins): ``pytest.importorskip("mindspore")`` would then pass and the test
+# fail, and ckptstore, which asks ``"mindspore" in sys.modules`` whether a job can have started
+# MindSpore's communication, would think it had. Refused here before anything imports it.
+_MS = importlib.util.find_spec("mindspore")
+if _MS is not None and _MS.origin is None:
+    sys.meta_path.insert(0, _NoMindSpore())
 
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -1,8 +1,9 @@
 """Helpers and fixtures shared by the converter tests (test_convert*.py, test_cli_convert.py).
 
-Everything here works on real MindSpore files: checkpoints are written by
-``mindspore.save_checkpoint`` (through :mod:`mindspore_fixtures` or directly) and damaged copies
-are re-saved with ``mindspore.load_checkpoint`` / ``mindspore.save_checkpoint``. Expected values
+Everything here works on real MindSpore files: checkpoints are what ``mindspore.save_checkpoint``
+writes (the session layouts by ckptstore's byte-identical writer, see
+:mod:`ckptstore.testing.layouts`), and damaged copies are re-saved the way a MindSpore load and
+save would (:func:`rewrite_rank_file`). Expected values
 (which rank holds which slice, how many distinct slices a parameter has, how many bytes the rank
 files hold) are computed from the fixture specs with MindSpore's own slicing code
 (:func:`mindspore_fixtures.mindspore_rank_slice`), never with ckptstore's layout math.
@@ -167,31 +168,21 @@ def strategy_args(layout: SavedLayout) -> list[str]:
     return args
 
 
-def _to_numpy(value) -> np.ndarray:
-    import mindspore as ms
-
-    if value.dtype == ms.bfloat16:  # asnumpy cannot return bfloat16 under numpy 2
-        return value.astype(ms.float32).asnumpy().astype(BF16)
-    return np.array(value.asnumpy(), copy=True)
-
-
-def _to_tensor(array: np.ndarray):
-    import mindspore as ms
-
-    array = np.asarray(array).copy(order="C")
-    if array.dtype == BF16:
-        return ms.Tensor(array.astype(np.float32), dtype=ms.bfloat16)
-    return ms.Tensor(array)
-
-
 def rewrite_rank_file(path: Path, edit: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]) -> None:
-    """Load ``path`` with MindSpore, let ``edit`` change the arrays, save it back with MindSpore."""
-    import mindspore as ms
+    """Load ``path``, let ``edit`` change the arrays, save it back: MindSpore's load_checkpoint /
+    save_checkpoint round trip, done by ckptstore's reader (which reads what load_checkpoint
+    reads) and CheckpointWriter (which writes the bytes save_checkpoint writes, mode 0400 too),
+    so the tests that damage a fixture this way need no MindSpore."""
+    from ckptstore.formats.ckpt_reader import read_entry, scan_checkpoint
+    from ckptstore.formats.ckpt_writer import CheckpointWriter
 
-    loaded = ms.load_checkpoint(str(path))
-    arrays = edit({name: _to_numpy(p) for name, p in loaded.items()})
+    index = scan_checkpoint(path)
+    arrays = edit({name: np.asarray(read_entry(path, e)) for name, e in index.entries.items()})
     os.chmod(path, 0o644)
-    ms.save_checkpoint([{"name": n, "data": _to_tensor(a)} for n, a in arrays.items()], str(path))
+    with CheckpointWriter(path) as w:
+        for n, a in arrays.items():
+            w.add(n, np.asarray(a))
+    os.chmod(path, 0o400)
 
 
 def copy_saved(layout: SavedLayout, dst: Path) -> SavedLayout:
@@ -251,11 +242,12 @@ def big_specs() -> tuple[list[T.ParamSpec], int, int]:
 
 @pytest.fixture(scope="session")
 def big_layout(tmp_path_factory: pytest.TempPathFactory) -> SavedLayout:
-    """A session-cached saved fixture with many chunks at ``--chunk-mb 1``. Do not modify it."""
+    """A session-cached saved fixture with many chunks at ``--chunk-mb 1``, written without
+    MindSpore (its bytes are MindSpore's: tests/testing/test_pure_fixtures.py). Do not modify it."""
     specs, world, stages = big_specs()
     tensors = T.make_global_tensors(specs, seed=5)
     root = tmp_path_factory.mktemp("big_layout")
-    T.save_distributed(root, specs, tensors, world_size=world, stages=stages, extra_scalars=True)
+    T.save_distributed(root, specs, tensors, world_size=world, stages=stages, extra_scalars=True, writer="ckptstore")
     return SavedLayout("big", root, specs, tensors, world, stages)
 
 

@@ -79,7 +79,7 @@ class LoadEnv:
         if case_id not in self._targets:
             t = self.layouts.target(case_id)
             # shares the oracle cache with the conformance classes' view of the same target
-            self._targets[case_id] = Target(t.case, t.layout, t.strategy, t.world, t.oracle_root, t.target_file,
+            self._targets[case_id] = Target(t.case, t.layout, t.strategy, t.world, t.oracle_run, t.target_file,
                                             t._oracles, store_path=self.store(t.case.kind))
         return self._targets[case_id]
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from ckptstore.testing.layouts import LAYOUT_KINDS, SCALARS, layout_specs  # noqa: F401  (re-exported for the test modules)
 from ckptstore.testing.oracle import load_oracle, transform_oracle  # noqa: F401  (re-exported for the test modules)
 from ckptstore.testing.sample_checkpoint import (  # noqa: F401  (re-exported for the test modules)
@@ -27,6 +29,21 @@ from ckptstore.testing.sample_checkpoint import (  # noqa: F401  (re-exported fo
     write_strategy,
     write_strategy_json,
 )
+
+
+class LazyModule:
+    """A module imported when an attribute is first asked for, skipping the test when it is not
+    installed: a test module names ``mindspore`` at its top (``ms = T.LazyModule("mindspore")``)
+    while only its ``mindspore``-marked tests touch it, so the others run without MindSpore."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):  # what pytest's collection asks every module global (__test__, ...)
+            raise AttributeError(attr)
+        return getattr(pytest.importorskip(self._name), attr)
+
 
 # --------------------------------------------------------------------------------------------
 # checkpoints as users have them: MindFormers strategies, tied parameters across stages

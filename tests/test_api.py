@@ -2,7 +2,8 @@
 ``commit`` and ``plan_rank`` (issue 16 item 4; issue 19 item 5).
 
 Expected values are MindSpore's (``transform_checkpoints`` + ``load_checkpoint``, through
-``load_fixtures``); the plan's figures are checked against what the executor then counts.
+``load_fixtures``; those tests are marked ``mindspore``); the plan's figures are checked against what
+the executor then counts.
 """
 from __future__ import annotations
 
@@ -16,9 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-pytest.importorskip("mindspore")
-pytestmark = pytest.mark.mindspore
 
 import ckptstore
 import mindspore_fixtures as T
@@ -43,6 +41,7 @@ def no_launcher(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 # 1. every function that takes a store takes a path, a URL or a Store
 
 
+@pytest.mark.mindspore
 def test_export_takes_the_store_by_path(load_env, tmp_path):
     t = load_env.target(CASE)
     summary = ckptstore.export(t.store_path, tmp_path / "out", strategy=t.strategy, ranks=[1])
@@ -68,6 +67,7 @@ def test_a_store_passed_in_stays_open_and_a_path_is_closed_after_the_call(load_e
 # 2. rank=None is this process's rank
 
 
+@pytest.mark.mindspore
 def test_rank_none_is_the_rank_the_launcher_names(load_env, no_launcher):
     t = load_env.target(CASE)
     no_launcher.setenv("RANK_ID", "2")
@@ -76,6 +76,7 @@ def test_rank_none_is_the_rank_the_launcher_names(load_env, no_launcher):
     assert ckptstore.plan_rank(t.store_path, t.strategy).rank == 2
 
 
+@pytest.mark.mindspore
 def test_rank_none_reads_mpiruns_rank_when_msrun_says_nothing(load_env, no_launcher):
     t = load_env.target(CASE)
     no_launcher.setenv("OMPI_COMM_WORLD_RANK", "3")
@@ -89,6 +90,7 @@ def test_rank_none_with_nothing_saying_is_an_error_not_rank_0(load_env, no_launc
         getattr(ckptstore, call)(t.store_path, t.strategy)
 
 
+@pytest.mark.mindspore
 def test_mindspore_communication_not_initialised_does_not_make_every_process_rank_0(load_env, no_launcher):
     from mindspore.communication import get_rank
 
@@ -113,6 +115,7 @@ def test_a_rank_variable_that_is_not_a_rank_is_refused(load_env, no_launcher):
         ckptstore.read_rank(t.store_path, t.strategy)
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("rank_id", ["3", None])
 def test_a_one_rank_layout_is_the_same_for_every_process(load_env, no_launcher, rank_id):
     t = load_env.target("dp2_mp4->1rank")  # whole tensors: a pure data-parallel job
@@ -121,6 +124,7 @@ def test_a_one_rank_layout_is_the_same_for_every_process(load_env, no_launcher, 
     assert_same_dict(ckptstore.read_rank(t.store_path, t.strategy), t.oracle(0), f"RANK_ID={rank_id}")
 
 
+@pytest.mark.mindspore
 def test_an_explicit_rank_of_a_one_rank_layout_reads_the_whole_tensors(load_env):
     t = load_env.target("dp2_mp4->1rank")
     assert_same_dict(ckptstore.read_rank(t.store_path, t.strategy, 5), t.oracle(0), "rank=5 of one rank")
@@ -130,12 +134,14 @@ def test_an_explicit_rank_of_a_one_rank_layout_reads_the_whole_tensors(load_env)
 # 3. read_rank: numpy, no MindSpore
 
 
+@pytest.mark.mindspore
 def test_read_rank_equals_transform_checkpoints_for_every_rank(load_env):
     t = load_env.target(CASE)
     for j in range(t.world):
         assert_same_dict(ckptstore.read_rank(t.store_path, t.strategy, j), t.oracle(j), f"rank {j}")
 
 
+@pytest.mark.mindspore
 def test_read_rank_selects_names_and_converts_floats(load_env):
     t = load_env.target(CASE)
     arrays = ckptstore.read_rank(t.store_path, t.strategy, 1, include=["layer0.*"], dtype="float16")
@@ -144,6 +150,7 @@ def test_read_rank_selects_names_and_converts_floats(load_env):
         assert a.dtype == np.float16 and np.array_equal(a, t.oracle(1)[name].astype(np.float16)), name
 
 
+@pytest.mark.mindspore
 def test_read_rank_needs_no_mindspore(load_env):
     t = load_env.target(CASE)
     script = textwrap.dedent(f"""
@@ -160,6 +167,7 @@ def test_read_rank_needs_no_mindspore(load_env):
     assert out["sums"] == {n: float(a.astype(np.float64).sum()) for n, a in t.oracle(3).items()}
 
 
+@pytest.mark.mindspore
 def test_load_rank_without_mindspore_says_what_needs_it_and_names_read_rank(load_env):
     t = load_env.target(CASE)
     script = textwrap.dedent(f"""
@@ -266,6 +274,7 @@ def test_read_rank_plan_rank_and_export_take_include_like_the_command_and_names_
         ckptstore.export(t.store_path, tmp_path / "out", strategy=t.strategy, include=["a"], names=["a"])
     assert not (tmp_path / "out").exists()
 
+@pytest.mark.mindspore  # imports every public name, ckptstore.mindspore's too
 def test_the_public_names_are_all_there():
     assert sorted(ckptstore.__all__) == sorted([
         "CkptStoreError", "IOCounts", "Store", "StoreCheckpoint", "StoreSaver", "__version__", "commit", "convert",
@@ -318,6 +327,7 @@ def test_scratch_memory_of_a_threaded_load_stays_within_the_plan(load_env):
     assert (IO_STATS.bytes_read, IO_STATS.requests) == (plan.nbytes, plan.requests)
 
 
+@pytest.mark.mindspore  # load_rank builds mindspore.Parameters
 def test_the_plan_of_load_rank_is_what_it_reads(load_env):
     t = load_env.target(CASE)
     plan = ckptstore.plan_rank(t.store_path, t.strategy, 2)
@@ -403,6 +413,7 @@ def test_store_plan_refuses_a_box_that_mixes_pairs_and_slices(load_env):
 # 8. a store in a bucket: its URL wherever a store is taken, and the plan counts its GETs
 
 
+@pytest.mark.mindspore
 @pytest.mark.slow  # a conversion, a verify, a load and an export through the counting proxy: 5-9 s here
 def test_a_store_url_in_a_bucket_is_taken_and_planned_request_for_request(watched_bucket, load_env, tmp_path):
     bucket = watched_bucket  # behind the counting proxy: the requests the server saw

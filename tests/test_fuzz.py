@@ -20,8 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("mindspore")
-pytestmark = [pytest.mark.mindspore, pytest.mark.fuzz]
+pytestmark = pytest.mark.fuzz
 
 import ckptstore
 from ckptstore.checkpoint.strategy import load_strategy

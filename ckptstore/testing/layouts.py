@@ -7,12 +7,14 @@ package so a third party's store kind can be checked on the same checkpoints:
   ``opt_shard``, ``pipeline2``, ``mixed_dtypes``, ...), each under 2 MB;
 * :func:`save_layout`: one of them saved as a real distributed checkpoint
   (:func:`~ckptstore.testing.sample_checkpoint.save_distributed`: strategy files in the
-  compiler's format, rank files written by ``mindspore.save_checkpoint``);
+  compiler's format, rank files as ``mindspore.save_checkpoint`` writes them; by default written
+  by ckptstore's own writers, which tests/testing/test_pure_fixtures.py proves byte-identical to
+  MindSpore's for every kind here, so the layouts need no MindSpore);
 * :data:`CASES`: source -> target layout pairs, and :class:`SampleLayouts`, which saves the
   layouts and runs ``mindspore.transform_checkpoints`` for each target once per session
   (:func:`session_layouts`), so every test compares against MindSpore's own answer.
 
-MindSpore is imported only when a layout is saved or an oracle is run.
+MindSpore is imported only when an oracle is run (or a layout saved with ``writer="mindspore"``).
 """
 from __future__ import annotations
 
@@ -209,12 +211,17 @@ class SavedLayout:
         return next(s for s in self.specs if s.name == name)
 
 
-def save_layout(root: Path, kind: str, *, strategy_format: str = "protobuf", seed: int = 11) -> SavedLayout:
-    """Save ``layout_specs(kind)`` under ``root`` with ``epoch_num``/``step_num`` scalars appended."""
+def save_layout(root: Path, kind: str, *, strategy_format: str = "protobuf", seed: int = 11,
+                writer: str = "ckptstore") -> SavedLayout:
+    """Save ``layout_specs(kind)`` under ``root`` with ``epoch_num``/``step_num`` scalars appended.
+
+    ``writer="ckptstore"`` (the default) needs no MindSpore and writes the same bytes as
+    ``writer="mindspore"`` for every kind of :func:`layout_specs` (tests/testing/test_pure_fixtures.py
+    checks each kind in both strategy formats against MindSpore's own save)."""
     specs, world, stages = layout_specs(kind)
     tensors = make_global_tensors(specs, seed=seed)
     save_distributed(root, specs, tensors, world_size=world, stages=stages, extra_scalars=True,
-                     strategy_format=strategy_format)
+                     strategy_format=strategy_format, writer=writer)
     return SavedLayout(kind, root, specs, tensors, world, stages, strategy_format)
 
 
@@ -314,21 +321,43 @@ CASES: dict[str, Case] = {c.id: c for c in [
 ]}
 
 
+class OracleRun:
+    """``mindspore.transform_checkpoints`` of one saved layout to one target, run on first use, so
+    a test that needs only the target (its strategy, the source's store) needs no MindSpore."""
+
+    def __init__(self, src: Path, src_strategy: Path | list[Path], dst: Path | list[Path] | None,
+                 out: Path) -> None:
+        self._args = (src, src_strategy, dst, out)
+        self._root: Path | None = None
+
+    def root(self) -> Path:
+        """The folder of MindSpore's resharded files (``rank_<j>/oracle_<j>.ckpt``)."""
+        if self._root is None:
+            self._root = transform_oracle(*self._args)
+        return self._root
+
+
 @dataclass
 class Target:
     """A saved layout, a target layout and MindSpore's answer for every target rank.
 
     ``strategy`` is the target as ``load_rank``/``export`` take it; ``oracle(rank)`` is what
-    ``mindspore.transform_checkpoints`` + ``load_checkpoint`` give that rank.
+    ``mindspore.transform_checkpoints`` + ``load_checkpoint`` give that rank (MindSpore runs on
+    the first call; the target strategy file is written without it, byte-identical to its own).
     """
 
     case: Case
     layout: SavedLayout
     strategy: Any
     world: int
-    oracle_root: Path
+    oracle_run: OracleRun
     target_file: Path | None = None
     _oracles: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def oracle_root(self) -> Path:
+        """MindSpore's output folder for this target (runs ``transform_checkpoints`` on first use)."""
+        return self.oracle_run.root()
 
     def oracle_file(self, rank: int) -> Path:
         return self.oracle_root / f"rank_{rank}" / f"oracle_{rank}.ckpt"
@@ -356,7 +385,8 @@ class SampleLayouts:
         self._targets: dict[str, Target] = {}
 
     def saved_layout(self, kind: str, strategy_format: str = "protobuf") -> SavedLayout:
-        """``layout_specs(kind)`` saved by MindSpore (strategy files in ``strategy_format``)."""
+        """``layout_specs(kind)`` saved (strategy files in ``strategy_format``) by ckptstore's writers,
+        byte-identical to MindSpore's save (see :func:`save_layout`)."""
         key = (kind, strategy_format)
         if key not in self._layouts:
             root = self.base / f"{kind}_{strategy_format}"
@@ -365,7 +395,8 @@ class SampleLayouts:
         return self._layouts[key]
 
     def target(self, case_id: str) -> Target:
-        """The target of ``CASES[case_id]``, with MindSpore's ``transform_checkpoints`` run for it."""
+        """The target of ``CASES[case_id]``, with MindSpore's ``transform_checkpoints`` run for it
+        when its answer is first asked for (:class:`OracleRun`)."""
         if case_id in self._targets:
             return self._targets[case_id]
         case = CASES[case_id]
@@ -382,8 +413,8 @@ class SampleLayouts:
                 raise ValueError(f"case {case_id!r} gives its target as a file but names no target specs")
             if case.json:
                 target_file = write_strategy_json(root / "target_strategy.json", specs)
-            else:
-                target_file = write_strategy(root / "target_strategy.ckpt", specs)
+            else:  # the bytes MindSpore writes (tests/testing/test_pure_fixtures.py checks every case)
+                target_file = write_strategy(root / "target_strategy.ckpt", specs, writer="ckptstore")
             dst, strategy = target_file, target_file
             world = _world(specs)
         elif case.mode == "whole":
@@ -393,8 +424,8 @@ class SampleLayouts:
         else:  # "source"
             dst, world = layout.strategy_arg, layout.world
             strategy = layout.strategy_files[0] if len(layout.strategy_files) == 1 else layout.strategy_files
-        oracle_root = transform_oracle(layout.root, layout.strategy_arg, dst, root / "oracle")
-        t = Target(case, layout, strategy, world, oracle_root, target_file)
+        oracle_run = OracleRun(layout.root, layout.strategy_arg, dst, root / "oracle")
+        t = Target(case, layout, strategy, world, oracle_run, target_file)
         self._targets[case_id] = t
         return t
 

@@ -10,6 +10,14 @@ itself would write for a parallel job:
   (``mindspore.parallel._tensor._extract_layout_item``, ``_construct_tensor_layout_for_opt_shard``
   and ``_load_tensor``, the functions ``transform_checkpoints`` uses), never by ckptstore's formula.
 
+``save_distributed(..., writer="ckptstore")`` writes the same files without MindSpore: rank files
+with ckptstore's own :class:`~ckptstore.formats.ckpt_writer.CheckpointWriter`, strategy files with
+the protobuf encoder below (:func:`strategy_proto_bytes`), local tensors cut by
+:func:`formula_rank_slice` (the slicing rule written out in numpy, not MindSpore's code). A test
+marked ``mindspore`` (tests/testing/test_pure_fixtures.py) proves both writers give byte-identical
+files for every standard layout (and the few other spec sets listed there); for other layouts the
+formula's slices are unproven, so a test of the slicing math itself must use ``writer="mindspore"``.
+
 ``make demo`` and the benchmarks use it; so can a user who wants a test checkpoint of their own
 layout. MindSpore is imported inside functions only.
 """
@@ -27,6 +35,11 @@ import ml_dtypes
 import numpy as np
 
 from ckptstore.dtypes import numpy_dtype
+from ckptstore.formats.ckpt_writer import CheckpointWriter
+from ckptstore.formats.protowire import encode_varint
+
+#: Who writes a fixture's files: MindSpore itself, or ckptstore's own writers (no MindSpore needed).
+WRITERS: tuple[str, ...] = ("mindspore", "ckptstore")
 
 
 @dataclass(frozen=True)
@@ -286,6 +299,53 @@ def mindspore_rank_slice(spec: ParamSpec, global_array: np.ndarray, rank: int) -
     return np.array(chunk, copy=True, order="C").reshape(local)
 
 
+def formula_rank_slice(spec: ParamSpec, global_array: np.ndarray, rank: int) -> np.ndarray:
+    """The local tensor of ``rank`` (within its stage), cut by the slicing rule written out in numpy.
+
+    The rule of MINDSPORE_FACTS.md ("Which slice a rank holds"): device coordinates with the last
+    axis fastest; ``tensor_map[a] = m`` cuts axis ``a`` evenly along device axis ``n-1-m``; an
+    optimizer shard (step and size non-zero; size ``-1`` = every replica) then cuts axis 0 of that
+    box into equal parts and keeps part ``(rank // step) % parts``. It does not use MindSpore's
+    code, so it proves nothing about slicing: tests/testing/test_pure_fixtures.py checks it equals
+    :func:`mindspore_rank_slice` on the standard layouts (and the spec sets listed there) only.
+    Always a contiguous copy.
+    """
+    global_array = np.asarray(global_array)
+    if tuple(global_array.shape) != tuple(spec.shape):
+        raise ValueError(f"{spec.name}: array shape {global_array.shape} != spec shape {spec.shape}")
+    spec = normalize_spec(spec)
+    if not spec.in_strategy:
+        return np.array(global_array, copy=True)
+    dev, n = spec.dev_matrix, len(spec.dev_matrix)
+    dev_num = int(np.prod(dev))
+    if not 0 <= rank < dev_num:
+        raise ValueError(f"{spec.name}: rank {rank} outside the stage's {dev_num} devices")
+    coords = [(rank // int(np.prod(dev[i + 1:], dtype=np.int64))) % dev[i] for i in range(n)]
+    box = []
+    for g, m in zip(spec.shape, spec.tensor_map, strict=True):
+        if m == -1:
+            box.append((0, g))
+        else:
+            k, t = dev[n - 1 - m], coords[n - 1 - m]
+            box.append((t * g // k, (t + 1) * g // k))
+    if spec.opt_shard_step and spec.opt_shard_size:
+        split = int(np.prod([dev[n - 1 - m] for m in spec.tensor_map if m != -1], dtype=np.int64))
+        parts = spec.opt_shard_size if spec.opt_shard_size > 0 else dev_num // split
+        j = (rank // spec.opt_shard_step) % parts
+        lo, hi = box[0]
+        rows = (hi - lo) // parts
+        box[0] = (lo + j * rows, lo + (j + 1) * rows)
+    return np.array(global_array[tuple(slice(lo, hi) for lo, hi in box)], copy=True, order="C")
+
+
+def rank_slice(spec: ParamSpec, global_array: np.ndarray, rank: int, writer: str = "mindspore") -> np.ndarray:
+    """The local tensor of ``rank``: :func:`mindspore_rank_slice` for ``writer="mindspore"``, else
+    :func:`formula_rank_slice`."""
+    if writer == "mindspore":
+        return mindspore_rank_slice(spec, global_array, rank)
+    return formula_rank_slice(spec, global_array, rank)
+
+
 # --------------------------------------------------------------------------------------------
 # strategy files
 
@@ -315,7 +375,43 @@ def _strategy_entries(specs: Sequence[ParamSpec], stage: int | None) -> list[tup
     return out
 
 
-def write_strategy(path, specs: Sequence[ParamSpec], *, stage: int | None = None) -> Path:
+def _len_field(number: int, payload: bytes) -> bytes:
+    return encode_varint(number << 3 | 2) + encode_varint(len(payload)) + payload
+
+
+def _int_field(number: int, value: int) -> bytes:
+    return encode_varint(number << 3) + encode_varint(int(value))  # int32 -1: 10 bytes, as protobuf writes it
+
+
+def _dims(values: Sequence[int]) -> bytes:
+    """A ``{repeated dim = 1}`` message; MindSpore's proto2 schema writes repeated ints unpacked."""
+    return b"".join(_int_field(1, v) for v in values)
+
+
+def strategy_proto_bytes(specs: Sequence[ParamSpec], *, stage: int | None = None) -> bytes:
+    """The ``ParallelStrategyMap`` bytes :func:`write_strategy` writes, encoded without MindSpore.
+
+    Field numbers from MindSpore's ``node_strategy.proto`` (proto2): map ``{current_stage=1,
+    parallel_strategy_item=2, parallel_layout_item=3}``; strategy item ``{node_name=1,
+    parallel_strategys=2 {stage=1, parallel_strategy=2 {dim=1}}}``; layout item ``{param_name=1,
+    parallel_layouts=2 {dev_matrix=1, tensor_map=2, param_split_shape=3, indices_offset=4, field=5,
+    opt_weight_shard_step=6, opt_weight_shard_size=7}}``. Fields in number order, required scalars
+    written even when 0, as protobuf serializes them.
+    """
+    entries = _strategy_entries(specs, stage)
+    out = [_int_field(1, 1)]
+    for node, s, st in entries:
+        strategys = _int_field(1, st) + _len_field(2, _dims(split_counts(s)))
+        out.append(_len_field(2, _len_field(1, node.encode()) + _len_field(2, strategys)))
+    for _node, s, _st in entries:
+        layouts = (_len_field(1, _dims(s.dev_matrix)) + _len_field(2, _dims(s.tensor_map)) + _len_field(3, b"")
+                   + _len_field(4, b"") + _int_field(5, 0) + _int_field(6, s.opt_shard_step)
+                   + _int_field(7, s.opt_shard_size))
+        out.append(_len_field(3, _len_field(1, s.name.encode()) + _len_field(2, layouts)))
+    return b"".join(out)
+
+
+def write_strategy(path, specs: Sequence[ParamSpec], *, stage: int | None = None, writer: str = "mindspore") -> Path:
     """Write a ``ParallelStrategyMap`` protobuf the way the compiler's ``StrategyCheckpoint::Save`` does.
 
     ``current_stage = 1``; one ``parallel_strategy_item`` per parameter (a stand-in operator node
@@ -328,9 +424,14 @@ def write_strategy(path, specs: Sequence[ParamSpec], *, stage: int | None = None
 
     With ``stage=s`` only the specs whose stage is ``s`` (or ``-1``) are written, and every
     strategy item carries stage ``s``. Specs with ``dev_matrix == ()`` are not written.
+    ``writer="ckptstore"`` encodes the same bytes without MindSpore (:func:`strategy_proto_bytes`).
     """
-    pb2 = strategy_pb2()
     path = Path(path)
+    if writer != "mindspore":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(strategy_proto_bytes(specs, stage=stage))
+        return path
+    pb2 = strategy_pb2()
     entries = _strategy_entries(specs, stage)
     smap = pb2.ParallelStrategyMap()
     smap.current_stage = 1
@@ -355,7 +456,8 @@ def write_strategy(path, specs: Sequence[ParamSpec], *, stage: int | None = None
     return path
 
 
-def write_strategy_json(path, specs: Sequence[ParamSpec], *, stage: int | None = None) -> Path:
+def write_strategy_json(path, specs: Sequence[ParamSpec], *, stage: int | None = None,
+                        writer: str = "mindspore") -> Path:
     """Same as :func:`write_strategy`, in the JSON form (``StrategyCheckpointInfo::to_json``).
 
     Schema, as the compiler writes it (``strategy_ckpt_save_file`` ending in ``.json``) and as
@@ -370,7 +472,8 @@ def write_strategy_json(path, specs: Sequence[ParamSpec], *, stage: int | None =
 
     ``param_split_shape``/``indices_offset`` are only written for field-split (manual) layouts,
     which this module does not produce. Keys sorted, compact separators (nlohmann's std::map dump).
-    MindSpore treats a strategy file as JSON only when its name ends in ``.json``.
+    MindSpore treats a strategy file as JSON only when its name ends in ``.json``. ``writer`` is
+    accepted for symmetry with :func:`write_strategy`; this form never needed MindSpore.
     """
     path = Path(path)
     entries = _strategy_entries(specs, stage)
@@ -425,6 +528,7 @@ def save_distributed(
     fmt: str = "ckpt",
     remove_redundancy: bool = False,
     integrated: bool = False,
+    writer: str = "mindspore",
 ) -> list[Path]:
     """Write ``root/rank_<i>/<prefix><step_suffix>.<fmt>`` for every rank with ``mindspore.save_checkpoint``.
 
@@ -446,9 +550,17 @@ def save_distributed(
     get_parameter_redundancy`` on the strategy file, then ``remove_param_redundancy``), and
     passes ``remove_redundancy=True`` to ``save_checkpoint``. ``integrated=True`` saves every
     parameter whole on every rank, as ``integrated_save=True`` does in a parallel job.
+
+    ``writer="ckptstore"`` writes the same bytes without importing MindSpore: rank files with
+    :class:`~ckptstore.formats.ckpt_writer.CheckpointWriter`, local tensors by
+    :func:`formula_rank_slice` (see the module docstring for what that proves); it supports
+    ``fmt="ckpt"`` without ``remove_redundancy`` only (those need MindSpore's own decisions).
     """
-    ms = _ms()
     root = Path(root)
+    if writer not in WRITERS:
+        raise ValueError(f"writer must be one of {WRITERS}, not {writer!r}")
+    if writer != "mindspore" and (fmt != "ckpt" or remove_redundancy):
+        raise ValueError("writer='ckptstore' writes fmt='ckpt' without remove_redundancy only")
     if fmt not in ("ckpt", "safetensors"):
         raise ValueError(f"fmt must be 'ckpt' or 'safetensors', not {fmt!r}")
     if strategy_format not in ("protobuf", "json"):
@@ -470,13 +582,17 @@ def save_distributed(
 
     root.mkdir(parents=True, exist_ok=True)
     ext = ".json" if strategy_format == "json" else ".ckpt"
-    writer = write_strategy_json if strategy_format == "json" else write_strategy
+    write = write_strategy_json if strategy_format == "json" else write_strategy
     if stages == 1:
-        writer(root / f"strategy{ext}", norm, stage=0)
+        write(root / f"strategy{ext}", norm, stage=0, writer=writer)
     else:
         for st in range(stages):
-            writer(root / f"strategy_stage{st}{ext}", norm, stage=st)
+            write(root / f"strategy_stage{st}{ext}", norm, stage=st, writer=writer)
 
+    if writer != "mindspore":
+        return _save_ranks_pure(root, norm, tensors, world_size, per_stage, f"{prefix}{step_suffix}.ckpt",
+                                crc_check=crc_check, extra_scalars=extra_scalars, integrated=integrated)
+    ms = _ms()
     kept = _kept_by_rank(root, ext, norm, stages, per_stage) if remove_redundancy else None
     paths: list[Path] = []
     for g in range(world_size):
@@ -496,6 +612,31 @@ def save_distributed(
         if extra_scalars:
             kwargs["append_dict"] = {"epoch_num": 1, "step_num": 1}
         ms.save_checkpoint(items, str(path), crc_check=crc_check, **kwargs)
+        paths.append(path)
+    return paths
+
+
+def _save_ranks_pure(root: Path, norm: Sequence[ParamSpec], tensors: Mapping[str, np.ndarray], world_size: int,
+                     per_stage: int, filename: str, *, crc_check: bool, extra_scalars: bool,
+                     integrated: bool) -> list[Path]:
+    """:func:`save_distributed`'s rank files, written by ckptstore's CheckpointWriter (what
+    ``save_checkpoint`` writes: the parameters in spec order, then ``append_dict``'s Python ints
+    as 0-d Int64 values; mode 0400 like MindSpore's files)."""
+    paths: list[Path] = []
+    for g in range(world_size):
+        st, r = divmod(g, per_stage)
+        rank_dir = root / f"rank_{g}"
+        rank_dir.mkdir(parents=True, exist_ok=True)
+        path = rank_dir / filename
+        with CheckpointWriter(path, crc=crc_check) as w:
+            for s in norm:
+                if _on_stage(s, st):
+                    whole = np.asarray(tensors[s.name])
+                    w.add(s.name, whole if integrated else formula_rank_slice(s, whole, r))
+            if extra_scalars:
+                w.add("epoch_num", np.array(1, dtype=np.int64))
+                w.add("step_num", np.array(1, dtype=np.int64))
+        os.chmod(path, 0o400)
         paths.append(path)
     return paths
 

@@ -8,7 +8,8 @@
    is taken, as MindFormers' by-rank transform does (newest modification time), and ranks whose
    newest files are of different runs are refused.
 
-Rank files are written by ``mindspore.save_checkpoint`` (:func:`~ckptstore.testing.sample_checkpoint.save_distributed`).
+Rank files are what ``mindspore.save_checkpoint`` writes, written by ckptstore's byte-identical writer
+(:func:`~ckptstore.testing.sample_checkpoint.save_distributed` with ``writer="ckptstore"``).
 """
 from __future__ import annotations
 
@@ -17,9 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-pytest.importorskip("mindspore")
-pytestmark = pytest.mark.mindspore
 
 import ckptstore
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError, MissingRankError
@@ -31,14 +29,14 @@ from convert_fixtures import run_cli
 
 def _save(root: Path, kind: str, seed: int, prefix: str, suffix: str, mtime: float, *,
           network_only: bool = False) -> dict[str, np.ndarray]:
-    """``layout_specs(kind)`` saved by MindSpore; ``network_only`` as MindFormers' ``save_network_params``
+    """``layout_specs(kind)`` saved as by MindSpore; ``network_only`` as MindFormers' ``save_network_params``
     saves: no optimizer state, no counters (nothing that tells two steps apart but the bytes)."""
     specs, world, stages = layout_specs(kind)
     if network_only:
         specs = [s for s in specs if not s.name.startswith("adam_") and s.name not in ("global_step", "learning_rate")]
     tensors = make_global_tensors(specs, seed=seed)
     for path in save_distributed(root, specs, tensors, world_size=world, stages=stages, prefix=prefix,
-                                 step_suffix=suffix):
+                                 step_suffix=suffix, writer="ckptstore"):
         os.utime(path, (mtime, mtime))
     return tensors
 
@@ -173,6 +171,7 @@ def test_a_prefix_with_rank_picks_one_run_of_per_rank_prefixes(tmp_path):
     _assert_store_holds(tmp_path / "s", first)
 
 
+@pytest.mark.mindspore  # the counters as mindspore.load_checkpoint reads them
 def test_full_training_files_of_different_steps_are_refused_naming_the_counters(tmp_path):
     # one file per rank folder, so the names offer no choice; the counters the save appended tell
     root = tmp_path / "ckpt"

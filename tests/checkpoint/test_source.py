@@ -1,7 +1,7 @@
 """Rank files + strategy -> global parameters: every disagreement is a named error.
 
 Each test damages a private copy of a real fixture the way it happens in practice (a rank folder
-not copied, one rank re-saved by ``mindspore.save_checkpoint`` with a parameter missing or of the
+not copied, one rank re-saved as ``mindspore.save_checkpoint`` would with a parameter missing or of the
 wrong shape, the strategy of another job) and checks the error names the file, rank and parameter.
 """
 from __future__ import annotations
@@ -12,15 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("mindspore")
-pytestmark = pytest.mark.mindspore
-
-import mindspore as ms
-
-import mindspore_fixtures as T
 from ckptstore.checkpoint.source import find_rank_files, open_source
 from ckptstore.checkpoint.strategy import load_strategy
 from ckptstore.errors import LayoutMismatchError, MissingRankError
+from ckptstore.formats.ckpt_writer import CheckpointWriter
+from ckptstore.testing.sample_checkpoint import formula_rank_slice
 
 
 @pytest.fixture
@@ -31,7 +27,9 @@ def dp2_mp4(private_layout):
 
 def _resave(layout, rank: int, *, drop: str | None = None,
             override: dict[str, np.ndarray] | None = None, add: dict[str, np.ndarray] | None = None) -> Path:
-    """Write ``rank``'s file again with ``mindspore.save_checkpoint``, changed as asked."""
+    """Write ``rank``'s file again as ``mindspore.save_checkpoint`` would, changed as asked (by
+    ckptstore's byte-identical CheckpointWriter, slices by the formula the session layouts are
+    proven to share with MindSpore: tests/testing/test_pure_fixtures.py)."""
     override = override or {}
     per_stage = layout.world // layout.stages
     stage, local = divmod(rank, per_stage)
@@ -41,11 +39,15 @@ def _resave(layout, rank: int, *, drop: str | None = None,
             continue
         data = override.get(spec.name)
         if data is None:
-            data = T.mindspore_rank_slice(spec, layout.tensors[spec.name], local)
-        items.append({"name": spec.name, "data": ms.Tensor(data)})
-    items += [{"name": n, "data": ms.Tensor(a)} for n, a in (add or {}).items()]
+            data = formula_rank_slice(spec, layout.tensors[spec.name], local)
+        items.append((spec.name, data))
+    items += list((add or {}).items())
     path = layout.rank_file(rank)
-    ms.save_checkpoint(items, str(path), append_dict={"epoch_num": 1, "step_num": 1})
+    with CheckpointWriter(path) as w:
+        for name, data in items:
+            w.add(name, np.asarray(data))
+        w.add("epoch_num", np.array(1, np.int64))  # save_layout's append_dict
+        w.add("step_num", np.array(1, np.int64))
     return path
 
 
@@ -139,7 +141,7 @@ def test_a_rank_file_with_a_wrong_shape_is_named(dp2_mp4, name, local, words):
 
 def test_a_rank_file_with_another_dtype_is_named(dp2_mp4):
     spec = dp2_mp4.spec("layer0.w")
-    local = T.mindspore_rank_slice(spec, dp2_mp4.tensors["layer0.w"], 2).astype(np.float16)
+    local = formula_rank_slice(spec, dp2_mp4.tensors["layer0.w"], 2).astype(np.float16)
     path = _resave(dp2_mp4, 2, override={"layer0.w": local})
     with pytest.raises(LayoutMismatchError) as info:
         _open(dp2_mp4)

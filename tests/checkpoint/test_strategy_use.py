@@ -6,20 +6,19 @@
 * the wrong model's strategy as a load target (19.4);
 * rank files of another layout with the same world size (19.8).
 
-Every checkpoint here is written by ``mindspore.save_checkpoint`` and every strategy in the
-compiler's (or MindFormers') format, through :mod:`mindspore_fixtures`.
+Every checkpoint here is what ``mindspore.save_checkpoint`` writes and every strategy is in the
+compiler's (or MindFormers') format, through :mod:`mindspore_fixtures`: written by ckptstore's
+byte-identical writers (tests/testing/test_pure_fixtures.py), except the tests marked ``mindspore``.
 """
 from __future__ import annotations
 
 import json
 import shutil
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
-
-pytest.importorskip("mindspore")
-pytestmark = pytest.mark.mindspore
 
 import ckptstore
 import mindspore_fixtures as T
@@ -33,6 +32,10 @@ from ckptstore.errors import (
 from ckptstore.read.loader import rank_view
 from convert_fixtures import rewrite_rank_file, run_cli
 
+# MindSpore's bytes, written without MindSpore (the layouts here are in test_pure_fixtures.py's proof)
+write_strategy = partial(T.write_strategy, writer="ckptstore")
+save_distributed = partial(T.save_distributed, writer="ckptstore")
+
 # ---- 17.16: the conversion's fingerprint covers the strategy -----------------------------------
 
 def _moe_permuted(specs: list[T.ParamSpec]) -> list[T.ParamSpec]:
@@ -44,7 +47,7 @@ def _moe_permuted(specs: list[T.ParamSpec]) -> list[T.ParamSpec]:
 
 def test_a_part_with_another_strategy_is_refused_by_a_half_written_store(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp4")
-    other = T.write_strategy(tmp_path / "other_strategy.ckpt", _moe_permuted(layout.specs))
+    other = write_strategy(tmp_path / "other_strategy.ckpt", _moe_permuted(layout.specs))
     out = tmp_path / "s.zarr"
     first = ckptstore.convert(layout.root, out, strategy=layout.strategy_files, part="0/2")
     assert not first.committed
@@ -57,7 +60,7 @@ def test_a_part_with_another_strategy_is_refused_by_a_half_written_store(saved_l
 def test_the_other_strategy_alone_is_accepted_and_makes_another_tensor(saved_layout, tmp_path):
     # what the refusal above prevents: a store mixing two layouts' moe.w
     layout = saved_layout("dp2_mp4")
-    other = T.write_strategy(tmp_path / "other_strategy.ckpt", _moe_permuted(layout.specs))
+    other = write_strategy(tmp_path / "other_strategy.ckpt", _moe_permuted(layout.specs))
     ckptstore.convert(layout.root, tmp_path / "a.zarr", strategy=layout.strategy_files)
     ckptstore.convert(layout.root, tmp_path / "b.zarr", strategy=[other])
     with ckptstore.open(tmp_path / "a.zarr") as a, ckptstore.open(tmp_path / "b.zarr") as b:
@@ -83,7 +86,7 @@ def _mindformers_folder(layout, folder):
     writes the strategy of its own pipeline stage."""
     per_stage = layout.world // layout.stages
     for rank in range(layout.world):
-        T.write_strategy(folder / f"ckpt_strategy_rank_{rank}.ckpt", layout.specs, stage=rank // per_stage)
+        write_strategy(folder / f"ckpt_strategy_rank_{rank}.ckpt", layout.specs, stage=rank // per_stage)
     return folder
 
 
@@ -128,7 +131,7 @@ def test_a_rank_file_of_another_job_in_the_strategy_folder_is_refused_naming_bot
     layout = saved_layout("pipeline2")
     folder = _mindformers_folder(layout, tmp_path / "strategy")
     specs = [replace(s, tensor_map=(-1, 0)) if s.name == "layer0.w" else s for s in layout.specs]
-    T.write_strategy(folder / "ckpt_strategy_rank_2.ckpt", specs, stage=0)
+    write_strategy(folder / "ckpt_strategy_rank_2.ckpt", specs, stage=0)
     r = run_cli("convert", layout.root, "-s", folder, "--out", tmp_path / "s.zarr", "-q")
     assert r.returncode == 2
     assert r.stderr == (f"ckptstore: error: strategy files {folder / 'ckpt_strategy_rank_0.ckpt'} and "
@@ -141,7 +144,7 @@ def test_a_rank_file_of_another_job_in_the_strategy_folder_is_refused_naming_bot
 def test_a_strategy_folder_with_both_formats_is_refused(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp4")
     folder = tmp_path / "strategy"
-    T.write_strategy(folder / "ckpt_strategy_rank_0.ckpt", layout.specs)
+    write_strategy(folder / "ckpt_strategy_rank_0.ckpt", layout.specs)
     T.write_strategy_json(folder / "ckpt_strategy_rank_1.json", layout.specs)
     with pytest.raises(StrategyError) as info:
         load_strategy(folder)
@@ -165,8 +168,8 @@ def filtered_save(tmp_path_factory, saved_layout):
     base = saved_layout("dp2_mp4")
     root = tmp_path_factory.mktemp("filtered")
     kept = list(base.specs)
-    T.save_distributed(root, kept, base.tensors, world_size=8, extra_scalars=True)
-    T.write_strategy(root / "strategy.ckpt", kept + FILTERED, stage=0)
+    save_distributed(root, kept, base.tensors, world_size=8, extra_scalars=True)
+    write_strategy(root / "strategy.ckpt", kept + FILTERED, stage=0)
     return root, base.tensors
 
 
@@ -249,7 +252,7 @@ def dp2_mp4_store(tmp_path_factory, saved_layout):
 
 def test_another_models_strategy_is_refused_naming_examples_on_both_sides(dp2_mp4_store, tmp_path):
     store, _ = dp2_mp4_store
-    other = T.write_strategy(tmp_path / "other_model.ckpt", OTHER_MODEL)
+    other = write_strategy(tmp_path / "other_model.ckpt", OTHER_MODEL)
     with pytest.raises(ForeignStrategyError) as info:
         ckptstore.load_rank(store, other, 3)
     assert str(info.value) == (
@@ -263,7 +266,7 @@ def test_another_models_strategy_is_refused_naming_examples_on_both_sides(dp2_mp
 
 def test_allow_whole_loads_whole_tensors_with_another_models_strategy(dp2_mp4_store, tmp_path):
     store, layout = dp2_mp4_store
-    other = T.write_strategy(tmp_path / "other_model.ckpt", OTHER_MODEL)
+    other = write_strategy(tmp_path / "other_model.ckpt", OTHER_MODEL)
     view = rank_view(ckptstore.open(store), str(other), 3, allow_whole=True)
     assert all(box is None for box in view.boxes.values())
     assert np.array_equal(view.read("layer0.w"), layout.tensors["layer0.w"])
@@ -271,7 +274,7 @@ def test_allow_whole_loads_whole_tensors_with_another_models_strategy(dp2_mp4_st
 
 def test_a_strategy_laying_out_almost_none_of_the_store_is_refused(dp2_mp4_store, tmp_path):
     store, layout = dp2_mp4_store
-    one = T.write_strategy(tmp_path / "one.ckpt", [replace(s, dev_matrix=(2, 2)) for s in layout.specs
+    one = write_strategy(tmp_path / "one.ckpt", [replace(s, dev_matrix=(2, 2)) for s in layout.specs
                                                    if s.name == "layer0.w"])  # with its two moments: 3
     with pytest.raises(ForeignStrategyError, match="describes 3 of the 11 parameters"):
         rank_view(ckptstore.open(store), str(one), 3)
@@ -281,14 +284,15 @@ def test_an_inference_strategy_of_the_same_model_is_taken_though_it_has_no_optim
                                                                                             tmp_path):
     store, layout = dp2_mp4_store
     weights = [replace(s, dev_matrix=(2, 2)) for s in layout.specs if s.in_strategy and "adam" not in s.name]
-    target = T.write_strategy(tmp_path / "inference.ckpt", weights)  # 7 of the 11; the 4 moments count as theirs
+    target = write_strategy(tmp_path / "inference.ckpt", weights)  # 7 of the 11; the 4 moments count as theirs
     view = rank_view(ckptstore.open(store), str(target), 3)
     assert view.boxes["layer0.w"] is not None and view.boxes["adam_m.layer0.w"] is None
 
 
+@pytest.mark.mindspore
 def test_export_refuses_another_models_strategy_unless_allowed(dp2_mp4_store, tmp_path):
     store, layout = dp2_mp4_store
-    other = T.write_strategy(tmp_path / "other_model.ckpt", OTHER_MODEL)
+    other = write_strategy(tmp_path / "other_model.ckpt", OTHER_MODEL)
     r = run_cli("export", store, tmp_path / "out", "-s", other)
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
     assert r.stderr.startswith(f"ckptstore: error: the target strategy ({other}) describes 0 of the 11 parameters")
@@ -311,7 +315,7 @@ def four_of_eight(tmp_path_factory):
     root = tmp_path_factory.mktemp("eight")
     specs = pangu_specs(hidden=32, layers=1, vocab=64, seq=8, dp=2, mp=4)
     tensors = T.make_global_tensors(specs, seed=3)
-    T.save_distributed(root / "ckpt", specs, tensors, world_size=8)
+    save_distributed(root / "ckpt", specs, tensors, world_size=8)
     four = root / "four"
     for rank in range(4):
         shutil.copytree(root / "ckpt" / f"rank_{rank}", four / f"rank_{rank}")
@@ -334,6 +338,7 @@ def test_a_json_strategy_of_the_other_layout_is_refused_by_its_global_shapes(fou
     assert not (tmp_path / "m.zarr").exists()
 
 
+@pytest.mark.mindspore
 def test_a_mindformers_strategy_of_the_other_layout_is_refused_by_its_slice_shapes(four_of_eight, tmp_path):
     four, target_specs, _ = four_of_eight
     strategy = T.write_mindformers_strategy(tmp_path / "strategy_4cards.ckpt", target_specs)
@@ -347,7 +352,7 @@ def test_a_compiler_strategy_of_the_other_layout_cannot_be_told_apart(four_of_ei
     # no global shape, and these files agree with it in every shape and sampled byte; they are
     # stored as the tensors of a model with half the rows.
     four, target_specs, tensors = four_of_eight
-    strategy = T.write_strategy(tmp_path / "strategy_4cards.ckpt", target_specs)
+    strategy = write_strategy(tmp_path / "strategy_4cards.ckpt", target_specs)
     ckptstore.convert(four, tmp_path / "m.zarr", strategy=[strategy])
     with ckptstore.open(tmp_path / "m.zarr") as store:
         assert store.info(WEIGHT).shape == (16, 32)
@@ -368,7 +373,7 @@ def test_a_json_target_strategy_for_other_global_shapes_is_refused_by_load_rank(
 def test_whole_tensor_rank_files_with_a_json_strategy_are_still_recognised(saved_layout, tmp_path):
     # their slices give every split parameter a multiple of the declared shape: integrated_save, not another layout
     layout = saved_layout("dp2_mp4")
-    T.save_distributed(tmp_path / "whole", layout.specs, layout.tensors, world_size=8, integrated=True,
+    save_distributed(tmp_path / "whole", layout.specs, layout.tensors, world_size=8, integrated=True,
                        strategy_format="json")
     ckptstore.convert(tmp_path / "whole", tmp_path / "s", strategy=[tmp_path / "whole" / "strategy.json"])
     with ckptstore.open(tmp_path / "s") as store:

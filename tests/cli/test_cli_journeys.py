@@ -14,9 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mindspore")
-pytestmark = pytest.mark.mindspore
-
 import ckptstore
 from ckptstore.store.kinds import WORK_DIR
 from convert_fixtures import REPO, cli_command, run_cli, store_files, strategy_args
@@ -78,6 +75,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow  # msrun starts a scheduler and two workers: 7-9 s here
+@pytest.mark.mindspore  # msrun is MindSpore's launcher
 def test_part_auto_under_msrun_converts_once_and_the_job_succeeds(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp4")
     out, logs = tmp_path / "s.zarr", tmp_path / "logs"

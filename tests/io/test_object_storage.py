@@ -5,7 +5,7 @@ counting proxy of :mod:`ckptstore.testing.s3_server`, so request counts, ranges 
 what the server saw; moto serves only the access-denied tests (its authentication, in test_s3_errors.py,
 with the other object-storage tests that need no checkpoint). Values are compared
 with MindSpore's ``transform_checkpoints`` (the ``load_env`` oracle), and stores written to S3 with the same
-conversion written to a local folder, byte for byte.
+conversion written to a local folder, byte for byte. The tests that ask MindSpore are marked ``mindspore``.
 """
 from __future__ import annotations
 
@@ -16,9 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("mindspore")
 pytest.importorskip("obstore")
-pytestmark = pytest.mark.mindspore
 
 import ckptstore
 from ckptstore.errors import (
@@ -61,6 +59,7 @@ S3_CASES = [("zarr", c) for c in CONFORMANCE_CASES] + [
 
 
 @pytest.mark.slow
+@pytest.mark.mindspore  # load_env.target: MindSpore's transform_checkpoints
 @pytest.mark.parametrize("kind,case_id", S3_CASES)
 def test_every_target_rank_from_s3_equals_transform_checkpoints(bucket, load_env, kind, case_id):
     t = load_env.target(case_id)
@@ -84,6 +83,7 @@ def test_a_store_copied_to_a_bucket_reads_like_the_local_one(bucket, load_env, f
             assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), name
 
 
+@pytest.mark.mindspore  # load_env.target: MindSpore's transform_checkpoints
 def test_loading_a_rank_reads_only_its_ranges_in_few_requests(watched_bucket, load_env):
     t = load_env.target("dp2_mp4->dp2_mp2")
     url = s3_store(watched_bucket, load_env.saved_layout("dp2_mp4"), "zarr")
@@ -118,6 +118,7 @@ def test_neighbouring_ranges_are_fetched_by_one_request(watched_bucket, load_env
     assert len(gets) == 1 and gets[0].range == f"bytes=0-{whole.nbytes - 1}"
 
 
+@pytest.mark.mindspore  # load_env.target: MindSpore's transform_checkpoints
 def test_server_errors_are_retried(watched_bucket, load_env):
     t = load_env.target("dp2_mp4->dp2_mp2")
     url = s3_store(watched_bucket, load_env.saved_layout("dp2_mp4"), "zarr")
@@ -185,7 +186,7 @@ def test_a_big_parameter_is_uploaded_in_parts(watched_bucket, tmp_path, monkeypa
     monkeypatch.setattr(s3_sink, "UPLOAD_PART", 5 << 20)  # S3's smallest part
     specs = [T.ParamSpec("big.w", (1024, 4096), "float32", (2,), (0, -1))]  # 16 MiB, 8 MiB per rank
     tensors = T.make_global_tensors(specs, seed=3)
-    T.save_distributed(tmp_path / "ckpt", specs, tensors, world_size=2)
+    T.save_distributed(tmp_path / "ckpt", specs, tensors, world_size=2, writer="ckptstore")
     ckptstore.convert(tmp_path / "ckpt", watched_bucket.url("big.zarr"),
                       strategy=[tmp_path / "ckpt" / "strategy.ckpt"])
     posts = [s.path for s in watched_bucket.proxy.requests("POST")]
@@ -268,6 +269,7 @@ def test_bucket_to_bucket_index_reads_like_the_rank_files(bucket, load_env):
 # ---- outages, configuration, credentials and redirects (issue 17 items 6-9, issue 19 items 3 and 7) ----------
 
 
+@pytest.mark.mindspore  # load_env.target: MindSpore's transform_checkpoints
 def test_server_errors_after_the_retries_are_an_outage_not_a_damaged_store(watched_bucket, load_env, quick_retries):
     t = load_env.target("dp2_mp4->dp2_mp2")
     url = s3_store(watched_bucket, load_env.saved_layout("dp2_mp4"), "zarr")

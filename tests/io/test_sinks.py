@@ -174,7 +174,6 @@ def _crash_at(op: str, nth: int):
     return fail
 
 
-@pytest.mark.mindspore
 @pytest.mark.parametrize("fmt,op,nth", [("zarr", "publish", 3), ("zarr", "put", 4), ("zarr", "pwrite", 5),
                                         ("safetensors", "pwrite", 30), ("safetensors", "publish", 1)])
 def test_a_conversion_crashed_at_a_sink_call_resumes_to_the_same_store(saved_layout, tmp_path, fmt, op, nth):

@@ -52,7 +52,6 @@ def test_a_save_leaves_the_lock_files_a_snapshot_shares_by_hard_links_unchanged(
         dict.fromkeys(("lock", "lock.part-0", "lock.part-1"), b"pid 1 on host snap since then")
 
 
-@pytest.mark.mindspore
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt,reopened", [
     ("zarr", {".ckptstore-work/lock", "big.rows/c.0.0.journal", "big.rows/c.0.0.partial"}),
@@ -60,7 +59,6 @@ def test_a_save_leaves_the_lock_files_a_snapshot_shares_by_hard_links_unchanged(
                      "model-00001-of-00001.safetensors.partial"})])
 def test_a_resumed_conversion_leaves_a_hard_linked_snapshot_of_the_unfinished_store_unchanged(
         big_layout, tmp_path, fmt, reopened) -> None:
-    pytest.importorskip("mindspore")
     from convert_fixtures import run_cli, strategy_args
 
     out, snapshot = tmp_path / "out", tmp_path / "snapshot"
@@ -78,7 +76,6 @@ def test_a_resumed_conversion_leaves_a_hard_linked_snapshot_of_the_unfinished_st
     assert _tree(snapshot) == before
 
 
-@pytest.mark.mindspore
 def test_a_parent_folder_swapped_for_a_link_during_a_conversion_gets_nothing_written_into_the_other_folder(
         saved_layout, tmp_path) -> None:
     from ckptstore.io.local_sink import LocalSink

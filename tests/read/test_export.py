@@ -11,12 +11,6 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-
-pytest.importorskip("mindspore")
-pytestmark = pytest.mark.mindspore
-
-import mindspore
-import mindspore.train.serialization as ms_serialization
 import safetensors
 import safetensors.numpy
 
@@ -26,6 +20,9 @@ from ckptstore.errors import StrategyError, UnsupportedLocationError
 from ckptstore.formats.ckpt_writer import CheckpointWriter
 from load_fixtures import BF16, assert_same_array, assert_same_dict, run_cli, to_numpy
 
+# only the mindspore-marked tests touch it
+mindspore = T.LazyModule("mindspore")
+
 EXPORT_CASES = ["dp2_mp4->dp2_mp2", "pipeline2->1stage", "opt_shard->same-none", "mixed_dtypes->dp2_mp2_optshard",
                 "mixed_dtypes->1rank", "pipeline2->same-files"]
 
@@ -34,6 +31,7 @@ def _files(out: Path, ranks, ext: str = "ckpt") -> list[str]:
     return [str(out / f"rank_{j}" / f"checkpoint_{j}.{ext}") for j in ranks]
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("case_id", EXPORT_CASES)
 def test_exported_files_load_in_mindspore_and_equal_transform_checkpoints(load_env, tmp_path, case_id):
     t = load_env.target(case_id)
@@ -44,6 +42,7 @@ def test_exported_files_load_in_mindspore_and_equal_transform_checkpoints(load_e
         assert_same_dict(T.load_oracle(summary.files[j]), t.oracle(j), f"{case_id} rank {j}")
 
 
+@pytest.mark.mindspore
 def test_crc_files_pass_mindspore_crc_check(load_env, tmp_path):
     t = load_env.target("mixed_dtypes->dp2_mp2_optshard")
     plain = ckptstore.export(t.store, tmp_path / "plain", strategy=t.strategy)
@@ -57,6 +56,7 @@ def test_crc_files_pass_mindspore_crc_check(load_env, tmp_path):
         assert_same_dict(T.load_oracle(with_crc.files[j]), t.oracle(j), f"crc rank {j}")
 
 
+@pytest.mark.mindspore
 def test_crc_check_rejects_a_damaged_exported_file(load_env, tmp_path):
     """The control for the test above: MindSpore's crc_check does catch a flipped payload byte."""
     t = load_env.target("dp2_mp4->dp2_mp2")
@@ -71,6 +71,7 @@ def test_crc_check_rejects_a_damaged_exported_file(load_env, tmp_path):
     assert sorted(mindspore.load_checkpoint(str(path))) == sorted(t.oracle(0))  # without the check: loads
 
 
+@pytest.mark.mindspore
 def test_cli_export_writes_exactly_the_chosen_ranks(load_env, tmp_path):
     t = load_env.target("dp2_mp4->dp2_mp2")
     out = tmp_path / "out"
@@ -84,6 +85,7 @@ def test_cli_export_writes_exactly_the_chosen_ranks(load_env, tmp_path):
         assert_same_dict(T.load_oracle(out / f"rank_{j}" / f"checkpoint_{j}.ckpt"), t.oracle(j), f"rank {j}")
 
 
+@pytest.mark.mindspore
 def test_cli_export_with_per_stage_strategy_files(load_env, tmp_path):
     t = load_env.target("pipeline2->same-files")
     args = [a for f in t.layout.strategy_files for a in ("-s", str(f))]
@@ -134,6 +136,7 @@ def test_export_api_refuses_a_url_as_out_and_writes_nothing(load_env, tmp_path, 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.mindspore
 def test_cli_export_safetensors_equal_transform_checkpoints(load_env, tmp_path):
     t = load_env.target("dp2_mp4->dp2_mp2")
     out = tmp_path / "out"
@@ -163,6 +166,7 @@ def _read_safetensors_raw(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     return out, header
 
 
+@pytest.mark.mindspore
 def test_safetensors_with_bfloat16_and_every_dtype(load_env, tmp_path):
     t = load_env.target("mixed_dtypes->dp2_mp2_optshard")
     summary = ckptstore.export(t.store, tmp_path / "out", strategy=t.strategy, format="safetensors")
@@ -180,6 +184,7 @@ def test_safetensors_with_bfloat16_and_every_dtype(load_env, tmp_path):
                     assert_same_array(f.get_tensor(name), t.oracle(j)[name], name)
 
 
+@pytest.mark.mindspore
 def test_export_dtype_and_names(load_env, tmp_path):
     t = load_env.target("dp2_mp4->dp2_mp2")
     summary = ckptstore.export(t.store, tmp_path / "out", strategy=t.strategy, ranks=[1], include=["layer?.w"],
@@ -225,13 +230,14 @@ def _ms_tensor(a: np.ndarray):
     return mindspore.Tensor(a)
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("multi_record", [False, True], ids=["one-record-each", "slice-size-1KiB"])
 @pytest.mark.parametrize("crc", [False, True], ids=["no-crc", "crc"])
 def test_checkpoint_writer_is_byte_identical_to_save_checkpoint(tmp_path, monkeypatch, multi_record, crc):
     arrays = _writer_arrays()
     append = {"epoch_num": 3, "lr": 0.25, "note": "hello"}
     if multi_record:
-        monkeypatch.setattr(ms_serialization, "SLICE_SIZE", 1)
+        monkeypatch.setattr(pytest.importorskip("mindspore.train.serialization"), "SLICE_SIZE", 1)
     ms_path, ours = tmp_path / "ms.ckpt", tmp_path / "ours.ckpt"
     mindspore.save_checkpoint([{"name": n, "data": _ms_tensor(a)} for n, a in arrays.items()], str(ms_path),
                               append_dict=append, crc_check=crc)
@@ -249,12 +255,13 @@ def test_checkpoint_writer_is_byte_identical_to_save_checkpoint(tmp_path, monkey
                      {**arrays, "epoch_num": np.array(3, np.int64), "lr": np.array(0.25, np.float32)}, "reloaded")
 
 
+@pytest.mark.mindspore
 def test_slice_size_patch_really_makes_several_records(tmp_path, monkeypatch):
     """The control for the multi-record case: with SLICE_SIZE = 1 MindSpore's file grows by the
     repeated record headers (2800 bytes of big.f32 in three records)."""
     a = {"big.f32": np.arange(700, dtype=np.float32)}
     mindspore.save_checkpoint([{"name": "big.f32", "data": _ms_tensor(a["big.f32"])}], str(tmp_path / "one.ckpt"))
-    monkeypatch.setattr(ms_serialization, "SLICE_SIZE", 1)
+    monkeypatch.setattr(pytest.importorskip("mindspore.train.serialization"), "SLICE_SIZE", 1)
     mindspore.save_checkpoint([{"name": "big.f32", "data": _ms_tensor(a["big.f32"])}], str(tmp_path / "three.ckpt"))
     one, three = (tmp_path / "one.ckpt").read_bytes(), (tmp_path / "three.ckpt").read_bytes()
     assert three.count(b"big.f32") == 3 and one.count(b"big.f32") == 1
@@ -277,6 +284,7 @@ def _single_file_store(tmp_path: Path) -> tuple[Path, Path]:
     return src, store
 
 
+@pytest.mark.mindspore  # the source file is MindSpore's own save
 def test_export_of_a_single_file_store_is_byte_identical_to_the_file(tmp_path):
     src, store_path = _single_file_store(tmp_path)
     with ckptstore.open(store_path) as store:
@@ -285,6 +293,7 @@ def test_export_of_a_single_file_store_is_byte_identical_to_the_file(tmp_path):
     assert Path(summary.files[0]).read_bytes() == src.read_bytes()
 
 
+@pytest.mark.mindspore  # the source file is MindSpore's own save
 def test_string_values_go_to_safetensors_metadata(tmp_path):
     _, store_path = _single_file_store(tmp_path)
     with ckptstore.open(store_path) as store:

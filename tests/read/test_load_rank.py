@@ -2,8 +2,9 @@
 ``mindspore.transform_checkpoints`` + ``mindspore.load_checkpoint`` give that rank, reading only
 that rank's bytes, lazily.
 
-Real MindSpore only: sources saved by ``mindspore.save_checkpoint``, targets written in the
-compiler's strategy format, expected values from MindSpore's own resharding (load_fixtures.py).
+Real MindSpore files: sources and targets as ``mindspore.save_checkpoint`` and the compiler write
+them (by ckptstore's byte-identical writers), expected values from MindSpore's own resharding
+(load_fixtures.py): those tests are marked ``mindspore``.
 """
 from __future__ import annotations
 
@@ -17,11 +18,6 @@ import textwrap
 
 import numpy as np
 import pytest
-
-pytest.importorskip("mindspore")
-pytestmark = pytest.mark.mindspore
-
-import mindspore
 
 import ckptstore
 import mindspore_fixtures as T
@@ -44,6 +40,8 @@ from load_fixtures import (
     to_numpy,
 )
 
+mindspore = T.LazyModule("mindspore")  # only the mindspore-marked tests touch it
+
 CASE_IDS = list(CASES)
 
 
@@ -55,6 +53,7 @@ def _materialize(params) -> dict[str, object]:
 # 1. values: every target rank equals MindSpore's resharding
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_every_target_rank_equals_transform_checkpoints(load_env, case_id):
     t = load_env.target(case_id)
@@ -70,6 +69,7 @@ def test_every_target_rank_equals_transform_checkpoints(load_env, case_id):
         assert_same_dict(got, t.oracle(j), f"{case_id} rank {j}")
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_copy_false_equals_transform_checkpoints(load_env, case_id):
     t = load_env.target(case_id)
@@ -78,6 +78,7 @@ def test_copy_false_equals_transform_checkpoints(load_env, case_id):
         assert_same_dict(_materialize(params), t.oracle(j), f"{case_id} rank {j} copy=False")
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_rank_view_read_equals_transform_checkpoints(load_env, case_id):
     t = load_env.target(case_id)
@@ -86,12 +87,14 @@ def test_rank_view_read_equals_transform_checkpoints(load_env, case_id):
         assert_same_dict({n: view.read(n) for n in view}, t.oracle(j), f"{case_id} rank {j}")
 
 
+@pytest.mark.mindspore
 def test_load_rank_accepts_a_store_path(load_env):
     t = load_env.target("dp2_mp4->dp2_mp2")
     params = ckptstore.load_rank(str(t.store_path), str(t.target_file), 3)
     assert_same_dict(_materialize(params), t.oracle(3), "rank 3 from a path")
 
 
+@pytest.mark.mindspore
 def test_names_globs_select_parameters(load_env):
     t = load_env.target("dp2_mp4->dp2_mp2")
     params = ckptstore.load_rank(t.store, t.strategy, 1, include=["layer?.*", "global_step"])
@@ -111,6 +114,7 @@ def test_rank_outside_the_target_raises_strategy_error(load_env, rank):
 # 2. bytes: the plan is the rank's slice, and exactly that is read
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_plan_nbytes_is_the_slice_bytes_and_exactly_what_is_read(load_env, case_id):
     t = load_env.target(case_id)
@@ -155,6 +159,7 @@ _RCHAR_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.mindspore
 @pytest.mark.slow
 @pytest.mark.parametrize("case_id,rank", [("dp2_mp4->dp2_mp2", 1), ("pipeline2->1stage", 3),
                                           ("mixed_dtypes->dp2_mp2_optshard", 2)])
@@ -178,6 +183,7 @@ def test_process_reads_only_the_plan_and_the_metadata(load_env, tmp_path, case_i
     assert r["fetched"] + metadata - 512 <= r["rchar"] <= r["fetched"] + metadata, r
 
 
+@pytest.mark.mindspore
 def test_plan_files_are_only_those_of_parameters_the_rank_holds(load_env):
     t = load_env.target("pipeline2->same-none")
     store = t.store
@@ -198,6 +204,7 @@ def test_plan_files_are_only_those_of_parameters_the_rank_holds(load_env):
 # 3. laziness
 
 
+@pytest.mark.mindspore
 def test_nothing_is_read_until_a_parameter_is_accessed(load_env):
     t = load_env.target("dp2_mp4->dp2_mp2")
     expected = t.oracle(2)
@@ -239,10 +246,12 @@ def test_unknown_key_raises_key_error_without_reading(load_env):
 FLOAT32_PARAMS = ["embedding.*", "layer*", "moe.*", "adam_*", "learning_rate"]  # every float32 one of dp2_mp4
 
 
-@pytest.mark.parametrize("ms_dtype,np_dtype", [(mindspore.float16, np.dtype(np.float16)), (mindspore.bfloat16, BF16),
-                                               (mindspore.float64, np.dtype(np.float64))],
+@pytest.mark.mindspore
+@pytest.mark.parametrize("ms_dtype,np_dtype", [("float16", np.dtype(np.float16)), ("bfloat16", BF16),
+                                               ("float64", np.dtype(np.float64))],
                          ids=["float16", "bfloat16", "float64"])
 def test_dtype_converts_a_float32_store(load_env, ms_dtype, np_dtype):
+    ms_dtype = getattr(mindspore, ms_dtype)
     t = load_env.target("dp2_mp4->dp2_mp2")
     for j in (0, 3):
         params = ckptstore.load_rank(t.store, t.strategy, j, dtype=ms_dtype, include=FLOAT32_PARAMS)
@@ -254,6 +263,7 @@ def test_dtype_converts_a_float32_store(load_env, ms_dtype, np_dtype):
         assert_same_dict(got, {n: a.astype(np_dtype) for n, a in t.oracle(j).items() if n in params}, f"rank {j}")
 
 
+@pytest.mark.mindspore
 def test_dtype_float32_converts_bfloat16_parameters(load_env):
     t = load_env.target("mixed_dtypes->dp2_mp2_optshard")
     params = ckptstore.load_rank(t.store, t.strategy, 1, include=["bf16.*"], dtype=mindspore.float32)
@@ -275,6 +285,7 @@ def _is_file_mapping(array: np.ndarray) -> bool:
     return isinstance(base.obj if isinstance(base, memoryview) else base, mmap.mmap)
 
 
+@pytest.mark.mindspore
 def test_copy_false_maps_a_slice_that_is_one_whole_chunk(load_env):
     t = load_env.target("dp2_mp4->same-none")
     view = rank_view(t.store, None, 5)
@@ -289,6 +300,7 @@ def test_copy_false_maps_a_slice_that_is_one_whole_chunk(load_env):
     assert IO_STATS.bytes_read == 0  # every slice here is one chunk: mapped, not read
 
 
+@pytest.mark.mindspore
 def test_copy_false_falls_back_to_reading_a_slice_of_several_chunks(load_env):
     t = load_env.target("mp_rows->mp2")
     view = rank_view(t.store, t.strategy, 1)
@@ -302,6 +314,7 @@ def test_copy_false_falls_back_to_reading_a_slice_of_several_chunks(load_env):
     assert_same_dict(_materialize(params), t.oracle(1), "copy=False")
 
 
+@pytest.mark.mindspore
 def test_copy_false_with_dtype_conversion_reads_instead_of_mapping(load_env):
     t = load_env.target("dp2_mp4->same-none")
     view = rank_view(t.store, None, 0, dtype=np.float16)
@@ -310,6 +323,7 @@ def test_copy_false_with_dtype_conversion_reads_instead_of_mapping(load_env):
     assert_same_array(to_numpy(params["layer0.w"]), t.oracle(0)["layer0.w"].astype(np.float16), "layer0.w")
 
 
+@pytest.mark.mindspore
 def test_copy_false_parameters_are_copy_on_write_and_outlive_their_mapping(load_env, tmp_path):
     store_path = copy_store(load_env.store("dp2_mp4"), tmp_path / "store.zarr")
     t = load_env.target("dp2_mp4->same-none")
@@ -339,6 +353,7 @@ def _damaged_store(load_env, tmp_path, name: str, chunk: int) -> ckptstore.Store
     return store
 
 
+@pytest.mark.mindspore
 def test_verify_names_the_parameter_and_chunk_of_a_flipped_byte(load_env, tmp_path):
     store = _damaged_store(load_env, tmp_path, "layer0.w", 3)
     params = ckptstore.load_rank(store, None, 3, verify=True)
@@ -353,6 +368,7 @@ def test_verify_names_the_parameter_and_chunk_of_a_flipped_byte(load_env, tmp_pa
     assert_same_array(to_numpy(clean["layer0.w"]), t.oracle(1)["layer0.w"], "undamaged chunks")
 
 
+@pytest.mark.mindspore  # load_rank builds mindspore.Parameters
 def test_without_verify_a_flipped_byte_is_returned_silently(load_env, tmp_path):
     store = _damaged_store(load_env, tmp_path, "layer0.w", 3)
     layout = load_env.saved_layout("mp_rows")
@@ -367,6 +383,7 @@ def test_without_verify_a_flipped_byte_is_returned_silently(load_env, tmp_path):
 # targets that do not describe, or cannot split, a parameter
 
 
+@pytest.mark.mindspore
 def test_a_parameter_missing_from_the_target_strategy_comes_whole(load_env, tmp_path):
     """README: MindSpore would copy such a parameter with its *source shard* shape; ckptstore gives
     the whole tensor. Parameters in neither strategy (counters) come whole in both."""
@@ -381,6 +398,7 @@ def test_a_parameter_missing_from_the_target_strategy_comes_whole(load_env, tmp_
         assert_same_array(to_numpy(params[name]), layout.tensors[name], name)
 
 
+@pytest.mark.mindspore
 def test_a_target_that_cannot_split_a_parameter_raises_layout_mismatch(load_env, tmp_path):
     layout = load_env.saved_layout("mp_rows")
     target = T.write_strategy(tmp_path / "three.ckpt", [dataclasses.replace(s, dev_matrix=(3,))
@@ -390,6 +408,7 @@ def test_a_target_that_cannot_split_a_parameter_raises_layout_mismatch(load_env,
         ckptstore.load_rank(load_env.store("mp_rows"), target, 0)
 
 
+@pytest.mark.mindspore
 def test_string_values_come_back_as_str_without_reading(tmp_path):
     src = tmp_path / "one.ckpt"
     mindspore.save_checkpoint([{"name": "w", "data": mindspore.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))}],
@@ -436,6 +455,7 @@ def test_load_rank_on_a_missing_path_raises_store_not_found(tmp_path):
         ckptstore.load_rank(tmp_path / "nothing.zarr")
 
 
+@pytest.mark.mindspore
 def test_dtype_converts_only_floating_point_parameters(load_env):
     t = load_env.target("mixed_dtypes->dp2_mp2_optshard")
     params = ckptstore.load_rank(t.store, t.strategy, 1, dtype=mindspore.float16)
@@ -453,6 +473,7 @@ def test_load_ranks_mapping_prints_as_one_line_without_reading(load_env):
     assert params.view.summary().startswith(f"rank 1 of 4 from {t.store_path}: {len(params)} parameters, ")
 
 
+@pytest.mark.mindspore  # load_rank builds mindspore.Parameters
 def test_load_rank_shows_progress_when_it_builds_everything_and_is_not_quiet(load_env, capsys):
     t = load_env.target("dp2_mp4->dp2_mp2")
     ckptstore.load_rank(t.store_path, t.strategy, 1, quiet=False).materialize()

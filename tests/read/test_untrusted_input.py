@@ -10,7 +10,8 @@
 8. every error a user can cause is one line at the CLI (that each is a CkptStoreError: test_errors.py);
 9. a rank file edited in place (modification time restored) is not mixed into a resumed store.
 
-Fixtures are real MindSpore files (conftest.saved_layout); damage is done to copies.
+Fixtures are the session layouts (conftest.saved_layout: byte-identical to MindSpore's save);
+damage is done to copies. Tests that run MindSpore itself are marked ``mindspore``.
 """
 from __future__ import annotations
 
@@ -24,9 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-pytest.importorskip("mindspore")
-pytestmark = pytest.mark.mindspore
 
 import ckptstore
 import mindspore_fixtures as T
@@ -187,7 +185,7 @@ def test_a_strategy_of_another_layout_with_the_same_world_size_is_refused(saved_
 
     other = [s if not s.in_strategy else
              T.ParamSpec(s.name, s.shape, s.dtype, strategy_dev, remap(s.tensor_map), 0, 0) for s in layout.specs]
-    strategy = T.write_strategy(tmp_path / "other.ckpt", other)
+    strategy = T.write_strategy(tmp_path / "other.ckpt", other, writer="ckptstore")
     with pytest.raises((LayoutMismatchError, ReplicaMismatchError), match="does not describe these rank files"):
         ckptstore.convert(layout.root, tmp_path / "s", strategy=[strategy])
     assert not (tmp_path / "s").exists()
@@ -247,7 +245,7 @@ def test_a_folder_on_the_way_to_a_data_file_that_is_a_symlink_is_not_followed(co
 
 
 def _strategy_bytes(dev_matrix: list[int], tensor_map: list[int], *, opt_size: int = 0) -> bytes:
-    import mindspore as ms
+    ms = pytest.importorskip("mindspore")
 
     smap = ms.train.node_strategy_pb2.ParallelStrategyMap()
     smap.current_stage = 1
@@ -269,6 +267,7 @@ def _strategy_bytes(dev_matrix: list[int], tensor_map: list[int], *, opt_size: i
     ([2] * 70, [0], 0, "more than 64 entries"),
     ([8], [0], 1 << 30, "optimizer shard size"),
 ], ids=["2^40-devices", "70-axes", "huge-opt-shard"])
+@pytest.mark.mindspore
 def test_a_strategy_claiming_too_many_devices_is_refused_before_anything_is_sized(tmp_path, dev, tmap, opt, message):
     path = tmp_path / "huge.ckpt"
     path.write_bytes(_strategy_bytes(dev, tmap, opt_size=opt))
@@ -282,9 +281,10 @@ def test_a_strategy_claiming_too_many_devices_is_refused_before_anything_is_size
 # 6. dtype= only converts to floating-point types
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("dtype", ["int8", "int32", "bool", "uint16"])
 def test_an_integer_or_bool_dtype_is_refused(converted, tmp_path, dtype):
-    import mindspore
+    mindspore = pytest.importorskip("mindspore")
 
     with ckptstore.open(converted) as store:
         with pytest.raises(InvalidOptionError, match=f"{dtype} is not a floating-point type"):

@@ -158,7 +158,6 @@ def test_fallback_needs_the_roots_path_not_an_open_store(tmp_path):
 # ---- an index: the chunks are the rank files MindSpore saved -------------------------------------
 
 
-@pytest.mark.mindspore
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_damaged_rank_file_under_the_newest_index_step_falls_back(saved_layout, tmp_path, caplog, damage):
     layout = saved_layout("dp2_mp4")

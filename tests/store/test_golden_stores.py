@@ -22,13 +22,11 @@ def written(saved_layout, tmp_path_factory) -> dict[str, dict[str, str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.mindspore
 @pytest.mark.parametrize("store", sorted(GOLDEN))
 def test_the_store_is_byte_identical_to_the_one_4ed4004_wrote(written, store):
     assert written[store] == GOLDEN[store]
 
 
 @pytest.mark.slow
-@pytest.mark.mindspore
 def test_no_store_is_written_that_4ed4004_did_not_write(written):
     assert sorted(written) == sorted(GOLDEN)

@@ -1,16 +1,13 @@
 """``Store.read`` / ``Store.plan`` / the planner and reader: any index of a global tensor, reading
 only the overlapping chunks (exactly the overlap bytes for raw chunks), with coalesced ranges.
 
-Stores are converted from real MindSpore checkpoints (load_fixtures.py); expected values are the
-fixture's global tensors indexed with numpy.
+Stores are converted from the session layouts (load_fixtures.py: byte-identical to MindSpore's
+save); expected values are the fixture's global tensors indexed with numpy.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-pytest.importorskip("mindspore")
-pytestmark = pytest.mark.mindspore
 
 import ckptstore
 from ckptstore.boxes import Box
@@ -196,19 +193,18 @@ def test_open_reads_no_chunk_bytes(load_env):
 
 @pytest.fixture(scope="module")
 def wide_store(tmp_path_factory):
-    """One .ckpt saved by MindSpore (whole tensors: each parameter is one chunk) with tall chunks,
-    so a column slice is hundreds of short runs."""
-    import mindspore
-
+    """One .ckpt as MindSpore saves it (by ckptstore's byte-identical CheckpointWriter; whole
+    tensors: each parameter is one chunk) with tall chunks, so a column slice is hundreds of short runs."""
     import mindspore_fixtures as T
+    from ckptstore.formats.ckpt_writer import CheckpointWriter
 
     specs = [T.ParamSpec("wide.w", (300, 40)), T.ParamSpec("wide.bf16", (130, 8), "bfloat16"),
              T.ParamSpec("cube", (100, 6, 10), "int16")]
     tensors = T.make_global_tensors(specs, seed=4)
     root = tmp_path_factory.mktemp("wide")
-    items = [{"name": n, "data": mindspore.Tensor(a.astype(np.float32), dtype=mindspore.bfloat16)
-              if a.dtype.name == "bfloat16" else mindspore.Tensor(a)} for n, a in tensors.items()]
-    mindspore.save_checkpoint(items, str(root / "wide.ckpt"))
+    with CheckpointWriter(root / "wide.ckpt") as w:
+        for n, a in tensors.items():
+            w.add(n, a)
     ckptstore.convert(root / "wide.ckpt", root / "wide.zarr")
     return ckptstore.open(root / "wide.zarr"), specs, tensors
 
@@ -233,6 +229,7 @@ def test_many_short_runs_read_exactly_the_overlap(wide_store, name, index):
 
 @pytest.mark.parametrize("name,dev,tmap", [("wide.w", (4,), (-1, 0)), ("wide.bf16", (2, 2), (-1, 0)),
                                            ("cube", (2, 2), (-1, 1, 0))], ids=["wide-cols", "bf16-cols", "cube"])
+@pytest.mark.mindspore
 def test_load_rank_of_column_splits_equals_mindspore_slicing(wide_store, tmp_path, name, dev, tmap):
     """Targets that cut columns out of one tall chunk; expected slices cut by MindSpore's own
     code (mindspore.parallel._tensor, via mindspore_fixtures.mindspore_rank_slice)."""

@@ -129,7 +129,6 @@ def test_the_cli_asks_for_the_kinds_when_it_runs_not_when_it_is_imported(plugins
     assert r.exit_code == 2 and "'nonesuch' is not one of 'safetensors', 'zarr', 'tiny'" in r.output
 
 
-@pytest.mark.mindspore
 def test_info_names_the_kind_by_its_label(plugins, tiny_store):
     r = run_cli("info", tiny_store)
     assert r.returncode == 0, r.stderr
@@ -138,7 +137,6 @@ def test_info_names_the_kind_by_its_label(plugins, tiny_store):
 
 @pytest.fixture
 def tiny_store(plugins, saved_layout, tmp_path) -> Path:
-    pytest.importorskip("mindspore")
     layout = saved_layout("dp2_mp4")
     ckptstore.convert(layout.root, tmp_path / "s", strategy=layout.strategy_files, format="tiny")
     return tmp_path / "s"
@@ -166,9 +164,7 @@ class TestMemtestSink(ByteSinkTests):
         yield open_sink(f"memtest://sink-{next(_names)}")
 
 
-@pytest.mark.mindspore
 def test_a_store_is_converted_into_and_opened_from_the_plugin_s_scheme(plugins, saved_layout):
-    pytest.importorskip("mindspore")
     layout = saved_layout("mixed_dtypes")
     url = f"memtest://store-{next(_names)}"
     summary = ckptstore.convert(layout.root, url, strategy=layout.strategy_files, format="tiny")

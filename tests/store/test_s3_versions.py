@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("mindspore")
 pytest.importorskip("obstore")
 
 import ckptstore
@@ -97,6 +96,7 @@ def test_an_open_object_is_read_at_its_first_version_or_refused(watched_bucket):
     assert source.open("f").pread(0, 8) == b"B" * 8  # opened again: the object as it is now
 
 
+@pytest.mark.mindspore  # MindSpore's transform_checkpoints as the expected values
 def test_a_store_in_a_bucket_is_read_with_no_head_each_first_get_asking_for_the_committed_version(
         watched_bucket, load_env):
     t = load_env.target("dp2_mp4->dp2_mp2")

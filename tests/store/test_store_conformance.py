@@ -11,9 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("mindspore")
-pytestmark = pytest.mark.mindspore
-
 import ckptstore
 from ckptstore.errors import SourceChangedError, StoreCorruptError, UnsafePathError
 from ckptstore.store.kinds import MANIFEST, ROOT_METADATA

@@ -3,7 +3,9 @@
 Oracles: the global tensors the fixtures were cut from, MindSpore's own merge
 (``mindspore.transform_checkpoints`` to one rank + ``mindspore.load_checkpoint``), and plain
 zarr-python reading the store. Expected byte counts come from the specs through MindSpore's
-slicing code (see ``convert_fixtures``), not from ckptstore.
+slicing code (see ``convert_fixtures``), not from ckptstore. The tests that ask MindSpore (its
+merge, its slicing, its loader, its optimizers) are marked ``mindspore``; the fixtures themselves
+are MindSpore's bytes written by ckptstore's writers (tests/testing/test_pure_fixtures.py).
 """
 from __future__ import annotations
 
@@ -14,18 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-pytest.importorskip("mindspore")
-pytestmark = pytest.mark.mindspore
-
-import mindspore as ms
-import mindspore.train.serialization as ms_serialization
 import zarr
 
 import ckptstore  # registers bfloat16 with zarr
 import mindspore_fixtures as T
 from ckptstore.errors import ReplicaMismatchError
 from ckptstore.formats.ckpt_reader import scan_checkpoint
+from ckptstore.formats.ckpt_writer import CheckpointWriter
 from conftest import SavedLayout
 from convert_fixtures import (
     APPENDED,
@@ -40,6 +37,8 @@ from convert_fixtures import (
     strategy_args,
 )
 
+ms = T.LazyModule("mindspore")  # only the mindspore-marked tests touch it
+
 KINDS = list(T.LAYOUT_KINDS)
 #: Every layout kind with protobuf strategies, and the multi-file kinds again with JSON ones.
 FORMATS = [pytest.param(k, "protobuf", id=k) for k in KINDS] + [
@@ -52,6 +51,7 @@ FORMATS = [pytest.param(k, "protobuf", id=k) for k in KINDS] + [
 # 1. values
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize(("kind", "fmt"), FORMATS)
 def test_store_holds_every_parameter_with_its_global_shape_and_dtype(converted, kind, fmt):
     c = converted(kind, fmt)
@@ -77,6 +77,7 @@ def test_read_equals_the_global_tensors_bit_for_bit(converted, kind, fmt):
             assert_same_array(store.read(name, verify=True), want, f"{name} (verify=True)")
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("kind", KINDS)
 def test_read_equals_mindspore_transform_checkpoints_merge(converted, kind, tmp_path):
     c = converted(kind)
@@ -104,7 +105,7 @@ def test_plain_zarr_reads_the_same_values(converted, kind, fmt):
 @pytest.fixture
 def one_kib_records(monkeypatch):
     """MindSpore cuts tensors into 1 KiB records (``SLICE_SIZE`` is in KiB)."""
-    monkeypatch.setattr(ms_serialization, "SLICE_SIZE", 1)
+    monkeypatch.setattr(pytest.importorskip("mindspore.train.serialization"), "SLICE_SIZE", 1)
 
 
 MULTI_RECORD_SPECS = [
@@ -126,6 +127,7 @@ def multi_record_layout(tmp_path, one_kib_records) -> SavedLayout:
 
 
 @pytest.mark.slow
+@pytest.mark.mindspore
 def test_tensors_split_across_several_records_convert_exactly(multi_record_layout, tmp_path):
     layout = multi_record_layout
     index = scan_checkpoint(layout.rank_file(5))
@@ -148,11 +150,16 @@ APPEND = {"epoch_num": 7, "lr": 0.5, "note": "hello wörld ✓", "big_int": -(2*
 
 @pytest.fixture(scope="module")
 def single_file(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
-    """One ``mindspore.save_checkpoint`` file (no strategy): every dtype whole, plus append_dict."""
+    """One ``mindspore.save_checkpoint`` file (no strategy): every dtype whole, plus append_dict
+    (Python ints as Int64 scalars, floats as Float32, str as str), written by ckptstore's
+    CheckpointWriter, byte-identical to it (tests/read/test_export.py)."""
     tensors = T.make_global_tensors(SINGLE_SPECS, seed=9)
     path = tmp_path_factory.mktemp("single") / "model.ckpt"
-    items = [{"name": n, "data": T.to_ms_tensor(a)} for n, a in tensors.items()]
-    ms.save_checkpoint(items, str(path), append_dict=dict(APPEND))
+    with CheckpointWriter(path) as w:
+        for n, a in tensors.items():
+            w.add(n, a)
+        for n, v in APPEND.items():
+            w.add(n, v if isinstance(v, str) else np.array(v, np.int64 if isinstance(v, int) else np.float32))
     return path, tensors
 
 
@@ -173,6 +180,7 @@ def test_single_file_converts_every_tensor_bit_for_bit(single_file, tmp_path):
     pytest.param("big_int", np.array(-(2**40), np.int64), id="big-int"),
     pytest.param("lr", np.array(0.5, np.float32), id="float"),
 ])
+@pytest.mark.mindspore
 def test_single_file_appended_numbers_are_mindspore_scalars(single_file, tmp_path, name, want):
     path, _ = single_file
     ckptstore.convert(path, tmp_path / "s.zarr")
@@ -182,6 +190,7 @@ def test_single_file_appended_numbers_are_mindspore_scalars(single_file, tmp_pat
         assert_same_array(store.read(name), want, name)
 
 
+@pytest.mark.mindspore
 def test_single_file_appended_string_comes_back_as_python_str(single_file, tmp_path):
     path, _ = single_file
     ckptstore.convert(path, tmp_path / "s.zarr")
@@ -197,6 +206,7 @@ def test_single_file_appended_string_comes_back_as_python_str(single_file, tmp_p
 # 2. replicas are stored once
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("kind", KINDS)
 def test_store_payload_is_each_distinct_slice_once(converted, kind):
     """Data files hold the global tensors (= every distinct slice once) and, for parameters of
@@ -210,6 +220,7 @@ def test_store_payload_is_each_distinct_slice_once(converted, kind):
     assert c.summary.chunks == sum(exp.chunks(n) for n in exp.shapes)
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("kind", KINDS)
 def test_source_bytes_counts_every_rank_files_payload(converted, kind):
     c = converted(kind)
@@ -221,6 +232,7 @@ def test_source_bytes_counts_every_rank_files_payload(converted, kind):
     assert c.summary.dedup_saved_bytes == scanned - c.summary.unique_bytes
 
 
+@pytest.mark.mindspore
 def test_dedup_saves_the_replicas_of_dp2_mp4(converted):
     c = converted("dp2_mp4")
     exp = expected_for(c.layout)
@@ -289,6 +301,7 @@ DP2_MP4_NAMES = [s.name for s in T.layout_specs("dp2_mp4")[0]] + list(APPENDED)
     pytest.param(["*.w"], ["adam_*"], ["layer0.w", "layer1.w", "moe.w"], id="include-and-exclude"),
     pytest.param(["layer?.w"], ["layer1.*"], ["layer0.w"], id="question-mark"),
 ])
+@pytest.mark.mindspore  # expected_for: MindSpore's slicing
 def test_include_and_exclude_globs(saved_layout, tmp_path, include, exclude, kept):
     layout = saved_layout("dp2_mp4")
     out = tmp_path / "s.zarr"
@@ -317,13 +330,16 @@ def test_drop_optimizer_removes_optimizer_state_and_keeps_weights(saved_layout, 
             assert_same_array(store.read(name), layout.tensors[name], name)
 
 
-class _Dense(ms.nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.fc = ms.nn.Dense(4, 3)
+def _dense():
+    class _Dense(ms.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.fc = ms.nn.Dense(4, 3)
 
-    def construct(self, x):
-        return self.fc(x)
+        def construct(self, x):
+            return self.fc(x)
+
+    return _Dense()
 
 
 #: MindSpore's optimizers, each as it names its state (``TrainOneStepCell(...).get_parameters()``).
@@ -346,11 +362,12 @@ OPTIMIZERS = [
 ]
 
 
+@pytest.mark.mindspore
 @pytest.mark.parametrize("make_optimizer", OPTIMIZERS)
 def test_drop_optimizer_keeps_exactly_the_network_weights_of_a_mindspore_optimizer(make_optimizer):
     from ckptstore.checkpoint.selection import select_params
 
-    net = _Dense()
+    net = _dense()
     cell = ms.nn.TrainOneStepCell(ms.nn.WithLossCell(net, ms.nn.MSELoss()), make_optimizer(net.trainable_params()))
     names = [p.name for p in cell.get_parameters()]
     assert select_params(names, drop_optimizer=True) == ["fc.weight", "fc.bias"], names
@@ -397,7 +414,7 @@ def trained_like(tmp_path_factory) -> SavedLayout:
     rng = np.random.default_rng(5)
     tensors = {s.name: rng.normal(0, 0.02, s.shape).astype(s.np_dtype) for s in specs}
     root = tmp_path_factory.mktemp("trained_like")
-    T.save_distributed(root, specs, tensors, world_size=8)
+    T.save_distributed(root, specs, tensors, world_size=8, writer="ckptstore")
     return SavedLayout("trained_like", root, specs, tensors, 8, 1)
 
 
@@ -488,7 +505,7 @@ def two_steps(tmp_path_factory) -> tuple[Path, list[T.ParamSpec], dict[int, dict
     values = {}
     for step, seed in ((1, 21), (2, 22)):
         values[step] = T.make_global_tensors(specs, seed=seed)
-        T.save_distributed(root, specs, values[step], world_size=world, step_suffix=f"-1_{step}")
+        T.save_distributed(root, specs, values[step], world_size=world, step_suffix=f"-1_{step}", writer="ckptstore")
     return root, specs, values
 
 

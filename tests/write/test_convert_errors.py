@@ -1,8 +1,9 @@
 """``ckptstore.convert`` refuses bad input with the right exception, naming the culprit.
 
-Each broken source is a copy of a real MindSpore fixture, damaged on disk or re-saved with
-``mindspore.save_checkpoint``. Every test checks the exception type, that the message names the
-file / rank / parameter at fault, and that nothing was written to ``--out``.
+Each broken source is a copy of a session fixture (byte-identical to MindSpore's save), damaged on
+disk or re-saved as ``mindspore.save_checkpoint`` would (``rewrite_rank_file``). Every test checks
+the exception type, that the message names the file / rank / parameter at fault, and that nothing
+was written to ``--out``.
 """
 from __future__ import annotations
 
@@ -14,9 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-pytest.importorskip("mindspore")
-pytestmark = pytest.mark.mindspore
 
 import ckptstore
 from ckptstore.errors import (

@@ -84,7 +84,6 @@ def _run_parts(layout, out, count, env=None, extra=(), kills=None):
 @pytest.fixture(scope="module")
 def one_process_store(tmp_path_factory, saved_layout):
     """The dp2_mp4 store written by one process: what every split must reproduce."""
-    pytest.importorskip("mindspore")
     import ckptstore
 
     layout = saved_layout("dp2_mp4")
@@ -94,7 +93,6 @@ def one_process_store(tmp_path_factory, saved_layout):
 
 
 @pytest.mark.slow
-@pytest.mark.mindspore
 def test_three_parts_at_once_write_the_store_one_process_writes(one_process_store, tmp_path):
     from convert_fixtures import store_files
 
@@ -106,7 +104,6 @@ def test_three_parts_at_once_write_the_store_one_process_writes(one_process_stor
 
 
 @pytest.mark.slow
-@pytest.mark.mindspore
 def test_a_killed_part_rerun_completes_the_store(one_process_store, tmp_path):
     import ckptstore
     from ckptstore.errors import IncompleteStoreError
@@ -123,7 +120,6 @@ def test_a_killed_part_rerun_completes_the_store(one_process_store, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.mindspore
 def test_parts_racing_to_commit_leave_one_complete_store(one_process_store, tmp_path):
     """Every part finishes, the last is killed just before its manifest; two commits then race."""
     from convert_fixtures import run_cli, store_files
@@ -141,7 +137,6 @@ def test_parts_racing_to_commit_leave_one_complete_store(one_process_store, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.mindspore
 def test_commit_names_what_has_not_finished(one_process_store, tmp_path):
     from convert_fixtures import run_cli
 
@@ -153,7 +148,6 @@ def test_commit_names_what_has_not_finished(one_process_store, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.mindspore
 def test_part_auto_reads_msrun_environment(one_process_store, tmp_path):
     from convert_fixtures import store_files
 
@@ -165,7 +159,6 @@ def test_part_auto_reads_msrun_environment(one_process_store, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.mindspore
 @pytest.mark.parametrize("fmt", ["safetensors", "index"])
 def test_other_store_kinds_split_into_parts_the_same(saved_layout, tmp_path, fmt):
     import ckptstore
@@ -185,7 +178,6 @@ def test_other_store_kinds_split_into_parts_the_same(saved_layout, tmp_path, fmt
 
 
 @pytest.mark.slow
-@pytest.mark.mindspore
 def test_three_parts_into_a_bucket_one_killed_and_rerun(one_process_store, bucket):
     import ckptstore
     from ckptstore.errors import IncompleteStoreError
@@ -208,7 +200,6 @@ _STAT_EXTRA = ("st_atime", "st_mtime", "st_ctime", "st_atime_ns", "st_mtime_ns",
                "st_blocks", "st_rdev")
 
 
-@pytest.mark.mindspore
 def test_a_part_that_sees_the_rank_files_under_another_device_number_joins_the_conversion(
         saved_layout, tmp_path, monkeypatch):
     # NFS gives the same files another device number on each host that mounts them (inode, size

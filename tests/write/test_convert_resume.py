@@ -13,9 +13,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mindspore")
-pytestmark = pytest.mark.mindspore
-
 import ckptstore
 from ckptstore.errors import IncompleteStoreError, StoreExistsError
 from conftest import SavedLayout

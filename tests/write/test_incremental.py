@@ -3,8 +3,8 @@ is referenced, not written again; every step still loads exactly what was saved,
 never deletes a chunk a kept step references, and a step whose reference was pruned while it
 was saved never commits.
 
-Multi-rank steps are MindSpore's own slices: each rank's values are read from the rank file
-``mindspore.save_checkpoint`` wrote for it (the ``dp2_mp2`` fixture: 4 ranks, replicas), and every
+Multi-rank steps are MindSpore's own slices: each rank's values are read from its rank file
+(as ``mindspore.save_checkpoint`` writes it) (the ``dp2_mp2`` fixture: 4 ranks, replicas), and every
 incremental step is compared bit for bit with a full save of the same values.
 """
 from __future__ import annotations
@@ -255,7 +255,6 @@ def save_job_steps(layout, root: Path, steps: dict[int, dict[str, float] | None]
     return done
 
 
-@pytest.mark.mindspore
 def test_a_full_run_writes_only_the_chunks_that_changed(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp2")
     first = rank_values(layout)[0]
@@ -270,7 +269,6 @@ def test_a_full_run_writes_only_the_chunks_that_changed(saved_layout, tmp_path):
         assert all(f.startswith(f"step_{step}/") for f in files)
 
 
-@pytest.mark.mindspore
 def test_every_step_of_a_job_reads_and_exports_bit_identical_to_a_full_save(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp2")
     first = rank_values(layout)[0]

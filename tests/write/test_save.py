@@ -242,7 +242,6 @@ def test_the_newest_committed_step_opens_and_each_step_opens_by_its_folder(tmp_p
     assert_same_array(ckptstore.open(tmp_path / "step_9").read("w"), np.full(2, 9, np.int32), "step 9")
 
 
-@pytest.mark.mindspore
 def test_a_rank_cannot_be_guessed_in_a_job_of_several(tmp_path, saved_layout, monkeypatch):
     layout = saved_layout("mp_rows")
     for var in ("RANK_ID", "RANK_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MS_ROLE"):

@@ -3,7 +3,7 @@
 Every rank's records belong to one save attempt that the ranks of one job agree on; a commit
 merges only one attempt's records; a save that finds the step unfinished by another attempt
 starts it over; a committed step is never written again. Rank slices are MindSpore's own (the
-``saved_layout`` rank files ``mindspore.save_checkpoint`` wrote, read by save_worker's
+``saved_layout`` rank files, byte-identical to ``mindspore.save_checkpoint``'s, read by save_worker's
 ``local_slices``); the ranks of a job run one after another in this process, each as the
 launcher would start it (its job id in the environment).
 """
@@ -111,7 +111,6 @@ def test_a_job_of_several_ranks_with_no_attempt_says_once_a_root_that_its_saves_
 # ---- 24.1, 24.2: attempts never mix; another attempt starts an unfinished step over -----------
 
 
-@pytest.mark.mindspore
 def test_two_jobs_saving_the_same_step_never_mix(saved_layout, tmp_path, monkeypatch):
     layout = saved_layout("dp2_mp2")
     job_a, job_b = _slices(layout), _slices(layout, changed=True)
@@ -132,7 +131,6 @@ def test_two_jobs_saving_the_same_step_never_mix(saved_layout, tmp_path, monkeyp
     assert ckptstore.verify(tmp_path).ok
 
 
-@pytest.mark.mindspore
 def test_a_restarted_job_starts_the_killed_jobs_step_over(saved_layout, tmp_path, monkeypatch):
     from ckptstore.write import save as save_module
 
@@ -156,7 +154,6 @@ def test_a_restarted_job_starts_the_killed_jobs_step_over(saved_layout, tmp_path
     assert ckptstore.verify(tmp_path).ok
 
 
-@pytest.mark.mindspore
 def test_ranks_of_one_attempt_complete_the_step_a_rank_of_it_left(saved_layout, tmp_path):
     layout = saved_layout("dp2_mp2")
     values = _slices(layout)
@@ -169,7 +166,6 @@ def test_ranks_of_one_attempt_complete_the_step_a_rank_of_it_left(saved_layout, 
 # ---- 24.3: a committed step is immutable; no commit under a rank that runs again --------------
 
 
-@pytest.mark.mindspore
 def test_no_rank_commits_while_a_rank_of_the_step_runs_again(saved_layout, tmp_path, monkeypatch):
     from ckptstore.write.save import prepare_save
 
@@ -213,7 +209,6 @@ def test_a_rank_saving_a_committed_step_gets_a_typed_error_and_changes_nothing(t
 # ---- 24.9: parts finishing at once into a bucket -----------------------------------------------
 
 
-@pytest.mark.mindspore
 @pytest.mark.slow
 def test_a_part_finishing_while_the_other_looks_leaves_the_commit_to_it(saved_layout, bucket, monkeypatch):
     """Part 1 finishes and finds part 0 running; part 0 says it finished right then: part 1 must
@@ -280,7 +275,6 @@ def test_a_zero_size_parameter_of_a_saved_step_is_an_array_zarr_python_opens(tmp
 # ---- 24.15, 25.2, 25.8b: what a half-written store says --------------------------------------
 
 
-@pytest.mark.mindspore
 def test_commit_while_a_part_runs_is_refused_naming_it(saved_layout, tmp_path):
     from ckptstore.io.sink import open_sink
 
@@ -296,7 +290,6 @@ def test_commit_while_a_part_runs_is_refused_naming_it(saved_layout, tmp_path):
         running.release()
 
 
-@pytest.mark.mindspore
 def test_a_step_killed_mid_save_says_which_ranks_are_missing_and_what_to_run(saved_layout, tmp_path):
     from ckptstore.write.save import prepare_save
 
@@ -322,7 +315,6 @@ def test_a_step_killed_mid_save_says_which_ranks_are_missing_and_what_to_run(sav
     assert re.search(said, commit.stderr), commit.stderr
 
 
-@pytest.mark.mindspore
 def test_a_store_whose_parts_all_finished_says_to_run_commit(saved_layout, tmp_path, monkeypatch):
     from ckptstore.write import convert as convert_module
 
@@ -350,7 +342,6 @@ def test_a_store_whose_parts_all_finished_says_to_run_commit(saved_layout, tmp_p
 # ---- 25.7: the last part's summary counts its share and the store -----------------------------
 
 
-@pytest.mark.mindspore
 def test_the_last_parts_summary_says_its_share_and_the_stores_parameters(saved_layout, tmp_path):
     from convert_fixtures import strategy_args
 
