@@ -126,11 +126,20 @@ _COST_ENV = (("CKPTSTORE_REQUEST_LATENCY_MS", "request_seconds", 1e-3, float),
              ("CKPTSTORE_BANDWIDTH_MBPS", "bytes_per_second", 1e6, float),
              ("CKPTSTORE_REQUESTS_IN_FLIGHT", "in_flight", 1, int))
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, which a launcher that pins ranks to
+    cores narrows), else the machine's count: what a local read's threads are capped by."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS and Windows have no affinity mask
+        return os.cpu_count() or 1
+
+
 #: A local file (page cache): a ``preadv`` call and the executor's bookkeeping for it cost a few
 #: microseconds, copies run at ~9 GB/s per thread (measured on this machine: 1.5 us per bare call,
 #: 9.3 GB/s for a 64 MiB read); a thread per core up to four (measured at 1, 2 and 4 on 2 cores in
 #: benchmarks/results/load.md); 8 MiB per request so that threads share long runs.
-LOCAL_COST = ReadCost(request_seconds=5e-6, bytes_per_second=8e9, in_flight=min(4, os.cpu_count() or 1),
+LOCAL_COST = ReadCost(request_seconds=5e-6, bytes_per_second=8e9, in_flight=min(4, usable_cpus()),
                       max_request_bytes=8 << 20, max_buffers=1024, max_gap_bytes=1 << 20)
 
 

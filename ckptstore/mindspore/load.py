@@ -24,6 +24,7 @@ from ckptstore.read.group_load import Cooperative, exchange_for, load_together
 from ckptstore.read.loader import (
     StrategyLike,
     check_workers,
+    collector_paused,
     float_dtype,
     replica_ranks,
     resolve_rank,
@@ -90,7 +91,8 @@ def load_into_net(net: Any, store: StoreLike, strategy: StrategyLike = None,
                                   + ", ".join(param_not_load[:10]) + (" ..." if len(param_not_load) > 10 else ""))
     loader = _NetLoader(st, available, float_dtype(dtype), verify, exact, check_workers(workers, st))
     if cooperative is None:
-        loader.load(loads, rank, quiet)
+        with collector_paused():
+            loader.load(loads, rank, quiet)
     else:
         exchange = exchange_for(cooperative, lambda world: replica_ranks(st, resolved, rank, world))
         loader.load_together(loads, rank, exchange)

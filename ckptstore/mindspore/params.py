@@ -20,7 +20,15 @@ import numpy as np
 from ckptstore.mindspore._import import mindspore as _ms
 from ckptstore.mindspore._import import ms_dtype as _ms_dtype
 from ckptstore.read.group_load import Cooperative
-from ckptstore.read.loader import RankView, StrategyLike, include_globs, rank_view, read_together, verified_store
+from ckptstore.read.loader import (
+    RankView,
+    StrategyLike,
+    collector_paused,
+    include_globs,
+    rank_view,
+    read_together,
+    verified_store,
+)
 from ckptstore.store.store import StoreLike, as_store
 
 _flag_lock = threading.Lock()
@@ -183,6 +191,10 @@ class RankParameters(dict):
             self[name]
 
     def _build_all(self, names: Sequence[str]) -> None:
+        with collector_paused():  # Parameters are a few objects each: no collection midway
+            self._build(names)
+
+    def _build(self, names: Sequence[str]) -> None:
         rest = list(names)
         if not self.copies:
             for name in names:

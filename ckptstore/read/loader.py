@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import mmap
-import os
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -25,7 +25,7 @@ from ckptstore.boxes import Box
 from ckptstore.dtypes import is_float
 from ckptstore.errors import CooperativeLoadError, InvalidOptionError
 from ckptstore.io import LocalFile
-from ckptstore.io.base import ReadCost
+from ckptstore.io.base import LOCAL_COST, ReadCost
 from ckptstore.progress import Progress, binary_size
 from ckptstore.read.exchange import job_agreement
 from ckptstore.read.group_load import Cooperative, exchange_for, load_together
@@ -47,8 +47,9 @@ from ckptstore.store.read_plan import ParamReadPlan, ReadPlan, plan_param
 from ckptstore.store.store import Store, StoreLike, open_verified, store_argument
 
 #: Threads that read one load by default: measured at 1, 2 and 4 on 2 cores (the workers rows of
-#: benchmarks/results/load.md: 2 beat 1 by 1.35x, 4 gained nothing).
-DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
+#: benchmarks/results/load.md: 2 beat 1 by 1.35x, 4 gained nothing), never more than the CPUs this
+#: process may run on (an 8-rank job on a 192-core host pinned to 24 cores a rank reads with 4).
+DEFAULT_WORKERS = LOCAL_COST.in_flight
 #: Plans modelled to take less than this (a local 256 KiB parameter) are read by the thread that
 #: plans them, not handed to the pool: the hand-off would cost more. Any request of an object
 #: store takes longer, so its requests always go to the pool and stay in flight together.
@@ -169,7 +170,8 @@ class RankView:
 
     def read_many(self, names: Sequence[str]) -> dict[str, np.ndarray | str]:
         """Several parameters at once, their reads sharing one pool of ``workers`` threads."""
-        return dict(self.stream(names))
+        with collector_paused():
+            return dict(self.stream(names))
 
     def stream(self, names: Sequence[str]) -> Iterator[tuple[str, np.ndarray | str]]:
         """``(name, value)`` for each of ``names``, in order, each as soon as its reads are done.
@@ -243,6 +245,36 @@ class RankView:
         base = offset - offset % mmap.ALLOCATIONGRANULARITY
         mm = mmap.mmap(f.fd, offset - base + nbytes, access=mmap.ACCESS_COPY, offset=base)
         return np.frombuffer(mm, dtype=info.np_dtype, count=box.size, offset=offset - base).reshape(box.shape)
+
+
+_collector_lock = threading.Lock()
+_collector_holders = 0
+_collector_was_enabled = False
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Keep Python's cyclic garbage collector off while a load runs (nested and concurrent loads
+    share one pause; the collector is switched back on, if it was on, when the last one ends).
+
+    A load allocates a few objects per parameter and frees none, so each few hundred parameters
+    trigger a collection, and in a process holding a network's worth of objects (MindSpore's) one
+    load in five paid a full collection of about 100 ms, all of it holding the interpreter. The
+    cycles a load makes are collected after it, at the next collection.
+    """
+    global _collector_holders, _collector_was_enabled
+    with _collector_lock:
+        if _collector_holders == 0:
+            _collector_was_enabled = gc.isenabled()
+            gc.disable()
+        _collector_holders += 1
+    try:
+        yield
+    finally:
+        with _collector_lock:
+            _collector_holders -= 1
+            if _collector_holders == 0 and _collector_was_enabled:
+                gc.enable()
 
 
 class _Claimed(Job):
