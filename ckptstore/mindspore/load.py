@@ -191,7 +191,7 @@ class _NetLoader:
         _hand_over(ready)
 
     def _plan(self, key: str, param: Any, rank: int) -> Any:
-        info = self.store.checked_info(key) if self.verify else self.store.info(key)
+        info = self.store.read_info(key, verify=self.verify)
         box = self.boxes[key]
         shape = info.shape if box is None else box.shape
         if tuple(param.shape) != tuple(shape) and not same_but_trailing_ones(param.shape, shape):

@@ -132,7 +132,7 @@ class RankView:
         return self.store.data.read_cost()
 
     def plan_for(self, name: str) -> ParamReadPlan:
-        info = self.store.checked_info(name) if self.verify else self.store.info(name)
+        info = self.store.read_info(name, verify=self.verify)
         return plan_param(info, self.boxes[name], out_dtype=self.dtype_of(name), verify=self.verify, cost=self._cost)
 
     @property
@@ -258,8 +258,9 @@ def collector_paused() -> Iterator[None]:
     share one pause; the collector is switched back on, if it was on, when the last one ends).
 
     A load allocates a few objects per parameter and frees none, so each few hundred parameters
-    trigger a collection, and in a process holding a network's worth of objects (MindSpore's) one
-    load in five paid a full collection of about 100 ms, all of it holding the interpreter. The
+    trigger a collection; issue 36 saw one load in five pay a full collection of about 100 ms in a
+    process holding MindSpore. bench_load's processes paid none, with or without the pause
+    (benchmarks/results/issue-36-perf.md): it guards against that case, no gain was measured. The
     cycles a load makes are collected after it, at the next collection.
     """
     global _collector_holders, _collector_was_enabled

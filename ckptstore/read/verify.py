@@ -96,11 +96,12 @@ verify_store = verify
 
 def _zarr_layout_problems(store: Store, info: ParamManifest) -> list[str]:
     """Where a Zarr reader of ``info``'s array would read other bytes than the manifest's chunks."""
-    problem = zarr_kind.layout_problem(store.data, info)
+    layout = zarr_kind.read_array_layout(store.data, info)
+    if isinstance(layout, str):
+        return [layout]
+    problem = zarr_kind.layout_mismatch(store.data, info, layout)
     if problem is not None:
         return [problem]
-    layout = zarr_kind.read_array_layout(store.data, info)
-    assert not isinstance(layout, str)  # layout_problem said it opens
     if layout.sharding is None:
         return _plain_chunk_problems(store, info, layout.separator)
     if layout.sharding.get("index_location", "end") != "end" or len(layout.sharding.get("index_codecs", [])) != 2:

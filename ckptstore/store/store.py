@@ -108,13 +108,13 @@ class Store:
         except (KeyError, TypeError):
             raise ParameterNotFoundError(f"parameter {name!r} is not in the store {self.location.url}") from None
 
-    def checked_info(self, name: str) -> ParamManifest:
-        """``name``'s manifest entry, once checked against the kind's own metadata of it (a Zarr
-        array's ``zarr.json``): what reads with ``verify=True`` plan from. A manifest that places
-        the chunks otherwise is a :class:`~ckptstore.errors.StoreCorruptError`, since the chunks'
-        checksums hold for their bytes wherever the manifest puts them."""
+    def read_info(self, name: str, *, verify: bool) -> ParamManifest:
+        """``name``'s manifest entry as a read plans from it: with ``verify=True``, once checked
+        against the kind's own metadata of it (a Zarr array's ``zarr.json``). A manifest that
+        places the chunks otherwise is a :class:`~ckptstore.errors.StoreCorruptError`, since the
+        chunks' checksums hold for their bytes wherever the manifest puts them."""
         info = self.info(name)
-        if name not in self._layouts_checked and not info.is_str:
+        if verify and name not in self._layouts_checked and not info.is_str:
             kind = store_kind(self.manifest.kind)
             problem = None if kind is None or kind.layout_problem is None else kind.layout_problem(self.data, info)
             if problem is not None:
@@ -135,7 +135,7 @@ class Store:
         ``(slice(0, 32), slice(None))``), a tuple of ``(start, stop)`` pairs, one per axis
         (e.g. ``((0, 32), (0, 128))``), or a :class:`~ckptstore.boxes.Box`; all in the global frame.
         """
-        info = self.checked_info(name) if verify else self.info(name)
+        info = self.read_info(name, verify=verify)
         try:
             return plan_param(info, _as_box(box, info.shape, name),
                               out_dtype=None if dtype is None else np.dtype(dtype), verify=verify,

@@ -248,6 +248,15 @@ class NumpyHolder:
         return self._array
 
 
+def _slicing_input(spec: ParamSpec, global_array: np.ndarray) -> tuple[ParamSpec, np.ndarray]:
+    """``spec`` normalised and ``global_array`` as an array of its shape (a ``ValueError`` naming
+    both shapes otherwise): what both rank slicers start from."""
+    global_array = np.asarray(global_array)
+    if tuple(global_array.shape) != tuple(spec.shape):
+        raise ValueError(f"{spec.name}: array shape {global_array.shape} != spec shape {spec.shape}")
+    return normalize_spec(spec), global_array
+
+
 def mindspore_rank_slice(spec: ParamSpec, global_array: np.ndarray, rank: int) -> np.ndarray:
     """The local tensor of ``rank`` (rank *within its pipeline stage*), cut by MindSpore's code.
 
@@ -258,10 +267,7 @@ def mindspore_rank_slice(spec: ParamSpec, global_array: np.ndarray, rank: int) -
     result is reshaped to the local shape the same way ``_insert_opt_shard_reshape`` does.
     Specs without a dev_matrix return the whole tensor. Always a contiguous copy.
     """
-    global_array = np.asarray(global_array)
-    if tuple(global_array.shape) != tuple(spec.shape):
-        raise ValueError(f"{spec.name}: array shape {global_array.shape} != spec shape {spec.shape}")
-    spec = normalize_spec(spec)
+    spec, global_array = _slicing_input(spec, global_array)
     if not spec.in_strategy:
         return np.array(global_array, copy=True)
     _ms()
@@ -310,10 +316,7 @@ def formula_rank_slice(spec: ParamSpec, global_array: np.ndarray, rank: int) -> 
     :func:`mindspore_rank_slice` on the standard layouts (and the spec sets listed there) only.
     Always a contiguous copy.
     """
-    global_array = np.asarray(global_array)
-    if tuple(global_array.shape) != tuple(spec.shape):
-        raise ValueError(f"{spec.name}: array shape {global_array.shape} != spec shape {spec.shape}")
-    spec = normalize_spec(spec)
+    spec, global_array = _slicing_input(spec, global_array)
     if not spec.in_strategy:
         return np.array(global_array, copy=True)
     dev, n = spec.dev_matrix, len(spec.dev_matrix)

@@ -74,11 +74,17 @@ def layout_problem(source: ByteSource, info: ParamManifest, *, unreadable: bool 
     layout = read_array_layout(source, info)
     if isinstance(layout, str):
         return layout if unreadable else None
-    if layout.chunk_shape != tuple(info.chunk_shape) or layout.shape != tuple(info.shape):
-        return (f"parameter {info.name!r}: {source.key_url(f'{info.path}/{ROOT_METADATA}')} describes shape "
-                f"{list(layout.shape)} in chunks of {list(layout.chunk_shape)}, the manifest {list(info.shape)} in "
-                f"chunks of {list(info.chunk_shape)}")
-    return None
+    return layout_mismatch(source, info, layout)
+
+
+def layout_mismatch(source: ByteSource, info: ParamManifest, layout: ArrayLayout) -> str | None:
+    """Where ``layout`` (``info``'s array as its ``zarr.json`` in ``source`` cuts it) differs from
+    the manifest's shape and chunk shape, as a message; ``None`` where they agree."""
+    if layout.chunk_shape == tuple(info.chunk_shape) and layout.shape == tuple(info.shape):
+        return None
+    return (f"parameter {info.name!r}: {source.key_url(f'{info.path}/{ROOT_METADATA}')} describes shape "
+            f"{list(layout.shape)} in chunks of {list(layout.chunk_shape)}, the manifest {list(info.shape)} in "
+            f"chunks of {list(info.chunk_shape)}")
 
 
 KIND = StoreKind(
