@@ -38,8 +38,9 @@ def check_redirects(bucket: str, store: Any) -> None:
     ``LIST`` of the bucket, then the ``HEAD`` and ``GET`` signed with ``store``'s credentials
     (presigned URLs, since an endpoint may redirect only signed requests) with the session token
     taken out of them, so that no probe carries it. An answer of any that points to another host
-    is refused. An endpoint that redirects only some requests (writes, some keys, later ones) is
-    not caught: use endpoints you trust, over https.
+    is refused. A probe that gets no answer (within :func:`probe_timeout`) ends the probing: the
+    client's own requests then report the outage. An endpoint that redirects only some requests
+    (writes, some keys, later ones) is not caught: use endpoints you trust, over https.
     """
     import obstore
 
