@@ -26,6 +26,9 @@ from ckptstore.io.urls import redact
 _S3_CODE = re.compile(r"<Code>([A-Za-z0-9]{1,64})</Code>")
 _STATUS = re.compile(r"status code: (\d{3})|status: (\d{3})")
 _RETRIES = re.compile(r"after (\d+) retries")
+#: A URL in the client's text (the request's, the endpoint's): the names in it are the user's
+#: (a port 41699, a key ``w416``), so no phrase or number is looked for inside one.
+_URL_IN_TEXT = re.compile(r"\b[a-z][a-z0-9+.-]*://\S*", re.IGNORECASE)
 _ELAPSED = re.compile(r" in (\d+(?:\.\d+)?)(ns|µs|us|ms|s|m)\b")
 _UNIT_SECONDS = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
 
@@ -37,6 +40,17 @@ def endpoint() -> str:
         return redact(url)
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     return f"AWS S3 ({region}; AWS_ENDPOINT_URL is not set)"
+
+
+def _status(text: str) -> str | None:
+    """The HTTP status the client's text reports (``"status code: 416"``), if any."""
+    m = _STATUS.search(text)
+    return next((g for g in m.groups() if g), None) if m else None
+
+
+def _phrases(e: BaseException) -> str:
+    """The client's text with its URLs cut out, to look for the client's own phrases in."""
+    return _URL_IN_TEXT.sub("<url>", str(e))
 
 
 def _outage(text: str, status: str | None) -> str | None:
@@ -73,9 +87,8 @@ def client_error(e: BaseException, url: str, action: str) -> Exception:
     """
     import obstore.exceptions as oe
 
-    text = str(e)
-    m = _STATUS.search(text)
-    status = next((g for g in m.groups() if g), None) if m else None
+    text = _phrases(e)
+    status = _status(text)
     found = _S3_CODE.search(text)
     code = found.group(1) if found else None
     detail = ", ".join(x for x in (f"HTTP {status}" if status else "", code or "") if x)
@@ -141,6 +154,9 @@ def plain_http_error(url: str) -> ObjectStoreConfigError:
 
 
 def is_range_error(e: BaseException) -> bool:
-    """Whether ``e`` is the server's refusal of a range past the object's end (HTTP 416)."""
-    text = str(e)
-    return "416" in text or "InvalidRange" in text or "Range" in type(e).__name__
+    """Whether ``e`` is the server's refusal of a range past the object's end (HTTP 416, S3 code
+    ``InvalidRange``): read from the status and the code, never from a "416" anywhere in the text,
+    which also holds the endpoint's port and the key."""
+    text = _phrases(e)
+    found = _S3_CODE.search(text)
+    return _status(text) == "416" or (found is not None and found.group(1) == "InvalidRange")

@@ -195,6 +195,17 @@ def test_an_outage_while_verifying_is_raised_not_fallen_back_from(watched_bucket
     assert _fallback_lines(caplog) == []
 
 
+@pytest.mark.slow
+def test_an_outage_is_no_truncation_whatever_number_its_url_holds(watched_bucket, quick_retries):
+    # the client's error text names the URL: "416" in a key (or in the endpoint's port, 41699) is
+    # no HTTP 416, and taking it for one made this outage a truncated chunk, fallen back from
+    root = watched_bucket.url("run416")
+    _save_steps(root)
+    watched_bucket.proxy.fail_next(1000, status=500, path="/step_2/w")
+    with pytest.raises(StoreUnavailableError, match="unavailable: it answered HTTP 500"):
+        ckptstore.read_rank(root, TWO, 0, fallback=True)
+
+
 # ---- the agreement of the ranks (the all-reduce, here between two threads) --------------------------------
 
 
