@@ -201,6 +201,10 @@ class LocalSource(ByteSource):
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        # what str(root / key) is for a key check_key accepted (no empty, '.' or '..' part), joined
+        # without pathlib, which cost half of opening a file (a load opens one per parameter)
+        top = str(self.root)
+        self._prefix = "" if top == "." else top if top.endswith("/") else top + "/"
         self._files: dict[str, LocalFile] = {}
         self._lock = threading.Lock()
         self._held_root = HeldDescriptor()
@@ -227,8 +231,9 @@ class LocalSource(ByteSource):
 
     def _open(self, key: str) -> LocalFile:
         fd = self._walk(key, os.O_RDONLY)
-        st = _regular_file(fd, self.key_url(key))
-        return LocalFile(fd, key, self.key_url(key), st.st_size)
+        url = self._prefix + key
+        st = _regular_file(fd, url)
+        return LocalFile(fd, key, url, st.st_size)
 
     def _root_fd(self) -> int:
         """A new descriptor (the caller closes it) of the root folder, which is opened once and
