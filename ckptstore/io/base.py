@@ -212,6 +212,11 @@ class ReadableFile(ABC):
             self.read_into(offset, memoryview(buf))
         return bytes(buf)
 
+    def expect_holes(self) -> None:  # noqa: B027  (an optional hook: the default has nothing to do)
+        """Hear that this file will be read in places with holes between them (the executor says
+        so for the files a plan reads that way). A local file stops the kernel reading ahead into
+        the holes; the default does nothing."""
+
     def close(self) -> None:  # noqa: B027  (an optional hook: the default has nothing to do)
         """Release what the file holds (a descriptor, a connection); the default holds nothing.
         Whoever opened the file and owns it closes it."""

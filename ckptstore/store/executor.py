@@ -328,6 +328,8 @@ class Executor:
                 f = opened.get(f_id)
                 if f is None:
                     f = opened[f_id] = self.source.open(plan.keys[f_id])
+                    if f_id in plan.partial_files:
+                        f.expect_holes()
                 if b - a == 1:
                     d, m = dests[a], lengths[a]
                     f.read_span([(offsets[a], flat[d:d + m].data)])

@@ -102,7 +102,12 @@ class ParamReadPlan:
     """Reads that fill one parameter's destination box (global frame ``box``).
 
     ``chunks`` are the indices of the chunks the box overlaps and ``overlaps`` each one's
-    overlap with the box, in grid order.
+    overlap with the box, in grid order. ``partial_files`` are the files (indices into ``keys``)
+    in which the plan leaves some of the parameter's stored bytes unread: a chunk read in part, or
+    a chunk not read at all beside chunks that are. The executor tells those files
+    (:meth:`~ckptstore.io.base.ReadableFile.expect_holes`), so that a local file's readahead does
+    not fetch the unread bytes too; a file from which the parameter is read whole (a rank file
+    of many parameters read one after another) keeps the readahead that streams it.
     """
 
     name: str
@@ -113,6 +118,7 @@ class ParamReadPlan:
     codec: Mapping[str, Any] | None
     chunks: tuple[int, ...] = ()
     overlaps: tuple[Box, ...] = ()
+    partial_files: frozenset[int] = frozenset()
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -214,6 +220,7 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
     extents: set[tuple[int, int, int]] = set()  # the direct group's chunks' bytes: (file, start, end)
     groups: list[ReadGroup] = []
     touched: list[tuple[int, Box]] = []
+    partial: set[int] = set()  # files of the chunks read only in part
     for i in manifest.chunks_overlapping(box):
         cbox = manifest.chunk_box(i)
         overlap = cbox.intersect(box)
@@ -233,6 +240,8 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
             extents.add((_key_id(keys, f), offset, offset + nbytes))
             continue
         within = {(_key_id(keys, f), o, o + n) for f, o, n in pieces}
+        if not box.contains(container):  # the chunk (or the dense tensor) is read in part
+            partial.update(f for f, _, _ in within)
         if cast:  # converted block by block: the scratch of one group is one block, not the whole overlap
             for block in cast_blocks(overlap, max(1, cast_block_bytes(cost) // item)):
                 cols = _runs(block, container, pieces, block, item, keys)
@@ -243,11 +252,14 @@ def plan_param(manifest: ParamManifest, box: Box | None = None, *, out_dtype: np
             cols = _runs(overlap, container, pieces, frame, item, keys)
             direct.extend(cols)
             extents |= within
+    if len(touched) < len(manifest.chunks) and not manifest.dense:  # files holding chunks left unread
+        read = {i for i, _ in touched}
+        partial.update(keys[f] for i, f in enumerate(manifest.chunks.files) if i not in read and f in keys)
     if direct:
         files, offsets, lengths, dests, cuts = plan_requests(_coalesce(direct.arrays()), cost, coalesce, extents)
         groups.insert(0, ReadGroup(box, box, files, offsets, lengths, dests, into_destination=True, cuts=cuts))
     return ParamReadPlan(manifest.name, manifest.np_dtype, box, tuple(keys), tuple(groups), manifest.codec,
-                         tuple(i for i, _ in touched), tuple(o for _, o in touched))
+                         tuple(i for i, _ in touched), tuple(o for _, o in touched), frozenset(partial))
 
 
 def cast_block_bytes(cost: ReadCost) -> int:
@@ -322,6 +334,7 @@ class ByteRangesPlan:
     codec = None
     chunks: tuple[int, ...] = ()
     overlaps: tuple[Box, ...] = ()
+    partial_files: frozenset[int] = frozenset()  # its ranges are whole records
 
     def __init__(self, name: str, keys: tuple[str, ...], range_files: list[int], offsets: list[int],
                  lengths: list[int], dests: list[int], nbytes: int) -> None:

@@ -265,3 +265,42 @@ def test_cast_blocks_tile_the_box_in_c_order_within_the_limit(shape, limit):
         firsts.append(int(order[b.relative_to(box).slices()].min()))
     assert (cover[box.slices()] == 1).all() and cover.sum() == box.size
     assert firsts == sorted(firsts)
+
+
+def _two_chunk_manifest(files: tuple[str, str], layout: str = "chunks") -> ParamManifest:
+    """A (4, 4) float32 parameter in two (2, 4) chunks of 32 bytes, in ``files``."""
+    table = ChunkTable(files, (0, 32), (32, 32), None, (0, 0), (1, 1))
+    return ParamManifest("w", "w", "float32", (4, 4), (2, 4), table, None, None, layout)
+
+
+@pytest.mark.parametrize("files, layout, box, partial", [
+    (("a", "a"), "chunks", Box((0, 0), (4, 4)), set()),
+    (("a", "a"), "chunks", Box((0, 0), (2, 4)), {"a"}),  # chunk 1 left unread beside chunk 0
+    (("a", "b"), "chunks", Box((0, 0), (2, 4)), set()),  # its file holds nothing else of w
+    (("a", "b"), "chunks", Box((0, 0), (2, 2)), {"a"}),  # a chunk read in part
+    (("a", "b"), "chunks", Box((1, 0), (3, 4)), {"a", "b"}),
+    (("d", "d"), "dense", Box((0, 0), (2, 4)), {"d"}),  # part of the one tensor record
+    (("d", "d"), "dense", Box((0, 0), (4, 4)), set()),
+], ids=["whole", "chunk-skipped-in-its-file", "chunk-per-file", "chunk-in-part", "both-in-part", "dense-part",
+        "dense-whole"])
+def test_partial_files_are_the_files_whose_bytes_of_the_parameter_are_read_in_part(files, layout, box, partial):
+    plan = plan_param(_two_chunk_manifest(files, layout), box)
+    assert {plan.keys[i] for i in plan.partial_files} == partial
+
+
+def test_the_executor_tells_only_the_files_read_in_part_to_expect_holes(tmp_path, monkeypatch):
+    from ckptstore.io.local import LocalFile
+
+    told: list[str] = []
+    monkeypatch.setattr(LocalFile, "expect_holes", lambda self: told.append(self.key))
+    values = np.arange(16, dtype=np.float32).reshape(4, 4)
+    (tmp_path / "a").write_bytes(values[:2].tobytes())
+    (tmp_path / "b").write_bytes(values[2:].tobytes())
+    table = ChunkTable(("a", "b"), (0, 0), (32, 32), None, (0, 0), (1, 1))
+    manifest = ParamManifest("w", "w", "float32", (4, 4), (2, 4), table)
+    store = Store(LocalSource(tmp_path), StoreManifest({"w": manifest}))
+    box = Box((0, 0), (4, 2))  # half of each chunk
+    out = np.empty(box.shape, dtype=np.float32)
+    whole_a = plan_param(store.info("w"), Box((0, 0), (2, 4)))  # chunk 0, the whole of file a
+    Executor(store.data).run([(whole_a, np.empty((2, 4), np.float32)), (plan_param(store.info("w"), box), out)])
+    assert np.array_equal(out, values[:, :2]) and sorted(told) == ["a", "b"]
