@@ -4,6 +4,7 @@ first on PATH (workers run ``python``) and returns its exit code and logs by nam
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +21,17 @@ def msrun(tmp_path: Path, *command: str, env: dict[str, str] | None = None, work
     for var in ("RANK_ID", "RANK_SIZE", "MS_ROLE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
         if env is None or var not in env:
             full.pop(var, None)
-    port = 20000 + (os.getpid() * 7 + len(str(tmp_path))) % 20000
+    port = _free_port()
     logs = tmp_path / "logs"
     done = subprocess.run([str(VENV_BIN / "msrun"), f"--worker_num={workers}", f"--local_worker_num={workers}",
                            f"--master_port={port}", f"--log_dir={logs}", "--join=True", *command],
                           env=full, capture_output=True, text=True, timeout=timeout, cwd=tmp_path, check=False)
     return done.returncode, {p.stem: p.read_text(errors="replace") for p in sorted(logs.glob("*.log"))}
+
+
+def _free_port() -> int:
+    """A port no one listens on now: the kernel's pick, not one derived from the pid, which two tests in
+    one worker, or a proxy's ephemeral socket, could already hold (the scheduler then fails to start)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
