@@ -131,7 +131,7 @@ def _graph_at_any_depth() -> dict[str, set[str]]:
 #: Issue 34: no exception. (The write side reaches MindSpore's adapter of Cells through the hook
 #: the package installs, ckptstore.adapters; store/chunking.py's chunk plan went to write/.)
 FLOORS: tuple[frozenset[str], ...] = tuple(frozenset(f.split()) for f in (
-    "errors limits version dtypes boxes registry progress adapters",
+    "errors limits version dtypes boxes registry progress adapters collector",
     "io launcher",
     "formats",
     "store",

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore.checkpoint.strategy import Strategy
+from ckptstore.collector import collector_paused
 from ckptstore.dtypes import is_float, lookup
 from ckptstore.errors import InvalidOptionError, LayoutMismatchError
 from ckptstore.mindspore._import import mindspore as _ms
@@ -24,7 +25,6 @@ from ckptstore.read.group_load import Cooperative, exchange_for, load_together
 from ckptstore.read.loader import (
     StrategyLike,
     check_workers,
-    collector_paused,
     float_dtype,
     replica_ranks,
     resolve_rank,

@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from ckptstore.collector import collector_paused
 from ckptstore.mindspore._import import mindspore as _ms
 from ckptstore.mindspore._import import ms_dtype as _ms_dtype
 from ckptstore.read.group_load import Cooperative
 from ckptstore.read.loader import (
     RankView,
     StrategyLike,
-    collector_paused,
     include_globs,
     rank_view,
     read_together,

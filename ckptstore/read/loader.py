@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import mmap
 import threading
 from collections import deque
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore.boxes import Box
+from ckptstore.collector import collector_paused
 from ckptstore.dtypes import is_float
 from ckptstore.errors import CooperativeLoadError, InvalidOptionError
 from ckptstore.io import LocalFile
@@ -276,37 +276,6 @@ class RankView:
         base = offset - offset % mmap.ALLOCATIONGRANULARITY
         mm = mmap.mmap(f.fd, offset - base + nbytes, access=mmap.ACCESS_COPY, offset=base)
         return np.frombuffer(mm, dtype=info.np_dtype, count=box.size, offset=offset - base).reshape(box.shape)
-
-
-_collector_lock = threading.Lock()
-_collector_holders = 0
-_collector_was_enabled = False
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Keep Python's cyclic garbage collector off while a load runs (nested and concurrent loads
-    share one pause; the collector is switched back on, if it was on, when the last one ends).
-
-    A load allocates a few objects per parameter and frees none, so each few hundred parameters
-    trigger a collection; issue 36 saw one load in five pay a full collection of about 100 ms in a
-    process holding MindSpore. bench_load's processes paid none, with or without the pause
-    (benchmarks/results/issue-36-perf.md): it guards against that case, no gain was measured. The
-    cycles a load makes are collected after it, at the next collection.
-    """
-    global _collector_holders, _collector_was_enabled
-    with _collector_lock:
-        if _collector_holders == 0:
-            _collector_was_enabled = gc.isenabled()
-            gc.disable()
-        _collector_holders += 1
-    try:
-        yield
-    finally:
-        with _collector_lock:
-            _collector_holders -= 1
-            if _collector_holders == 0 and _collector_was_enabled:
-                gc.enable()
 
 
 class _Claimed(Job):

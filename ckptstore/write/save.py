@@ -37,6 +37,7 @@ import numpy as np
 
 from ckptstore.checkpoint.selection import select_params
 from ckptstore.checkpoint.strategy import Strategy, load_strategy
+from ckptstore.collector import collector_paused
 from ckptstore.errors import InvalidOptionError, StoreExistsError, check_int
 from ckptstore.io.locations import is_url, join
 from ckptstore.io.sink import ByteSink
@@ -323,6 +324,10 @@ class SaveJob:
         marker, and the last rank commits."""
         started = time.monotonic()
         sink = step_sink(self.location)
+        with collector_paused():
+            return self._write(sink, started, pieces, commit=commit)
+
+    def _write(self, sink: ByteSink, started: float, pieces: Iterable[Piece] | None, *, commit: bool) -> SaveSummary:
         hold = self._claim(sink)
         try:
             if hold.complete:

@@ -9,31 +9,12 @@ import pytest
 
 import ckptstore
 from ckptstore.io import base
-from ckptstore.read.loader import collector_paused, rank_view
+from ckptstore.read.loader import rank_view
 
 
 def test_usable_cpus_is_the_affinity_mask(monkeypatch):
     monkeypatch.setattr(base.os, "sched_getaffinity", lambda pid: {3, 7}, raising=False)
     assert base.usable_cpus() == 2
-
-
-def test_collector_paused_nested_restores_it_once():
-    assert gc.isenabled()
-    with collector_paused():
-        with collector_paused():
-            assert not gc.isenabled()
-        assert not gc.isenabled()
-    assert gc.isenabled()
-
-
-def test_collector_paused_leaves_a_disabled_collector_off():
-    gc.disable()
-    try:
-        with collector_paused():
-            pass
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
 
 
 @pytest.mark.mindspore
