@@ -48,6 +48,12 @@ def _status(text: str) -> str | None:
     return next((g for g in m.groups() if g), None) if m else None
 
 
+def _code(text: str) -> str | None:
+    """The S3 error code the client's text quotes (``<Code>InvalidRange</Code>``), if any."""
+    found = _S3_CODE.search(text)
+    return found.group(1) if found else None
+
+
 def _phrases(e: BaseException) -> str:
     """The client's text with its URLs cut out, to look for the client's own phrases in."""
     return _URL_IN_TEXT.sub("<url>", str(e))
@@ -88,9 +94,7 @@ def client_error(e: BaseException, url: str, action: str) -> Exception:
     import obstore.exceptions as oe
 
     text = _phrases(e)
-    status = _status(text)
-    found = _S3_CODE.search(text)
-    code = found.group(1) if found else None
+    status, code = _status(text), _code(text)
     detail = ", ".join(x for x in (f"HTTP {status}" if status else "", code or "") if x)
     detail = f" ({detail})" if detail else ""
 
@@ -137,8 +141,7 @@ def missing_bucket(url: str, detail: str = " (HTTP 404, NoSuchBucket)") -> Missi
 
 def is_no_such_bucket(e: BaseException) -> bool:
     """Whether the server's answer says the bucket does not exist (S3 code ``NoSuchBucket``)."""
-    found = _S3_CODE.search(str(e))
-    return found is not None and found.group(1) == "NoSuchBucket"
+    return _code(str(e)) == "NoSuchBucket"
 
 
 def is_panic(e: BaseException) -> bool:
@@ -158,5 +161,4 @@ def is_range_error(e: BaseException) -> bool:
     ``InvalidRange``): read from the status and the code, never from a "416" anywhere in the text,
     which also holds the endpoint's port and the key."""
     text = _phrases(e)
-    found = _S3_CODE.search(text)
-    return _status(text) == "416" or (found is not None and found.group(1) == "InvalidRange")
+    return _status(text) == "416" or _code(text) == "InvalidRange"
