@@ -68,6 +68,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -133,14 +134,19 @@ def rank_main(a: argparse.Namespace) -> None:
         time.sleep(0.001)
     reset_peak_rss()
     before = read_status()["VmRSS"]
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.time()
     committed = _save(a, params, state)
     t_stall = committed.pop("stall")
     t_done = time.time()
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     peak = read_status()["VmHWM"] - before
+    # the rank's own CPU (every thread, user + system) from the release to its save's end: the
+    # part of a save's cost another process on the machine or the disk's mood barely moves
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     imported = sys.modules["ckptstore"].__file__ if "ckptstore" in sys.modules else None
     json.dump({"rank": a.rank, "go": float(go.read_text()), "start": t0, "stall_end": t_stall, "done": t_done,
-               "peak_above": peak, "ckptstore": imported, **committed}, sys.stdout)
+               "peak_above": peak, "cpu_s": cpu, "ckptstore": imported, **committed}, sys.stdout)
     if "stager" in state:  # a stager passed to async_save is the caller's to close
         state["stager"].close()
     if a.contender.startswith("PyTorch DCP"):

@@ -42,6 +42,7 @@ warm-up (it also compiles each tree's ``.pyc`` files) and is left out of the med
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import statistics
@@ -215,6 +216,7 @@ def save(state: Mapping[str, Any]) -> dict[str, Any]:
         ranks.append(json.loads(stdout))
     shutil.rmtree(sync, ignore_errors=True)
     return {"stall_s": max(r["stall_end"] for r in ranks) - go, "committed_s": max(r["done"] for r in ranks) - go,
+            "ranks_cpu_s": sum(r["cpu_s"] for r in ranks),
             "committed": sum(bool(r["committed"]) for r in ranks), "written": sum(r.get("written", 0) for r in ranks)}
 
 
@@ -461,17 +463,41 @@ def verdicts(record: Mapping[str, Any], trees: Sequence[Tree], routes: Sequence[
         for metric in ("cpu_s", "peak_above_start", "tree_peak_above_start", "rchar"):
             if metric in a and metric in b and a[metric]["median"]:
                 entry[f"{metric}_ratio"] = b[metric]["median"] / a[metric]["median"]
+        entry["paired_ci"] = median_ci(paired)
         if route == "save":  # judged on the ranks' own clocks: the wall time also holds 8 MindSpore exits
-            for metric in ("stall_s", "committed_s"):
-                got = {n: statistics.median(x["check"][metric] for x in record["samples"]
-                                            if x["contender"] == n and x["round"] >= 1 and metric in x.get("check", {}))
-                       for n in (a_name, b_name)}
+            for metric in ("stall_s", "committed_s", "ranks_cpu_s"):
+                per_round = {(x["contender"], x["round"]): x["check"][metric] for x in record["samples"]
+                             if x["round"] >= 1 and metric in x.get("check", {})}
+                got = {n: [v for (c, _), v in per_round.items() if c == n] for n in (a_name, b_name)}
+                if not got[a_name] or not got[b_name]:
+                    continue  # a revision of the harness that did not record it
                 key = metric[:-2]
-                entry.update({f"old_{metric}": got[a_name], f"new_{metric}": got[b_name],
-                              f"{key}_ratio": got[b_name] / got[a_name]})
+                pairs = [per_round[b_name, r] / per_round[a_name, r] for r in range(1, record["reps"] + 1)
+                         if (a_name, r) in per_round and (b_name, r) in per_round]
+                old_m, new_m = statistics.median(got[a_name]), statistics.median(got[b_name])
+                entry.update({f"old_{metric}": old_m, f"new_{metric}": new_m, f"{key}_ratio": new_m / old_m,
+                              f"{key}_paired_ci": median_ci(pairs)})
             entry["within"] = entry["stall_ratio"] <= LIMIT and entry["committed_ratio"] <= LIMIT
         out[route] = entry
     return out
+
+
+def median_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free confidence interval of the median of ``values`` (the order statistics
+    that the binomial distribution puts around it), or None when there are too few values for
+    one (fewer than 6 at 95%). Applied to the per-round new/old ratios it says how far this
+    machine's noise lets one run tell a ratio from 1.05."""
+    n = len(values)
+    ordered = sorted(values)
+    below, k = 0.0, 0  # P(Binomial(n, 1/2) <= k - 1): the chance that the median is below ordered[k]
+    while True:
+        p_next = below + math.comb(n, k) / 2**n
+        if p_next > (1 - level) / 2:
+            break
+        below, k = p_next, k + 1
+    if k == 0:
+        return None
+    return ordered[k - 1], ordered[n - k]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,7 +556,8 @@ def render(record: Mapping[str, Any]) -> str:
         "system, the worker's threads) is far less sensitive to other processes than wall time.", "",
         f"{record['reps']} measured rounds after 1 warm-up round (left out); cells are median (min–max).", "",
         "| route | old wall | new wall | **new / old** (medians) | verdict (≤ 1.05×) | new / old of the fastest runs | "
-        "new / old per round: median (min–max) | old CPU time | new CPU time | new / old CPU | "
+        "new / old per round: median (min–max; 95% interval of the median) | old CPU time | new CPU time | "
+        "new / old CPU | "
         "old peak RSS above start | new peak RSS above start | "
         "old bytes read (rchar) | new bytes read (rchar) | REPORT.md (rev) | new / REPORT.md |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -565,6 +592,15 @@ def render(record: Mapping[str, Any]) -> str:
                       f"durable) old {format_seconds(save_v['old_committed_s'])}, new "
                       f"{format_seconds(save_v['new_committed_s'])}, **new / old {save_v['committed_ratio']:.3f}×** "
                       f"(medians; the verdict, {'within' if save_v['within'] else '**over**'}, needs both ≤ {LIMIT}×)."]
+        cis = [f"{label} {_ci(save_v.get(key))}" for label, key in (("stall", "stall_paired_ci"),
+                                                                     ("committed", "committed_paired_ci"))]
+        if "ranks_cpu_ratio" in save_v:
+            lines += ["", "The 8 ranks' own CPU time (user + system, every thread, release to the save's end, summed): "
+                          f"old {format_seconds(save_v['old_ranks_cpu_s'])}, new "
+                          f"{format_seconds(save_v['new_ranks_cpu_s'])}, **new / old "
+                          f"{save_v['ranks_cpu_ratio']:.3f}×**, 95% interval of the per-round median "
+                          f"{_ci(save_v.get('ranks_cpu_paired_ci'))}."]
+        lines += ["", f"95% intervals of the median per-round new / old: {'; '.join(cis)}."]
     if BOUND in summary:
         lines += ["", f"`{BOUND}` (one `os.preadv` of a file of exactly the rank's bytes, one thread, same run): "
                       f"{_stat(summary[BOUND], 'wall_s', format_seconds)}."]
@@ -580,7 +616,12 @@ def render(record: Mapping[str, Any]) -> str:
 def _paired(ratios: Sequence[float]) -> str:
     if not ratios:
         return "–"
-    return f"{statistics.median(ratios):.3f}× ({min(ratios):.2f}–{max(ratios):.2f})"
+    ci = median_ci(ratios)
+    return f"{statistics.median(ratios):.3f}× ({min(ratios):.2f}–{max(ratios):.2f}; 95% interval {_ci(ci)})"
+
+
+def _ci(ci: Sequence[float] | None) -> str:
+    return "– (too few rounds)" if ci is None else f"{ci[0]:.3f}–{ci[1]:.3f}×"
 
 
 def same_values_line(record: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any]) -> str:

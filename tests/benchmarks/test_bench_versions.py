@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 BASE = "cee2ecf"  # the layout before the reorganisation by role: ckptstore/loader.py, no ckptstore/read/
 
@@ -71,3 +73,30 @@ def test_verdict_is_new_over_old_of_the_median_walls_against_1_05() -> None:
     assert v["index"] == {"verdict": "not judged (a contender failed)"}
     record["summary"][d]["wall_s"]["median"] = 10.6
     assert verdicts(record, [old, new], ["convert"])["convert"]["within"] is False
+
+
+def test_median_interval_of_ten_rounds_is_their_second_and_ninth_value() -> None:
+    from benchmarks.bench_versions import median_ci
+
+    # P(Binomial(10, 1/2) <= 1) = 11/1024 <= 2.5% < P(<= 2) = 56/1024: the 2nd and 9th order statistics
+    assert median_ci([1.0, 10.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 2.0]) == (2.0, 9.0)
+
+
+def test_median_interval_needs_six_rounds_at_95_percent() -> None:
+    from benchmarks.bench_versions import median_ci
+
+    assert median_ci([1.0, 2.0, 3.0, 4.0, 5.0]) is None  # even min-max covers the median with only 93.75%
+    assert median_ci([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) == (1.0, 6.0)
+
+
+@given(st.lists(st.floats(0.5, 2.0), min_size=6, max_size=40))
+def test_median_interval_holds_the_median_and_is_made_of_the_values(values: list[float]) -> None:
+    import statistics
+
+    from benchmarks.bench_versions import median_ci
+
+    got = median_ci(values)
+    assert got is not None
+    lo, hi = got
+    assert lo in values and hi in values
+    assert lo <= statistics.median(values) <= hi
