@@ -344,8 +344,10 @@ def contenders_for(trees: Sequence[Tree], harness_dir: Path, *, routes: Sequence
             env = t.env(harness_dir)
             load_pre = LOAD_PREIMPORT
             load_args = {"store": str(t.store), "strategy": dst_strategy, "rank": rank, "names_file": names_file}
-            write_args = {"src_dir": ckpt_dir, "strategy": src_strategy,
-                          "out": str(out_root / f"{route}-{t.label}")}
+            # one output folder per route, not per revision (each run clears it first): a folder of
+            # its own put one revision's files in other places of the disk, and identical code raced
+            # against itself came out 1.23x on convert that way
+            write_args = {"src_dir": ckpt_dir, "strategy": src_strategy, "out": str(out_root / route)}
             name = contender_name(route, t)
             if route == "load_rank":
                 c = Contender(name, MODULE, "load_rank", load_args, preimport=load_pre, env=env, check="check_load")
