@@ -36,7 +36,10 @@ Routes, per revision, on the cached PanGu-shaped checkpoint of :mod:`benchmarks.
 plus the single-thread numpy ``preadv`` bound of the rank's bytes (no ckptstore), as the
 benchmarks' fairness rule asks. Contenders alternate (forward, then reversed order each round),
 so old and new of a route run next to each other and share the machine's drift; round 0 is a
-warm-up (it also compiles each tree's ``.pyc`` files) and is left out of the medians. Output:
+warm-up (it also compiles each tree's ``.pyc`` files) and is left out of the medians. Both
+revisions write a route's output into one folder (cleared before each run), and every per-round
+ratio comes with a 95% interval of its median (:func:`median_ci`): identical code raced against
+itself here moved a write route by up to ±10% in one run. Output:
 ``results/raw/versions.json`` (the latest run of each base, head and routes) and ``results/versions.md`` (this run).
 """
 from __future__ import annotations
