@@ -456,10 +456,8 @@ def verdicts(record: Mapping[str, Any], trees: Sequence[Tree], routes: Sequence[
             out[route] = {"verdict": "not judged (a contender failed)"}
             continue
         ratio = b["wall_s"]["median"] / a["wall_s"]["median"]
-        walls: dict[tuple[str, int], float] = {(x["contender"], x["round"]): x["wall_s"]
-                                               for x in record["samples"] if x["round"] >= 1}
-        paired = [walls[b_name, r] / walls[a_name, r] for r in range(1, record["reps"] + 1)
-                  if (a_name, r) in walls and (b_name, r) in walls]
+        walls = {(x["contender"], x["round"]): x["wall_s"] for x in record["samples"] if x["round"] >= 1}
+        paired = _per_round_ratios(walls, a_name, b_name, record["reps"])
         entry: dict[str, Any] = {"old_wall_s": a["wall_s"]["median"], "new_wall_s": b["wall_s"]["median"],
                                  "wall_ratio": ratio, "within": ratio <= LIMIT,
                                  "min_ratio": b["wall_s"]["min"] / a["wall_s"]["min"],
@@ -477,14 +475,18 @@ def verdicts(record: Mapping[str, Any], trees: Sequence[Tree], routes: Sequence[
                 if not got[a_name] or not got[b_name]:
                     continue  # a revision of the harness that did not record it
                 key = metric[:-2]
-                pairs = [per_round[b_name, r] / per_round[a_name, r] for r in range(1, record["reps"] + 1)
-                         if (a_name, r) in per_round and (b_name, r) in per_round]
+                pairs = _per_round_ratios(per_round, a_name, b_name, record["reps"])
                 old_m, new_m = statistics.median(got[a_name]), statistics.median(got[b_name])
                 entry.update({f"old_{metric}": old_m, f"new_{metric}": new_m, f"{key}_ratio": new_m / old_m,
                               f"{key}_paired_ci": median_ci(pairs)})
             entry["within"] = entry["stall_ratio"] <= LIMIT and entry["committed_ratio"] <= LIMIT
         out[route] = entry
     return out
+
+
+def _per_round_ratios(values: Mapping[tuple[str, int], float], old: str, new: str, reps: int) -> list[float]:
+    """new / old of each measured round in which both ran (``values`` by contender and round)."""
+    return [values[new, r] / values[old, r] for r in range(1, reps + 1) if (old, r) in values and (new, r) in values]
 
 
 def median_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
