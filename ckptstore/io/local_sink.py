@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ckptstore.errors import StoreExistsError, UnsafePathError
+from ckptstore.errors import CkptStoreError, StoreExistsError, UnsafePathError
 from ckptstore.io.base import check_key
 from ckptstore.io.local import HeldDescriptor, LocalFile, LocalSource
 from ckptstore.io.local_lock import FolderLock, temp_name
@@ -290,15 +290,7 @@ class LocalSink(ByteSink):
     # --- whole files ---------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
-        try:
-            with self.parent_folder(key) as (dfd, name):
-                # one temporary name per file, which a rerun reuses: a killed writer leaves no litter
-                tmp = self._write_temp(dfd, name, partial_key(name), data, durable)
-                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except OSError as e:
-            raise write_error(e, self.key_url(key)) from e
-        if durable:
-            self._touch(key.rsplit("/", 1)[0] if "/" in key else "")
+        self.put_stream(key, (data,), durable=durable)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         try:
@@ -309,7 +301,8 @@ class LocalSink(ByteSink):
                     # own: an fsync while other writers hold unsynced data waits for theirs too
                     return False
                 # a name of this call's own: several writers may race to create the same file
-                tmp = self._write_temp(dfd, name, partial_key(f"{name}.{os.getpid()}-{next(_unique)}"), data, True)
+                tmp, _ = self._write_temp(dfd, name, partial_key(f"{name}.{os.getpid()}-{next(_unique)}"), (data,),
+                                          True)
                 try:
                     os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
                 except FileExistsError:
@@ -321,13 +314,20 @@ class LocalSink(ByteSink):
         except OSError as e:
             raise write_error(e, self.key_url(key)) from e
 
-    def _write_temp(self, dfd: int, name: str, tmp: str, data: bytes, durable: bool) -> str:
-        """A new file ``tmp`` of ``data``, created exclusively (a leftover is replaced); returns ``tmp``."""
+    def _write_temp(self, dfd: int, name: str, tmp: str, pieces: Iterable[Any], durable: bool) -> tuple[str, int]:
+        """A new file ``tmp`` of ``pieces`` one after another, created exclusively (a leftover is
+        replaced) and removed if writing fails; returns ``(tmp, its size)``. An error of the
+        pieces' own (reading the bytes to write) is raised as it is; one of the writing, as the
+        ``OSError`` the caller turns into a write error."""
         fd = self.open_in_folder(dfd, tmp, resume=False, where=self.root / name)
+        size = 0
         try:
-            view, done = memoryview(data).cast("B"), 0
-            while done < len(view):
-                done += os.write(fd, view[done:])
+            for piece in pieces:
+                view, done = memoryview(piece).cast("B"), 0
+                while done < len(view):
+                    done += os.write(fd, view[done:])
+                size += done
+                del view, piece  # a staged buffer is freed before the next one is taken
             if durable:
                 os.fsync(fd)
         except BaseException:
@@ -335,22 +335,22 @@ class LocalSink(ByteSink):
             os.unlink(tmp, dir_fd=dfd)
             raise
         os.close(fd)
-        return tmp
+        return tmp, size
 
     def put_stream(self, key: str, pieces: Iterable[Any], *, durable: bool = True) -> int:
-        f = self.create(key)
+        # one walk to the folder serves the whole file (a rank's save writes hundreds of them)
         try:
-            offset = 0
-            for piece in pieces:
-                f.pwrite(piece, offset)
-                offset += memoryview(piece).nbytes
-        except BaseException:
-            f.close()
-            self.delete([partial_key(key)])
-            raise
-        f.close()
-        self._publish(key, durable)
-        return offset
+            with self.parent_folder(key) as (dfd, name):
+                # one temporary name per file, which a rerun reuses: a killed writer leaves no litter
+                tmp, size = self._write_temp(dfd, name, partial_key(name), pieces, durable)
+                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except CkptStoreError:
+            raise  # the pieces' source failed (or the path is unsafe): not this write
+        except OSError as e:
+            raise write_error(e, self.key_url(key)) from e
+        if durable:
+            self._touch(key.rsplit("/", 1)[0] if "/" in key else "")
+        return size
 
     # --- files at offsets ----------------------------------------------------------------------
 
