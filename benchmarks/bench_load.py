@@ -45,6 +45,7 @@ import argparse
 import dataclasses
 import os
 import shutil
+import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ CKPTSTORE = "ckptstore.load_rank (Parameters built)"
 INDEX = "ckptstore.load_rank from an index (Parameters built)"
 INTO_NET = "ckptstore.load_into_net (into a prebuilt Cell)"
 READ_RANK = "ckptstore.read_rank (numpy)"
+STEPS = "ckptstore.load_rank, step by step"
 BOUND = "lower bound: numpy preadv"
 BOUND_2T = "numpy preadv, 2 threads"  # bound_name(2): the N-thread bound's row where N = 2
 #: The target of issue 36: warm ``load_rank`` (default workers) at most this many times the N-thread bound.
@@ -97,6 +99,8 @@ TIMED_SPANS = {
     INTO_NET: "`ckptstore.load_into_net(net, store, strategy=..., rank=...)` (default workers); setup: a Cell with "
               "the rank's Parameters (names, local shapes, dtypes), zero-filled (memory touched)",
     READ_RANK: "`ckptstore.read_rank(store, strategy, rank)` (numpy arrays, default workers); no setup",
+    STEPS: "the `load_rank` row's work done call by call, each step timed (see \"Where the time goes\"), then "
+           "planning once more on its own; its Parameters are dropped inside the span; no setup",
     BOUND: "one `os.preadv` of a file holding exactly the rank's bytes into one `np.empty` array (1 thread, 4 KiB "
            "pages: `NUMPY_MADVISE_HUGEPAGE=0`); no setup",
     BOUND_2T: "the same with the file split over 2 threads",
@@ -244,6 +248,13 @@ def _ckptstore_read_rank(st: LoadSetup) -> Contender:
 
 
 @register("load")
+def _ckptstore_load_rank_steps(st: LoadSetup) -> Contender:
+    """The ``load_rank`` row's work call by call, each step timed: where its time goes."""
+    return Contender(STEPS, MODULE, "ckptstore_load_rank_steps", _ckptstore_args(st, workers=default_workers(st)),
+                     preimport=CKPTSTORE_PREIMPORT)
+
+
+@register("load")
 def _bound(st: LoadSetup) -> list[Contender]:
     """The single-thread bound and the N-thread one (N = :func:`bound_threads`; none when N = 1)."""
     args = {"path": st.flat_file, "nbytes": st.rank_nbytes, "names_file": st.names_file}
@@ -337,21 +348,49 @@ def index_source_files(store: str | os.PathLike[str]) -> list[str]:
     return [os.path.normpath(root / key) for key in doc.get("source_files", {})]
 
 
+def only(contenders: Sequence[Contender], wanted: Sequence[str] | None) -> list[Contender]:
+    """The contenders whose name holds one of ``wanted`` (every one when ``None``)."""
+    return [c for c in contenders if wanted is None or any(w in c.name for w in wanted)]
+
+
+#: The rows ``--base`` repeats with the other revision's ckptstore.
+BASE_ROWS = (CKPTSTORE, READ_RANK, STEPS)
+
+
+def base_rows(contenders: Sequence[Contender], tree: Path, rev: str) -> list[Contender]:
+    """``[base REV]`` copies of :data:`BASE_ROWS`: the same calls on the same store, importing the
+    ckptstore of ``tree`` (a revision's ``ckptstore/`` folder, :func:`benchmarks.bench_versions.extract`)."""
+    harness_dir = Path(__file__).resolve().parent.parent
+    env = {"PYTHONPATH": f"{tree}{os.pathsep}{harness_dir}", "PYTHONSAFEPATH": "1"}
+    return [dataclasses.replace(c, name=f"{c.name} [base {rev[:7]}]", env={**c.env, **env})
+            for c in contenders if c.name in BASE_ROWS]
+
+
 def run(st: LoadSetup, *, reps: int, baseline_reps: int | None, command: str, results_dir: Path | None,
-        quick: bool = False, cold: bool = False) -> dict[str, Any]:
+        quick: bool = False, cold: bool = False, base: str | None = None,
+        wanted: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the scenario and return its record (appended to ``results_dir/load.json``, or
-    ``load-cold.json`` when ``cold``: the page cache dropped before every measured run)."""
-    contenders = contenders_for("load", st)
+    ``load-cold.json`` when ``cold``: the page cache dropped before every measured run).
+
+    ``base`` (a revision of this repository) adds the :data:`BASE_ROWS` again with that
+    revision's ckptstore, old and new measured in one run; ``wanted`` keeps only the rows whose
+    name holds one of its strings."""
+    contenders = only(contenders_for("load", st), wanted)
     skipped = [c.name for c in contenders if quick and c.name in quick_skipped()]
     contenders = [c for c in contenders if c.name not in skipped]
     if baseline_reps is not None:
         contenders = [dataclasses.replace(c, reps=baseline_reps) if c.name.startswith("mindspore") else c
                       for c in contenders]
     try:
+        if base is not None:
+            from benchmarks.bench_versions import extract
+
+            tree = Path(st.out_dir) / "base"
+            contenders += base_rows(contenders, tree, extract(base, Path(__file__).resolve().parent.parent, tree))
         return run_benchmark(COLD_NAME if cold else NAME, contenders, reps=reps, cold=cold,
                              warm_paths=[] if cold else read_paths(st, contenders),
                              evict_paths=read_paths(st, contenders) if cold else (),
-                             params={**st.params(), "quick": quick, "quick_skipped": skipped,
+                             params={**st.params(), "quick": quick, "quick_skipped": skipped, "base": base,
                                      "default_workers": default_workers(st), "bound_threads": bound_threads(st)},
                              command=command, results_dir=results_dir, keep_going=True, timeout=1800)
     finally:
@@ -439,6 +478,7 @@ def render(record: Mapping[str, Any], *, standalone: bool = True) -> str:
         "reads, so its `rchar` is only headers).",
         "",
         *bound_lines(record),
+        *steps_lines(record),
         *index_lines(record),
         *workers_curve(record),
         *timed_span_lines(record),
@@ -480,6 +520,60 @@ def bound_lines(record: Mapping[str, Any]) -> list[str]:
     if busy > 0.2:  # the N threads of the bound compete with them too
         text += f" Other processes kept {busy:.2f} cores busy: an N-thread bound on a loaded machine is slowed too."
     return [text, ""]
+
+
+def step_medians(record: Mapping[str, Any], name: str = STEPS) -> dict[str, float]:
+    """Median over the runs of each figure the step-by-step row ``name`` returned (``{step}_s``,
+    ``{step}_cpu_s``, :func:`benchmarks.contenders.ckptstore_load_rank_steps`); ``{}`` if it did not run."""
+    runs = [s["returned"] for s in record.get("samples", [])
+            if s.get("contender") == name and isinstance(s.get("returned"), Mapping)]
+    keys = list(dict.fromkeys(k for r in runs for k in r))
+    return {k: statistics.median(r[k] for r in runs if k in r) for k in keys}
+
+
+def steps_lines(record: Mapping[str, Any]) -> list[str]:
+    """Where ``load_rank``'s time goes: each step's wall and CPU time (for every step-by-step row:
+    this revision's and ``--base``'s), the reads alone against the N-thread bound, and what the
+    single-thread steps leave of the target (the measured cause)."""
+    from benchmarks.contenders import LOAD_STEPS
+
+    rows = {c["name"]: step_medians(record, c["name"]) for c in record.get("contenders", [])
+            if c["name"].startswith(STEPS)}
+    rows = {n: m for n, m in rows.items() if all(f"{k}_s" in m for k in LOAD_STEPS)}
+    if STEPS not in rows:
+        return []
+    heads = " | ".join(f"`{n}` wall / CPU" for n in rows)
+    lines = [f"Where the time goes (`{STEPS}`: the `{CKPTSTORE}` row's calls one by one; medians over the runs):", "",
+             f"| step | {heads} | what it is |", "|---|" + "---|" * len(rows) + "---|"]
+
+    def cells(key: str) -> str:
+        return " | ".join(f"{format_seconds(m[f'{key}_s'])} / {format_seconds(m[f'{key}_cpu_s'])}"
+                          if f"{key}_s" in m else "–" for m in rows.values())
+
+    for k, what in LOAD_STEPS.items():
+        lines.append(f"| {k} | {cells(k)} | {what} |")
+        if k == "read":
+            lines.append(f"| … of it planning | {cells('plan')} | `RankParameters.plan` timed again afterwards: "
+                         "the plans the read step made before reading |")
+    sums = " | ".join(f"{format_seconds(sum(m[f'{k}_s'] for k in LOAD_STEPS))} / "
+                      f"{format_seconds(sum(m[f'{k}_cpu_s'] for k in LOAD_STEPS))}" for m in rows.values())
+    lines += [f"| **sum** | {sums} | |", ""]
+    n = record["params"].get("bound_threads", 2)
+    nt = record["summary"].get(nthread_bound(record), {}).get("wall_s", {}).get("median")
+    if nt:
+        m = rows[STEPS]
+        total = sum(m[f"{k}_s"] for k in LOAD_STEPS)
+        reads = m["read_s"] - m.get("plan_s", 0.0)
+        single = total - reads  # open, layout, planning, Parameters: one thread running Python
+        lines += [f"The pool's reads alone (read − planning) take {format_seconds(reads)} = **{reads / nt:.2f}× "
+                  f"the N-thread bound** ({format_seconds(nt)}); the steps one thread runs in Python (open, layout, "
+                  f"planning, Parameters) take {format_seconds(single)}. The N-thread bound keeps all {n} cores "
+                  f"copying, so even with that work hidden behind the copy a load takes at least the bound plus "
+                  f"1/{n} of it, {format_seconds(nt + single / n)} = {(nt + single / n) / nt:.2f}× the bound; "
+                  f"after the reads, as it runs (it needs the interpreter the readers need between their `preadv` "
+                  f"calls), {format_seconds(nt + single)} = {(nt + single) / nt:.2f}×. {LOAD_VS_BOUND_NT}× leaves "
+                  f"{format_seconds((LOAD_VS_BOUND_NT - 1) * nt)} for everything but the copy.", ""]
+    return lines
 
 
 def index_ratio(record: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -540,8 +634,12 @@ def timed_span_lines(record: Mapping[str, Any]) -> list[str]:
     lines = ["What each row times (one call in a fresh process, after its imports and its setup):"]
     for c in record.get("contenders", []):
         name = c["name"]
+        base = name.rsplit(" [base ", 1)
         if name in spans:
             lines.append(f"- `{name}`: {spans[name]}")
+        elif len(base) == 2 and base[0] in spans:
+            lines.append(f"- `{name}`: as `{base[0]}`, with revision {base[1][:-1]}'s ckptstore (`--base`), "
+                         "on the same store")
         elif name.startswith(CKPTSTORE[:-1]):
             lines.append(f"- `{name}`: as `{CKPTSTORE}`, with that many workers")
         elif name.startswith("numpy preadv, "):
@@ -633,6 +731,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="drop the page cache before every measured run (every file read, with posix_fadvise, "
                          "where /proc/sys/vm/drop_caches is not writable); "
                          "writes load-cold.json / load-cold.md")
+    ap.add_argument("--base", metavar="REV",
+                    help="also run the load_rank, read_rank and step-by-step rows with revision REV's ckptstore "
+                         "(git archive of its ckptstore/ folder), old and new in one run")
+    ap.add_argument("--only", metavar="A,B", type=lambda v: [w for w in v.split(",") if w],
+                    help="run only the rows whose name holds one of these strings (e.g. 'ckptstore,preadv,DCP')")
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     return ap.parse_args(argv)
 
@@ -658,7 +761,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     st = make_setup(s, parse_mesh(args.dst_world, source=False), args.rank)
     return run_and_publish(lambda: run(st, reps=args.reps, baseline_reps=args.baseline_reps,
                                        command=command_line("benchmarks.bench_load", argv),
-                                       results_dir=args.results_dir, cold=args.cold), render, args.results_dir,
+                                       results_dir=args.results_dir, cold=args.cold, base=args.base,
+                                       wanted=args.only), render, args.results_dir,
                            COLD_NAME if args.cold else NAME)
 
 

@@ -4,6 +4,7 @@ the console, and the plots name the extra they need. No MindSpore and no benchma
 functions that write those lines are called on small records."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -105,6 +106,66 @@ def test_the_scaling_option_names_the_plots_extra_in_its_help():
 
 def _walls(**medians: float) -> dict:
     return {name: {"wall_s": {"median": m}} for name, m in medians.items()}
+
+
+def _steps_record(**rows: dict) -> dict:
+    """A load record whose step-by-step rows returned the given figures (two runs each, the same)."""
+    nt = bench_load.bound_name(2)
+    return {"params": {"bound_threads": 2}, "summary": _walls(**{nt: 0.100}),
+            "contenders": [{"name": name} for name in rows],
+            "samples": [{"contender": name, "returned": figures} for name, figures in rows.items() for _ in range(2)]}
+
+
+_STEPS = {"open_s": 0.020, "open_cpu_s": 0.020, "layout_s": 0.010, "layout_cpu_s": 0.010, "read_s": 0.150,
+          "read_cpu_s": 0.250, "parameters_s": 0.040, "parameters_cpu_s": 0.040, "plan_s": 0.030, "plan_cpu_s": 0.030}
+
+
+def test_the_step_by_step_row_says_where_load_rank_time_goes_against_the_n_thread_bound():
+    """Issue 36: where a target is missed, the benchmark shows the measured cause."""
+    lines = bench_load.steps_lines(_steps_record(**{bench_load.STEPS: _STEPS}))
+    assert lines[4:11] == [
+        "| open | 20 ms / 20 ms | `ckptstore.open(store)`: the manifest read, parsed and validated |",
+        "| layout | 10 ms / 10 ms | `ckptstore.load_rank(st, strategy, rank)`: the strategy file parsed, the "
+        "rank's boxes cut |",
+        "| read | 150 ms / 250 ms | `RankParameters.view.read_many(names)`: every read planned, then read by the "
+        "pool |",
+        "| … of it planning | 30 ms / 30 ms | `RankParameters.plan` timed again afterwards: the plans the read step "
+        "made before reading |",
+        "| parameters | 40 ms / 40 ms | `to_parameter(name, array)` for each: MindSpore's `Parameter` built around "
+        "the array |",
+        "| **sum** | 220 ms / 320 ms | |", ""]
+    # reads alone 120 ms; single-thread work 20 + 10 + 30 + 40 = 100 ms
+    assert lines[11].startswith("The pool's reads alone (read − planning) take 120 ms = **1.20× the N-thread "
+                                "bound** (100 ms); the steps one thread runs in Python (open, layout, planning, "
+                                "Parameters) take 100 ms.")
+    assert "at least the bound plus 1/2 of it, 150 ms = 1.50× the bound" in lines[11]
+    assert "200 ms = 2.00×. 1.3× leaves 30 ms for everything but the copy." in lines[11]
+
+
+def test_the_step_by_step_table_has_a_column_for_the_base_revision():
+    base = f"{bench_load.STEPS} [base abc1234]"
+    lines = bench_load.steps_lines(_steps_record(**{bench_load.STEPS: _STEPS, base: {**_STEPS, "open_s": 0.05}}))
+    assert lines[2] == (f"| step | `{bench_load.STEPS}` wall / CPU | `{base}` wall / CPU | what it is |")
+    assert lines[4].startswith("| open | 20 ms / 20 ms | 50 ms / 20 ms |")
+
+
+def test_no_step_by_step_section_without_its_row():
+    assert bench_load.steps_lines(_steps_record()) == []
+
+
+def test_only_keeps_the_rows_whose_name_holds_one_of_the_strings():
+    rows = [Contender(n, "m", "f") for n in (bench_load.CKPTSTORE, bench_load.BOUND, bench_load.MS_LDC)]
+    assert [c.name for c in bench_load.only(rows, ["ckptstore", "preadv"])] == [bench_load.CKPTSTORE, bench_load.BOUND]
+    assert bench_load.only(rows, None) == rows
+
+
+def test_base_rows_repeat_the_ckptstore_rows_with_the_other_revision_on_the_path(tmp_path):
+    rows = [Contender(n, "m", "f", env={"RANK_ID": "0"})
+            for n in (bench_load.CKPTSTORE, bench_load.BOUND, bench_load.STEPS)]
+    got = bench_load.base_rows(rows, tmp_path, "0123456789abcdef")
+    assert [c.name for c in got] == [f"{bench_load.CKPTSTORE} [base 0123456]", f"{bench_load.STEPS} [base 0123456]"]
+    assert got[0].env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)
+    assert got[0].env["RANK_ID"] == "0" and got[0].env["PYTHONSAFEPATH"] == "1"
 
 
 def test_load_rank_is_judged_against_the_n_thread_preadv_bound_beside_the_one_thread_one():

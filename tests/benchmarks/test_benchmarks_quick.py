@@ -83,6 +83,9 @@ def _check_load_scenario(out: Path, report: str) -> None:
     assert [r[0].split()[0] for r in curve_rows] == [str(w) for w in sorted(bench_load.WORKERS_CURVE)], curve_rows
     assert any("(default)" in r[0] for r in curve_rows)
     assert all(r[1] != "–" for r in curve_rows)
+    # where the time goes: the step-by-step row ran and its section is in the report
+    assert bench_load.STEPS in summary, record["failed"].get(bench_load.STEPS)
+    assert "Where the time goes" in report and "The pool's reads alone (read − planning) take" in report
 
 
 def _check_index_rows(out: Path, report: str) -> None:
