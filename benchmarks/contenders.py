@@ -94,9 +94,15 @@ def ckptstore_load_rank_steps(store: str, strategy: str, rank: int, names_file: 
     same plans the read step made before reading), so the report can split the read step into its
     planning and its reads. ``plan`` is not part of the load; the Parameters are dropped after it.
     """
+    import contextlib
+
     import ckptstore
-    from ckptstore.collector import collector_paused
     from ckptstore.mindspore.params import to_parameter
+
+    try:
+        from ckptstore.collector import collector_paused
+    except ImportError:  # a revision before the collector was paused for loads (--base): as it loaded
+        collector_paused = contextlib.nullcontext
 
     kw = {} if workers is None else {"workers": workers}
     steps = _Steps()
