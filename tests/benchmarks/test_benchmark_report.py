@@ -149,6 +149,30 @@ def test_the_step_by_step_table_has_a_column_for_the_base_revision():
     assert lines[4].startswith("| open | 20 ms / 20 ms | 50 ms / 20 ms |")
 
 
+def test_cold_the_step_table_stands_without_the_copy_bound_arithmetic():
+    lines = bench_load.steps_lines({**_steps_record(**{bench_load.STEPS: _STEPS}), "cache": "cold"})
+    assert lines[-2] == "| **sum** | 220 ms / 320 ms | |" and not any("pool's reads" in x for x in lines)
+
+
+def test_cold_load_rank_is_judged_against_the_faster_dcp_row():
+    """Issue 36: cold, load_rank ≤ 0.8× DCP (the faster of its rows)."""
+    record = {"cache": "cold", "summary": _walls(**{bench_load.CKPTSTORE: 0.45, "torch DCP dcp.load (a)": 0.75,
+                                                     "torch DCP dcp.load (b)": 0.60})}
+    assert bench_load.dcp_lines(record)[0] == (
+        f"Against PyTorch DCP: `{bench_load.CKPTSTORE}` 450 ms vs `torch DCP dcp.load (b)` 600 ms (the faster DCP "
+        "row; medians of one run) = **0.75×** (target ≤ 0.8× cold: met).")
+    record["summary"][bench_load.CKPTSTORE]["wall_s"]["median"] = 0.5
+    assert bench_load.dcp_lines(record)[0].endswith("= **0.83×** (target ≤ 0.8× cold: **MISSED**).")
+
+
+def test_warm_the_dcp_line_judges_nothing_and_cold_the_bound_line_judges_nothing():
+    nt = bench_load.bound_name(2)
+    walls = _walls(**{bench_load.CKPTSTORE: 0.6, nt: 0.25, "torch DCP dcp.load": 1.0})
+    assert bench_load.dcp_lines({"summary": walls})[0].endswith("= **0.60×**.")
+    [line, _] = bench_load.bound_lines({"cache": "cold", "params": {"bound_threads": 2}, "summary": walls})
+    assert "**2.40× the N-thread bound** (the target is for a warm page cache: not judged cold)" in line
+
+
 def test_no_step_by_step_section_without_its_row():
     assert bench_load.steps_lines(_steps_record()) == []
 
