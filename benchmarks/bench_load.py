@@ -10,8 +10,10 @@ model are done before the measurement (a contender's ``setup``, reported as ``se
 timed). What each row times (:data:`TIMED_SPANS` has the one-line version the report prints):
 
 * ``ckptstore.load_rank (Parameters built)``: ``load_rank(store, strategy, rank, workers=W)``
-  then ``.materialize()`` (reads with ``W`` threads, builds each Parameter as its reads finish);
+  then ``.materialize()`` (every read with ``W`` threads, then every Parameter built);
   ``W`` = ckptstore's default, and again with ``W`` = 1, 2, 4 (the workers curve);
+* ``ckptstore.load_rank, step by step``: the same work call by call, each step timed: where the
+  time goes (the report's table, and the reads alone against the N-thread bound);
 * ``ckptstore.load_rank from an index (Parameters built)``: the same call on an *index* of the
   rank files (``ckptstore.index``: a manifest of byte ranges, no payload copied), which reads
   the slices straight from the rank files; its values must equal the converted store's;
@@ -37,7 +39,8 @@ Warm by default (every file any contender reads is read once first); ``--cold`` 
 cache before every measured run (all of it where ``/proc/sys/vm/drop_caches`` is writable, else
 every file a contender reads, with ``posix_fadvise(DONTNEED)``) and writes
 ``load-cold.json``/``load-cold.md`` instead. Every route's values are digested after its
-measurement and compared with ckptstore's.
+measurement and compared with ckptstore's. ``--base REV`` runs the ckptstore rows again with revision
+``REV``'s ckptstore (old and new in one run); ``--only A,B`` keeps the rows whose name holds A or B.
 """
 from __future__ import annotations
 

@@ -51,8 +51,8 @@ def ckptstore_load_rank(store: str, strategy: str, rank: int, names_file: str,
                         workers: int | None = None) -> dict[str, Any]:
     """``ckptstore.load_rank(...).materialize()``: every Parameter of the rank built.
 
-    ``materialize`` reads with ``workers`` threads and builds each Parameter as soon as its reads
-    are done; ``workers=None`` is ckptstore's default (``ckptstore.plan_rank(...).workers`` says it).
+    ``materialize`` reads everything with ``workers`` threads, then builds every Parameter;
+    ``workers=None`` is ckptstore's default (``ckptstore.plan_rank(...).workers`` says it).
     """
     import ckptstore
 
