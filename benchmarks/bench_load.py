@@ -253,8 +253,8 @@ def _ckptstore_read_rank(st: LoadSetup) -> Contender:
 @register("load")
 def _ckptstore_load_rank_steps(st: LoadSetup) -> Contender:
     """The ``load_rank`` row's work call by call, each step timed: where its time goes."""
-    return Contender(STEPS, MODULE, "ckptstore_load_rank_steps", _ckptstore_args(st, workers=default_workers(st)),
-                     preimport=CKPTSTORE_PREIMPORT)
+    return Contender(STEPS, "benchmarks.load_profile", "ckptstore_load_rank_steps",
+                     _ckptstore_args(st, workers=default_workers(st)), preimport=CKPTSTORE_PREIMPORT)
 
 
 @register("load")
@@ -549,7 +549,7 @@ def dcp_lines(record: Mapping[str, Any]) -> list[str]:
 
 def step_medians(record: Mapping[str, Any], name: str = STEPS) -> dict[str, float]:
     """Median over the runs of each figure the step-by-step row ``name`` returned (``{step}_s``,
-    ``{step}_cpu_s``, :func:`benchmarks.contenders.ckptstore_load_rank_steps`); ``{}`` if it did not run."""
+    ``{step}_cpu_s``, :func:`benchmarks.load_profile.ckptstore_load_rank_steps`); ``{}`` if it did not run."""
     runs = [s["returned"] for s in record.get("samples", [])
             if s.get("contender") == name and isinstance(s.get("returned"), Mapping)]
     keys = list(dict.fromkeys(k for r in runs for k in r))
@@ -560,7 +560,7 @@ def steps_lines(record: Mapping[str, Any]) -> list[str]:
     """Where ``load_rank``'s time goes: each step's wall and CPU time (for every step-by-step row:
     this revision's and ``--base``'s), the reads alone against the N-thread bound, and what the
     single-thread steps leave of the target (the measured cause)."""
-    from benchmarks.contenders import LOAD_STEPS
+    from benchmarks.load_profile import LOAD_STEPS
 
     rows = {c["name"]: step_medians(record, c["name"]) for c in record.get("contenders", [])
             if c["name"].startswith(STEPS)}

@@ -2,10 +2,11 @@
 
 Run by ``benchmarks.bench_index --profile`` (or when the index misses its target) inside a
 benchmark worker, as ``profile_phases(src_dir, strategy, out)`` / ``profile_cprofile(...)``.
-It wraps ckptstore's internal functions by name, in the process only (never on disk): one of the two
+It wraps ckptstore's internal functions by name, in the process only (never on disk): one of the
 modules ``tests/benchmarks/test_benchmarks_public_api.py`` allow-lists below the public API (with
-``fixtures``), and ``tests/benchmarks/test_benchmark_index_profile.py`` keeps :data:`PHASES` pointing at
-functions that exist. It serves only the benchmarks, so it is not part of the installed package.
+``fixtures`` and ``load_profile``), and ``tests/benchmarks/test_benchmark_index_profile.py`` keeps
+:data:`PHASES` pointing at functions that exist. It serves only the benchmarks, so it is not part of
+the installed package.
 """
 from __future__ import annotations
 
