@@ -1,8 +1,8 @@
 """Fixture machinery of the benchmarks, which otherwise drive ckptstore through its public API only
 (``tests/benchmarks/test_benchmarks_public_api.py``): what building their inputs needs of ckptstore's
 internals lives here, one of the modules that test allow-lists (with ``index_profile`` and
-``load_profile``), and
-the test suite (``tests/test_benchmark_fixtures.py``, the quick benchmark runs) keeps it working.
+``load_profile``), and the quick benchmark runs of the test suite
+(``tests/benchmarks/test_benchmarks_quick.py``) keep it working.
 It serves only the benchmarks, so it is not part of the installed package.
 
 * :func:`rank_tensors`: name, local shape, dtype and "in the strategy" of every tensor a target

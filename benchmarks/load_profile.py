@@ -5,8 +5,9 @@ inside a benchmark worker, like every contender. ``materialize`` is one public c
 apart needs what it calls inside: ``to_parameter`` (MindSpore's ``Parameter`` around an array) and
 ``collector_paused`` (no garbage collection while Parameters are built). So this module is one of
 those ``tests/benchmarks/test_benchmarks_public_api.py`` allow-lists below the public API (with
-``compat``, ``fixtures`` and ``index_profile``); it serves only the benchmarks, so it is not part of
-the installed package.
+``compat``, ``fixtures`` and ``index_profile``), and the quick benchmark run of the test suite
+(``tests/benchmarks/test_benchmarks_quick.py``) keeps its row running. It serves only the
+benchmarks, so it is not part of the installed package.
 """
 from __future__ import annotations
 
